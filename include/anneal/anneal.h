@@ -1,0 +1,14 @@
+/* anneal: everything public. */
+#ifndef ANNEAL_H
+#define ANNEAL_H
+
+#include "anneal/core.h"
+#include "anneal/backend.h"
+#include "anneal/autograd.h"
+#include "anneal/ops.h"
+#include "anneal/io.h"
+#include "anneal/nn.h"
+#include "anneal/optim.h"
+#include "anneal/models.h"
+
+#endif

@@ -1,0 +1,249 @@
+/* anneal core: status and errors, dtypes, devices, tensors with refcounted
+ * storage, scopes that own tensors, allocator statistics, the Philox RNG and
+ * threading. Everything else in anneal is built on this header. */
+#ifndef ANNEAL_CORE_H
+#define ANNEAL_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum anneal_status {
+    ANNEAL_OK = 0,
+    ANNEAL_ERR_ARG,         /* bad argument (NULL, out of range, bad flag) */
+    ANNEAL_ERR_SHAPE,       /* shapes do not fit the operation */
+    ANNEAL_ERR_DTYPE,       /* dtype not supported or mismatched */
+    ANNEAL_ERR_DEVICE,      /* tensors on different devices, or no backend */
+    ANNEAL_ERR_OOM,         /* an allocation failed or exceeded the limit */
+    ANNEAL_ERR_IO,          /* a file could not be opened, read or written */
+    ANNEAL_ERR_FORMAT,      /* a file's contents are malformed */
+    ANNEAL_ERR_STATE,       /* call made in the wrong state (e.g. backward twice) */
+    ANNEAL_ERR_UNSUPPORTED, /* a valid request this build cannot do */
+    ANNEAL_ERR_NUMERIC,     /* NaN/Inf where a finite value is required */
+} anneal_status;
+
+/* Records an error for this thread and returns `code`. The first error since the
+ * last anneal_clear_error() is kept (later ones are the NULL cascade of the first),
+ * so a failing chain of ops reports its cause. */
+anneal_status anneal_set_error(anneal_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The first recorded error code of this thread, ANNEAL_OK if none. */
+anneal_status anneal_last_status(void);
+/* Message of the first recorded error ("" if none). Valid until the next clear. */
+const char *anneal_last_error(void);
+/* Forgets the recorded error of this thread. */
+void anneal_clear_error(void);
+/* Short name of a status code ("ANNEAL_ERR_SHAPE"). */
+const char *anneal_status_name(anneal_status s);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum anneal_dtype {
+    ANNEAL_F32 = 0,
+    ANNEAL_BF16,
+    ANNEAL_F16,
+    ANNEAL_I32,
+    ANNEAL_I64,
+    ANNEAL_U16,
+    ANNEAL_U8,
+    ANNEAL_I8,
+    ANNEAL_DTYPE_COUNT
+} anneal_dtype;
+
+/* Bytes per element of `dt` (0 for an invalid dtype). */
+size_t anneal_dtype_size(anneal_dtype dt);
+/* Lower-case name: "f32", "bf16", ... ("?" for an invalid dtype). */
+const char *anneal_dtype_name(anneal_dtype dt);
+/* True for f32, bf16, f16. */
+bool anneal_dtype_is_float(anneal_dtype dt);
+
+/* bf16 <-> f32. f32 -> bf16 rounds to nearest even; NaN stays NaN. */
+float anneal_bf16_to_f32(uint16_t h);
+uint16_t anneal_f32_to_bf16(float f);
+/* IEEE half <-> f32, round to nearest even, with subnormals, inf and NaN. */
+float anneal_f16_to_f32(uint16_t h);
+uint16_t anneal_f32_to_f16(float f);
+
+/* --------------------------------------------------------------- devices */
+
+typedef enum anneal_device {
+    ANNEAL_CPU = 0,
+    ANNEAL_CUDA = 1,
+    ANNEAL_DEVICE_COUNT
+} anneal_device;
+
+const char *anneal_device_name(anneal_device d);
+
+/* ------------------------------------------------------------- allocator */
+
+typedef struct anneal_memory_stats {
+    int64_t live_bytes;  /* bytes currently allocated for tensor storage */
+    int64_t peak_bytes;  /* highest live_bytes since start or last reset */
+    int64_t n_allocs;    /* allocations made since start */
+    int64_t limit_bytes; /* allocations beyond this fail with ANNEAL_ERR_OOM (0 = none) */
+} anneal_memory_stats;
+
+anneal_memory_stats anneal_memory_stats_get(anneal_device d);
+/* Sets peak_bytes to the current live_bytes. */
+void anneal_memory_reset_peak(anneal_device d);
+/* Caps live bytes on a device (0 removes the cap); used to test out-of-memory paths. */
+void anneal_memory_set_limit(anneal_device d, int64_t bytes);
+
+/* --------------------------------------------------------------- tensors */
+
+#define ANNEAL_MAX_DIMS 8
+
+/* Refcounted buffer that tensors view. Owned by the allocator of its device. */
+typedef struct anneal_storage {
+    void *data;
+    size_t nbytes;
+    anneal_device device;
+    int refcount;
+} anneal_storage;
+
+struct anneal_node;
+
+/* A strided view of a storage. Fields are public for kernels and ops; user code
+ * should treat them as read-only and use the functions below. */
+typedef struct anneal_tensor {
+    anneal_storage *storage;
+    int64_t offset; /* in elements from storage->data */
+    int64_t shape[ANNEAL_MAX_DIMS];
+    int64_t strides[ANNEAL_MAX_DIMS]; /* in elements */
+    int ndim;
+    anneal_dtype dtype;
+    anneal_device device;
+    int refcount;
+    bool requires_grad;
+    struct anneal_tensor *grad;   /* accumulated gradient of a leaf, owned by this tensor */
+    struct anneal_node *grad_fn;  /* node that produced this tensor (NULL for leaves) */
+    int grad_fn_output;           /* which output of grad_fn this is */
+    char *name;                   /* optional, owned */
+    /* bookkeeping, not for users */
+    struct anneal_scope *_scope;  /* scope holding one reference, or NULL */
+    int64_t _scope_slot;
+    int32_t _pending;             /* autograd: contributions still expected */
+} anneal_tensor;
+
+/* Number of elements (1 for a 0-dim scalar). */
+int64_t anneal_numel(const anneal_tensor *t);
+/* Size of dimension `dim` (negative counts from the end); -1 if out of range. */
+int64_t anneal_size(const anneal_tensor *t, int dim);
+/* True when the elements are laid out row-major without gaps. */
+bool anneal_is_contiguous(const anneal_tensor *t);
+/* Pointer to the first element (storage data + offset). */
+void *anneal_data(const anneal_tensor *t);
+/* Writes "(2, 3, 4)" into buf; returns buf. */
+const char *anneal_shape_str(const anneal_tensor *t, char *buf, size_t n);
+/* True when two tensors have identical shapes. */
+bool anneal_same_shape(const anneal_tensor *a, const anneal_tensor *b);
+
+/* New uninitialised contiguous tensor on the default device, owned by the current
+ * scope (or by the caller when none is open). NULL + ANNEAL_ERR_OOM / ARG on failure. */
+anneal_tensor *anneal_empty(anneal_dtype dt, int ndim, const int64_t *shape);
+anneal_tensor *anneal_empty_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape);
+/* New tensor with the shape, dtype and device of `like`. */
+anneal_tensor *anneal_empty_like(const anneal_tensor *like);
+/* Zero-filled tensor (host memset for CPU, backend fill elsewhere). */
+anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape);
+anneal_tensor *anneal_zeros_like(const anneal_tensor *like);
+/* Tensor holding a copy of `data` (ndim/shape, contiguous, of dtype dt) on the CPU. */
+anneal_tensor *anneal_from_data(anneal_dtype dt, int ndim, const int64_t *shape, const void *data);
+/* 0-dim f32 scalar. */
+anneal_tensor *anneal_scalar(float v);
+
+/* A new tensor struct sharing t's storage with a different shape/strides/offset,
+ * without autograd history. The raw building block of views. */
+anneal_tensor *anneal_alias(const anneal_tensor *t, int ndim, const int64_t *shape,
+                            const int64_t *strides, int64_t offset);
+/* Same storage, same layout, no grad_fn and requires_grad false (like torch .detach()). */
+anneal_tensor *anneal_detach(const anneal_tensor *t);
+
+/* Copies `src` into `dst` elementwise (any strides, converting dtype). Shapes must match.
+ * Goes through the backend of the device; no autograd. */
+anneal_status anneal_copy_(anneal_tensor *dst, const anneal_tensor *src);
+/* Copies the elements of t as f32 into out[numel] (row-major order), converting. */
+anneal_status anneal_to_f32_buffer(const anneal_tensor *t, float *out);
+/* Reads one element as double (row-major linear index); for tests and scalars. */
+double anneal_item_at(const anneal_tensor *t, int64_t linear_index);
+/* anneal_item_at(t, 0). */
+double anneal_item(const anneal_tensor *t);
+
+/* Refcounting. A new tensor has one reference, held by its scope (or the caller). */
+anneal_tensor *anneal_retain(anneal_tensor *t);
+void anneal_release(anneal_tensor *t);
+/* Marks t as a trainable leaf (or not). Fails on a non-float tensor. */
+anneal_status anneal_set_requires_grad(anneal_tensor *t, bool on);
+/* Sets a copy of name on t; returns t. */
+anneal_tensor *anneal_set_name(anneal_tensor *t, const char *name);
+
+/* ---------------------------------------------------------------- scopes */
+
+/* A scope owns the tensors created while it is the current one. Closing a scope
+ * releases them all: model code never frees a tensor. Scopes form a per-thread
+ * stack; a scope may be entered again later (parameters live in one long-lived scope). */
+typedef struct anneal_scope anneal_scope;
+
+/* Creates a scope and makes it current. */
+anneal_scope *anneal_scope_open(void);
+/* Leaves (must be current) and frees scope s, releasing every tensor it holds. */
+void anneal_scope_close(anneal_scope *s);
+/* Creates a detached scope (not current). */
+anneal_scope *anneal_scope_new(void);
+/* Pushes s (NULL: tensors created are owned by the caller) as the current scope. */
+void anneal_scope_enter(anneal_scope *s);
+/* Pops the current scope (without freeing it). */
+void anneal_scope_leave(void);
+/* Releases the tensors of a scope that is not on the stack and frees it. */
+void anneal_scope_free(anneal_scope *s);
+/* The current scope (NULL when none or caller-owned mode). */
+anneal_scope *anneal_scope_current(void);
+/* Moves one reference of t into scope dst (e.g. to keep a result after closing the
+ * step scope); t is removed from the scope that held it. Returns t. */
+anneal_tensor *anneal_keep(anneal_tensor *t, anneal_scope *dst);
+/* Gives the tensor to the current scope (used for tensors made in caller-owned mode). */
+anneal_tensor *anneal_scope_adopt(anneal_tensor *t);
+/* Number of tensors a scope holds (for tests and leak checks). */
+int64_t anneal_scope_count(const anneal_scope *s);
+
+/* ------------------------------------------------------------------- RNG */
+
+/* Philox4x32-10: 4 random 32-bit words for (key, counter). Counter-based: the
+ * value at any position is independent of how work is split across threads. */
+void anneal_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4]);
+/* uint32 -> float uniform in [0, 1). */
+float anneal_uniform_from_u32(uint32_t x);
+
+/* The global generator: a seed and an offset that every random op advances by the
+ * number of values it used. Saving (seed, offset) and restoring it replays the same
+ * random stream (used by checkpoints and recompute regions). */
+typedef struct anneal_rng_state {
+    uint64_t seed;
+    uint64_t offset;
+} anneal_rng_state;
+
+void anneal_manual_seed(uint64_t seed);
+anneal_rng_state anneal_rng_get(void);
+void anneal_rng_set(anneal_rng_state s);
+/* Reserves n consecutive counter values and returns the first one. */
+uint64_t anneal_rng_reserve(uint64_t n);
+
+/* --------------------------------------------------------------- threads */
+
+/* Sets the number of threads CPU kernels use (<= 0: the OpenMP default). */
+void anneal_set_num_threads(int n);
+int anneal_get_num_threads(void);
+
+/* Library version string, e.g. "0.1.0". */
+const char *anneal_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,88 @@
+/* anneal io: safetensors files (the Hugging Face format: 8-byte little-endian
+ * header length, a JSON header of {name: {dtype, shape, data_offsets}} plus an
+ * optional "__metadata__" map of strings, then the raw little-endian data).
+ * Readers validate every size and offset; writers are atomic (temp + fsync + rename). */
+#ifndef ANNEAL_IO_H
+#define ANNEAL_IO_H
+
+#include "anneal/core.h"
+#include "anneal/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor entry of a safetensors file. */
+typedef struct anneal_st_entry {
+    char *name;
+    anneal_dtype dtype;
+    int ndim;
+    int64_t shape[ANNEAL_MAX_DIMS];
+    uint64_t begin, end; /* byte offsets into the data section, end - begin = numel * size */
+} anneal_st_entry;
+
+/* An open, memory-mapped, validated safetensors file. */
+typedef struct anneal_safetensors {
+    char *path;
+    int n_entries;
+    anneal_st_entry *entries;   /* in file order of their data offsets */
+    int n_metadata;
+    char **metadata_keys;       /* "__metadata__" string map */
+    char **metadata_values;
+    void *map;                  /* whole file mapping */
+    size_t map_size;
+    const uint8_t *data;        /* start of the data section */
+    uint64_t data_size;
+} anneal_safetensors;
+
+/* Opens and validates `path`: header length within the file, JSON well formed,
+ * known dtypes (F32, BF16, F16, I32, I64, U16, U8, I8), shapes with at most
+ * ANNEAL_MAX_DIMS non-negative dims, offsets inside the data section, sizes that
+ * match dtype x shape, no overlapping entries, no duplicate names. Errors name the
+ * file and the problem (ANNEAL_ERR_IO / ANNEAL_ERR_FORMAT). */
+anneal_status anneal_safetensors_open(const char *path, anneal_safetensors **out);
+/* The entry called `name`, or NULL. */
+const anneal_st_entry *anneal_safetensors_find(const anneal_safetensors *st, const char *name);
+/* Pointer to an entry's bytes inside the mapping. */
+const void *anneal_safetensors_data(const anneal_safetensors *st, const anneal_st_entry *e);
+/* Metadata value for key, or NULL. */
+const char *anneal_safetensors_meta(const anneal_safetensors *st, const char *key);
+/* Unmaps and frees (NULL is fine). */
+void anneal_safetensors_close(anneal_safetensors *st);
+
+/* A tensor to write: raw little-endian contiguous bytes of dtype x shape. */
+typedef struct anneal_st_write_entry {
+    const char *name;
+    anneal_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    const void *data;
+} anneal_st_write_entry;
+
+/* Writes a safetensors file atomically: to "<path>.tmp.<pid>", fsync, rename, fsync
+ * of the directory. Metadata is n_meta string pairs (may be 0). On failure the
+ * previous file at `path` is untouched and the temporary is removed. */
+anneal_status anneal_safetensors_write(const char *path, int n, const anneal_st_write_entry *entries,
+                                       int n_meta, const char *const *meta_keys,
+                                       const char *const *meta_values);
+
+/* Loads entry `name` into a new tensor (owned by the current scope), converting
+ * to dtype `want` when it differs and conversion is between float types.
+ * Fails with a message naming the file and entry when missing or mismatched. */
+anneal_tensor *anneal_safetensors_load(const anneal_safetensors *st, const char *name,
+                                       anneal_dtype want);
+
+/* Copies every parameter of ps from st. The entry for parameter "NAME" is looked up
+ * as "<prefix>NAME", then (for Hugging Face files written without the model prefix)
+ * "<prefix>NAME" with a leading "transformer." removed. Shapes must match exactly;
+ * float dtypes are converted. A missing or mismatched entry is an error naming the
+ * file, entry and shapes; parameters are only written once every entry checks out. */
+anneal_status anneal_params_load(anneal_params *ps, const anneal_safetensors *st, const char *prefix);
+/* Writes every parameter of ps (f32, registered names) to path atomically. */
+anneal_status anneal_params_save(const anneal_params *ps, const char *path, int n_meta,
+                                 const char *const *meta_keys, const char *const *meta_values);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,119 @@
+/* anneal ops: the differentiable operations models are written with. Every op
+ * returns a new tensor owned by the current scope, or NULL with an anneal_status
+ * recorded (shape/dtype/device mismatch, out of memory, bad argument). An op given
+ * a NULL input returns NULL without doing work or overwriting the first error, so
+ * model code checks once at the end. Ops record a tape node when an input requires
+ * grad and grad mode is on. Float ops compute in f32 for now. */
+#ifndef ANNEAL_OPS_H
+#define ANNEAL_OPS_H
+
+#include "anneal/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --------------------------------------------------------------- creation */
+
+/* Normal(mean, std) values from the global Philox generator (advances it). */
+anneal_tensor *anneal_randn(anneal_dtype dt, int ndim, const int64_t *shape, float mean, float std);
+/* Tensor of shape filled with value. */
+anneal_tensor *anneal_full(anneal_dtype dt, int ndim, const int64_t *shape, double value);
+/* A new tensor with t's values converted to dtype dt (differentiable between floats). */
+anneal_tensor *anneal_cast(anneal_tensor *t, anneal_dtype dt);
+/* Contiguous copy of t (t itself, retained into the scope, if already contiguous). */
+anneal_tensor *anneal_contiguous(anneal_tensor *t);
+/* A differentiable copy (always new storage). */
+anneal_tensor *anneal_clone(anneal_tensor *t);
+
+/* ------------------------------------------------------------------ views */
+
+/* Same elements with a new shape (one dim may be -1). A view when the strides allow,
+ * otherwise a copy (like torch.reshape). */
+anneal_tensor *anneal_reshape(anneal_tensor *t, int ndim, const int64_t *shape);
+/* Swaps two dims (view). Negative dims count from the end. */
+anneal_tensor *anneal_transpose(anneal_tensor *t, int d0, int d1);
+/* Reorders dims (view): result dim i is t's dim perm[i]. */
+anneal_tensor *anneal_permute(anneal_tensor *t, const int *perm);
+/* Elements start..start+len-1 along dim (view). */
+anneal_tensor *anneal_narrow(anneal_tensor *t, int dim, int64_t start, int64_t len);
+/* Splits along dim into n pieces of the given sizes (views); returns ANNEAL_OK or an error. */
+anneal_status anneal_split(anneal_tensor *t, int dim, int n, const int64_t *sizes,
+                           anneal_tensor **out);
+/* Concatenates n tensors along dim (new storage). */
+anneal_tensor *anneal_cat(int n, anneal_tensor *const *ts, int dim);
+
+/* ------------------------------------------------------------ elementwise */
+
+/* Broadcasting binary ops (NumPy rules). */
+anneal_tensor *anneal_add(anneal_tensor *a, anneal_tensor *b);
+anneal_tensor *anneal_sub(anneal_tensor *a, anneal_tensor *b);
+anneal_tensor *anneal_mul(anneal_tensor *a, anneal_tensor *b);
+anneal_tensor *anneal_div(anneal_tensor *a, anneal_tensor *b);
+/* x * s. */
+anneal_tensor *anneal_scale(anneal_tensor *x, float s);
+/* x + s. */
+anneal_tensor *anneal_add_scalar(anneal_tensor *x, float s);
+/* GELU: exact (erf) or tanh approximation. */
+anneal_tensor *anneal_gelu(anneal_tensor *x, bool tanh_approx);
+anneal_tensor *anneal_silu(anneal_tensor *x);
+/* Inverted dropout with probability p from the global Philox generator; identity
+ * (returns x) when !training or p == 0. Same seed -> same mask at any thread count. */
+anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training);
+
+/* -------------------------------------------------------------- reductions */
+
+/* Sum / mean of all elements: a 0-dim tensor. */
+anneal_tensor *anneal_sum(anneal_tensor *x);
+anneal_tensor *anneal_mean(anneal_tensor *x);
+/* Sum / mean over one dim, keeping it as size 1 when keepdim. */
+anneal_tensor *anneal_sum_dim(anneal_tensor *x, int dim, bool keepdim);
+anneal_tensor *anneal_mean_dim(anneal_tensor *x, int dim, bool keepdim);
+
+/* ---------------------------------------------------------------- linear */
+
+/* Matrix product over the last two dims, with NumPy-style broadcast of leading dims
+ * (a (..., M, K) @ b (..., K, N)). Transposed operands are views: no copy is made. */
+anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b);
+/* x (..., in) @ w^T + b, w (out, in) as torch.nn.Linear; b (out) may be NULL. */
+anneal_tensor *anneal_linear(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b);
+/* x (..., in) @ w + b, w (in, out) as Hugging Face's Conv1D (GPT-2); b may be NULL. */
+anneal_tensor *anneal_conv1d(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b);
+
+/* ------------------------------------------------------------- normalise */
+
+/* LayerNorm over the last dim with weight and bias (either may be NULL). */
+anneal_tensor *anneal_layer_norm(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, float eps);
+/* RMSNorm over the last dim with weight (may be NULL). */
+anneal_tensor *anneal_rms_norm(anneal_tensor *x, anneal_tensor *w, float eps);
+/* Softmax / log-softmax over the last dim. */
+anneal_tensor *anneal_softmax(anneal_tensor *x);
+anneal_tensor *anneal_log_softmax(anneal_tensor *x);
+
+/* -------------------------------------------------------------- attention */
+
+/* Scaled dot-product attention of q (B, H, Tq, D) against k, v (B, H, Tk, D), causal
+ * or not, scale 1/sqrt(D) when scale <= 0. Flash-style: no Tq x Tk matrix is kept.
+ * Output (B, H, Tq, D) is a view of (B, Tq, H, D) storage, so transposing dims 1 and
+ * 2 and reshaping to (B, Tq, H*D) costs nothing. */
+anneal_tensor *anneal_attention(anneal_tensor *q, anneal_tensor *k, anneal_tensor *v, bool causal,
+                                float scale);
+/* GPT-2 style causal self-attention from a fused qkv (B, T, 3C) projection with
+ * n_head heads: returns (B, T, C); the gradient goes straight into a (B, T, 3C) buffer. */
+anneal_tensor *anneal_causal_attention(anneal_tensor *qkv, int n_head);
+
+/* ------------------------------------------------------- embedding, loss */
+
+/* Rows of weight (V, C) picked by integer ids (any shape, i32): (..., C). Ids out of
+ * range are an error that names the bad id. Backward scatter-adds into weight. */
+anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight);
+/* Mean cross-entropy of logits (..., V) against i32 targets (...), skipping targets
+ * equal to ignore_index; a 0-dim tensor. Fused log-softmax; targets out of range are
+ * an error. If every target is ignored the loss is 0 (not NaN). */
+anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *targets,
+                                    int32_t ignore_index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

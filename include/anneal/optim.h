@@ -1,0 +1,70 @@
+/* anneal optim: AdamW and SGD with momentum over an anneal_params set, global
+ * gradient-norm clipping, and learning-rate schedules. */
+#ifndef ANNEAL_OPTIM_H
+#define ANNEAL_OPTIM_H
+
+#include "anneal/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum anneal_optim_kind { ANNEAL_OPTIM_ADAMW, ANNEAL_OPTIM_SGD } anneal_optim_kind;
+
+typedef struct anneal_optim_config {
+    anneal_optim_kind kind;
+    float beta1, beta2, eps; /* AdamW (PyTorch defaults 0.9, 0.999, 1e-8) */
+    float weight_decay;      /* applied to params with decay == true (decoupled for AdamW) */
+    float momentum;          /* SGD */
+    bool nesterov;           /* SGD */
+} anneal_optim_config;
+
+/* Defaults: AdamW betas (0.9, 0.999), eps 1e-8, weight decay 0.0. */
+anneal_optim_config anneal_optim_defaults(anneal_optim_kind kind);
+
+typedef struct anneal_optimizer anneal_optimizer;
+
+/* Optimizer over every parameter of ps (state allocated lazily on the first step). */
+anneal_optimizer *anneal_optimizer_new(anneal_params *ps, anneal_optim_config cfg);
+void anneal_optimizer_free(anneal_optimizer *o);
+/* One update with learning rate lr. Parameters without a gradient are skipped
+ * (and their step count not advanced), as in PyTorch. */
+anneal_status anneal_optimizer_step(anneal_optimizer *o, float lr);
+/* Number of steps taken. */
+int64_t anneal_optimizer_step_count(const anneal_optimizer *o);
+/* State tensor of parameter i: "exp_avg", "exp_avg_sq" (AdamW), "momentum" (SGD), or
+ * NULL if not created yet. For checkpoints. */
+anneal_tensor *anneal_optimizer_state(const anneal_optimizer *o, int i, const char *which);
+
+/* Scales all gradients so their global L2 norm is at most max_norm (PyTorch's
+ * clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1). Writes the norm
+ * before clipping to *norm_out (may be NULL). Deterministic (fixed summation order).
+ * A non-finite norm is reported in *norm_out and gradients are left unscaled. */
+anneal_status anneal_clip_grad_norm(anneal_params *ps, float max_norm, float *norm_out);
+/* The global L2 norm of all gradients (without clipping). */
+anneal_status anneal_grad_norm(const anneal_params *ps, float *norm_out);
+
+typedef enum anneal_schedule_kind {
+    ANNEAL_SCHED_CONSTANT, /* warmup then max_lr */
+    ANNEAL_SCHED_COSINE,   /* warmup then cosine from max_lr to min_lr at total_steps */
+    ANNEAL_SCHED_LINEAR,   /* warmup then linear from max_lr to min_lr at total_steps */
+    ANNEAL_SCHED_WSD,      /* warmup, stable at max_lr, then linear decay to min_lr over decay_steps */
+} anneal_schedule_kind;
+
+typedef struct anneal_schedule {
+    anneal_schedule_kind kind;
+    float max_lr, min_lr;
+    int64_t warmup_steps; /* lr(s) = max_lr * (s + 1) / warmup_steps for s < warmup_steps */
+    int64_t total_steps;
+    int64_t decay_steps;  /* WSD only: length of the final decay */
+} anneal_schedule;
+
+/* Learning rate for step s (0-based). Past total_steps the schedule stays at its end value. */
+float anneal_schedule_lr(const anneal_schedule *sch, int64_t step);
+/* Parses "constant", "cosine", "linear", "wsd"; false if unknown. */
+bool anneal_schedule_parse(const char *name, anneal_schedule_kind *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages anneal needs to build and test: the C toolchain,
+# CMake, OpenMP (part of gcc), cJSON (safetensors headers) and pkg-config.
+# As root it runs apt-get; otherwise it prints the command to run.
+set -euo pipefail
+
+PACKAGES=(build-essential cmake pkg-config libcjson-dev)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "bootstrap: missing packages: ${missing[*]}"
+  echo "run: sudo apt-get update && sudo apt-get install -y ${missing[*]}"
+  exit 1
+fi

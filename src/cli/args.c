@@ -1,0 +1,79 @@
+/* Flag parsing for subcommands (see args.h). */
+#include "args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool set_value(const char *cmd, cli_flag *f, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    switch (f->kind) {
+    case ARG_INT: {
+        long long x = strtoll(v, &end, 10);
+        if (errno || !*v || *end) {
+            fprintf(stderr, "anneal %s: --%s expects an integer, got '%s'\n", cmd, f->name, v);
+            return false;
+        }
+        *(int64_t *)f->dst = x;
+        break;
+    }
+    case ARG_FLOAT: {
+        double x = strtod(v, &end);
+        if (errno || !*v || *end || !isfinite(x)) {
+            fprintf(stderr, "anneal %s: --%s expects a number, got '%s'\n", cmd, f->name, v);
+            return false;
+        }
+        *(double *)f->dst = x;
+        break;
+    }
+    case ARG_STRING: *(const char **)f->dst = v; break;
+    case ARG_BOOL:
+        if (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)f->dst = true;
+        else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
+        else {
+            fprintf(stderr, "anneal %s: --%s expects on or off, got '%s'\n", cmd, f->name, v);
+            return false;
+        }
+        break;
+    }
+    f->seen = true;
+    return true;
+}
+
+bool cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags, int n_flags) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "anneal %s: unexpected argument '%s' (flags start with --)\n", cmd, a);
+            return false;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        cli_flag *f = NULL;
+        for (int k = 0; k < n_flags; k++)
+            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
+        if (!f) {
+            fprintf(stderr, "anneal %s: unknown flag --%.*s (see anneal %s --help)\n", cmd, (int)len, name, cmd);
+            return false;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && f->kind == ARG_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) v = "on";
+        if (!v) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "anneal %s: --%s needs a value\n", cmd, f->name);
+                return false;
+            }
+            v = argv[++i];
+        }
+        if (!set_value(cmd, f, v)) return false;
+    }
+    return true;
+}
+
+void cli_usage(const char *cmd, const char *summary, const cli_flag *flags, int n_flags) {
+    printf("usage: anneal %s [flags]\n%s\n\nflags:\n", cmd, summary);
+    for (int k = 0; k < n_flags; k++) printf("  --%-16s %s\n", flags[k].name, flags[k].help);
+}

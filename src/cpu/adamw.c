@@ -1,0 +1,102 @@
+/* AdamW step and the sum of squares used for gradient-norm clipping.
+ * The AdamW update repeats PyTorch 1.13's _single_tensor_adamw operation by
+ * operation (same float roundings in the same order, scalars formed in double
+ * and rounded to float as PyTorch's Python floats are), so parameters track a
+ * PyTorch run to the last bit or so. OpenMP over fixed element blocks. */
+#include "cpu/cpu_kernels.h"
+#include "cpu/vec_math.h"
+
+#include <math.h>
+
+#define ADAMW_BLOCK 8192          /* elements per OpenMP work item */
+#define ADAMW_PARALLEL_MIN 32768  /* below this one thread does the whole call */
+#define SS_MAX_CHUNKS 256         /* sum_squares: at most this many fixed partials */
+#define SS_MIN_CHUNK 65536        /* and at least this many elements in each */
+
+/* The scalars of one step, rounded to float where PyTorch rounds them. */
+typedef struct {
+    float decay;     /* 1 - lr*wd            (param.mul_) */
+    float beta1;     /* exp_avg.mul_(beta1) */
+    float omb1;      /* 1 - beta1            (add_ alpha) */
+    float beta2;     /* exp_avg_sq.mul_(beta2) */
+    float omb2;      /* 1 - beta2            (addcmul_ value) */
+    float bc2_sqrt;  /* sqrt(bc2)            (the divisor of exp_avg_sq.sqrt()) */
+    float eps;
+    float neg_step;  /* -lr / bc1            (addcdiv_ value) */
+} adamw_scalars;
+
+/* p, m, v updated in place over n elements:
+ *   p = p * decay
+ *   m = m * beta1;  m = m + omb1 * g
+ *   v = v * beta2;  v = v + (omb2 * g) * g
+ *   denom = sqrt(v) / bc2_sqrt + eps
+ *   p = p + (neg_step * m) / denom                                              */
+ANNEAL_VEC_CLONES
+static void adamw_block(int64_t n, float *restrict p, const float *restrict g, float *restrict m,
+                        float *restrict v, adamw_scalars s) {
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float pi = p[i] * s.decay;
+        float mi = m[i] * s.beta1;
+        mi = mi + s.omb1 * gi;
+        float vi = v[i] * s.beta2;
+        vi = vi + s.omb2 * gi * gi;
+        float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
+        p[i] = pi + s.neg_step * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* One AdamW step over n elements; bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
+void anneal_cpu_adamw(int64_t n, float *p, const float *g, float *m, float *v, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, float bc1,
+                      float bc2) {
+    adamw_scalars s = {
+        .decay = (float)(1.0 - (double)lr * (double)weight_decay),
+        .beta1 = beta1,
+        .omb1 = (float)(1.0 - (double)beta1),
+        .beta2 = beta2,
+        .omb2 = (float)(1.0 - (double)beta2),
+        .bc2_sqrt = (float)sqrt((double)bc2),
+        .eps = eps,
+        .neg_step = (float)(-((double)lr / (double)bc1)),
+    };
+    int64_t nb = (n + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+#pragma omp parallel for schedule(static) if (n >= ADAMW_PARALLEL_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * ADAMW_BLOCK;
+        int64_t len = n - i0 < ADAMW_BLOCK ? n - i0 : ADAMW_BLOCK;
+        adamw_block(len, p + i0, g + i0, m + i0, v + i0, s);
+    }
+}
+
+/* sum(x^2) over n floats in double, 8 fixed lanes combined as a pairwise tree. */
+ANNEAL_VEC_CLONES
+static double sum_squares_chunk(int64_t n, const float *restrict x) {
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+    for (int j = 0; i + j < n; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* Sum of squares: n is cut into at most SS_MAX_CHUNKS chunks whose size depends on n
+ * only; the chunk partials are added in chunk order, so the result is the same for
+ * any thread count. */
+double anneal_cpu_sum_squares(int64_t n, const float *x) {
+    if (n <= 0) return 0.0;
+    int64_t chunk = (n + SS_MAX_CHUNKS - 1) / SS_MAX_CHUNKS;
+    chunk = chunk < SS_MIN_CHUNK ? SS_MIN_CHUNK : (chunk + 15) / 16 * 16;
+    int64_t nc = (n + chunk - 1) / chunk;
+    double part[SS_MAX_CHUNKS];
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t k = 0; k < nc; k++) {
+        int64_t i0 = k * chunk;
+        part[k] = sum_squares_chunk(n - i0 < chunk ? n - i0 : chunk, x + i0);
+    }
+    double total = 0.0;
+    for (int64_t k = 0; k < nc; k++) total += part[k];
+    return total;
+}

@@ -1,0 +1,441 @@
+/* Flash-style scaled-dot-product attention on the CPU (forward and backward).
+ *
+ * Forward: for each (b, h) and tile of BQ query rows, walk tiles of BK keys
+ * (stopping at the last key any row of the tile may see when causal), compute the
+ * scaled scores of the tile, update an online softmax (running max m, running sum l,
+ * rescaling the output accumulator) and accumulate P @ V. At the end o = acc / l and
+ * lse = m + log(l). Nothing larger than a tile is ever allocated.
+ *
+ * Backward (FlashAttention-2 style): one task per (b, h). For each key tile and each
+ * query tile that sees it, recompute S = scale * Q K^T, P = exp(S - lse), then
+ *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Dvec),  dQ += scale dS K,  dK += scale dS^T Q
+ * with Dvec_i = dO_i . o_i. dq, dk, dv are accumulated in place (zeroed first) in a
+ * fixed order, so results do not depend on the thread count.
+ *
+ * Rows that see no key at all (causal with Tq > Tk, or Tk == 0) get o = 0 and
+ * lse = -inf, and zero gradients. If per-thread scratch cannot be allocated the
+ * affected outputs are filled with NaN (errors propagate like NaN; nothing aborts).
+ *
+ * ISA: the small GEMMs and the exponentials have an AVX-512 intrinsics path (chosen at
+ * run time with anneal_cpu_has_avx512) and a portable C path (auto-vectorised, cloned
+ * per ISA by ANNEAL_VEC_CLONES). ANNEAL_CPU_ISA=portable in the environment, read at
+ * every call, forces the portable path (the tests use it). */
+#include "cpu/cpu_kernels.h"
+#include "cpu/vec_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ATTN_HAVE_X86 1
+#else
+#define ATTN_HAVE_X86 0
+#endif
+
+enum { BQ = 64, BK = 64 }; /* query / key tile sizes */
+
+/* C[M x N] (= or +=) A[M x K] @ B[K x N]. A(i, k) = A[i*a_rs + k*a_cs] (so A may be a
+ * transposed view); B rows have stride ldb, C rows ldc; the last dims are contiguous. */
+typedef void (*gemm_fn)(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_cs,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
+/* x[j] = exp(a * x[j] - b) for j < n; returns the sum of the new x. */
+typedef float (*exp_fn)(float *x, int n, float a, float b);
+/* Largest of x[0..n), n >= 1 (NaN-ignoring like fmaxf). */
+typedef float (*max_fn)(const float *x, int n);
+
+typedef struct attn_isa {
+    gemm_fn gemm;
+    exp_fn exp_row;
+    max_fn row_max;
+} attn_isa;
+
+/* ------------------------------------------------------------ portable path */
+
+/* Portable GEMM: one C row at a time, inner loop over contiguous N (auto-vectorised,
+ * cloned per ISA). */
+ANNEAL_VEC_CLONES
+static void gemm_portable(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_cs,
+                          const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate) {
+    for (int i = 0; i < M; i++) {
+        float *restrict c = C + (int64_t)i * ldc;
+        if (!accumulate)
+            for (int j = 0; j < N; j++) c[j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const float a = A[(int64_t)i * a_rs + (int64_t)k * a_cs];
+            const float *restrict b = B + (int64_t)k * ldb;
+            for (int j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
+}
+
+/* The exponentials vectorise (anneal_vexpf); the sum uses 16 fixed lanes so its
+ * order, hence its bits, do not depend on the clone. */
+ANNEAL_VEC_CLONES
+static float exp_row_portable(float *x, int n, float a, float b) {
+    for (int j = 0; j < n; j++) x[j] = anneal_vexpf(a * x[j] - b);
+    float lanes[ANNEAL_VEC_LANES] = {0};
+    int j = 0;
+    for (; j + ANNEAL_VEC_LANES <= n; j += ANNEAL_VEC_LANES)
+        for (int l = 0; l < ANNEAL_VEC_LANES; l++) lanes[l] += x[j + l];
+    for (int l = 0; j + l < n; l++) lanes[l] += x[j + l];
+    float sum = 0.0f;
+    for (int l = 0; l < ANNEAL_VEC_LANES; l++) sum += lanes[l];
+    return sum;
+}
+
+static float row_max_portable(const float *x, int n) {
+    float m = x[0];
+    for (int j = 1; j < n; j++) m = fmaxf(m, x[j]);
+    return m;
+}
+
+static const attn_isa isa_portable = {gemm_portable, exp_row_portable, row_max_portable};
+
+/* -------------------------------------------------------------- AVX-512 path */
+#if ATTN_HAVE_X86
+#define AVX512_FN __attribute__((target("avx512f,fma")))
+#define AVX512_INLINE __attribute__((target("avx512f,fma"), always_inline)) static inline
+
+/* Register tile of MR rows x 16*NV columns of C, over the full K. m0/m1 mask the
+ * columns of the two 16-wide vectors (tails of N). MR, NV are compile-time constants
+ * at every call site, so the accumulators live in registers. */
+AVX512_INLINE void micro_avx512(const int MR, const int NV, int K, const float *A, int64_t a_rs,
+                                int64_t a_cs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                                __mmask16 m0, __mmask16 m1, bool accumulate) {
+    __m512 c[8][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        c[r][0] = _mm512_setzero_ps();
+        c[r][1] = _mm512_setzero_ps();
+    }
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (int64_t)k * ldb;
+        const float *a = A + (int64_t)k * a_cs;
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, b);
+        const __m512 b1 = NV > 1 ? _mm512_maskz_loadu_ps(m1, b + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const __m512 av = _mm512_set1_ps(a[r * a_rs]);
+            c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
+            if (NV > 1) c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        float *cr = C + (int64_t)r * ldc;
+        if (accumulate) c[r][0] = _mm512_add_ps(c[r][0], _mm512_maskz_loadu_ps(m0, cr));
+        _mm512_mask_storeu_ps(cr, m0, c[r][0]);
+        if (NV > 1) {
+            if (accumulate) c[r][1] = _mm512_add_ps(c[r][1], _mm512_maskz_loadu_ps(m1, cr + 16));
+            _mm512_mask_storeu_ps(cr + 16, m1, c[r][1]);
+        }
+    }
+}
+
+static inline __mmask16 tail_mask(int n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* AVX-512 GEMM: panels of 32 columns, register tiles of 8 rows (smaller at the tails). */
+AVX512_FN static void gemm_avx512(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_cs,
+                                  const float *B, int64_t ldb, float *C, int64_t ldc,
+                                  bool accumulate) {
+    for (int j0 = 0; j0 < N; j0 += 32) {
+        const int nc = N - j0 < 32 ? N - j0 : 32;
+        const __mmask16 m0 = tail_mask(nc), m1 = tail_mask(nc - 16);
+        const int nv = nc > 16 ? 2 : 1;
+        for (int i0 = 0; i0 < M; i0 += 8) {
+            const int mr = M - i0 < 8 ? M - i0 : 8;
+            const float *a = A + (int64_t)i0 * a_rs;
+            const float *b = B + j0;
+            float *c = C + (int64_t)i0 * ldc + j0;
+#define ATTN_MICRO(R, V) micro_avx512(R, V, K, a, a_rs, a_cs, b, ldb, c, ldc, m0, m1, accumulate)
+#define ATTN_CASE(R)                                                                               \
+    case R:                                                                                        \
+        if (nv == 2)                                                                               \
+            ATTN_MICRO(R, 2);                                                                      \
+        else                                                                                       \
+            ATTN_MICRO(R, 1);                                                                      \
+        break
+            switch (mr) {
+                ATTN_CASE(1);
+                ATTN_CASE(2);
+                ATTN_CASE(3);
+                ATTN_CASE(4);
+                ATTN_CASE(5);
+                ATTN_CASE(6);
+                ATTN_CASE(7);
+                ATTN_CASE(8);
+            }
+#undef ATTN_CASE
+#undef ATTN_MICRO
+        }
+    }
+}
+
+/* exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2/2, Cephes degree-6 polynomial for
+ * exp(r), then scalef by 2^n (exact, produces subnormals). Relative error ~2 ulp.
+ * NaN stays NaN (constants are the first operand of min/max), -inf gives 0. */
+AVX512_INLINE __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(88.7228394f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+AVX512_FN static float exp_row_avx512(float *x, int n, float a, float b) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 m = tail_mask(n - j);
+        __m512 e = exp512(_mm512_fmsub_ps(va, _mm512_maskz_loadu_ps(m, x + j), vb));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + j, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+AVX512_FN static float row_max_avx512(const float *x, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = tail_mask(n - j);
+        m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, x + j), m);
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+static const attn_isa isa_avx512 = {gemm_avx512, exp_row_avx512, row_max_avx512};
+#endif
+
+/* The kernels for this CPU; ANNEAL_CPU_ISA=portable forces portable C. */
+static const attn_isa *attn_pick_isa(void) {
+#if ATTN_HAVE_X86
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    if (!(env && strcmp(env, "portable") == 0) && anneal_cpu_has_avx512()) return &isa_avx512;
+#endif
+    return &isa_portable;
+}
+
+/* ------------------------------------------------------------ shared helpers */
+
+/* Number of keys query row i may see: Tk, or i + (Tk - Tq) + 1 clamped to [0, Tk]. */
+static inline int64_t attn_visible(const anneal_cpu_attn_desc *d, int64_t i) {
+    if (!d->causal) return d->Tk;
+    int64_t n = i + (d->Tk - d->Tq) + 1;
+    return n < 0 ? 0 : n > d->Tk ? d->Tk : n;
+}
+
+/* dst[c][j] = src[j*ld + c] for j < n, c < D: a (D x BK) transposed copy of n rows. */
+static void attn_pack_t(const float *src, int64_t ld, int n, int64_t D, float *dst) {
+    for (int j = 0; j < n; j++) {
+        const float *s = src + (int64_t)j * ld;
+        for (int64_t c = 0; c < D; c++) dst[c * BK + j] = s[c];
+    }
+}
+
+static float *attn_alloc(size_t nfloats) {
+    size_t bytes = (nfloats * sizeof(float) + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+/* -------------------------------------------------------------------- forward */
+
+/* One (b, h, query tile): rows [q0, q0+nq). ws holds Qs (BQ x D), KT (D x BK),
+ * S (BQ x BK), acc (BQ x D), m (BQ), l (BQ). */
+static void attn_fwd_tile(const anneal_cpu_attn_desc *d, const attn_isa *isa, const float *q,
+                          const float *k, const float *v, float *o, float *lse, int64_t q0, int nq,
+                          float *ws) {
+    const int64_t D = d->D;
+    float *Qs = ws, *KT = Qs + BQ * D, *S = KT + D * BK, *acc = S + BQ * BK;
+    float *m = acc + BQ * D, *l = m + BQ;
+
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (q0 + i) * d->q_st;
+        for (int64_t c = 0; c < D; c++) Qs[i * D + c] = d->scale * qi[c];
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(nq * D));
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1); /* keys seen by the last row */
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = kend - k0 < BK ? (int)(kend - k0) : BK;
+        attn_pack_t(k + k0 * d->k_st, d->k_st, nk, D, KT);
+        isa->gemm(nq, nk, (int)D, Qs, D, 1, KT, BK, S, BK, false); /* S = Qs K^T */
+        for (int i = 0; i < nq; i++) {
+            float *s = S + i * BK;
+            int64_t nv64 = attn_visible(d, q0 + i) - k0;
+            const int nv = nv64 < 0 ? 0 : nv64 > nk ? nk : (int)nv64;
+            for (int j = nv; j < nk; j++) s[j] = 0.0f; /* masked: P = 0 */
+            if (nv == 0) continue;
+            const float mnew = fmaxf(m[i], isa->row_max(s, nv));
+            const float alpha = expf(m[i] - mnew); /* 0 on the first tile (m = -inf) */
+            l[i] = l[i] * alpha + isa->exp_row(s, nv, 1.0f, mnew);
+            m[i] = mnew;
+            if (alpha != 1.0f) {
+                float *a = acc + i * D;
+                for (int64_t c = 0; c < D; c++) a[c] *= alpha;
+            }
+        }
+        /* acc += P V */
+        isa->gemm(nq, (int)D, nk, S, BK, 1, v + k0 * d->v_st, d->v_st, acc, D, true);
+    }
+
+    for (int i = 0; i < nq; i++) {
+        float *oi = o + (q0 + i) * d->o_st;
+        if (l[i] > 0.0f || l[i] != l[i]) {
+            const float inv = 1.0f / l[i];
+            for (int64_t c = 0; c < D; c++) oi[c] = acc[i * D + c] * inv;
+            lse[q0 + i] = m[i] + logf(l[i]);
+        } else { /* no visible key */
+            for (int64_t c = 0; c < D; c++) oi[c] = 0.0f;
+            lse[q0 + i] = -INFINITY;
+        }
+    }
+}
+
+void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                              const float *v, float *o, float *lse) {
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, D = d->D;
+    if (B <= 0 || H <= 0 || Tq <= 0 || D < 0) return;
+    const attn_isa *isa = attn_pick_isa();
+    const int64_t ntiles = (Tq + BQ - 1) / BQ, ntasks = B * H * ntiles;
+    const size_t ws_floats = (size_t)(2 * BQ * D + D * BK + BQ * BK + 2 * BQ);
+
+#pragma omp parallel
+    {
+        float *ws = attn_alloc(ws_floats);
+        /* Tasks are (b, h, query tile); each output row is produced by one task in a
+         * fixed order, so the bits do not depend on the schedule. Causal tiles differ
+         * in cost, hence dynamic. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntasks; t++) {
+            const int64_t bh = t / ntiles, b = bh / H, h = bh % H;
+            const int64_t q0 = (t % ntiles) * BQ;
+            const int nq = Tq - q0 < BQ ? (int)(Tq - q0) : BQ;
+            float *ob = o + b * d->o_sb + h * d->o_sh;
+            float *lb = lse + bh * Tq;
+            if (!ws) {
+                for (int i = 0; i < nq; i++) {
+                    for (int64_t c = 0; c < D; c++) ob[(q0 + i) * d->o_st + c] = NAN;
+                    lb[q0 + i] = NAN;
+                }
+                continue;
+            }
+            attn_fwd_tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
+                          v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
+        }
+        free(ws);
+    }
+}
+
+/* ------------------------------------------------------------------- backward */
+
+/* One (b, h): pointers already offset to this batch and head. ws holds KT, VT
+ * (D x BK each), P, dS (BQ x BK each), Dvec (BQ). */
+static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, const float *q,
+                          const float *k, const float *v, const float *o, const float *dout,
+                          const float *lse, float *dq, float *dk, float *dv, float *ws) {
+    const int64_t D = d->D, Tq = d->Tq, Tk = d->Tk;
+    const float scale = d->scale;
+    float *KT = ws, *VT = KT + D * BK, *P = VT + D * BK, *dS = P + BQ * BK, *Dvec = dS + BQ * BK;
+
+    for (int64_t i = 0; i < Tq; i++) memset(dq + i * d->q_st, 0, sizeof(float) * (size_t)D);
+
+    for (int64_t k0 = 0; k0 < Tk; k0 += BK) {
+        const int nk = Tk - k0 < BK ? (int)(Tk - k0) : BK;
+        const float *kt = k + k0 * d->k_st, *vt = v + k0 * d->v_st;
+        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st;
+        for (int j = 0; j < nk; j++) {
+            memset(dkt + j * d->k_st, 0, sizeof(float) * (size_t)D);
+            memset(dvt + j * d->v_st, 0, sizeof(float) * (size_t)D);
+        }
+        attn_pack_t(kt, d->k_st, nk, D, KT);
+        attn_pack_t(vt, d->v_st, nk, D, VT);
+
+        for (int64_t q0 = 0; q0 < Tq; q0 += BQ) {
+            const int nq = Tq - q0 < BQ ? (int)(Tq - q0) : BQ;
+            if (attn_visible(d, q0 + nq - 1) <= k0) continue; /* tile fully masked */
+            const float *qt = q + q0 * d->q_st, *dot = dout + q0 * d->o_st;
+
+            /* P = exp(scale * Q K^T - lse), zero where masked. */
+            isa->gemm(nq, nk, (int)D, qt, d->q_st, 1, KT, BK, P, BK, false);
+            for (int i = 0; i < nq; i++) {
+                float *p = P + i * BK;
+                int64_t nv64 = attn_visible(d, q0 + i) - k0;
+                const int nv = nv64 < 0 ? 0 : nv64 > nk ? nk : (int)nv64;
+                if (nv > 0) isa->exp_row(p, nv, scale, lse[q0 + i]);
+                for (int j = nv; j < nk; j++) p[j] = 0.0f;
+            }
+            /* dV += P^T dO (P read transposed). */
+            isa->gemm(nk, (int)D, nq, P, 1, BK, dot, d->o_st, dvt, d->v_st, true);
+            /* dP = dO V^T into dS. */
+            isa->gemm(nq, nk, (int)D, dot, d->o_st, 1, VT, BK, dS, BK, false);
+            /* Dvec_i = dO_i . o_i (double for accuracy; recomputed per tile to keep
+             * scratch O(tile)); dS = scale * P * (dP - Dvec). */
+            for (int i = 0; i < nq; i++) {
+                const float *oi = o + (q0 + i) * d->o_st, *gi = dot + i * d->o_st;
+                double acc = 0.0;
+                for (int64_t c = 0; c < D; c++) acc += (double)gi[c] * oi[c];
+                Dvec[i] = (float)acc;
+            }
+            for (int i = 0; i < nq; i++) {
+                const float *p = P + i * BK;
+                float *ds = dS + i * BK;
+                const float di = Dvec[i];
+                for (int j = 0; j < nk; j++) ds[j] = scale * p[j] * (ds[j] - di);
+            }
+            /* dQ += dS K ; dK += dS^T Q. */
+            isa->gemm(nq, (int)D, nk, dS, BK, 1, kt, d->k_st, dq + q0 * d->q_st, d->q_st, true);
+            isa->gemm(nk, (int)D, nq, dS, 1, BK, qt, d->q_st, dkt, d->k_st, true);
+        }
+    }
+}
+
+void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                              const float *v, const float *o, const float *dout, const float *lse,
+                              float *dq, float *dk, float *dv) {
+    const int64_t B = d->B, H = d->H, D = d->D;
+    if (B <= 0 || H <= 0 || D < 0) return;
+    const attn_isa *isa = attn_pick_isa();
+    const size_t ws_floats = (size_t)(2 * D * BK + 2 * BQ * BK + BQ);
+
+#pragma omp parallel
+    {
+        float *ws = attn_alloc(ws_floats);
+        /* One task per (b, h): its dq, dk, dv rows are written only by it, in a fixed
+         * tile order, so the bits do not depend on the thread count. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            const int64_t b = bh / H, h = bh % H;
+            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
+            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
+            if (!ws) {
+                for (int64_t i = 0; i < d->Tq; i++)
+                    for (int64_t c = 0; c < D; c++) dq[qo + i * d->q_st + c] = NAN;
+                for (int64_t j = 0; j < d->Tk; j++)
+                    for (int64_t c = 0; c < D; c++) {
+                        dk[ko + j * d->k_st + c] = NAN;
+                        dv[vo + j * d->v_st + c] = NAN;
+                    }
+                continue;
+            }
+            attn_bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,
+                          dq + qo, dk + ko, dv + vo, ws);
+        }
+        free(ws);
+    }
+}

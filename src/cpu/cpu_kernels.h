@@ -1,0 +1,125 @@
+/* CPU kernels on raw row-major buffers. Internal to the CPU backend: the backend
+ * table (cpu_backend.c) adapts tensors to these calls. Every kernel is
+ * multithreaded with OpenMP, never allocates tensors, and is deterministic for a
+ * given thread count (reductions combine per-chunk partials in a fixed order, no
+ * atomics). Where a kernel says "overwrites", it writes every output element. */
+#ifndef ANNEAL_CPU_KERNELS_H
+#define ANNEAL_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X or X^T.
+ * op(A) is M x K, op(B) is K x N, C is M x N. lda/ldb/ldc are row strides in
+ * elements of A, B, C as stored (A stored M x K when !trans_a, K x M when trans_a).
+ * beta == 0 means C is not read (may hold NaN). Cache-blocked, packed, vectorised
+ * (AVX-512 where the CPU has it, portable C otherwise), OpenMP over output blocks. */
+void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc);
+
+/* `batch` independent GEMMs; matrix i uses A + i*stride_a, B + i*stride_b, C + i*stride_c
+ * (a stride of 0 broadcasts that operand). */
+void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                              int64_t K, float alpha, const float *A, int64_t lda,
+                              int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
+                              float beta, float *C, int64_t ldc, int64_t stride_c);
+
+/* ------------------------------------------------------------- row ops */
+
+/* LayerNorm over the last dim C of N rows: y = (x - mean) * rstd * w + b.
+ * mean/rstd (N each) are written for backward. b may be NULL. */
+void anneal_cpu_layer_norm_fwd(int64_t N, int64_t C, const float *x, const float *w,
+                               const float *b, float eps, float *y, float *mean, float *rstd);
+/* Overwrites dx (N x C) if non-NULL, dw (C) and db (C) if non-NULL. */
+void anneal_cpu_layer_norm_bwd(int64_t N, int64_t C, const float *x, const float *w,
+                               const float *mean, const float *rstd, const float *dy, float *dx,
+                               float *dw, float *db);
+
+/* RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
+void anneal_cpu_rms_norm_fwd(int64_t N, int64_t C, const float *x, const float *w, float eps,
+                             float *y, float *rstd);
+/* Overwrites dx (if non-NULL) and dw (if non-NULL). */
+void anneal_cpu_rms_norm_bwd(int64_t N, int64_t C, const float *x, const float *w,
+                             const float *rstd, const float *dy, float *dx, float *dw);
+
+/* Softmax (or log-softmax when log) over the last dim C of N rows. Stable (max-shifted). */
+void anneal_cpu_softmax_fwd(int64_t N, int64_t C, const float *x, float *y, bool log);
+/* From the forward output y: softmax dx = y*(dy - sum(dy*y)); log: dx = dy - exp(y)*sum(dy). */
+void anneal_cpu_softmax_bwd(int64_t N, int64_t C, const float *y, const float *dy, float *dx,
+                            bool log);
+
+/* ------------------------------------------------------------ pointwise */
+
+/* GELU over n elements: exact (erf) or tanh approximation (as PyTorch approximate="tanh"). */
+void anneal_cpu_gelu_fwd(int64_t n, const float *x, float *y, bool tanh_approx);
+void anneal_cpu_gelu_bwd(int64_t n, const float *x, const float *dy, float *dx, bool tanh_approx);
+/* SiLU y = x * sigmoid(x). */
+void anneal_cpu_silu_fwd(int64_t n, const float *x, float *y);
+void anneal_cpu_silu_bwd(int64_t n, const float *x, const float *dy, float *dx);
+
+/* ------------------------------------------------------ embedding & loss */
+
+/* y[i, :] = w[ids[i], :] for N ids, rows of C. ids are validated by the caller (0 <= id < V). */
+void anneal_cpu_embedding_fwd(int64_t N, int64_t C, const int32_t *ids, const float *w, float *y);
+/* Overwrites dw (V x C) with the scatter-add of dy rows by id; deterministic order
+ * (threads split the columns, each walks the ids in order). */
+void anneal_cpu_embedding_bwd(int64_t N, int64_t C, int64_t V, const int32_t *ids,
+                              const float *dy, float *dw);
+
+/* Cross-entropy of N rows of V logits against targets. For each row writes
+ * loss[i] = logsumexp(row) - row[target] and lse[i]; rows whose target equals
+ * ignore_index get loss 0. Targets are validated by the caller. */
+void anneal_cpu_cross_entropy_fwd(int64_t N, int64_t V, const float *logits,
+                                  const int32_t *targets, int32_t ignore_index, float *loss,
+                                  float *lse);
+/* dlogits[i, :] = scale * (softmax(row) - onehot(target)) for kept rows, 0 for ignored rows
+ * (scale is dloss / number of kept rows for a mean). Overwrites dlogits. */
+void anneal_cpu_cross_entropy_bwd(int64_t N, int64_t V, const float *logits,
+                                  const int32_t *targets, int32_t ignore_index, const float *lse,
+                                  float scale, float *dlogits);
+
+/* ------------------------------------------------------------ attention */
+
+/* Multi-head scaled-dot-product attention on strided (B, H, T, D) views whose last
+ * dim is contiguous. Tq queries attend to Tk keys; when causal, query i may see key
+ * j <= i + (Tk - Tq) (bottom-right aligned, as a KV cache needs). */
+typedef struct anneal_cpu_attn_desc {
+    int64_t B, H, Tq, Tk, D;
+    int64_t q_sb, q_sh, q_st; /* element strides of q (and dq) for batch, head, time */
+    int64_t k_sb, k_sh, k_st; /* k and dk */
+    int64_t v_sb, v_sh, v_st; /* v and dv */
+    int64_t o_sb, o_sh, o_st; /* o and dout */
+    float scale;              /* usually 1/sqrt(D) */
+    bool causal;
+} anneal_cpu_attn_desc;
+
+/* Flash-style forward: tiles of queries against tiles of keys with an online
+ * softmax; never materialises a Tq x Tk matrix. Writes o and lse (B*H*Tq, contiguous,
+ * natural-log logsumexp of the scaled scores of each query row). */
+void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                              const float *v, float *o, float *lse);
+/* Tiled backward from (q, k, v, o, dout, lse): recomputes probabilities tile by tile.
+ * Overwrites dq, dk, dv (strided like q, k, v). Deterministic: each (b, h) is one task. */
+void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                              const float *v, const float *o, const float *dout,
+                              const float *lse, float *dq, float *dk, float *dv);
+
+/* ------------------------------------------------------------ optimizer */
+
+/* One AdamW step over n elements (PyTorch semantics): p -= lr*wd*p; m = b1*m + (1-b1)*g;
+ * v = b2*v + (1-b2)*g^2; p -= lr * (m/bc1) / (sqrt(v/bc2) + eps), bc = 1 - beta^t. */
+void anneal_cpu_adamw(int64_t n, float *p, const float *g, float *m, float *v, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, float bc1,
+                      float bc2);
+/* Sum of squares of n floats, accumulated in double in a fixed chunk order. */
+double anneal_cpu_sum_squares(int64_t n, const float *x);
+
+/* ------------------------------------------------------------- dispatch */
+
+/* True when the running CPU has AVX-512F (checked once). */
+bool anneal_cpu_has_avx512(void);
+
+#endif

@@ -1,0 +1,345 @@
+/* CPU SGEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, GotoBLAS/BLIS style.
+ *
+ * Blocking (loops from outside in; kc/mc/nc/mb come from the ISA descriptor):
+ *
+ *   for jc over N in steps of nc            B block columns
+ *     for pc over K in steps of kc          depth of one packed block
+ *       pack op(B)[pc:pc+kc, jc:jc+nc]      -> Bp, kc x nr micro-panels  (shared, in L3)
+ *       for ib over M in steps of mb
+ *         pack op(A)[ib:ib+mb, pc:pc+kc]    -> Ap, mr x kc micro-panels  (shared)
+ *         each thread, over its own rectangle of (mr-row panel, nr-col panel) tiles:
+ *           for ic over its rows in steps of mc      (mc x kc of Ap stays in L2)
+ *             for jr over its nr-panels              (kc x nr of Bp stays in L1)
+ *               for ir over the mr-panels of ic      micro-kernel on one mr x nr tile
+ *
+ * Packing copies the operands into contiguous, 64-byte aligned, zero-padded micro-panels,
+ * so the micro-kernel sees unit-stride data whatever the transposes and leading dims are,
+ * and edge tiles run the same code as full ones.
+ *
+ * Threads: both packs are split evenly over micro-panels; the compute is split
+ * over output tiles in a tm x tn grid of threads chosen to balance the work. Every C
+ * element is computed by exactly one thread, accumulating over k in the same order
+ * (kc-blocks in order, k in order inside a block, the block split depending only on K),
+ * so results are bit-identical for any thread count.
+ *
+ * beta is applied by the first kc-block only (later blocks accumulate with beta = 1), so
+ * beta == 0 never reads C. The per-thread pack buffers are cached thread-locally and grow
+ * to the largest block seen (a few MiB at most, bounded by kc, nc and mb). */
+#include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
+
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ portable kernel */
+
+#define PORT_MR 6
+#define PORT_NR 16
+
+/* Portable micro-kernel over a 6 x 16 tile: plain C loops with constant trip counts that
+ * the compiler vectorises (the 16-wide row of B is one or a few vector registers). */
+static void kernel_portable(int64_t kc, const float *restrict ap, const float *restrict bp,
+                            float *restrict c, int64_t ldc, int m, int n, float alpha,
+                            float beta) {
+    float acc[PORT_MR][PORT_NR];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < kc; k++) {
+        for (int i = 0; i < PORT_MR; i++) {
+            const float a = ap[i];
+            for (int j = 0; j < PORT_NR; j++) acc[i][j] += a * bp[j];
+        }
+        ap += PORT_MR;
+        bp += PORT_NR;
+    }
+    for (int i = 0; i < m; i++) {
+        float *row = c + i * ldc;
+        if (beta == 0.0f) {
+            for (int j = 0; j < n; j++) row[j] = alpha * acc[i][j];
+        } else {
+            for (int j = 0; j < n; j++) row[j] = alpha * acc[i][j] + beta * row[j];
+        }
+    }
+}
+
+/* ------------------------------------------------------------ packing */
+
+/* Portable pack of whole micro-panels (see anneal_gemm_pack in gemm_internal.h). */
+static void pack_portable(const float *src, int64_t stride, bool lanes_contig, int64_t lanes,
+                          int width, int64_t kc, float *restrict dst) {
+    const int64_t npan = (lanes + width - 1) / width;
+    if (lanes_contig) {
+        /* Each depth k is one contiguous source row feeding every panel. */
+        for (int64_t k = 0; k < kc; k++) {
+            const float *s = src + k * stride;
+            for (int64_t p = 0; p < npan; p++) {
+                float *d = dst + p * kc * width + k * width;
+                const int64_t l0 = p * width;
+                const int n = lanes - l0 < width ? (int)(lanes - l0) : width;
+                int l = 0;
+                for (; l < n; l++) d[l] = s[l0 + l];
+                for (; l < width; l++) d[l] = 0.0f;
+            }
+        }
+    } else {
+        /* A transpose: walk each source lane once (one stream per lane). */
+        for (int64_t p = 0; p < npan; p++) {
+            float *d = dst + p * kc * width;
+            for (int l = 0; l < width; l++) {
+                const int64_t sl = p * width + l;
+                if (sl < lanes) {
+                    const float *s = src + sl * stride;
+                    for (int64_t k = 0; k < kc; k++) d[k * width + l] = s[k];
+                } else {
+                    for (int64_t k = 0; k < kc; k++) d[k * width + l] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* Blocking for the portable kernel: smaller panels (6 x 16) and the same cache targets. */
+static const anneal_gemm_isa isa_portable = {
+    .name = "portable",
+    .mr = PORT_MR,
+    .nr = PORT_NR,
+    .kc = 256,
+    .mc = 48 * PORT_MR,
+    .nc = 3072,
+    .mb = 2048,
+    .kernel = kernel_portable,
+    .pack = pack_portable,
+};
+
+/* ------------------------------------------------------------ ISA dispatch */
+
+/* -2: not chosen yet; otherwise an ANNEAL_GEMM_ISA_* value. */
+static atomic_int gemm_isa_choice = -2;
+
+/* The ISA the CPU and the ANNEAL_CPU_ISA variable allow (avx512 unless told otherwise). */
+static int gemm_isa_default(void) {
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    if (env && strcmp(env, "portable") == 0) return ANNEAL_GEMM_ISA_PORTABLE;
+    return anneal_cpu_has_avx512() ? ANNEAL_GEMM_ISA_AVX512 : ANNEAL_GEMM_ISA_PORTABLE;
+}
+
+/* The descriptor the next call uses; the choice is made once (a benign race: every
+ * thread computes the same value). */
+static const anneal_gemm_isa *gemm_isa(void) {
+    int v = atomic_load_explicit(&gemm_isa_choice, memory_order_relaxed);
+    if (v == -2) {
+        v = gemm_isa_default();
+        atomic_store_explicit(&gemm_isa_choice, v, memory_order_relaxed);
+    }
+    return v == ANNEAL_GEMM_ISA_AVX512 ? &anneal_gemm_isa_avx512 : &isa_portable;
+}
+
+/* Forces (or with ANNEAL_GEMM_ISA_AUTO, re-derives) the ISA; -1 if the CPU lacks it. */
+int anneal_cpu_sgemm_set_isa(int isa) {
+    if (isa == ANNEAL_GEMM_ISA_AUTO) isa = gemm_isa_default();
+    if (isa == ANNEAL_GEMM_ISA_AVX512 && !anneal_cpu_has_avx512()) return -1;
+    if (isa != ANNEAL_GEMM_ISA_AVX512 && isa != ANNEAL_GEMM_ISA_PORTABLE) return -1;
+    atomic_store_explicit(&gemm_isa_choice, isa, memory_order_relaxed);
+    return 0;
+}
+
+/* Name of the ISA the next call uses. */
+const char *anneal_cpu_sgemm_isa_name(void) { return gemm_isa()->name; }
+
+/* ------------------------------------------------------------ pack buffers */
+
+/* Two growable 64-byte aligned buffers per thread (0: packed B, 1: packed A). Kept for the
+ * thread's lifetime so steady-state calls neither allocate nor page-fault. */
+static _Thread_local float *tl_buf[2];
+static _Thread_local size_t tl_cap[2];
+
+/* A buffer of at least n floats, or NULL when out of memory. */
+static float *pack_buffer(int which, size_t n) {
+    if (tl_cap[which] >= n) return tl_buf[which];
+    free(tl_buf[which]);
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    tl_buf[which] = aligned_alloc(64, bytes);
+    tl_cap[which] = tl_buf[which] ? bytes / sizeof(float) : 0;
+    return tl_buf[which];
+}
+
+/* ------------------------------------------------------------ driver */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* C = beta * C over M x N (beta == 0 writes zeros without reading C). */
+static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
+    if (beta == 1.0f) return;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16) && !omp_in_parallel())
+    for (int64_t i = 0; i < M; i++) {
+        float *row = C + i * ldc;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < N; j++) row[j] = 0.0f;
+        else
+            for (int64_t j = 0; j < N; j++) row[j] = beta * row[j];
+    }
+}
+
+/* Depth of the kc-blocks for this K: K split into ceil(K / kc_max) near-equal blocks,
+ * rounded up to a multiple of 8. Depends on K and the ISA only, never on threads. */
+static int64_t block_depth(int64_t K, int64_t kc_max) {
+    int64_t nblocks = ceil_div(K, kc_max);
+    int64_t kc = ceil_div(K, nblocks);
+    return min64(kc_max, (kc + 7) & ~(int64_t)7);
+}
+
+/* Splits T threads into a tm x tn grid over pm x pn tiles, minimising the largest share
+ * (ties favour splitting N: threads then share the packed A and read disjoint B). */
+static void thread_grid(int T, int64_t pm, int64_t pn, int *tm, int *tn) {
+    int64_t best = -1;
+    *tm = 1;
+    *tn = T;
+    for (int a = 1; a <= T; a++) {
+        if (T % a) continue;
+        int b = T / a;
+        int64_t cost = ceil_div(pm, a) * ceil_div(pn, b);
+        if (best < 0 || cost < best || (cost == best && b > *tn)) {
+            best = cost;
+            *tm = a;
+            *tn = b;
+        }
+    }
+}
+
+/* Threads worth using for an M x N x K product: one per ~4 MFLOP so tiny products skip the
+ * fork/join, none beyond the OpenMP limit, and one inside an enclosing parallel region. */
+static int gemm_threads(int64_t M, int64_t N, int64_t K) {
+    if (omp_in_parallel()) return 1;
+    int T = omp_get_max_threads();
+    double work = 2.0 * (double)M * (double)N * (double)K;
+    int64_t by_work = (int64_t)(work / 4e6) + 1;
+    if (by_work < T) T = (int)by_work;
+    return T < 1 ? 1 : T;
+}
+
+/* Fallback for when the pack buffers cannot be allocated: plain loops, same contract. */
+static void sgemm_unpacked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                           float *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+            C[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
+        }
+}
+
+/* The blocked product with nt threads (1 runs inline). M, N, K >= 1. */
+static void sgemm_blocked(const anneal_gemm_isa *isa, int nt, bool ta, bool tb, int64_t M,
+                          int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int mr = isa->mr, nr = isa->nr;
+    const int64_t kc_full = block_depth(K, isa->kc);
+    const int64_t nc_max = min64(isa->nc, ceil_div(N, nr) * nr);
+    const int64_t mb_max = min64(isa->mb, ceil_div(M, mr) * mr);
+    float *bp = pack_buffer(0, (size_t)(kc_full * nc_max));
+    float *ap = pack_buffer(1, (size_t)(kc_full * mb_max));
+    if (!bp || !ap) {
+        sgemm_unpacked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const int64_t mc_panels = isa->mc / mr;
+
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int T = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int64_t jc = 0; jc < N; jc += isa->nc) {
+            const int64_t nc = min64(isa->nc, N - jc);
+            const int64_t pn = ceil_div(nc, nr); /* nr-panels in this B block */
+            for (int64_t pc = 0; pc < K; pc += kc_full) {
+                const int64_t kc = min64(kc_full, K - pc);
+                const float beta_eff = pc == 0 ? beta : 1.0f;
+
+/* Each thread packs an even, contiguous share of the micro-panels (long rows to
+                 * copy, and with an N split of the compute, the panels it will use itself). */
+                {
+                    const int64_t q0 = pn * tid / T, q1 = pn * (tid + 1) / T;
+                    const int64_t c0 = jc + q0 * nr, cols = min64((q1 - q0) * nr, nc - q0 * nr);
+                    /* op(B)[k, c] is B[k*ldb + c], or B[c*ldb + k] when transposed. */
+                    const float *src = tb ? B + c0 * ldb + pc : B + pc * ldb + c0;
+                    if (q1 > q0) isa->pack(src, ldb, !tb, cols, nr, kc, bp + q0 * kc * nr);
+                }
+
+                for (int64_t ib = 0; ib < M; ib += isa->mb) {
+                    const int64_t mb = min64(isa->mb, M - ib);
+                    const int64_t pm = ceil_div(mb, mr); /* mr-panels in this A block */
+                    {
+                        const int64_t p0 = pm * tid / T, p1 = pm * (tid + 1) / T;
+                        const int64_t r0 = ib + p0 * mr, rows = min64((p1 - p0) * mr, mb - p0 * mr);
+                        /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
+                        const float *src = ta ? A + pc * lda + r0 : A + r0 * lda + pc;
+                        if (p1 > p0) isa->pack(src, lda, ta, rows, mr, kc, ap + p0 * kc * mr);
+                    }
+#pragma omp barrier
+
+                    int tm, tn;
+                    thread_grid(T, pm, pn, &tm, &tn);
+                    const int ti = tid / tn, tj = tid % tn;
+                    const int64_t i0 = pm * ti / tm, i1 = pm * (ti + 1) / tm;
+                    const int64_t j0 = pn * tj / tn, j1 = pn * (tj + 1) / tn;
+                    for (int64_t ic = i0; ic < i1; ic += mc_panels) {
+                        const int64_t ie = min64(ic + mc_panels, i1);
+                        for (int64_t jr = j0; jr < j1; jr++) {
+                            const float *bpan = bp + jr * kc * nr;
+                            const int64_t col = jc + jr * nr;
+                            const int n = (int)min64(nr, N - col);
+                            for (int64_t ir = ic; ir < ie; ir++) {
+                                const int64_t row = ib + ir * mr;
+                                const int m = (int)min64(mr, M - row);
+                                isa->kernel(kc, ap + ir * kc * mr, bpan, C + row * ldc + col, ldc,
+                                            m, n, alpha, beta_eff);
+                            }
+                        }
+                    }
+#pragma omp barrier
+                }
+            }
+        }
+    }
+}
+
+/* C = alpha * op(A) @ op(B) + beta * C (see cpu_kernels.h). */
+void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    sgemm_blocked(gemm_isa(), gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B,
+                  ldb, beta, C, ldc);
+}
+
+/* `batch` independent GEMMs (see cpu_kernels.h). Many small products run one per thread
+ * (each single-threaded, same bits as the threaded path); few large ones run in order,
+ * each using all threads. A shared C (stride_c == 0) runs in order, so the result is the
+ * well-defined sequential one. */
+void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                              int64_t K, float alpha, const float *A, int64_t lda,
+                              int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
+                              float beta, float *C, int64_t ldc, int64_t stride_c) {
+    if (batch <= 0 || M <= 0 || N <= 0) return;
+    const int T = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    const bool across = T > 1 && stride_c != 0 && batch >= T &&
+                        (batch >= 4 * T || flops <= 2.0 * 256 * 256 * 256);
+    if (!across) {
+        for (int64_t b = 0; b < batch; b++)
+            anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda,
+                             B + b * stride_b, ldb, beta, C + b * stride_c, ldc);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(T)
+    for (int64_t b = 0; b < batch; b++)
+        anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b,
+                         ldb, beta, C + b * stride_c, ldc);
+}

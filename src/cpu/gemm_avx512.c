@@ -1,0 +1,181 @@
+/* AVX-512 SGEMM micro-kernel: a 14 x 32 tile of C held in 28 zmm accumulators.
+ *
+ * Per k step the kernel loads one 32-float row of the packed B micro-panel (two zmm),
+ * broadcasts 14 values of the packed A micro-panel, and issues 28 FMAs. 28 independent
+ * accumulators cover the FMA latency (4 cycles) times the two FMA pipes with room to
+ * spare, and 28 + 2 (B) + 1 (broadcast) fits the 32 zmm registers without spills.
+ * Loads per FMA are 16/28, well under the two-loads-per-cycle budget.
+ *
+ * Compiled with a target attribute so the rest of the library needs no -mavx512f;
+ * gemm.c only calls it after checking anneal_cpu_has_avx512(). */
+#include "cpu/gemm_internal.h"
+
+#include <immintrin.h>
+
+#define A512_MR 14
+#define A512_NR 32
+#ifndef PACK_GROUP
+#define PACK_GROUP 4
+#endif
+
+#define A512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/* Lane mask of the first n (0..16) lanes. */
+A512_TARGET static inline __mmask16 first_lanes(int n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n < 0 ? 0 : n)) - 1u);
+}
+
+/* C[0:m, 0:n] = alpha * (ap @ bp) + beta * C for a 14 x 32 tile (see gemm_internal.h).
+ * Edge tiles use masked loads/stores with the same arithmetic as full tiles. */
+A512_TARGET static void kernel_14x32(int64_t kc, const float *restrict ap,
+                                     const float *restrict bp, float *restrict c, int64_t ldc,
+                                     int m, int n, float alpha, float beta) {
+    __m512 acc[A512_MR][2];
+#pragma GCC unroll 14
+    for (int i = 0; i < A512_MR; i++) {
+        acc[i][0] = _mm512_setzero_ps();
+        acc[i][1] = _mm512_setzero_ps();
+        /* The tile of C is touched once at the end; start pulling it in now. */
+        if (i < m) {
+            _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(bp);
+        const __m512 b1 = _mm512_load_ps(bp + 16);
+#pragma GCC unroll 14
+        for (int i = 0; i < A512_MR; i++) {
+            const __m512 a = _mm512_set1_ps(ap[i]);
+            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+        ap += A512_MR;
+        bp += A512_NR;
+    }
+
+    const __mmask16 m0 = first_lanes(n), m1 = first_lanes(n - 16);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    /* Fully unrolled with constant indices so acc stays in registers. */
+#pragma GCC unroll 14
+    for (int i = 0; i < A512_MR; i++) {
+        if (i < m) {
+            float *row = c + i * ldc;
+            __m512 r0 = _mm512_mul_ps(va, acc[i][0]);
+            __m512 r1 = _mm512_mul_ps(va, acc[i][1]);
+            if (beta != 0.0f) {
+                r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
+                r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
+            }
+            _mm512_mask_storeu_ps(row, m0, r0);
+            _mm512_mask_storeu_ps(row + 16, m1, r1);
+        }
+    }
+}
+
+/* In-register transpose of a 16 x 16 block: r[i] holds row i on entry, column i on exit.
+ * Three rounds: 32-bit interleave, 64-bit interleave, then two rounds of 128-bit lane
+ * shuffles. */
+A512_TARGET static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* r[i] now holds, in each 128-bit lane q, the 4-row column group of rows 4*(i/4)..+3. */
+#pragma GCC unroll 2
+    for (int h = 0; h < 16; h += 8) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Packs whole micro-panels (see anneal_gemm_pack in gemm_internal.h). The copy case reads
+ * each source row once across all panels, one masked load/store per 16 lanes; the transpose
+ * case loads 16 lanes x 16 depths, transposes in registers and stores 16 depth rows, with
+ * masks for the lane and depth edges. */
+A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes_contig,
+                                    int64_t lanes, int width, int64_t kc, float *dst) {
+    const int64_t npan = (lanes + width - 1) / width;
+    if (lanes_contig) {
+        /* Groups of PACK_GROUP panels, k inside: each source row gives a few cache lines
+         * and the stores go to only PACK_GROUP streams (all panels at once would be kc*width
+         * floats apart, the same L1 sets, and thrash). */
+        for (int64_t g = 0; g < npan; g += PACK_GROUP) {
+            const int64_t ge = g + PACK_GROUP < npan ? g + PACK_GROUP : npan;
+            for (int64_t k = 0; k < kc; k++) {
+                const float *s = src + k * stride;
+                for (int64_t p = g; p < ge; p++) {
+                    float *d = dst + p * kc * width + k * width;
+                    const int64_t l0 = p * width;
+                    for (int j = 0; j < width; j += 16) {
+                        const int64_t have = lanes - l0 - j;
+                        if (have >= 16 && width - j >= 16) {
+                            _mm512_storeu_ps(d + j, _mm512_loadu_ps(s + l0 + j));
+                        } else {
+                            const __mmask16 lm = first_lanes(have > 16 ? 16 : (int)have);
+                            const __m512 v = _mm512_maskz_loadu_ps(lm, s + l0 + j);
+                            _mm512_mask_storeu_ps(d + j, first_lanes(width - j), v);
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < npan; p++) {
+        float *d = dst + p * kc * width;
+        for (int j = 0; j < width; j += 16) {
+            const __mmask16 wmask = first_lanes(width - j);
+            const int64_t l0 = p * width + j;
+            const int64_t nl = lanes - l0; /* source lanes present in this group (may be <= 0) */
+            for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+                const int nk = kc - k0 < 16 ? (int)(kc - k0) : 16;
+                const __mmask16 kmask = first_lanes(nk);
+                __m512 r[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    r[i] = i < nl ? _mm512_maskz_loadu_ps(kmask, src + (l0 + i) * stride + k0)
+                                  : _mm512_setzero_ps();
+                transpose16(r);
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    if (i < nk) _mm512_mask_storeu_ps(d + (k0 + i) * width + j, wmask, r[i]);
+            }
+        }
+    }
+}
+
+/* Blocking for a core with 48 KiB L1d, 1 MiB L2 and a shared L3 (Zen 4/5, Skylake-X alike):
+ * B micro-panel 256 x 32 floats = 32 KiB stays in L1 while A micro-panels stream past;
+ * an A block of 336 x 256 floats = 336 KiB stays in L2 while the thread walks its B panels;
+ * the shared B block of 256 x 3072 floats = 3 MiB lives in L3. */
+const anneal_gemm_isa anneal_gemm_isa_avx512 = {
+    .name = "avx512",
+    .mr = A512_MR,
+    .nr = A512_NR,
+    .kc = 256,
+    .mc = 24 * A512_MR,
+    .nc = 3072,
+    .mb = 2048,
+    .kernel = kernel_14x32,
+    .pack = pack_avx512,
+};

@@ -1,0 +1,144 @@
+/* Named parameter sets: an ordered list of (name, f32 leaf tensor, decay flag)
+ * whose tensors live in one long-lived scope owned by the set, plus the in-place
+ * initialisers (normal, fill) models use to set their starting values. */
+#include "anneal/nn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "anneal/autograd.h"
+#include "anneal/backend.h"
+
+/* Empty set with its own detached scope; NULL + ANNEAL_ERR_OOM on failure. */
+anneal_params *anneal_params_new(void) {
+    anneal_params *ps = calloc(1, sizeof *ps);
+    if (!ps) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory creating a parameter set");
+        return NULL;
+    }
+    ps->scope = anneal_scope_new();
+    if (!ps->scope) {
+        free(ps);
+        return NULL;
+    }
+    return ps;
+}
+
+/* Releases every parameter tensor (and with it its grad) through the scope, then
+ * the names and the set itself. NULL is fine. */
+void anneal_params_free(anneal_params *ps) {
+    if (!ps) return;
+    anneal_scope_free(ps->scope);
+    for (int i = 0; i < ps->n; i++) free(ps->items[i].name);
+    free(ps->items);
+    free(ps);
+}
+
+/* Linear search by name: sets hold hundreds of parameters at most and lookups
+ * happen at load/registration time, not per step. */
+anneal_param *anneal_params_find(const anneal_params *ps, const char *name) {
+    if (!ps || !name) return NULL;
+    for (int i = 0; i < ps->n; i++)
+        if (strcmp(ps->items[i].name, name) == 0) return &ps->items[i];
+    return NULL;
+}
+
+/* Registers a zero-filled f32 leaf (requires_grad, named) of `shape` created in the
+ * set's scope. Checks everything before allocating so a failure leaves ps as it was. */
+anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndim,
+                                    const int64_t *shape, bool decay) {
+    if (!ps || !name || !name[0]) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_create: %s",
+                         !ps ? "NULL parameter set" : "empty or NULL name");
+        return NULL;
+    }
+    if (anneal_params_find(ps, name)) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_create: duplicate parameter name '%s'", name);
+        return NULL;
+    }
+    if (ps->n == ps->cap) {
+        int cap = ps->cap ? 2 * ps->cap : 16;
+        anneal_param *items = realloc(ps->items, (size_t)cap * sizeof *items);
+        if (!items) {
+            anneal_set_error(ANNEAL_ERR_OOM, "out of memory registering parameter '%s'", name);
+            return NULL;
+        }
+        ps->items = items;
+        ps->cap = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory registering parameter '%s'", name);
+        return NULL;
+    }
+    anneal_scope_enter(ps->scope);
+    anneal_tensor *t = anneal_zeros(ANNEAL_F32, ndim, shape); /* checks ndim/shape */
+    anneal_scope_leave();
+    if (!t || anneal_set_requires_grad(t, true) != ANNEAL_OK || !anneal_set_name(t, name)) {
+        anneal_release(t); /* drops the scope's reference (NULL is fine) */
+        free(copy);
+        return NULL;
+    }
+    ps->items[ps->n++] = (anneal_param){.name = copy, .tensor = t, .decay = decay};
+    return t;
+}
+
+/* Sum of numel over the registered parameters (0 for NULL). */
+int64_t anneal_params_numel(const anneal_params *ps) {
+    int64_t n = 0;
+    if (!ps) return 0;
+    for (int i = 0; i < ps->n; i++) n += anneal_numel(ps->items[i].tensor);
+    return n;
+}
+
+/* Sets every parameter's grad to none (set_to_none semantics). */
+void anneal_params_zero_grad(anneal_params *ps) {
+    if (!ps) return;
+    for (int i = 0; i < ps->n; i++) anneal_grad_clear(ps->items[i].tensor);
+}
+
+/* Backend of t after the common checks of the initialisers (NULL + error). */
+static const anneal_backend *init_backend(const char *fn, const anneal_tensor *t) {
+    if (!t) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: NULL tensor", fn);
+        return NULL;
+    }
+    return anneal_backend_get(t->device);
+}
+
+/* Fills t (any float dtype, any strides) with N(mean, std) from the global Philox
+ * generator, advancing it by 2*numel counter values exactly like anneal_randn, so the
+ * same seed gives the same values whether a tensor is made by randn or initialised
+ * here. Non-contiguous or non-f32 tensors go through a contiguous f32 temporary. */
+anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
+    const anneal_backend *be = init_backend("anneal_init_normal_", t);
+    if (!be) return anneal_last_status();
+    if (!anneal_dtype_is_float(t->dtype))
+        return anneal_set_error(ANNEAL_ERR_DTYPE, "anneal_init_normal_: needs a float tensor, got %s",
+                                anneal_dtype_name(t->dtype));
+    if (!isfinite(mean) || !isfinite(std) || std < 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_init_normal_: bad mean %g / std %g",
+                                (double)mean, (double)std);
+    int64_t n = anneal_numel(t);
+    if (n == 0) return ANNEAL_OK;
+    anneal_rng_state rs = anneal_rng_get();
+    uint64_t offset = anneal_rng_reserve(2 * (uint64_t)n);
+    if (t->dtype == ANNEAL_F32 && anneal_is_contiguous(t))
+        return be->randn(t, mean, std, rs.seed, offset);
+    anneal_scope_enter(NULL);
+    anneal_tensor *tmp = anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
+    anneal_scope_leave();
+    if (!tmp) return anneal_last_status();
+    anneal_status s = be->randn(tmp, mean, std, rs.seed, offset);
+    if (s == ANNEAL_OK) s = be->copy(t, tmp);
+    anneal_release(tmp);
+    return s;
+}
+
+/* Sets every element of t (any dtype, any strides) to value. */
+anneal_status anneal_init_fill_(anneal_tensor *t, float value) {
+    const anneal_backend *be = init_backend("anneal_init_fill_", t);
+    if (!be) return anneal_last_status();
+    return be->fill(t, value);
+}

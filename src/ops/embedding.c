@@ -1,0 +1,102 @@
+/* Embedding lookup: rows of a weight table (V, C) picked by integer ids of any
+ * shape, giving (..., C). Ids are checked on the host before the kernel runs, so a
+ * bad token id is a clear error rather than an out-of-bounds read. */
+#include "ops_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Writes "[i, j, k]", the multi-index of row-major position pos in t's shape, into buf. */
+static const char *index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
+    int64_t idx[ANNEAL_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
+        pos = t->shape[d] ? pos / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* Checks every id of the contiguous i32 tensor ids is in [0, V); reads device memory
+ * through the backend. Records ANNEAL_ERR_ARG naming the first bad id, its position
+ * and V. */
+static bool check_ids(const anneal_backend *be, const anneal_tensor *ids, int64_t V) {
+    int64_t n = anneal_numel(ids);
+    const int32_t *h = anneal_data(ids);
+    int32_t *copy = NULL;
+    if (ids->device != ANNEAL_CPU && n > 0) {
+        copy = malloc((size_t)n * sizeof *copy);
+        if (!copy) {
+            anneal_set_error(ANNEAL_ERR_OOM, "embedding: out of memory checking %lld ids", (long long)n);
+            return false;
+        }
+        if (be->to_host(copy, h, (size_t)n * sizeof *copy) != ANNEAL_OK) {
+            free(copy);
+            return false;
+        }
+        h = copy;
+    }
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++) {
+        if (h[i] < 0 || h[i] >= V) {
+            char pos[160];
+            anneal_set_error(ANNEAL_ERR_ARG,
+                             "embedding: id %d at position %s (flat index %lld) is outside [0, V) "
+                             "with V = %lld",
+                             (int)h[i], index_str(ids, i, pos, sizeof pos), (long long)i, (long long)V);
+            ok = false;
+            break;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+/* dW (V, C) = scatter-add of dy rows by id; saved: ids (contiguous). Ids get nothing. */
+static anneal_status embedding_backward(anneal_node *node, anneal_tensor *const *gout,
+                                        anneal_tensor **gin) {
+    anneal_tensor *ids = node->saved[0];
+    const anneal_edge *e = &node->inputs[0];
+    const anneal_backend *be = anneal_backend_get(ids->device);
+    anneal_tensor *dy = anneal_ops_contiguous_raw(gout[0]);
+    anneal_tensor *dw = dy ? anneal_empty_on(ids->device, ANNEAL_F32, e->ndim, e->shape) : NULL;
+    if (!be || !dw) return anneal_last_status();
+    gin[0] = dw;
+    return be->embedding_bwd(dw, ids, dy);
+}
+
+anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {
+    const char *op = "embedding";
+    anneal_tensor *in[2] = {ids, weight};
+    const anneal_backend *be = anneal_ops_backend(op, 2, in);
+    if (!be || !anneal_ops_require_i32(op, "ids", ids) || !anneal_ops_require_f32(op, "weight", weight))
+        return NULL;
+    char buf[128];
+    if (weight->ndim != 2) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "embedding: weight has shape %s, expected (V, C)",
+                         anneal_shape_str(weight, buf, sizeof buf));
+        return NULL;
+    }
+    if (ids->ndim + 1 > ANNEAL_MAX_DIMS) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "embedding: ids has %d dims; the result would exceed %d",
+                         ids->ndim, ANNEAL_MAX_DIMS);
+        return NULL;
+    }
+    int64_t V = weight->shape[0], C = weight->shape[1];
+    anneal_tensor *idc = anneal_ops_contiguous_raw(ids);
+    if (!idc || !check_ids(be, idc, V)) return NULL;
+    anneal_tensor *wc = anneal_ops_contiguous_raw(weight);
+    if (!wc) return NULL;
+    int64_t shape[ANNEAL_MAX_DIMS];
+    for (int i = 0; i < ids->ndim; i++) shape[i] = ids->shape[i];
+    shape[ids->ndim] = C;
+    anneal_tensor *y = anneal_empty_on(weight->device, ANNEAL_F32, ids->ndim + 1, shape);
+    if (!y || be->embedding_fwd(y, idc, wc) != ANNEAL_OK) return NULL;
+    /* Only the weight is a differentiable input: integer ids never require grad. */
+    anneal_node *node = anneal_record(op, embedding_backward, 1, &weight, 1, &y);
+    if (node && anneal_node_save(node, idc) < 0) return NULL;
+    return y;
+}

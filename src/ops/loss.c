@@ -1,0 +1,140 @@
+/* Mean cross-entropy with a fused log-softmax: logits (..., V) against i32 targets
+ * (...), skipping targets equal to ignore_index. The kernel gives per-row losses and
+ * logsumexps; the mean over kept rows is taken here in double, in row order, so the
+ * loss does not depend on the thread count. */
+#include "ops_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Writes "[i, j]", the multi-index of row-major position pos in t's shape, into buf. */
+static const char *index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
+    int64_t idx[ANNEAL_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
+        pos = t->shape[d] ? pos / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* n elements (elem bytes each) of contiguous t readable on the host: t's own data on
+ * the CPU, else a malloc'd copy stored in *owned (freed by the caller). */
+static const void *host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
+                             void **owned) {
+    *owned = NULL;
+    int64_t n = anneal_numel(t);
+    if (t->device == ANNEAL_CPU || n == 0) return anneal_data(t);
+    void *p = malloc((size_t)n * elem);
+    if (!p) {
+        anneal_set_error(ANNEAL_ERR_OOM, "cross_entropy: out of memory reading %lld values", (long long)n);
+        return NULL;
+    }
+    if (be->to_host(p, anneal_data(t), (size_t)n * elem) != ANNEAL_OK) {
+        free(p);
+        return NULL;
+    }
+    *owned = p;
+    return p;
+}
+
+/* dlogits = (dloss / count) * (softmax - onehot) on kept rows, 0 on ignored ones;
+ * saved: logits (contiguous), targets (contiguous), lse (N); ints: count, ignore_index. */
+static anneal_status cross_entropy_backward(anneal_node *node, anneal_tensor *const *gout,
+                                            anneal_tensor **gin) {
+    anneal_tensor *logits = node->saved[0], *targets = node->saved[1], *lse = node->saved[2];
+    int64_t count = node->ints[0];
+    int32_t ignore_index = (int32_t)node->ints[1];
+    const anneal_backend *be = anneal_backend_get(logits->device);
+    double dloss = anneal_item(gout[0]);
+    anneal_tensor *dlogits = anneal_ops_new_like(logits);
+    if (!be || !dlogits || anneal_last_status() != ANNEAL_OK) return anneal_last_status();
+    float scale = count ? (float)(dloss / (double)count) : 0.0f;
+    gin[0] = dlogits;
+    return be->cross_entropy_bwd(dlogits, logits, targets, lse, ignore_index, scale);
+}
+
+anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *targets,
+                                    int32_t ignore_index) {
+    const char *op = "cross_entropy";
+    anneal_tensor *in[2] = {logits, targets};
+    const anneal_backend *be = anneal_ops_backend(op, 2, in);
+    if (!be || !anneal_ops_require_f32(op, "logits", logits) ||
+        !anneal_ops_require_i32(op, "targets", targets))
+        return NULL;
+    char b1[128], b2[128];
+    bool shape_ok = logits->ndim >= 1 && targets->ndim == logits->ndim - 1;
+    for (int i = 0; shape_ok && i < targets->ndim; i++) shape_ok = targets->shape[i] == logits->shape[i];
+    if (!shape_ok) {
+        anneal_set_error(ANNEAL_ERR_SHAPE,
+                         "cross_entropy: logits %s and targets %s: targets must have the logits' "
+                         "shape without its last (class) dim",
+                         anneal_shape_str(logits, b1, sizeof b1), anneal_shape_str(targets, b2, sizeof b2));
+        return NULL;
+    }
+    int64_t V = logits->shape[logits->ndim - 1], N = anneal_numel(targets);
+    if (V == 0) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "cross_entropy: logits %s have no classes",
+                         anneal_shape_str(logits, b1, sizeof b1));
+        return NULL;
+    }
+    anneal_tensor *tc = anneal_ops_contiguous_raw(targets);
+    anneal_tensor *lc = tc ? anneal_ops_contiguous_raw(logits) : NULL;
+    if (!lc) return NULL;
+
+    /* Validate the targets on the host and count the kept rows. */
+    void *owned_t;
+    const int32_t *t = host_view(be, tc, sizeof(int32_t), &owned_t);
+    if (!t) return NULL;
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (t[i] == ignore_index) continue;
+        if (t[i] < 0 || t[i] >= V) {
+            anneal_set_error(ANNEAL_ERR_ARG,
+                             "cross_entropy: target %d at position %s (flat index %lld) is outside "
+                             "[0, V) with V = %lld and is not ignore_index (%d)",
+                             (int)t[i], index_str(targets, i, b1, sizeof b1), (long long)i,
+                             (long long)V, (int)ignore_index);
+            free(owned_t);
+            return NULL;
+        }
+        count++;
+    }
+
+    anneal_tensor *loss = anneal_empty_on(logits->device, ANNEAL_F32, 1, &N);
+    anneal_tensor *lse = loss ? anneal_empty_on(logits->device, ANNEAL_F32, 1, &N) : NULL;
+    if (!lse || be->cross_entropy_fwd(loss, lse, lc, tc, ignore_index) != ANNEAL_OK) {
+        free(owned_t);
+        return NULL;
+    }
+    /* Mean over kept rows, in double and in row order (0 when every row is ignored). */
+    void *owned_l;
+    const float *l = host_view(be, loss, sizeof(float), &owned_l);
+    if (!l) {
+        free(owned_t);
+        return NULL;
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++)
+        if (t[i] != ignore_index) sum += (double)l[i];
+    free(owned_l);
+    free(owned_t);
+    double mean = count ? sum / (double)count : 0.0;
+
+    anneal_tensor *out = anneal_empty_on(logits->device, ANNEAL_F32, 0, NULL);
+    if (!out || be->fill(out, mean) != ANNEAL_OK) return NULL;
+    anneal_node *node = anneal_record(op, cross_entropy_backward, 1, &logits, 1, &out);
+    if (node) {
+        node->ints[0] = count;
+        node->ints[1] = ignore_index;
+        anneal_node_save(node, lc);
+        anneal_node_save(node, tc);
+        anneal_node_save(node, lse);
+        if (node->n_saved != 3) return NULL;
+    }
+    return out;
+}

@@ -1,0 +1,108 @@
+/* Shared argument checks and broadcasting helpers for ops (see ops_internal.h). */
+#include "ops_internal.h"
+
+#include <string.h>
+
+const anneal_backend *anneal_ops_backend(const char *name, int n, anneal_tensor *const *inputs) {
+    anneal_device dev = ANNEAL_DEVICE_COUNT;
+    for (int i = 0; i < n; i++) {
+        if (!inputs[i]) {
+            if (anneal_last_status() == ANNEAL_OK)
+                anneal_set_error(ANNEAL_ERR_ARG, "%s: input %d is NULL", name, i);
+            return NULL;
+        }
+        if (dev == ANNEAL_DEVICE_COUNT) dev = inputs[i]->device;
+        else if (inputs[i]->device != dev) {
+            anneal_set_error(ANNEAL_ERR_DEVICE, "%s: inputs on %s and %s", name,
+                             anneal_device_name(dev), anneal_device_name(inputs[i]->device));
+            return NULL;
+        }
+    }
+    return anneal_backend_get(dev == ANNEAL_DEVICE_COUNT ? ANNEAL_CPU : dev);
+}
+
+bool anneal_ops_require_f32(const char *op, const char *arg, const anneal_tensor *t) {
+    if (t->dtype == ANNEAL_F32) return true;
+    anneal_set_error(ANNEAL_ERR_DTYPE, "%s: %s must be f32, got %s", op, arg,
+                     anneal_dtype_name(t->dtype));
+    return false;
+}
+
+bool anneal_ops_require_i32(const char *op, const char *arg, const anneal_tensor *t) {
+    if (t->dtype == ANNEAL_I32) return true;
+    anneal_set_error(ANNEAL_ERR_DTYPE, "%s: %s must be i32, got %s", op, arg,
+                     anneal_dtype_name(t->dtype));
+    return false;
+}
+
+int anneal_ops_dim(const char *op, int dim, int ndim) {
+    int d = dim < 0 ? dim + ndim : dim;
+    if (d < 0 || d >= ndim) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: dim %d out of range for a %d-dim tensor", op, dim, ndim);
+        return -1;
+    }
+    return d;
+}
+
+bool anneal_ops_broadcast_shape(const char *op, const anneal_tensor *a, const anneal_tensor *b,
+                                int *ndim, int64_t *shape) {
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - a->ndim), ib = i - (nd - b->ndim);
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            char x[128], y[128];
+            anneal_set_error(ANNEAL_ERR_SHAPE, "%s: shapes %s and %s do not broadcast", op,
+                             anneal_shape_str(a, x, sizeof x), anneal_shape_str(b, y, sizeof y));
+            return false;
+        }
+        shape[i] = sa == 1 ? sb : sa;
+    }
+    *ndim = nd;
+    return true;
+}
+
+anneal_tensor *anneal_ops_expand(const anneal_tensor *t, int ndim, const int64_t *shape) {
+    int64_t strides[ANNEAL_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
+        int it = i - (ndim - t->ndim);
+        strides[i] = (it >= 0 && t->shape[it] == shape[i]) ? t->strides[it] : 0;
+    }
+    return anneal_alias(t, ndim, shape, strides, t->offset);
+}
+
+anneal_tensor *anneal_ops_sum_to(const anneal_tensor *g, int ndim, const int64_t *shape) {
+    bool same = g->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = g->shape[i] == shape[i];
+    if (same) return (anneal_tensor *)g;
+    /* Reduce over g's dims that are broadcast in `shape` (keeping g's rank), then view. */
+    int64_t kshape[ANNEAL_MAX_DIMS];
+    for (int i = 0; i < g->ndim; i++) {
+        int is = i - (g->ndim - ndim);
+        kshape[i] = (is >= 0 && shape[is] == g->shape[i]) ? g->shape[i] : 1;
+    }
+    anneal_tensor *k = anneal_empty_on(g->device, g->dtype, g->ndim, kshape);
+    if (!k) return NULL;
+    const anneal_backend *be = anneal_backend_get(g->device);
+    if (!be || be->reduce_sum(k, g) != ANNEAL_OK) return NULL;
+    int64_t strides[ANNEAL_MAX_DIMS], st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = st;
+        st *= shape[i];
+    }
+    return anneal_alias(k, ndim, shape, strides, 0);
+}
+
+anneal_tensor *anneal_ops_contiguous_raw(anneal_tensor *t) {
+    if (!t) return NULL;
+    if (anneal_is_contiguous(t)) return t;
+    anneal_tensor *c = anneal_empty_on(t->device, t->dtype, t->ndim, t->shape);
+    if (!c) return NULL;
+    const anneal_backend *be = anneal_backend_get(t->device);
+    if (!be || be->copy(c, t) != ANNEAL_OK) return NULL;
+    return c;
+}
+
+anneal_tensor *anneal_ops_new_like(const anneal_tensor *t) {
+    return anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
+}

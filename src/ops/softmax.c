@@ -1,0 +1,34 @@
+/* Softmax and log-softmax over the last dim. The backward needs only the output y:
+ * softmax dx = y * (dy - sum(dy * y)), log-softmax dx = dy - exp(y) * sum(dy). */
+#include "ops_internal.h"
+
+/* dx from the saved output y (contiguous); ints[0] = 1 for log-softmax. */
+static anneal_status softmax_backward(anneal_node *node, anneal_tensor *const *gout,
+                                      anneal_tensor **gin) {
+    anneal_tensor *y = node->saved[0];
+    const anneal_backend *be = anneal_backend_get(y->device);
+    anneal_tensor *dy = anneal_ops_contiguous_raw(gout[0]);
+    anneal_tensor *dx = dy ? anneal_ops_new_like(y) : NULL;
+    if (!be || !dx) return anneal_last_status();
+    gin[0] = dx;
+    return be->softmax_bwd(dx, y, dy, node->ints[0] != 0);
+}
+
+/* y (x's shape, contiguous) = (log-)softmax of x over its last dim (a 0-dim x is one
+ * row of one element). */
+static anneal_tensor *softmax(const char *op, anneal_tensor *x, bool log) {
+    const anneal_backend *be = anneal_ops_backend(op, 1, &x);
+    if (!be || !anneal_ops_require_f32(op, "x", x)) return NULL;
+    anneal_tensor *xc = anneal_ops_contiguous_raw(x);
+    anneal_tensor *y = xc ? anneal_ops_new_like(x) : NULL;
+    if (!y || be->softmax_fwd(y, xc, log) != ANNEAL_OK) return NULL;
+    anneal_node *node = anneal_record(op, softmax_backward, 1, &x, 1, &y);
+    if (node) {
+        node->ints[0] = log;
+        if (anneal_node_save(node, y) < 0) return NULL;
+    }
+    return y;
+}
+
+anneal_tensor *anneal_softmax(anneal_tensor *x) { return softmax("softmax", x, false); }
+anneal_tensor *anneal_log_softmax(anneal_tensor *x) { return softmax("log_softmax", x, true); }

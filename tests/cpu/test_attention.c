@@ -1,0 +1,503 @@
+/* Tests of the flash-style CPU attention kernels (src/cpu/attention.c) against a
+ * naive double-precision reference that builds the full softmax matrix, on
+ * contiguous (B, H, T, D), gapped and GPT-2-style interleaved qkv layouts, causal and
+ * not, Tq == Tk and Tq != Tk, T across tile boundaries; plus a finite-difference
+ * check of the backward, determinism across runs and thread counts, and the same
+ * checks on the portable C path (ANNEAL_CPU_ISA=portable).
+ *
+ * Tolerances (fp32 kernel vs double reference, inputs ~U(-1, 1)):
+ *   o:              5e-6 abs + 5e-5 rel
+ *   lse:            5e-6 abs + 1e-5 rel (-inf must match exactly)
+ *   dq, dk, dv:     1e-5 abs + 1e-4 rel
+ *   large logits (scores up to ~60): 1e-4 abs + 1e-3 rel for all
+ *   finite differences (central, eps 1e-3 in float): 5e-4 abs + 5e-3 rel */
+#include "test.h"
+
+#include "cpu/cpu_kernels.h"
+
+#include <omp.h>
+
+static const float SENTINEL = 12345.0f;
+
+/* ------------------------------------------------------------------ helpers */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float urand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+typedef enum { LAYOUT_CONTIG, LAYOUT_GAPPED, LAYOUT_QKV } layout_kind;
+
+/* Cases are written positionally: {B, H, Tq, Tk, D, causal, scale, layout, amp}. */
+typedef struct {
+    int64_t B, H, Tq, Tk, D;
+    bool causal;
+    float scale; /* 0 means 1/sqrt(D) */
+    layout_kind layout;
+    float amp; /* inputs ~ amp * U(-1, 1); 0 means 1 */
+} attn_case;
+
+/* All buffers of one case: inputs (q, k, v, dout), kernel outputs (o, lse, dq, dk, dv)
+ * laid out per the case, and compact (B, H, T, D) double references. */
+typedef struct {
+    anneal_cpu_attn_desc d;
+    float *in, *out, *grad; /* owning buffers */
+    int64_t n_in, n_out, n_grad;
+    const float *q, *k, *v;
+    float *o, *dout, *dq, *dk, *dv, *lse;
+    float *dout_buf;
+    int64_t n_dout;
+    double *ro, *rlse, *rdq, *rdk, *rdv;
+} attn_bufs;
+
+static float *alloc_fill(int64_t n, float val) {
+    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) p[i] = val;
+    return p;
+}
+
+/* Builds the layout. CONTIG: (B, H, T, D). GAPPED: (B, T, H, D+3) with 5 spare
+ * elements per batch. QKV: q, k, v interleaved in one (B, T, 3C) buffer (C = H*D),
+ * grads in another, o and dout in (B, T, C). */
+static void bufs_make(attn_bufs *s, const attn_case *c) {
+    memset(s, 0, sizeof *s);
+    anneal_cpu_attn_desc *d = &s->d;
+    d->B = c->B, d->H = c->H, d->Tq = c->Tq, d->Tk = c->Tk, d->D = c->D;
+    d->causal = c->causal;
+    d->scale = c->scale != 0.0f ? c->scale : 1.0f / sqrtf((float)c->D);
+    const int64_t B = c->B, H = c->H, Tq = c->Tq, Tk = c->Tk, D = c->D, C = H * D;
+    const float amp = c->amp != 0.0f ? c->amp : 1.0f;
+    int64_t koff = 0, voff = 0, n_qkv = 0, n_o = 0;
+    if (c->layout == LAYOUT_CONTIG) {
+        d->q_sb = H * Tq * D, d->q_sh = Tq * D, d->q_st = D;
+        d->k_sb = H * Tk * D, d->k_sh = Tk * D, d->k_st = D;
+        d->v_sb = d->k_sb, d->v_sh = d->k_sh, d->v_st = D;
+        d->o_sb = d->q_sb, d->o_sh = d->q_sh, d->o_st = D;
+        koff = B * H * Tq * D, voff = koff + B * H * Tk * D, n_qkv = voff + B * H * Tk * D;
+        n_o = B * H * Tq * D;
+    } else if (c->layout == LAYOUT_GAPPED) {
+        const int64_t P = D + 3;
+        d->q_st = H * P, d->q_sh = P, d->q_sb = Tq * H * P + 5;
+        d->k_st = H * P, d->k_sh = P, d->k_sb = Tk * H * P + 5;
+        d->v_st = d->k_st, d->v_sh = P, d->v_sb = d->k_sb;
+        d->o_st = d->q_st, d->o_sh = P, d->o_sb = d->q_sb;
+        koff = B * d->q_sb, voff = koff + B * d->k_sb, n_qkv = voff + B * d->k_sb;
+        n_o = B * d->o_sb;
+    } else { /* QKV: requires Tq == Tk */
+        const int64_t T = Tq;
+        d->q_st = d->k_st = d->v_st = 3 * C;
+        d->q_sh = d->k_sh = d->v_sh = D;
+        d->q_sb = d->k_sb = d->v_sb = T * 3 * C;
+        d->o_st = C, d->o_sh = D, d->o_sb = T * C;
+        koff = C, voff = 2 * C, n_qkv = B * T * 3 * C;
+        n_o = B * T * C;
+    }
+    s->n_in = n_qkv;
+    s->in = alloc_fill(n_qkv, 0.0f);
+    for (int64_t i = 0; i < n_qkv; i++) s->in[i] = amp * urand();
+    s->q = s->in, s->k = s->in + koff, s->v = s->in + voff;
+    s->n_grad = n_qkv;
+    s->grad = alloc_fill(n_qkv, SENTINEL);
+    s->dq = s->grad, s->dk = s->grad + koff, s->dv = s->grad + voff;
+    s->n_out = n_o;
+    s->out = alloc_fill(n_o, SENTINEL);
+    s->o = s->out;
+    s->n_dout = n_o;
+    s->dout_buf = alloc_fill(n_o, 0.0f);
+    for (int64_t i = 0; i < n_o; i++) s->dout_buf[i] = urand();
+    s->dout = s->dout_buf;
+    s->lse = alloc_fill(B * H * Tq, SENTINEL);
+    s->ro = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
+    s->rlse = calloc((size_t)(B * H * Tq + 1), sizeof(double));
+    s->rdq = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
+    s->rdk = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+    s->rdv = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+}
+
+static void bufs_free(attn_bufs *s) {
+    free(s->in), free(s->out), free(s->grad), free(s->dout_buf), free(s->lse);
+    free(s->ro), free(s->rlse), free(s->rdq), free(s->rdk), free(s->rdv);
+}
+
+static int64_t ref_visible(const anneal_cpu_attn_desc *d, int64_t i) {
+    if (!d->causal) return d->Tk;
+    int64_t n = i + d->Tk - d->Tq + 1;
+    return n < 0 ? 0 : n > d->Tk ? d->Tk : n;
+}
+
+/* Naive double reference: full softmax rows; backward from the math
+ * (dS = P * (dP - rowsum(P * dP))). Results in compact (B, H, T, D). */
+static void reference(attn_bufs *s) {
+    const anneal_cpu_attn_desc *d = &s->d;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    double *P = malloc(sizeof(double) * (size_t)(Tk + 1)),
+           *dP = malloc(sizeof(double) * (size_t)(Tk + 1));
+    memset(s->rdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(s->rdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = s->q + b * d->q_sb + h * d->q_sh,
+                        *k = s->k + b * d->k_sb + h * d->k_sh;
+            const float *v = s->v + b * d->v_sb + h * d->v_sh;
+            const float *g = s->dout + b * d->o_sb + h * d->o_sh;
+            const int64_t bh = b * H + h;
+            for (int64_t i = 0; i < Tq; i++) {
+                const int64_t nv = ref_visible(d, i);
+                double *ro = s->ro + (bh * Tq + i) * D, *rdq = s->rdq + (bh * Tq + i) * D;
+                for (int64_t c = 0; c < D; c++) ro[c] = rdq[c] = 0.0;
+                if (nv == 0) {
+                    s->rlse[bh * Tq + i] = -INFINITY;
+                    continue;
+                }
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < nv; j++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c < D; c++)
+                        acc += (double)q[i * d->q_st + c] * k[j * d->k_st + c];
+                    P[j] = d->scale * acc;
+                    if (P[j] > mx) mx = P[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < nv; j++) sum += exp(P[j] - mx);
+                const double lse = mx + log(sum);
+                s->rlse[bh * Tq + i] = lse;
+                for (int64_t j = 0; j < nv; j++) P[j] = exp(P[j] - lse);
+                for (int64_t j = 0; j < nv; j++)
+                    for (int64_t c = 0; c < D; c++) ro[c] += P[j] * v[j * d->v_st + c];
+                double dsum = 0; /* sum_j P dP */
+                for (int64_t j = 0; j < nv; j++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c < D; c++)
+                        acc += (double)g[i * d->o_st + c] * v[j * d->v_st + c];
+                    dP[j] = acc;
+                    dsum += P[j] * acc;
+                }
+                for (int64_t j = 0; j < nv; j++) {
+                    const double ds = P[j] * (dP[j] - dsum);
+                    double *rdk = s->rdk + (bh * Tk + j) * D, *rdv = s->rdv + (bh * Tk + j) * D;
+                    for (int64_t c = 0; c < D; c++) {
+                        rdq[c] += d->scale * ds * k[j * d->k_st + c];
+                        rdk[c] += d->scale * ds * q[i * d->q_st + c];
+                        rdv[c] += P[j] * g[i * d->o_st + c];
+                    }
+                }
+            }
+        }
+    free(P), free(dP);
+}
+
+/* Copies the (B, H, T, D) view at base with strides into compact floats. */
+static float *gather(const float *base, int64_t B, int64_t H, int64_t T, int64_t D, int64_t sb,
+                     int64_t sh, int64_t st) {
+    float *out = alloc_fill(B * H * T * D, 0.0f);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t c = 0; c < D; c++)
+                    out[((b * H + h) * T + t) * D + c] = base[b * sb + h * sh + t * st + c];
+    return out;
+}
+
+static float *to_float(const double *x, int64_t n) {
+    float *out = alloc_fill(n, 0.0f);
+    for (int64_t i = 0; i < n; i++) out[i] = (float)x[i];
+    return out;
+}
+
+/* Number of elements of buf[0..n) outside the views that are no longer SENTINEL. View w
+ * is at off[w] with T[w] rows and (batch, head, time) strides str[w], over d->B, H, D. */
+static int64_t count_clobbered(const float *buf, int64_t n, const anneal_cpu_attn_desc *d,
+                               int nviews, const int64_t *off, const int64_t *T,
+                               const int64_t (*str)[3]) {
+    char *in_view = calloc((size_t)n + 1, 1);
+    for (int w = 0; w < nviews; w++)
+        for (int64_t b = 0; b < d->B; b++)
+            for (int64_t h = 0; h < d->H; h++)
+                for (int64_t t = 0; t < T[w]; t++)
+                    for (int64_t c = 0; c < d->D; c++)
+                        in_view[off[w] + b * str[w][0] + h * str[w][1] + t * str[w][2] + c] = 1;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!in_view[i] && buf[i] != SENTINEL) bad++;
+    free(in_view);
+    return bad;
+}
+
+static void run_fwd(attn_bufs *s) {
+    anneal_cpu_attention_fwd(&s->d, s->q, s->k, s->v, s->o, s->lse);
+}
+static void run_bwd(attn_bufs *s) {
+    anneal_cpu_attention_bwd(&s->d, s->q, s->k, s->v, s->o, s->dout, s->lse, s->dq, s->dk, s->dv);
+}
+
+/* Runs forward + backward of one case and compares everything with the reference.
+ * Returns the number of failed checks (so grid loops can stop early). */
+static int check_case(const attn_case *c, double fa, double fr, double ga, double gr) {
+    const int before = anneal_test_failures;
+    attn_bufs s;
+    bufs_make(&s, c);
+    const anneal_cpu_attn_desc *d = &s.d;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    run_fwd(&s);
+    run_bwd(&s);
+    reference(&s);
+
+    float *o = gather(s.o, B, H, Tq, D, d->o_sb, d->o_sh, d->o_st);
+    float *dq = gather(s.dq, B, H, Tq, D, d->q_sb, d->q_sh, d->q_st);
+    float *dk = gather(s.dk, B, H, Tk, D, d->k_sb, d->k_sh, d->k_st);
+    float *dv = gather(s.dv, B, H, Tk, D, d->v_sb, d->v_sh, d->v_st);
+    float *ro = to_float(s.ro, B * H * Tq * D), *rdq = to_float(s.rdq, B * H * Tq * D);
+    float *rdk = to_float(s.rdk, B * H * Tk * D), *rdv = to_float(s.rdv, B * H * Tk * D);
+    /* lse: -inf must match exactly, then compare the finite ones. */
+    float *lse = alloc_fill(B * H * Tq, 0.0f), *rlse = alloc_fill(B * H * Tq, 0.0f);
+    int64_t inf_mismatch = 0;
+    for (int64_t i = 0; i < B * H * Tq; i++) {
+        const bool ri = isinf(s.rlse[i]), ki = isinf(s.lse[i]) && s.lse[i] < 0;
+        if (ri != ki) inf_mismatch++;
+        lse[i] = ki ? 0.0f : s.lse[i];
+        rlse[i] = ri ? 0.0f : (float)s.rlse[i];
+    }
+    CHECK(inf_mismatch == 0, "%lld lse rows disagree on -inf", (long long)inf_mismatch);
+    CHECK_ALLCLOSE(o, ro, B * H * Tq * D, fa, fr);
+    CHECK_ALLCLOSE(lse, rlse, B * H * Tq, fa, fr < 1e-5 ? fr : 1e-5);
+    CHECK_ALLCLOSE(dq, rdq, B * H * Tq * D, ga, gr);
+    CHECK_ALLCLOSE(dk, rdk, B * H * Tk * D, ga, gr);
+    CHECK_ALLCLOSE(dv, rdv, B * H * Tk * D, ga, gr);
+
+    /* Nothing outside the views is written. */
+    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
+    const int64_t go[3] = {0, s.dk - s.grad, s.dv - s.grad}, gT[3] = {Tq, Tk, Tk};
+    const int64_t gs[3][3] = {
+        {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
+    CHECK(count_clobbered(s.out, s.n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
+    CHECK(count_clobbered(s.grad, s.n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+
+    if (anneal_test_failures != before)
+        fprintf(stderr,
+                "    case: B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d scale=%g layout=%d\n",
+                (long long)B, (long long)H, (long long)Tq, (long long)Tk, (long long)D, c->causal,
+                (double)d->scale, (int)c->layout);
+    free(o), free(dq), free(dk), free(dv), free(ro), free(rdq), free(rdk), free(rdv);
+    free(lse), free(rlse);
+    bufs_free(&s);
+    return anneal_test_failures - before;
+}
+
+#define FA 5e-6
+#define FR 5e-5
+#define GA 1e-5
+#define GR 1e-4
+
+/* ------------------------------------------------------------------- tests */
+
+/* Contiguous (B, H, T, D), causal and not, Tq == Tk and Tq < Tk, T across tile edges. */
+TEST(grid_contiguous) {
+    static const int64_t T[][2] = {{1, 1},     {7, 7},  {63, 63}, {64, 64},  {65, 65},
+                                   {130, 130}, {1, 37}, {5, 37},  {64, 130}, {1, 130}};
+    static const int64_t Ds[] = {8, 16, 64};
+    for (int causal = 0; causal < 2; causal++)
+        for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
+            for (size_t di = 0; di < 3; di++) {
+                attn_case c = {2, 2, T[t][0], T[t][1], Ds[di], causal, 0, LAYOUT_CONTIG, 0};
+                if (check_case(&c, FA, FR, GA, GR)) return;
+            }
+}
+
+/* Gapped strides (outputs must not touch the gaps), scale != 1/sqrt(D), odd D. */
+TEST(gapped_layout_and_scale) {
+    static const attn_case cases[] = {
+        {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0},
+        {2, 3, 5, 37, 8, true, 0.9f, LAYOUT_GAPPED, 0},
+        {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0},
+        {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0},
+        {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (check_case(&cases[i], FA, FR, GA, GR)) return;
+}
+
+/* GPT-2's fused qkv: q, k, v interleaved in (B, T, 3C), grads likewise, o in (B, T, C). */
+TEST(interleaved_qkv) {
+    static const attn_case cases[] = {
+        {2, 3, 65, 65, 16, true, 0, LAYOUT_QKV, 0},
+        {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0},
+        {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
+        {2, 4, 7, 7, 8, true, 0.6f, LAYOUT_QKV, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (check_case(&cases[i], FA, FR, GA, GR)) return;
+}
+
+/* Causal with Tq > Tk: the first Tq - Tk rows see no key: o = 0, lse = -inf, dq = 0
+ * (checked through the reference, which defines them so). Tk = 0 likewise. */
+TEST(rows_without_keys) {
+    static const attn_case cases[] = {
+        {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0},
+        {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0},
+        {1, 1, 130, 66, 64, true, 0, LAYOUT_CONTIG, 0},
+        {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (check_case(&cases[i], FA, FR, GA, GR)) return;
+    /* Directly: those rows are exactly zero / -inf. */
+    attn_bufs s;
+    attn_case c = cases[0];
+    bufs_make(&s, &c);
+    run_fwd(&s);
+    run_bwd(&s);
+    for (int64_t bh = 0; bh < 4; bh++)
+        for (int64_t i = 0; i < 5; i++) {
+            CHECK(isinf(s.lse[bh * 9 + i]) && s.lse[bh * 9 + i] < 0, "lse row %lld", (long long)i);
+            for (int64_t c2 = 0; c2 < 8; c2++) {
+                CHECK_TRUE(s.o[(bh * 9 + i) * 8 + c2] == 0.0f);
+                CHECK_TRUE(s.dq[(bh * 9 + i) * 8 + c2] == 0.0f);
+            }
+        }
+    bufs_free(&s);
+}
+
+/* Scores up to ~60: the running max changes often and the online rescaling matters. */
+TEST(large_logits) {
+    static const attn_case cases[] = {
+        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f},
+        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (check_case(&cases[i], 1e-4, 1e-3, 1e-4, 1e-3)) return;
+}
+
+/* L = sum(o * R) with R = dout: central differences of L in q, k, v entries against
+ * the analytic dq, dk, dv. stride picks every stride-th entry of each tensor. */
+static void fd_check(const attn_case *c, int stride) {
+    attn_bufs s;
+    bufs_make(&s, c);
+    const anneal_cpu_attn_desc *d = &s.d;
+    run_fwd(&s);
+    run_bwd(&s);
+    float *g = malloc(sizeof(float) * (size_t)s.n_grad);
+    memcpy(g, s.grad, sizeof(float) * (size_t)s.n_grad);
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const float eps = 1e-3f;
+    int64_t checked = 0, n = 0;
+    double worst = 0;
+    for (int w = 0; w < 3; w++) {
+        const int64_t T = w == 0 ? Tq : Tk;
+        const float *base = w == 0 ? s.q : w == 1 ? s.k : s.v;
+        const int64_t sb = w == 0 ? d->q_sb : w == 1 ? d->k_sb : d->v_sb;
+        const int64_t sh = w == 0 ? d->q_sh : w == 1 ? d->k_sh : d->v_sh;
+        const int64_t st = w == 0 ? d->q_st : w == 1 ? d->k_st : d->v_st;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t cc = 0; cc < D; cc++, n++) {
+                        if (n % stride) continue;
+                        const int64_t idx = (base - s.in) + b * sb + h * sh + t * st + cc;
+                        const float x0 = s.in[idx], xp = x0 + eps, xm = x0 - eps;
+                        double L[2];
+                        for (int side = 0; side < 2; side++) {
+                            s.in[idx] = side ? xm : xp;
+                            run_fwd(&s);
+                            double acc = 0;
+                            for (int64_t bb = 0; bb < B; bb++)
+                                for (int64_t hh = 0; hh < H; hh++)
+                                    for (int64_t i = 0; i < Tq; i++)
+                                        for (int64_t e = 0; e < D; e++) {
+                                            const int64_t oi =
+                                                bb * d->o_sb + hh * d->o_sh + i * d->o_st + e;
+                                            acc += (double)s.o[oi] * s.dout[oi];
+                                        }
+                            L[side] = acc;
+                        }
+                        s.in[idx] = x0;
+                        const double fd = (L[0] - L[1]) / ((double)xp - (double)xm);
+                        const double an = g[idx - 0]; /* grad buffer mirrors the input layout */
+                        const double err = fabs(fd - an) / (5e-4 + 5e-3 * fabs(an));
+                        if (err > worst) worst = err;
+                        CHECK(err <= 1.0,
+                              "tensor %d b%lld h%lld t%lld c%lld: fd %.6g vs analytic %.6g", w,
+                              (long long)b, (long long)h, (long long)t, (long long)cc, fd, an);
+                        checked++;
+                        if (anneal_test_failures > 5) goto done;
+                    }
+    }
+done:
+    CHECK(checked > 100, "only %lld entries checked", (long long)checked);
+    free(g);
+    bufs_free(&s);
+}
+
+TEST(finite_differences) {
+    const attn_case small = {1, 2, 5, 11, 8, true, 0.7f, LAYOUT_CONTIG, 0};
+    fd_check(&small, 1);
+    const attn_case tiles = {1, 1, 70, 70, 8, true, 0, LAYOUT_QKV, 0};
+    fd_check(&tiles, 7);
+}
+
+/* Two runs give identical bits, and so do 1, 2 and 3 threads. */
+TEST(determinism) {
+    static const attn_case cases[] = {
+        {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
+        {1, 3, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0},
+    };
+    const int saved = omp_get_max_threads();
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        attn_bufs s;
+        bufs_make(&s, &cases[ci]);
+        const int64_t nlse = s.d.B * s.d.H * s.d.Tq;
+        float *o0 = NULL, *l0 = NULL, *g0 = NULL;
+        static const int threads[] = {2, 2, 1, 3};
+        for (int r = 0; r < 4; r++) {
+            omp_set_num_threads(threads[r]);
+            for (int64_t i = 0; i < s.n_grad; i++) s.grad[i] = SENTINEL;
+            run_fwd(&s);
+            run_bwd(&s);
+            if (r == 0) {
+                o0 = malloc(sizeof(float) * (size_t)s.n_out);
+                l0 = malloc(sizeof(float) * (size_t)nlse);
+                g0 = malloc(sizeof(float) * (size_t)s.n_grad);
+                memcpy(o0, s.out, sizeof(float) * (size_t)s.n_out);
+                memcpy(l0, s.lse, sizeof(float) * (size_t)nlse);
+                memcpy(g0, s.grad, sizeof(float) * (size_t)s.n_grad);
+                continue;
+            }
+            CHECK(memcmp(o0, s.out, sizeof(float) * (size_t)s.n_out) == 0,
+                  "o differs (run %d, %d threads)", r, threads[r]);
+            CHECK(memcmp(l0, s.lse, sizeof(float) * (size_t)nlse) == 0, "lse differs (run %d)", r);
+            CHECK(memcmp(g0, s.grad, sizeof(float) * (size_t)s.n_grad) == 0,
+                  "grads differ (run %d)", r);
+        }
+        free(o0), free(l0), free(g0);
+        bufs_free(&s);
+    }
+    omp_set_num_threads(saved);
+}
+
+/* The portable C path, forced through ANNEAL_CPU_ISA, against the same reference. */
+TEST(portable_path) {
+    setenv("ANNEAL_CPU_ISA", "portable", 1);
+    static const attn_case cases[] = {
+        {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0},
+        {2, 2, 5, 37, 8, true, 0, LAYOUT_CONTIG, 0},
+        {2, 3, 65, 65, 16, false, 0, LAYOUT_QKV, 0},
+        {1, 2, 70, 3, 16, true, 0.3f, LAYOUT_GAPPED, 0},
+        {1, 2, 1, 63, 37, true, 0, LAYOUT_GAPPED, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (check_case(&cases[i], FA, FR, GA, GR)) break;
+    unsetenv("ANNEAL_CPU_ISA");
+}
+
+int main(void) {
+    RUN(grid_contiguous);
+    RUN(gapped_layout_and_scale);
+    RUN(interleaved_qkv);
+    RUN(rows_without_keys);
+    RUN(large_logits);
+    RUN(finite_differences);
+    RUN(determinism);
+    RUN(portable_path);
+    return anneal_test_summary();
+}

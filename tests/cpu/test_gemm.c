@@ -1,0 +1,331 @@
+/* Tests of the CPU SGEMM (anneal_cpu_sgemm, anneal_cpu_sgemm_batched) against a naive
+ * double-precision reference, on both the AVX-512 and the portable micro-kernels.
+ *
+ * Tolerance: each element must satisfy
+ *   |c - ref| <= 1e-5 * sqrt(K + 1) * (|alpha| * sum_k |a_ik * b_kj| + |beta * c0_ij|)
+ * i.e. relative to the magnitude of the terms summed (the scale fp32 rounding errors grow
+ * with), so sign cancellations cannot make a correct result look wrong, while a missing,
+ * doubled or misplaced term (an error of order scale / K or more) still fails. */
+#include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
+#include "test.h"
+
+#include <omp.h>
+
+/* ------------------------------------------------------------ helpers */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* Uniform in [0, 1). */
+static double urand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static int64_t irand(int64_t lo, int64_t hi) { return lo + (int64_t)(urand() * (double)(hi - lo + 1)); }
+
+/* n floats in [-1, 1), or NaN everywhere when nan_fill. malloc(0)-safe. */
+static float *rand_buf(int64_t n, bool nan_fill) {
+    float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) x[i] = nan_fill ? NAN : (float)(2.0 * urand() - 1.0);
+    return x;
+}
+
+/* Reference: ref = alpha * op(A) @ op(B) + beta * C0 in double, and the error scale of
+ * each element (|alpha| * sum |a*b| + |beta * c0|). beta == 0 ignores C0 (may be NaN). */
+static void reference(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      const float *C0, int64_t ldc, double *ref, double *scale) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, sa = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = ta ? A[k * lda + i] : A[i * lda + k];
+                double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                s += a * b;
+                sa += fabs(a * b);
+            }
+            double c0 = beta == 0.0f ? 0.0 : (double)beta * C0[i * ldc + j];
+            ref[i * N + j] = alpha * s + c0;
+            scale[i * N + j] = fabs((double)alpha) * sa + fabs(c0);
+        }
+}
+
+/* Number of elements of C (M x N inside ldc) out of tolerance; reports the first. Also
+ * checks that the padding columns N..ldc-1 still hold their sentinel. */
+static int64_t count_bad(const char *what, int64_t M, int64_t N, int64_t K, const float *C,
+                         int64_t ldc, const double *ref, const double *scale) {
+    const double tol = 1e-5 * sqrt((double)K + 1.0);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < N; j++) {
+            double c = C[i * ldc + j], r = ref[i * N + j];
+            double lim = tol * scale[i * N + j] + 1e-30;
+            if (!(fabs(c - r) <= lim)) {
+                if (!bad)
+                    anneal_test_fail(__FILE__, __LINE__,
+                                     "%s M=%lld N=%lld K=%lld: C[%lld,%lld] = %.9g, ref %.9g "
+                                     "(tol %.3g)", what, (long long)M, (long long)N,
+                                     (long long)K, (long long)i, (long long)j, c, r, lim);
+                bad++;
+            }
+        }
+        for (int64_t j = N; j < ldc; j++)
+            if (C[i * ldc + j] != 1234.5f) {
+                if (!bad)
+                    anneal_test_fail(__FILE__, __LINE__, "%s: padding C[%lld,%lld] overwritten",
+                                     what, (long long)i, (long long)j);
+                bad++;
+            }
+    }
+    return bad;
+}
+
+/* Runs one product with random operands (leading dims padded by `pad`) and checks it
+ * against the reference. Returns the number of bad elements. */
+static int64_t check_one(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         float beta, int64_t pad, bool nan_c) {
+    const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const int64_t arows = ta ? K : M, brows = tb ? N : K;
+    float *A = rand_buf(arows * lda, false), *B = rand_buf(brows * ldb, false);
+    float *C = rand_buf(M * ldc, nan_c && beta == 0.0f);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = N; j < ldc; j++) C[i * ldc + j] = 1234.5f;
+    double *ref = malloc(sizeof(double) * (size_t)(M * N > 0 ? M * N : 1));
+    double *scale = malloc(sizeof(double) * (size_t)(M * N > 0 ? M * N : 1));
+    reference(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ref, scale);
+    anneal_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    char what[96];
+    snprintf(what, sizeof what, "%s %c%c alpha=%g beta=%g pad=%lld", anneal_cpu_sgemm_isa_name(),
+             ta ? 'T' : 'N', tb ? 'T' : 'N', alpha, beta, (long long)pad);
+    int64_t bad = count_bad(what, M, N, K, C, ldc, ref, scale);
+    free(A);
+    free(B);
+    free(C);
+    free(ref);
+    free(scale);
+    return bad;
+}
+
+/* The ISAs this CPU can run: portable always, AVX-512 when present. */
+static int isa_list(int *isas) {
+    int n = 0;
+    isas[n++] = ANNEAL_GEMM_ISA_PORTABLE;
+    if (anneal_cpu_has_avx512()) isas[n++] = ANNEAL_GEMM_ISA_AVX512;
+    return n;
+}
+
+/* ------------------------------------------------------------ tests */
+
+/* The automatic choice is AVX-512 exactly when the CPU has it, and the override works. */
+TEST(isa_dispatch) {
+    REQUIRE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO) == 0);
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    bool forced_portable = env && strcmp(env, "portable") == 0;
+    CHECK(strcmp(anneal_cpu_sgemm_isa_name(),
+                 anneal_cpu_has_avx512() && !forced_portable ? "avx512" : "portable") == 0,
+          "auto ISA is %s", anneal_cpu_sgemm_isa_name());
+    CHECK_TRUE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_PORTABLE) == 0);
+    CHECK(strcmp(anneal_cpu_sgemm_isa_name(), "portable") == 0, "%s", anneal_cpu_sgemm_isa_name());
+    CHECK_TRUE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AVX512) == (anneal_cpu_has_avx512() ? 0 : -1));
+    CHECK_TRUE(anneal_cpu_sgemm_set_isa(42) == -1);
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* All transposes, edge sizes (0, 1, odd, around the tile sizes) and random sizes. */
+TEST(small_and_edge_sizes) {
+    static const int64_t edge[] = {0, 1, 2, 7, 13, 14, 15, 16, 17, 31, 32, 33, 47};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    int isas[2], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        int64_t bad = 0;
+        for (int t = 0; t < 4; t++) {
+            bool ta = t >> 1, tb = t & 1;
+            for (int i = 0; i < ne; i++)
+                for (int j = 0; j < ne; j += 3)
+                    bad += check_one(ta, tb, edge[i], edge[j], edge[(i + j) % ne], 1.0f, 0.0f, 0,
+                                     false);
+            for (int r = 0; r < 25; r++)
+                bad += check_one(ta, tb, irand(1, 90), irand(1, 90), irand(1, 90), 1.0f, 0.0f,
+                                 irand(0, 3), false);
+        }
+        CHECK(bad == 0, "%lld bad elements (%s)", (long long)bad, anneal_cpu_sgemm_isa_name());
+    }
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* Shapes larger than every block: M > mc and > mb (2048), N > nc (3072), K > kc (several
+ * depth blocks, with a ragged last one), with padded leading dims. */
+TEST(larger_than_blocks) {
+    static const int64_t shapes[][3] = {
+        {350, 70, 600}, {2100, 40, 20}, {15, 3100, 270}, {97, 131, 513}, {29, 45, 1}};
+    int isas[2], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        int64_t bad = 0;
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 5; i++)
+                bad += check_one(t >> 1, t & 1, shapes[i][0], shapes[i][1], shapes[i][2], 1.0f,
+                                 0.0f, 5, false);
+        CHECK(bad == 0, "%lld bad elements (%s)", (long long)bad, anneal_cpu_sgemm_isa_name());
+    }
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* alpha and beta values, including beta == 0 over a NaN-filled C (C must not be read) and
+ * K spanning several depth blocks (beta applied once, later blocks accumulate). */
+TEST(alpha_beta) {
+    static const float alphas[] = {1.0f, -0.5f, 2.5f};
+    static const float betas[] = {0.0f, 1.0f, -1.5f, 0.25f};
+    int isas[2], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        int64_t bad = 0;
+        for (int t = 0; t < 4; t++)
+            for (int a = 0; a < 3; a++)
+                for (int b = 0; b < 4; b++) {
+                    bad += check_one(t >> 1, t & 1, 37, 45, 300, alphas[a], betas[b], 3, true);
+                    bad += check_one(t >> 1, t & 1, 5, 3, 7, alphas[a], betas[b], 0, true);
+                }
+        CHECK(bad == 0, "%lld bad elements (%s)", (long long)bad, anneal_cpu_sgemm_isa_name());
+    }
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* K == 0 gives beta * C (zeros for beta == 0 even over NaN); alpha == 0 gives beta * C
+ * without using A and B (BLAS convention); M == 0 or N == 0 touches nothing. */
+TEST(degenerate) {
+    float A[4] = {NAN, NAN, NAN, NAN}, B[4] = {1, 2, 3, 4};
+    float C[6] = {1, 2, 3, 4, 5, 6};
+    anneal_cpu_sgemm(false, false, 2, 3, 0, 1.0f, A, 1, B, 3, 2.0f, C, 3);
+    for (int i = 0; i < 6; i++) CHECK_NEAR(C[i], 2.0 * (i + 1), 0);
+    for (int i = 0; i < 6; i++) C[i] = NAN;
+    anneal_cpu_sgemm(false, false, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, C, 3);
+    for (int i = 0; i < 6; i++) CHECK_NEAR(C[i], 0.0, 0);
+    for (int i = 0; i < 6; i++) C[i] = (float)i;
+    anneal_cpu_sgemm(false, false, 2, 2, 2, 0.0f, A, 2, B, 2, -1.0f, C, 3);
+    CHECK_NEAR(C[0], 0.0, 0);
+    CHECK_NEAR(C[1], -1.0, 0);
+    CHECK_NEAR(C[2], 2.0, 0); /* outside the 2 x 2 product */
+    CHECK_NEAR(C[4], -4.0, 0);
+    for (int i = 0; i < 6; i++) C[i] = 7.0f;
+    anneal_cpu_sgemm(false, false, 0, 3, 2, 1.0f, A, 2, B, 3, 0.0f, C, 3);
+    anneal_cpu_sgemm(false, false, 2, 0, 2, 1.0f, A, 2, B, 3, 0.0f, C, 3);
+    anneal_cpu_sgemm_batched(0, false, false, 2, 3, 2, 1.0f, A, 2, 0, B, 3, 0, 0.0f, C, 3, 6);
+    for (int i = 0; i < 6; i++) CHECK_NEAR(C[i], 7.0, 0);
+}
+
+/* Batched products: per-matrix strides, stride 0 broadcasting A or B, padded leading
+ * dims, small (runs across threads) and larger (runs in order, threaded inside) cases. */
+TEST(batched) {
+    static const int64_t cases[][5] = {
+        /* batch, M, N, K, broadcast (0 none, 1 A, 2 B) */
+        {48, 64, 64, 64, 0}, {6, 33, 17, 20, 1}, {5, 20, 31, 9, 2}, {3, 300, 200, 64, 0},
+        {1, 5, 6, 7, 0}};
+    int isas[2], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        for (int c = 0; c < 5; c++)
+            for (int t = 0; t < 4; t++) {
+                bool ta = t >> 1, tb = t & 1;
+                const int64_t batch = cases[c][0], M = cases[c][1], N = cases[c][2],
+                              K = cases[c][3], bc = cases[c][4];
+                const int64_t lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+                const int64_t sa = bc == 1 ? 0 : (ta ? K : M) * lda + 5;
+                const int64_t sb = bc == 2 ? 0 : (tb ? N : K) * ldb + 1;
+                const int64_t sc = M * ldc + 4;
+                float *A = rand_buf(sa * (batch - 1) + (ta ? K : M) * lda, false);
+                float *B = rand_buf(sb * (batch - 1) + (tb ? N : K) * ldb, false);
+                float *C = rand_buf(sc * batch, false);
+                float *C0 = malloc(sizeof(float) * (size_t)(sc * batch));
+                for (int64_t b = 0; b < batch; b++)
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = N; j < ldc; j++) C[b * sc + i * ldc + j] = 1234.5f;
+                memcpy(C0, C, sizeof(float) * (size_t)(sc * batch));
+                double *ref = malloc(sizeof(double) * (size_t)(M * N));
+                double *scale = malloc(sizeof(double) * (size_t)(M * N));
+                anneal_cpu_sgemm_batched(batch, ta, tb, M, N, K, 0.75f, A, lda, sa, B, ldb, sb,
+                                         0.5f, C, ldc, sc);
+                int64_t bad = 0;
+                for (int64_t b = 0; b < batch; b++) {
+                    reference(ta, tb, M, N, K, 0.75f, A + b * sa, lda, B + b * sb, ldb, 0.5f,
+                              C0 + b * sc, ldc, ref, scale);
+                    bad += count_bad("batched", M, N, K, C + b * sc, ldc, ref, scale);
+                }
+                CHECK(bad == 0, "%s batch=%lld %c%c: %lld bad", anneal_cpu_sgemm_isa_name(),
+                      (long long)batch, ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)bad);
+                free(A);
+                free(B);
+                free(C);
+                free(C0);
+                free(ref);
+                free(scale);
+            }
+    }
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* Same bits with 1 and 2 threads (and the batched path equal to single calls), for shapes
+ * that split over N, over M, and over several depth blocks with ragged edges. */
+TEST(deterministic_across_threads) {
+    static const int64_t shapes[][3] = {{300, 700, 530}, {700, 20, 300}, {64, 3100, 100}};
+    const int saved = omp_get_max_threads();
+    int isas[2], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        for (int c = 0; c < 3; c++)
+            for (int t = 0; t < 4; t++) {
+                bool ta = t >> 1, tb = t & 1;
+                const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+                const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+                float *A = rand_buf(M * K, false), *B = rand_buf(K * N, false);
+                float *C1 = rand_buf(M * N, false);
+                float *C2 = malloc(sizeof(float) * (size_t)(M * N));
+                memcpy(C2, C1, sizeof(float) * (size_t)(M * N));
+                omp_set_num_threads(1);
+                anneal_cpu_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.5f, C1, N);
+                omp_set_num_threads(2);
+                anneal_cpu_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.5f, C2, N);
+                CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0,
+                      "%s %c%c %lldx%lldx%lld differs between 1 and 2 threads",
+                      anneal_cpu_sgemm_isa_name(), ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)M,
+                      (long long)N, (long long)K);
+                free(A);
+                free(B);
+                free(C1);
+                free(C2);
+            }
+        /* 8 small products across threads equal the same products one by one. */
+        const int64_t batch = 8, M = 70, N = 50, K = 300;
+        float *A = rand_buf(batch * M * K, false), *B = rand_buf(batch * K * N, false);
+        float *C1 = malloc(sizeof(float) * (size_t)(batch * M * N));
+        float *C2 = malloc(sizeof(float) * (size_t)(batch * M * N));
+        omp_set_num_threads(2);
+        anneal_cpu_sgemm_batched(batch, false, true, M, N, K, 1.0f, A, K, M * K, B, K, K * N,
+                                 0.0f, C1, N, M * N);
+        omp_set_num_threads(1);
+        for (int64_t b = 0; b < batch; b++)
+            anneal_cpu_sgemm(false, true, M, N, K, 1.0f, A + b * M * K, K, B + b * K * N, K, 0.0f,
+                             C2 + b * M * N, N);
+        CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(batch * M * N)) == 0,
+              "%s: batched differs from single calls", anneal_cpu_sgemm_isa_name());
+        free(A);
+        free(B);
+        free(C1);
+        free(C2);
+    }
+    omp_set_num_threads(saved);
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+int main(void) {
+    RUN(isa_dispatch);
+    RUN(small_and_edge_sizes);
+    RUN(larger_than_blocks);
+    RUN(alpha_beta);
+    RUN(degenerate);
+    RUN(batched);
+    RUN(deterministic_across_threads);
+    return anneal_test_summary();
+}

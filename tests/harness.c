@@ -1,0 +1,76 @@
+/* Implementation of the minimal test harness in test.h. */
+#include "test.h"
+
+#include <stdarg.h>
+
+int anneal_test_failures, anneal_test_passed, anneal_test_failed, anneal_test_skipped;
+const char *anneal_test_current = "";
+bool anneal_test_was_skipped;
+
+void anneal_test_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  FAIL %s (%s:%d): ", anneal_test_current, file, line);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    anneal_test_failures++;
+}
+
+void anneal_test_skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  SKIP %s: ", anneal_test_current);
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+    anneal_test_was_skipped = true;
+}
+
+void anneal_test_run(const char *name, void (*fn)(void)) {
+    anneal_test_current = name;
+    anneal_test_failures = 0;
+    anneal_test_was_skipped = false;
+    fn();
+    if (anneal_test_failures) {
+        anneal_test_failed++;
+        printf("  failed  %s\n", name);
+    } else if (anneal_test_was_skipped) {
+        anneal_test_skipped++;
+    } else {
+        anneal_test_passed++;
+        printf("  ok      %s\n", name);
+    }
+    fflush(stdout);
+}
+
+int anneal_test_summary(void) {
+    printf("%d passed, %d failed, %d skipped\n", anneal_test_passed, anneal_test_failed,
+           anneal_test_skipped);
+    return anneal_test_failed ? 1 : 0;
+}
+
+const char *anneal_test_path(const char *rel) {
+    static char bufs[4][4096];
+    static int next;
+    const char *root = getenv("ANNEAL_SOURCE_DIR");
+    char *b = bufs[next++ & 3];
+    snprintf(b, sizeof bufs[0], "%s/%s", root ? root : ".", rel);
+    return b;
+}
+
+double anneal_test_close_ratio(const float *a, const float *b, int64_t n, double atol, double rtol,
+                               int64_t *worst) {
+    double w = 0;
+    *worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        double r = d / (atol + rtol * fabs((double)b[i]));
+        if (isnan(a[i]) != isnan(b[i]) || isinf(a[i]) != isinf(b[i])) r = INFINITY;
+        if (r > w || r != r) {
+            w = r != r ? INFINITY : r;
+            *worst = i;
+        }
+    }
+    return w;
+}

@@ -1,0 +1,294 @@
+/* GPT-2 against PyTorch: the fixture tests/fixtures/gpt2_tiny.safetensors (written by
+ * gen_gpt2_tiny.py) holds a tiny GPT-2's weights, a batch, PyTorch's logits, loss,
+ * every parameter gradient, and the losses and parameters over 10 AdamW steps with
+ * clipping and a warmup+cosine schedule. anneal must reproduce them:
+ *   loss        1e-5 relative
+ *   logits      2e-5 absolute + 1e-4 relative
+ *   gradients   1e-5 absolute + 1e-4 relative (per element)
+ *   10 steps    losses 1e-4 relative, grad norms 1e-4 relative, parameters 1e-4 absolute
+ * Also: bit-identical reruns, recompute (activation checkpointing) giving the same
+ * gradients, and the model's error paths. */
+#include "anneal/anneal.h"
+#include "test.h"
+
+#include <stdlib.h>
+
+static anneal_safetensors *open_fixture(void) {
+    anneal_safetensors *st = NULL;
+    if (anneal_safetensors_open(anneal_test_path("tests/fixtures/gpt2_tiny.safetensors"), &st) != ANNEAL_OK) {
+        anneal_test_fail(__FILE__, __LINE__, "cannot open fixture: %s", anneal_last_error());
+        return NULL;
+    }
+    return st;
+}
+
+static int meta_int(const anneal_safetensors *st, const char *k) {
+    const char *v = anneal_safetensors_meta(st, k);
+    return v ? atoi(v) : -1;
+}
+
+static anneal_gpt2 *fixture_model(const anneal_safetensors *st, bool recompute) {
+    anneal_gpt2_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
+                              .n_embd = meta_int(st, "n_embd"), .vocab_size = meta_int(st, "vocab_size"),
+                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .ln_eps = 1e-5f,
+                              .recompute = recompute};
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    if (!m) return NULL;
+    if (anneal_params_load(m->params, st, "") != ANNEAL_OK) {
+        anneal_gpt2_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* Copies entry name as f32 into a malloc'd buffer (numel in *n). */
+static float *entry_f32(const anneal_safetensors *st, const char *name, int64_t *n) {
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *t = anneal_safetensors_load(st, name, ANNEAL_F32);
+    float *out = NULL;
+    if (t) {
+        *n = anneal_numel(t);
+        out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
+        anneal_to_f32_buffer(t, out);
+    }
+    anneal_scope_close(s);
+    return out;
+}
+
+static float *tensor_f32(const anneal_tensor *t) {
+    float *out = malloc((size_t)(anneal_numel(t) ? anneal_numel(t) : 1) * sizeof *out);
+    anneal_to_f32_buffer(t, out);
+    return out;
+}
+
+TEST(forward_and_gradients_match_pytorch) {
+    anneal_safetensors *st = open_fixture();
+    REQUIRE(st);
+    anneal_gpt2 *m = fixture_model(st, false);
+    REQUIRE(m);
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *ids = anneal_safetensors_load(st, "input_ids", ANNEAL_I32);
+    anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
+    anneal_tensor *logits = anneal_gpt2_forward(m, ids);
+    REQUIRE(logits);
+    int64_t n;
+    float *ref = entry_f32(st, "logits", &n);
+    CHECK_TRUE(n == anneal_numel(logits));
+    float *got = tensor_f32(logits);
+    CHECK_ALLCLOSE(got, ref, n, 2e-5, 1e-4);
+    free(ref);
+    free(got);
+
+    anneal_tensor *loss = anneal_cross_entropy(logits, tg, -100);
+    float *ref_loss = entry_f32(st, "loss", &n);
+    CHECK(fabs(anneal_item(loss) - ref_loss[0]) <= 1e-5 * fabs(ref_loss[0]), "loss %.8f vs torch %.8f",
+          anneal_item(loss), ref_loss[0]);
+    free(ref_loss);
+    REQUIRE(anneal_backward(loss) == ANNEAL_OK);
+    for (int i = 0; i < m->params->n; i++) {
+        anneal_param *p = &m->params->items[i];
+        char name[256];
+        snprintf(name, sizeof name, "grad.%s", p->name);
+        float *g_ref = entry_f32(st, name, &n);
+        REQUIRE(p->tensor->grad);
+        float *g = tensor_f32(p->tensor->grad);
+        int64_t w;
+        double r = anneal_test_close_ratio(g, g_ref, n, 1e-5, 1e-4, &w);
+        CHECK(r <= 1.0, "%s: element %lld: %.8g vs torch %.8g", p->name, (long long)w, g[w], g_ref[w]);
+        free(g);
+        free(g_ref);
+    }
+    anneal_scope_close(s);
+    anneal_gpt2_free(m);
+    anneal_safetensors_close(st);
+}
+
+/* Runs the fixture's 10 training steps; losses and norms out (10 each). */
+static bool train_10(anneal_gpt2 *m, const anneal_safetensors *st, float *losses, float *norms) {
+    anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
+    oc.beta1 = 0.9f;
+    oc.beta2 = 0.95f;
+    oc.eps = 1e-8f;
+    oc.weight_decay = 0.1f;
+    anneal_optimizer *opt = anneal_optimizer_new(m->params, oc);
+    anneal_schedule sch = {.kind = ANNEAL_SCHED_COSINE, .max_lr = 1e-2f, .min_lr = 1e-3f,
+                           .warmup_steps = 3, .total_steps = 10};
+    bool ok = opt != NULL;
+    for (int step = 0; step < 10 && ok; step++) {
+        anneal_scope *s = anneal_scope_open();
+        anneal_tensor *ids = anneal_safetensors_load(st, "input_ids", ANNEAL_I32);
+        anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
+        anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
+        ok = loss && anneal_backward(loss) == ANNEAL_OK &&
+             anneal_clip_grad_norm(m->params, 1.0f, &norms[step]) == ANNEAL_OK &&
+             anneal_optimizer_step(opt, anneal_schedule_lr(&sch, step)) == ANNEAL_OK;
+        if (loss) losses[step] = (float)anneal_item(loss);
+        anneal_params_zero_grad(m->params);
+        anneal_scope_close(s);
+    }
+    anneal_optimizer_free(opt);
+    return ok;
+}
+
+TEST(ten_adamw_steps_match_pytorch) {
+    anneal_safetensors *st = open_fixture();
+    REQUIRE(st);
+    anneal_gpt2 *m = fixture_model(st, false);
+    REQUIRE(m);
+    float losses[10], norms[10];
+    REQUIRE(train_10(m, st, losses, norms));
+    int64_t n;
+    float *ref_l = entry_f32(st, "losses", &n), *ref_n = entry_f32(st, "grad_norms", &n);
+    CHECK_ALLCLOSE(losses, ref_l, 10, 0.0, 1e-4);
+    CHECK_ALLCLOSE(norms, ref_n, 10, 0.0, 1e-4);
+    CHECK(losses[9] < 0.6 * losses[0], "loss must fall: %g -> %g", losses[0], losses[9]);
+    free(ref_l);
+    free(ref_n);
+    for (int i = 0; i < m->params->n; i++) {
+        anneal_param *p = &m->params->items[i];
+        char name[256];
+        snprintf(name, sizeof name, "final.%s", p->name);
+        float *ref = entry_f32(st, name, &n);
+        float *got = tensor_f32(p->tensor);
+        int64_t w;
+        double r = anneal_test_close_ratio(got, ref, n, 1e-4, 0.0, &w);
+        CHECK(r <= 1.0, "%s after 10 steps: element %lld: %.8g vs torch %.8g", p->name, (long long)w,
+              got[w], ref[w]);
+        free(ref);
+        free(got);
+    }
+    anneal_gpt2_free(m);
+    anneal_safetensors_close(st);
+}
+
+TEST(training_is_bit_deterministic) {
+    anneal_safetensors *st = open_fixture();
+    REQUIRE(st);
+    anneal_gpt2 *a = fixture_model(st, false), *b = fixture_model(st, false);
+    REQUIRE(a && b);
+    float la[10], lb[10], na[10], nb[10];
+    REQUIRE(train_10(a, st, la, na));
+    REQUIRE(train_10(b, st, lb, nb));
+    CHECK(memcmp(la, lb, sizeof la) == 0, "losses differ between identical runs");
+    for (int i = 0; i < a->params->n; i++) {
+        float *x = tensor_f32(a->params->items[i].tensor), *y = tensor_f32(b->params->items[i].tensor);
+        CHECK(memcmp(x, y, (size_t)anneal_numel(a->params->items[i].tensor) * sizeof(float)) == 0,
+              "%s differs between identical runs", a->params->items[i].name);
+        free(x);
+        free(y);
+    }
+    anneal_gpt2_free(a);
+    anneal_gpt2_free(b);
+    anneal_safetensors_close(st);
+}
+
+/* Gradients with dropout, with and without recompute; returns the loss. */
+static double grads_with(anneal_gpt2 *m, const anneal_safetensors *st) {
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *ids = anneal_safetensors_load(st, "input_ids", ANNEAL_I32);
+    anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
+    anneal_manual_seed(77);
+    anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
+    double v = loss && anneal_backward(loss) == ANNEAL_OK ? anneal_item(loss) : NAN;
+    anneal_scope_close(s);
+    return v;
+}
+
+TEST(recompute_gives_identical_gradients_and_saves_memory) {
+    anneal_safetensors *st = open_fixture();
+    REQUIRE(st);
+    anneal_gpt2 *a = fixture_model(st, false), *b = fixture_model(st, true);
+    REQUIRE(a && b);
+    a->cfg.dropout = b->cfg.dropout = 0.1f; /* masks must be replayed exactly */
+    a->training = b->training = true;
+    anneal_memory_reset_peak(ANNEAL_CPU);
+    int64_t base = anneal_memory_stats_get(ANNEAL_CPU).live_bytes;
+    double la = grads_with(a, st);
+    int64_t peak_a = anneal_memory_stats_get(ANNEAL_CPU).peak_bytes - base;
+    anneal_memory_reset_peak(ANNEAL_CPU);
+    base = anneal_memory_stats_get(ANNEAL_CPU).live_bytes;
+    double lb = grads_with(b, st);
+    int64_t peak_b = anneal_memory_stats_get(ANNEAL_CPU).peak_bytes - base;
+    CHECK(la == lb, "loss with recompute %.9g vs without %.9g", lb, la);
+    for (int i = 0; i < a->params->n; i++) {
+        anneal_tensor *ga = a->params->items[i].tensor->grad, *gb = b->params->items[i].tensor->grad;
+        REQUIRE(ga && gb);
+        float *x = tensor_f32(ga), *y = tensor_f32(gb);
+        CHECK(memcmp(x, y, (size_t)anneal_numel(ga) * sizeof(float)) == 0, "%s: recompute changed the gradient",
+              a->params->items[i].name);
+        free(x);
+        free(y);
+    }
+    CHECK(peak_b < peak_a, "recompute peak %lld bytes should be below %lld", (long long)peak_b, (long long)peak_a);
+    printf("  peak activation memory: %lld bytes plain, %lld with recompute\n", (long long)peak_a, (long long)peak_b);
+    anneal_gpt2_free(a);
+    anneal_gpt2_free(b);
+    anneal_safetensors_close(st);
+}
+
+TEST(model_errors) {
+    anneal_gpt2_config cfg;
+    CHECK_TRUE(anneal_gpt2_preset("124M", &cfg) && cfg.n_layer == 12 && cfg.n_embd == 768);
+    CHECK_TRUE(anneal_gpt2_preset("gpt2-xl", &cfg) && cfg.n_layer == 48 && cfg.n_embd == 1600);
+    CHECK_TRUE(!anneal_gpt2_preset("nope", &cfg));
+    anneal_gpt2_preset("tiny", &cfg);
+    cfg.n_head = 3; /* 64 % 3 != 0 */
+    anneal_clear_error();
+    CHECK_TRUE(anneal_gpt2_new(&cfg) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
+    CHECK(strstr(anneal_last_error(), "divisible") != NULL, "%s", anneal_last_error());
+    anneal_clear_error();
+    anneal_gpt2_preset("tiny", &cfg);
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    REQUIRE(m);
+    CHECK_TRUE(anneal_gpt2_init(m, 1) == ANNEAL_OK);
+    /* 124M-style parameter count check on tiny: 12*L*C^2 + 13*L*C + V*C + ctx*C + 2C */
+    int64_t C = cfg.n_embd, L = cfg.n_layer;
+    CHECK(anneal_gpt2_num_params(m) == 12 * L * C * C + 13 * L * C + (int64_t)cfg.vocab_size * C +
+                                           (int64_t)cfg.n_ctx * C + 2 * C,
+          "param count %lld", (long long)anneal_gpt2_num_params(m));
+    CHECK_TRUE(anneal_params_find(m->params, "transformer.h.1.attn.c_attn.weight") != NULL);
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *ids = anneal_zeros(ANNEAL_I32, 2, (int64_t[]){1, cfg.n_ctx + 1});
+    CHECK_TRUE(anneal_gpt2_forward(m, ids) == NULL && anneal_last_status() == ANNEAL_ERR_SHAPE);
+    anneal_clear_error();
+    anneal_tensor *bad = anneal_full(ANNEAL_I32, 2, (int64_t[]){1, 4}, cfg.vocab_size);
+    CHECK_TRUE(anneal_gpt2_forward(m, bad) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
+    anneal_clear_error();
+    anneal_scope_close(s);
+    anneal_gpt2_free(m);
+}
+
+TEST(init_statistics) {
+    anneal_gpt2_config cfg;
+    anneal_gpt2_preset("tiny", &cfg);
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    REQUIRE(m && anneal_gpt2_init(m, 5) == ANNEAL_OK);
+    struct { anneal_tensor *t; double std; } cases[] = {
+        {m->wte, 0.02}, {m->blocks[0].c_fc_w, 0.02}, {m->blocks[1].mlp_proj_w, 0.02 / sqrt(2.0 * cfg.n_layer)},
+    };
+    for (int c = 0; c < 3; c++) {
+        int64_t n = anneal_numel(cases[c].t);
+        double s1 = 0, s2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double v = anneal_item_at(cases[c].t, i);
+            s1 += v;
+            s2 += v * v;
+        }
+        double mean = s1 / n, sd = sqrt(s2 / n - mean * mean);
+        CHECK(fabs(mean) < 4 * cases[c].std / sqrt((double)n), "case %d mean %g", c, mean);
+        CHECK(fabs(sd / cases[c].std - 1) < 0.05, "case %d std %g vs %g", c, sd, cases[c].std);
+    }
+    CHECK_NEAR(anneal_item_at(m->blocks[0].ln_1_w, 3), 1.0, 0);
+    CHECK_NEAR(anneal_item_at(m->blocks[0].c_attn_b, 3), 0.0, 0);
+    anneal_gpt2_free(m);
+}
+
+int main(void) {
+    RUN(forward_and_gradients_match_pytorch);
+    RUN(ten_adamw_steps_match_pytorch);
+    RUN(training_is_bit_deterministic);
+    RUN(recompute_gives_identical_gradients_and_saves_memory);
+    RUN(model_errors);
+    RUN(init_statistics);
+    return anneal_test_summary();
+}

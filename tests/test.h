@@ -1,0 +1,54 @@
+/* Minimal test harness: every test file defines tests with TEST(name) and
+ * lists them in main() through RUN(name). A failing CHECK records the failure
+ * (file, line, message) and the test goes on, so one run shows every problem.
+ * Tests that cannot run here (no ../shared, no GPU) call SKIP with the reason. */
+#ifndef ANNEAL_TEST_H
+#define ANNEAL_TEST_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern int anneal_test_failures;   /* failures in the current test */
+extern int anneal_test_passed, anneal_test_failed, anneal_test_skipped;
+extern const char *anneal_test_current;
+
+void anneal_test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void anneal_test_run(const char *name, void (*fn)(void));
+int anneal_test_summary(void);
+/* Marks the current test skipped with a reason printed to stdout. */
+void anneal_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern bool anneal_test_was_skipped;
+/* Path of a file in the source tree (ANNEAL_SOURCE_DIR or "."); static buffer rotation of 4. */
+const char *anneal_test_path(const char *rel);
+/* Largest |a-b| / (atol + rtol*|b|) over n floats; <= 1 means close. Reports the worst index. */
+double anneal_test_close_ratio(const float *a, const float *b, int64_t n, double atol, double rtol,
+                               int64_t *worst);
+
+#define TEST(name) static void name(void)
+#define RUN(name) anneal_test_run(#name, name)
+#define SKIP(...) do { anneal_test_skip(__VA_ARGS__); return; } while (0)
+
+#define CHECK(cond, ...) do { if (!(cond)) { \
+    anneal_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond); \
+    anneal_test_fail(__FILE__, __LINE__, __VA_ARGS__); } } while (0)
+#define CHECK_TRUE(cond) do { if (!(cond)) \
+    anneal_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond); } while (0)
+#define REQUIRE(cond) do { if (!(cond)) { \
+    anneal_test_fail(__FILE__, __LINE__, "REQUIRE(%s) failed", #cond); return; } } while (0)
+#define CHECK_NEAR(a, b, tol) do { double _a = (a), _b = (b); \
+    if (!(fabs(_a - _b) <= (tol)) ) anneal_test_fail(__FILE__, __LINE__, \
+        "CHECK_NEAR(%s, %s): %.9g vs %.9g (tol %.3g)", #a, #b, _a, _b, (double)(tol)); } while (0)
+/* Elementwise closeness of two float arrays: |a-b| <= atol + rtol*|b|. */
+#define CHECK_ALLCLOSE(a, b, n, atol, rtol) do { int64_t _w = 0; \
+    double _r = anneal_test_close_ratio((a), (b), (n), (atol), (rtol), &_w); \
+    if (!(_r <= 1.0)) anneal_test_fail(__FILE__, __LINE__, \
+        "CHECK_ALLCLOSE(%s, %s): worst index %lld: %.9g vs %.9g (atol %.2g rtol %.2g)", \
+        #a, #b, (long long)_w, (double)(a)[_w], (double)(b)[_w], (double)(atol), (double)(rtol)); \
+    } while (0)
+
+#endif
