@@ -9,7 +9,7 @@
  *          --shape M,N,K (only that shape, all transposes), --best (fastest run, not median),
  *          --cputime (process CPU time / threads instead of wall time: steadier on a shared
  *          machine, but counts barrier spinning as work).
- * Each figure is the median of several timed runs after one warm-up run; FLOPs = 2*M*N*K.
+ * Each figure is the median of several timed runs after 0.1 s of warm-up; FLOPs = 2*M*N*K.
  * The machine should be otherwise idle: with 2 threads on 2 cores, any other busy process
  * stalls the threads at every barrier and the figures collapse.
  * The batched line times 48 attention-like products (M = N = T, K = 64). */
@@ -65,12 +65,13 @@ static void fill(float *x, size_t n, unsigned seed) {
     }
 }
 
-/* Median seconds of `runs` calls of the product (one warm-up first). */
+/* Median seconds of `runs` calls of the product (after 0.1 s of warm-up calls). */
 static double time_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
                         const float *B, float *C, int runs) {
     const int64_t lda = ta ? M : K, ldb = tb ? K : N;
     double t[16];
-    anneal_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+    for (double t0 = omp_get_wtime(); omp_get_wtime() - t0 < 0.1;) /* warm up */
+        anneal_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
     for (int r = 0; r < runs; r++) {
         double t0 = now();
         anneal_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
@@ -83,8 +84,9 @@ static double time_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
 static double time_batched(int64_t batch, int64_t T, int64_t D, const float *A, const float *B,
                            float *C, int runs) {
     double t[16];
-    anneal_cpu_sgemm_batched(batch, false, true, T, T, D, 1.0f, A, D, T * D, B, D, T * D, 0.0f,
-                             C, T, T * T);
+    for (double t0 = omp_get_wtime(); omp_get_wtime() - t0 < 0.1;) /* warm up */
+        anneal_cpu_sgemm_batched(batch, false, true, T, T, D, 1.0f, A, D, T * D, B, D, T * D,
+                                 0.0f, C, T, T * T);
     for (int r = 0; r < runs; r++) {
         double t0 = now();
         anneal_cpu_sgemm_batched(batch, false, true, T, T, D, 1.0f, A, D, T * D, B, D, T * D,

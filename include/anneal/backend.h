@@ -41,7 +41,7 @@ typedef struct anneal_backend {
      * (stride 0 where broadcast). out may alias a (in-place accumulate). */
     anneal_status (*binary)(anneal_binary_op op, anneal_tensor *out, const anneal_tensor *a,
                             const anneal_tensor *b);
-    /* out = f(x; alpha), contiguous. */
+    /* out = f(x; alpha), contiguous; for SCALE and ADD_SCALAR out may be x (in place). */
     anneal_status (*unary)(anneal_unary_op op, anneal_tensor *out, const anneal_tensor *x,
                            float alpha);
     /* dx = dy * f'(x; alpha), contiguous. */
@@ -111,10 +111,11 @@ typedef struct anneal_backend {
     /* Fills x with normal(mean, std) from Philox(seed, offset + i/4) (Box-Muller). */
     anneal_status (*randn)(anneal_tensor *x, float mean, float std, uint64_t seed, uint64_t offset);
 
-    /* One AdamW step on p (f32) with grad g and moments m, v (same numel). */
+    /* One AdamW step on p (f32) with grad g and moments m, v (same numel). Scalars in
+     * double: the kernel forms its constants from them as PyTorch does. */
     anneal_status (*adamw)(anneal_tensor *p, const anneal_tensor *g, anneal_tensor *m,
-                           anneal_tensor *v, float lr, float beta1, float beta2, float eps,
-                           float weight_decay, float bc1, float bc2);
+                           anneal_tensor *v, double lr, double beta1, double beta2, double eps,
+                           double weight_decay, double bc1, double bc2);
     /* Sum of squares of all elements, accumulated in double (deterministic). */
     anneal_status (*sum_squares)(const anneal_tensor *x, double *out);
 } anneal_backend;

@@ -13,9 +13,11 @@ typedef enum anneal_optim_kind { ANNEAL_OPTIM_ADAMW, ANNEAL_OPTIM_SGD } anneal_o
 
 typedef struct anneal_optim_config {
     anneal_optim_kind kind;
-    float beta1, beta2, eps; /* AdamW (PyTorch defaults 0.9, 0.999, 1e-8) */
-    float weight_decay;      /* applied to params with decay == true (decoupled for AdamW) */
-    float momentum;          /* SGD */
+    /* Doubles, like PyTorch's Python floats, so derived constants (1 - beta1, lr * wd,
+     * bias corrections) round exactly as PyTorch's do. */
+    double beta1, beta2, eps; /* AdamW (PyTorch defaults 0.9, 0.999, 1e-8) */
+    double weight_decay;      /* applied to params with decay == true (decoupled for AdamW) */
+    double momentum;          /* SGD */
     bool nesterov;           /* SGD */
 } anneal_optim_config;
 
@@ -29,7 +31,7 @@ anneal_optimizer *anneal_optimizer_new(anneal_params *ps, anneal_optim_config cf
 void anneal_optimizer_free(anneal_optimizer *o);
 /* One update with learning rate lr. Parameters without a gradient are skipped
  * (and their step count not advanced), as in PyTorch. */
-anneal_status anneal_optimizer_step(anneal_optimizer *o, float lr);
+anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr);
 /* Number of steps taken. */
 int64_t anneal_optimizer_step_count(const anneal_optimizer *o);
 /* State tensor of parameter i: "exp_avg", "exp_avg_sq" (AdamW), "momentum" (SGD), or
@@ -53,14 +55,14 @@ typedef enum anneal_schedule_kind {
 
 typedef struct anneal_schedule {
     anneal_schedule_kind kind;
-    float max_lr, min_lr;
+    double max_lr, min_lr;
     int64_t warmup_steps; /* lr(s) = max_lr * (s + 1) / warmup_steps for s < warmup_steps */
     int64_t total_steps;
     int64_t decay_steps;  /* WSD only: length of the final decay */
 } anneal_schedule;
 
 /* Learning rate for step s (0-based). Past total_steps the schedule stays at its end value. */
-float anneal_schedule_lr(const anneal_schedule *sch, int64_t step);
+double anneal_schedule_lr(const anneal_schedule *sch, int64_t step);
 /* Parses "constant", "cosine", "linear", "wsd"; false if unknown. */
 bool anneal_schedule_parse(const char *name, anneal_schedule_kind *out);
 

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -39,6 +40,11 @@ static void synthetic_batch(uint64_t seed, int64_t step, int64_t B, int64_t T, i
             tok = successor(seed, tok, r[0], vocab);
         }
     }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 int anneal_cmd_train(int argc, char **argv) {
@@ -104,8 +110,8 @@ int anneal_cmd_train(int argc, char **argv) {
     if (threads > 0) anneal_set_num_threads((int)threads);
     cfg.dropout = (float)dropout;
     cfg.recompute = recompute;
-    sch.max_lr = (float)lr;
-    sch.min_lr = (float)(min_lr >= 0 ? min_lr : lr / 10);
+    sch.max_lr = lr;
+    sch.min_lr = min_lr >= 0 ? min_lr : lr / 10;
     sch.warmup_steps = warmup;
     sch.total_steps = steps;
     sch.decay_steps = steps / 5;
@@ -118,10 +124,10 @@ int anneal_cmd_train(int argc, char **argv) {
     }
     m->training = true;
     anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
-    oc.beta1 = (float)beta1;
-    oc.beta2 = (float)beta2;
-    oc.eps = (float)eps;
-    oc.weight_decay = (float)wd;
+    oc.beta1 = beta1;
+    oc.beta2 = beta2;
+    oc.eps = eps;
+    oc.weight_decay = wd;
     anneal_optimizer *opt = anneal_optimizer_new(m->params, oc);
     if (!opt) {
         fprintf(stderr, "anneal train: %s\n", anneal_last_error());
@@ -137,7 +143,14 @@ int anneal_cmd_train(int argc, char **argv) {
     fflush(stdout);
 
     int rc = 0;
-    double total_ms = 0, first_loss = NAN, last_loss = NAN;
+    double first_loss = NAN, last_loss = NAN;
+    double *step_ms = calloc((size_t)steps, sizeof *step_ms);
+    if (!step_ms) {
+        fprintf(stderr, "anneal train: out of memory\n");
+        anneal_optimizer_free(opt);
+        anneal_gpt2_free(m);
+        return 1;
+    }
     for (int64_t step = 0; step < steps; step++) {
         double t0 = now_ms();
         anneal_manual_seed((uint64_t)seed * 1000003ULL + (uint64_t)step); /* dropout stream per step */
@@ -149,7 +162,7 @@ int anneal_cmd_train(int argc, char **argv) {
             synthetic_batch((uint64_t)seed, step, batch, seq, cfg.vocab_size, anneal_data(ids), anneal_data(tg));
         anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
         float norm = 0;
-        float cur_lr = anneal_schedule_lr(&sch, step);
+        double cur_lr = anneal_schedule_lr(&sch, step);
         anneal_status st = loss ? anneal_backward(loss) : anneal_last_status();
         if (st == ANNEAL_OK)
             st = clip > 0 ? anneal_clip_grad_norm(m->params, (float)clip, &norm) : anneal_grad_norm(m->params, &norm);
@@ -163,27 +176,30 @@ int anneal_cmd_train(int argc, char **argv) {
             break;
         }
         double ms = now_ms() - t0;
-        if (step > 0 || steps == 1) total_ms += ms; /* the first step warms caches up */
+        step_ms[step] = ms;
         if (step == 0) first_loss = lv;
         last_loss = lv;
         if (step % log_every == 0 || step == steps - 1) {
             double tps = (double)(batch * seq) / (ms / 1e3);
             printf("step %5lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.1f ms  %.0f tok/s\n", (long long)step + 1,
-                   (long long)steps, lv, (double)cur_lr, (double)norm, ms, tps);
+                   (long long)steps, lv, cur_lr, (double)norm, ms, tps);
             fflush(stdout);
         }
     }
     if (rc == 0) {
-        int64_t timed = steps > 1 ? steps - 1 : 1;
-        double ms = total_ms / (double)timed;
+        /* median over steps after the first (which warms caches and allocates state) */
+        int64_t first = steps > 1 ? 1 : 0, n = steps - first;
+        qsort(step_ms + first, (size_t)n, sizeof *step_ms, cmp_double);
+        double ms = step_ms[first + n / 2];
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         anneal_memory_stats mem = anneal_memory_stats_get(ANNEAL_CPU);
-        printf("done: loss %.4f -> %.4f; %.1f ms/step, %.0f tok/s (mean after step 1); "
+        printf("done: loss %.4f -> %.4f; %.1f ms/step, %.0f tok/s (median after step 1); "
                "peak tensor memory %.1f MiB, peak RSS %.1f MiB\n",
                first_loss, last_loss, ms, (double)(batch * seq) / (ms / 1e3),
                (double)mem.peak_bytes / 1048576.0, (double)ru.ru_maxrss / 1024.0);
     }
+    free(step_ms);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
     return rc;

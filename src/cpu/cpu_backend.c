@@ -231,8 +231,8 @@ static anneal_status cpu_cross_entropy_bwd(anneal_tensor *dlogits, const anneal_
 }
 
 static anneal_status cpu_adamw(anneal_tensor *p, const anneal_tensor *g, anneal_tensor *m,
-                               anneal_tensor *v, float lr, float beta1, float beta2, float eps,
-                               float weight_decay, float bc1, float bc2) {
+                               anneal_tensor *v, double lr, double beta1, double beta2, double eps,
+                               double weight_decay, double bc1, double bc2) {
     anneal_cpu_adamw(anneal_numel(p), F(p), F(g), F(m), F(v), lr, beta1, beta2, eps, weight_decay,
                      bc1, bc2);
     return ANNEAL_OK;

@@ -111,9 +111,9 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
 
 /* One AdamW step over n elements (PyTorch semantics): p -= lr*wd*p; m = b1*m + (1-b1)*g;
  * v = b2*v + (1-b2)*g^2; p -= lr * (m/bc1) / (sqrt(v/bc2) + eps), bc = 1 - beta^t. */
-void anneal_cpu_adamw(int64_t n, float *p, const float *g, float *m, float *v, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, float bc1,
-                      float bc2);
+void anneal_cpu_adamw(int64_t n, float *p, const float *g, float *m, float *v, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, double bc1,
+                      double bc2);
 /* Sum of squares of n floats, accumulated in double in a fixed chunk order. */
 double anneal_cpu_sum_squares(int64_t n, const float *x);
 

@@ -2,48 +2,16 @@
  * logsumexp) and backward (softmax minus one-hot, scaled). The forward reads each
  * row once: it walks the V logits in L1-sized blocks with an online logsumexp
  * (running max, running sum rescaled when the max grows), so a 50257-wide row is
- * not streamed from memory twice. Rows split across OpenMP threads; sums use fixed
- * lanes and fixed blocks, so results do not depend on the ISA or thread count. */
+ * not streamed from memory twice. Rows split across OpenMP threads; sums use 16
+ * fixed lanes and fixed blocks, so results do not depend on the ISA or thread count. */
 #include "cpu/cpu_kernels.h"
 #include "cpu/vec_math.h"
 
 #include <math.h>
 #include <string.h>
 
-#define L ANNEAL_VEC_LANES
 #define CE_BLOCK 2048          /* logits per online-logsumexp block (8 KiB, stays in L1) */
 #define CE_PARALLEL_MIN 16384  /* N*V below which one thread does the whole call */
-
-/* Sum of the 16 lane accumulators as a fixed pairwise tree. */
-static inline float lanes_sum(const float *acc) {
-    float a[L / 2];
-    for (int j = 0; j < L / 2; j++) a[j] = acc[j] + acc[j + L / 2];
-    for (int j = 0; j < 4; j++) a[j] = a[j] + a[j + 4];
-    return ((a[0] + a[2]) + (a[1] + a[3]));
-}
-
-/* max over n floats (NaN entries skipped; they reach the result through exp). */
-static inline float block_max(int64_t n, const float *restrict x) {
-    float acc[L];
-    for (int j = 0; j < L; j++) acc[j] = -__builtin_inff();
-    int64_t c = 0;
-    for (; c + L <= n; c += L)
-        for (int j = 0; j < L; j++) acc[j] = x[c + j] > acc[j] ? x[c + j] : acc[j];
-    for (int j = 0; c + j < n; j++) acc[j] = x[c + j] > acc[j] ? x[c + j] : acc[j];
-    float m = acc[0];
-    for (int j = 1; j < L; j++) m = acc[j] > m ? acc[j] : m;
-    return m;
-}
-
-/* sum(exp(x - m)) over n floats. */
-static inline float block_sum_exp(int64_t n, const float *restrict x, float m) {
-    float acc[L] = {0};
-    int64_t c = 0;
-    for (; c + L <= n; c += L)
-        for (int j = 0; j < L; j++) acc[j] += anneal_vexpf(x[c + j] - m);
-    for (int j = 0; c + j < n; j++) acc[j] += anneal_vexpf(x[c + j] - m);
-    return lanes_sum(acc);
-}
 
 /* One kept row: lse = m + log(s) with m the row max and s = sum(exp(x - m)), built
  * block by block; loss = (m - x[t]) + log(s) in double, so a large max does not cost
@@ -52,15 +20,18 @@ ANNEAL_VEC_CLONES
 static void ce_fwd_row(int64_t V, const float *restrict x, int32_t t, float *loss, float *lse) {
     float m = -__builtin_inff();
     double s = 0.0;
+    float e[CE_BLOCK];
     for (int64_t c0 = 0; c0 < V; c0 += CE_BLOCK) {
         int64_t n = V - c0 < CE_BLOCK ? V - c0 : CE_BLOCK;
-        float bm = block_max(n, x + c0);
+        const float *xb = x + c0;
+        float bm = anneal_max(n, xb);
         if (bm == -__builtin_inff()) continue; /* all -inf: adds exp(-inf) = 0 */
         if (bm > m) {
             s *= exp((double)m - (double)bm); /* 0 when m is still -inf */
             m = bm;
         }
-        s += block_sum_exp(n, x + c0, m);
+        for (int64_t c = 0; c < n; c++) e[c] = anneal_vexpf(xb[c] - m);
+        s += anneal_sum16(n, e);
     }
     double ls = log(s);
     *lse = (float)((double)m + ls);

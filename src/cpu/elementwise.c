@@ -155,8 +155,8 @@ anneal_status anneal_cpu_binary(anneal_binary_op op, anneal_tensor *out, const a
 anneal_status anneal_cpu_unary(anneal_unary_op op, anneal_tensor *out, const anneal_tensor *x,
                                float alpha) {
     int64_t n = anneal_numel(out);
-    float *restrict o = anneal_data(out);
-    const float *restrict in = anneal_data(x);
+    float *o = anneal_data(out); /* may alias x: elementwise, same index */
+    const float *in = anneal_data(x);
     switch (op) {
     case ANNEAL_UNARY_SCALE:
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN_ELEMS)

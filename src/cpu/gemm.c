@@ -1,30 +1,29 @@
 /* CPU SGEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, GotoBLAS/BLIS style.
  *
- * Blocking (loops from outside in; kc/mc/nc/mb come from the ISA descriptor):
+ * Blocking of one thread's product (kc, mc, nc and the mr x nr tile come from the ISA
+ * descriptor; loops from outside in):
  *
- *   for jc over N in steps of nc            B block columns
- *     for pc over K in steps of kc          depth of one packed block
- *       pack op(B)[pc:pc+kc, jc:jc+nc]      -> Bp, kc x nr micro-panels  (shared, in L3)
- *       for ib over M in steps of mb
- *         pack op(A)[ib:ib+mb, pc:pc+kc]    -> Ap, mr x kc micro-panels  (shared)
- *         each thread, over its own rectangle of (mr-row panel, nr-col panel) tiles:
- *           for ic over its rows in steps of mc      (mc x kc of Ap stays in L2)
- *             for jr over its nr-panels              (kc x nr of Bp stays in L1)
- *               for ir over the mr-panels of ic      micro-kernel on one mr x nr tile
+ *   for jc over N in steps of nc             one B block of columns
+ *     for pc over K in steps of kc           one depth block
+ *       pack op(B)[pc:+kc, jc:+nc] -> Bp     kc x nr micro-panels (kc x nc floats, in L3)
+ *       for ic over M in steps of mc
+ *         pack op(A)[ic:+mc, pc:+kc] -> Ap   mr x kc micro-panels (mc x kc floats, in L2)
+ *         for jr over nc in steps of nr      one B micro-panel (kc x nr, stays in L1)
+ *           for ir over mc in steps of mr    micro-kernel: mr x nr tile of C += Ap @ Bp
  *
  * Packing copies the operands into contiguous, 64-byte aligned, zero-padded micro-panels,
  * so the micro-kernel sees unit-stride data whatever the transposes and leading dims are,
  * and edge tiles run the same code as full ones.
  *
- * Threads: both packs are split evenly over micro-panels; the compute is split
- * over output tiles in a tm x tn grid of threads chosen to balance the work. Every C
- * element is computed by exactly one thread, accumulating over k in the same order
- * (kc-blocks in order, k in order inside a block, the block split depending only on K),
- * so results are bit-identical for any thread count.
+ * Threads: C is cut into one block per thread along panel boundaries (thread_grid) and
+ * each thread runs the loop nest above on its block, packing its own operands, with no
+ * synchronisation until the end. Every C element is computed by exactly one thread,
+ * accumulating over k in the same order (kc-blocks in order, k in order inside a block,
+ * the kc split depending only on K), so results are bit-identical for any thread count.
  *
  * beta is applied by the first kc-block only (later blocks accumulate with beta = 1), so
  * beta == 0 never reads C. The per-thread pack buffers are cached thread-locally and grow
- * to the largest block seen (a few MiB at most, bounded by kc, nc and mb). */
+ * to the largest block seen ((kc x nc + mc x kc) floats, about 3.4 MiB with AVX-512). */
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
 
@@ -70,16 +69,20 @@ static void pack_portable(const float *src, int64_t stride, bool lanes_contig, i
                           int width, int64_t kc, float *restrict dst) {
     const int64_t npan = (lanes + width - 1) / width;
     if (lanes_contig) {
-        /* Each depth k is one contiguous source row feeding every panel. */
-        for (int64_t k = 0; k < kc; k++) {
-            const float *s = src + k * stride;
+        /* Blocks of 16 source rows, then panel by panel: the rows are read from memory once
+         * and each panel gets a contiguous burst (see pack_avx512 for why). */
+        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+            const int64_t k1 = k0 + 16 < kc ? k0 + 16 : kc;
             for (int64_t p = 0; p < npan; p++) {
-                float *d = dst + p * kc * width + k * width;
                 const int64_t l0 = p * width;
                 const int n = lanes - l0 < width ? (int)(lanes - l0) : width;
-                int l = 0;
-                for (; l < n; l++) d[l] = s[l0 + l];
-                for (; l < width; l++) d[l] = 0.0f;
+                for (int64_t k = k0; k < k1; k++) {
+                    const float *s = src + k * stride + l0;
+                    float *d = dst + p * kc * width + k * width;
+                    int l = 0;
+                    for (; l < n; l++) d[l] = s[l];
+                    for (; l < width; l++) d[l] = 0.0f;
+                }
             }
         }
     } else {
@@ -107,7 +110,6 @@ static const anneal_gemm_isa isa_portable = {
     .kc = 256,
     .mc = 48 * PORT_MR,
     .nc = 3072,
-    .mb = 2048,
     .kernel = kernel_portable,
     .pack = pack_portable,
 };
@@ -190,17 +192,22 @@ static int64_t block_depth(int64_t K, int64_t kc_max) {
     return min64(kc_max, (kc + 7) & ~(int64_t)7);
 }
 
-/* Splits T threads into a tm x tn grid over pm x pn tiles, minimising the largest share
- * (ties favour splitting N: threads then share the packed A and read disjoint B). */
-static void thread_grid(int T, int64_t pm, int64_t pn, int *tm, int *tn) {
-    int64_t best = -1;
+/* Splits T threads into a tm x tn grid over the pm x pn tiles (mr x nr each) of C,
+ * minimising the time of the busiest thread: its share of the FMAs plus its packing, since
+ * each thread packs all of A for its rows and all of B for its columns. Per unit of K,
+ * a tile row x col block costs 2*rows*cols flops and packing (rows + cols) floats, and
+ * packing a float takes about as long as PACK_COST flops in the micro-kernel. */
+#define PACK_COST 30
+static void thread_grid(int T, int64_t pm, int64_t pn, int mr, int nr, int *tm, int *tn) {
+    double best = -1;
     *tm = 1;
     *tn = T;
     for (int a = 1; a <= T; a++) {
         if (T % a) continue;
-        int b = T / a;
-        int64_t cost = ceil_div(pm, a) * ceil_div(pn, b);
-        if (best < 0 || cost < best || (cost == best && b > *tn)) {
+        const int b = T / a;
+        const double rows = (double)(ceil_div(pm, a) * mr), cols = (double)(ceil_div(pn, b) * nr);
+        const double cost = 2.0 * rows * cols + PACK_COST * (rows + cols);
+        if (best < 0 || cost < best) {
             best = cost;
             *tm = a;
             *tn = b;
@@ -232,77 +239,72 @@ static void sgemm_unpacked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fl
         }
 }
 
-/* The blocked product with nt threads (1 runs inline). M, N, K >= 1. */
-static void sgemm_blocked(const anneal_gemm_isa *isa, int nt, bool ta, bool tb, int64_t M,
-                          int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* The blocked product on the calling thread alone (M, N, K >= 1): the loop nest in the
+ * comment at the top of this file, with this thread's own pack buffers. */
+static void sgemm_serial(const anneal_gemm_isa *isa, bool ta, bool tb, int64_t M, int64_t N,
+                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, float beta, float *C, int64_t ldc) {
     const int mr = isa->mr, nr = isa->nr;
     const int64_t kc_full = block_depth(K, isa->kc);
     const int64_t nc_max = min64(isa->nc, ceil_div(N, nr) * nr);
-    const int64_t mb_max = min64(isa->mb, ceil_div(M, mr) * mr);
+    const int64_t mc_max = min64(isa->mc, ceil_div(M, mr) * mr);
     float *bp = pack_buffer(0, (size_t)(kc_full * nc_max));
-    float *ap = pack_buffer(1, (size_t)(kc_full * mb_max));
+    float *ap = pack_buffer(1, (size_t)(kc_full * mc_max));
     if (!bp || !ap) {
         sgemm_unpacked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    const int64_t mc_panels = isa->mc / mr;
-
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        const int T = omp_get_num_threads(), tid = omp_get_thread_num();
-        for (int64_t jc = 0; jc < N; jc += isa->nc) {
-            const int64_t nc = min64(isa->nc, N - jc);
-            const int64_t pn = ceil_div(nc, nr); /* nr-panels in this B block */
-            for (int64_t pc = 0; pc < K; pc += kc_full) {
-                const int64_t kc = min64(kc_full, K - pc);
-                const float beta_eff = pc == 0 ? beta : 1.0f;
-
-/* Each thread packs an even, contiguous share of the micro-panels (long rows to
-                 * copy, and with an N split of the compute, the panels it will use itself). */
-                {
-                    const int64_t q0 = pn * tid / T, q1 = pn * (tid + 1) / T;
-                    const int64_t c0 = jc + q0 * nr, cols = min64((q1 - q0) * nr, nc - q0 * nr);
-                    /* op(B)[k, c] is B[k*ldb + c], or B[c*ldb + k] when transposed. */
-                    const float *src = tb ? B + c0 * ldb + pc : B + pc * ldb + c0;
-                    if (q1 > q0) isa->pack(src, ldb, !tb, cols, nr, kc, bp + q0 * kc * nr);
-                }
-
-                for (int64_t ib = 0; ib < M; ib += isa->mb) {
-                    const int64_t mb = min64(isa->mb, M - ib);
-                    const int64_t pm = ceil_div(mb, mr); /* mr-panels in this A block */
-                    {
-                        const int64_t p0 = pm * tid / T, p1 = pm * (tid + 1) / T;
-                        const int64_t r0 = ib + p0 * mr, rows = min64((p1 - p0) * mr, mb - p0 * mr);
-                        /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
-                        const float *src = ta ? A + pc * lda + r0 : A + r0 * lda + pc;
-                        if (p1 > p0) isa->pack(src, lda, ta, rows, mr, kc, ap + p0 * kc * mr);
+    for (int64_t jc = 0; jc < N; jc += isa->nc) {
+        const int64_t nc = min64(isa->nc, N - jc);
+        for (int64_t pc = 0; pc < K; pc += kc_full) {
+            const int64_t kc = min64(kc_full, K - pc);
+            const float beta_eff = pc == 0 ? beta : 1.0f; /* beta once, then accumulate */
+            /* op(B)[k, c] is B[k*ldb + c], or B[c*ldb + k] when transposed. */
+            isa->pack(tb ? B + jc * ldb + pc : B + pc * ldb + jc, ldb, !tb, nc, nr, kc, bp);
+            for (int64_t ic = 0; ic < M; ic += isa->mc) {
+                const int64_t mc = min64(isa->mc, M - ic);
+                /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
+                isa->pack(ta ? A + pc * lda + ic : A + ic * lda + pc, lda, ta, mc, mr, kc, ap);
+                for (int64_t jr = 0; jr < nc; jr += nr) {
+                    const int n = (int)min64(nr, nc - jr);
+                    for (int64_t ir = 0; ir < mc; ir += mr) {
+                        const int m = (int)min64(mr, mc - ir);
+                        isa->kernel(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr,
+                                    ldc, m, n, alpha, beta_eff);
                     }
-#pragma omp barrier
-
-                    int tm, tn;
-                    thread_grid(T, pm, pn, &tm, &tn);
-                    const int ti = tid / tn, tj = tid % tn;
-                    const int64_t i0 = pm * ti / tm, i1 = pm * (ti + 1) / tm;
-                    const int64_t j0 = pn * tj / tn, j1 = pn * (tj + 1) / tn;
-                    for (int64_t ic = i0; ic < i1; ic += mc_panels) {
-                        const int64_t ie = min64(ic + mc_panels, i1);
-                        for (int64_t jr = j0; jr < j1; jr++) {
-                            const float *bpan = bp + jr * kc * nr;
-                            const int64_t col = jc + jr * nr;
-                            const int n = (int)min64(nr, N - col);
-                            for (int64_t ir = ic; ir < ie; ir++) {
-                                const int64_t row = ib + ir * mr;
-                                const int m = (int)min64(mr, M - row);
-                                isa->kernel(kc, ap + ir * kc * mr, bpan, C + row * ldc + col, ldc,
-                                            m, n, alpha, beta_eff);
-                            }
-                        }
-                    }
-#pragma omp barrier
                 }
             }
         }
+    }
+}
+
+/* The product with nt threads: C is cut into a tm x tn grid of blocks along mr-row and
+ * nr-column panel boundaries, and each thread runs sgemm_serial on its block with no
+ * synchronisation until the end (no barriers: a thread held up by another process does
+ * not stall the others at every block). The price is packing: A is packed by each of the
+ * tn threads sharing its rows, B by each of the tm sharing its columns; thread_grid picks
+ * the grid with the least compute + packing for the busiest thread. */
+static void sgemm_parallel(const anneal_gemm_isa *isa, int nt, bool ta, bool tb, int64_t M,
+                           int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (nt <= 1) {
+        sgemm_serial(isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const int64_t pm = ceil_div(M, isa->mr), pn = ceil_div(N, isa->nr);
+#pragma omp parallel num_threads(nt)
+    {
+        const int T = omp_get_num_threads(), tid = omp_get_thread_num();
+        int tm, tn;
+        thread_grid(T, pm, pn, isa->mr, isa->nr, &tm, &tn);
+        const int ti = tid / tn, tj = tid % tn;
+        const int64_t m0 = min64(M, pm * ti / tm * isa->mr);
+        const int64_t m1 = min64(M, pm * (ti + 1) / tm * isa->mr);
+        const int64_t n0 = min64(N, pn * tj / tn * isa->nr);
+        const int64_t n1 = min64(N, pn * (tj + 1) / tn * isa->nr);
+        if (m1 > m0 && n1 > n0)
+            sgemm_serial(isa, ta, tb, m1 - m0, n1 - n0, K, alpha, ta ? A + m0 : A + m0 * lda, lda,
+                         tb ? B + n0 * ldb : B + n0, ldb, beta, C + m0 * ldc + n0, ldc);
     }
 }
 
@@ -315,8 +317,8 @@ void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    sgemm_blocked(gemm_isa(), gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B,
-                  ldb, beta, C, ldc);
+    sgemm_parallel(gemm_isa(), gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda,
+                   B, ldb, beta, C, ldc);
 }
 
 /* `batch` independent GEMMs (see cpu_kernels.h). Many small products run one per thread

@@ -12,10 +12,21 @@
 
 #include <immintrin.h>
 
+#ifndef A512_MR
 #define A512_MR 14
+#endif
 #define A512_NR 32
-#ifndef PACK_GROUP
-#define PACK_GROUP 4
+#ifndef A512_KC
+#define A512_KC 256
+#endif
+#ifndef A512_MC
+#define A512_MC (24 * A512_MR)
+#endif
+#ifndef A512_NC
+#define A512_NC 3072
+#endif
+#ifndef PACK_KB
+#define PACK_KB 16
 #endif
 
 #define A512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
@@ -31,7 +42,7 @@ A512_TARGET static void kernel_14x32(int64_t kc, const float *restrict ap,
                                      const float *restrict bp, float *restrict c, int64_t ldc,
                                      int m, int n, float alpha, float beta) {
     __m512 acc[A512_MR][2];
-#pragma GCC unroll 14
+#pragma GCC unroll 16
     for (int i = 0; i < A512_MR; i++) {
         acc[i][0] = _mm512_setzero_ps();
         acc[i][1] = _mm512_setzero_ps();
@@ -46,7 +57,7 @@ A512_TARGET static void kernel_14x32(int64_t kc, const float *restrict ap,
     for (int64_t k = 0; k < kc; k++) {
         const __m512 b0 = _mm512_load_ps(bp);
         const __m512 b1 = _mm512_load_ps(bp + 16);
-#pragma GCC unroll 14
+#pragma GCC unroll 16
         for (int i = 0; i < A512_MR; i++) {
             const __m512 a = _mm512_set1_ps(ap[i]);
             acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
@@ -59,7 +70,7 @@ A512_TARGET static void kernel_14x32(int64_t kc, const float *restrict ap,
     const __mmask16 m0 = first_lanes(n), m1 = first_lanes(n - 16);
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     /* Fully unrolled with constant indices so acc stays in registers. */
-#pragma GCC unroll 14
+#pragma GCC unroll 16
     for (int i = 0; i < A512_MR; i++) {
         if (i < m) {
             float *row = c + i * ldc;
@@ -116,23 +127,25 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
                                     int64_t lanes, int width, int64_t kc, float *dst) {
     const int64_t npan = (lanes + width - 1) / width;
     if (lanes_contig) {
-        /* Groups of PACK_GROUP panels, k inside: each source row gives a few cache lines
-         * and the stores go to only PACK_GROUP streams (all panels at once would be kc*width
-         * floats apart, the same L1 sets, and thrash). */
-        for (int64_t g = 0; g < npan; g += PACK_GROUP) {
-            const int64_t ge = g + PACK_GROUP < npan ? g + PACK_GROUP : npan;
-            for (int64_t k = 0; k < kc; k++) {
-                const float *s = src + k * stride;
-                for (int64_t p = g; p < ge; p++) {
+        /* Blocks of PACK_KB source rows: for each panel, copy its part of those rows. The
+         * rows are read from memory once (later panels find them in L1) and each panel gets
+         * a contiguous burst of PACK_KB * width floats. (Walking all panels per single k
+         * would store to npan streams kc*width floats apart, the same L1 sets; walking one
+         * panel over all k reads only a few lines per row and defeats the prefetchers.) */
+        for (int64_t k0 = 0; k0 < kc; k0 += PACK_KB) {
+            const int64_t k1 = k0 + PACK_KB < kc ? k0 + PACK_KB : kc;
+            for (int64_t p = 0; p < npan; p++) {
+                const int64_t l0 = p * width;
+                for (int64_t k = k0; k < k1; k++) {
+                    const float *s = src + k * stride + l0;
                     float *d = dst + p * kc * width + k * width;
-                    const int64_t l0 = p * width;
                     for (int j = 0; j < width; j += 16) {
                         const int64_t have = lanes - l0 - j;
                         if (have >= 16 && width - j >= 16) {
-                            _mm512_storeu_ps(d + j, _mm512_loadu_ps(s + l0 + j));
+                            _mm512_storeu_ps(d + j, _mm512_loadu_ps(s + j));
                         } else {
                             const __mmask16 lm = first_lanes(have > 16 ? 16 : (int)have);
-                            const __m512 v = _mm512_maskz_loadu_ps(lm, s + l0 + j);
+                            const __m512 v = _mm512_maskz_loadu_ps(lm, s + j);
                             _mm512_mask_storeu_ps(d + j, first_lanes(width - j), v);
                         }
                     }
@@ -167,15 +180,14 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
 /* Blocking for a core with 48 KiB L1d, 1 MiB L2 and a shared L3 (Zen 4/5, Skylake-X alike):
  * B micro-panel 256 x 32 floats = 32 KiB stays in L1 while A micro-panels stream past;
  * an A block of 336 x 256 floats = 336 KiB stays in L2 while the thread walks its B panels;
- * the shared B block of 256 x 3072 floats = 3 MiB lives in L3. */
+ * each thread's B block of 256 x 3072 floats = 3 MiB lives in L3. */
 const anneal_gemm_isa anneal_gemm_isa_avx512 = {
     .name = "avx512",
     .mr = A512_MR,
     .nr = A512_NR,
-    .kc = 256,
-    .mc = 24 * A512_MR,
-    .nc = 3072,
-    .mb = 2048,
+    .kc = A512_KC,
+    .mc = A512_MC,
+    .nc = A512_NC,
     .kernel = kernel_14x32,
     .pack = pack_avx512,
 };

@@ -28,14 +28,14 @@ typedef void (*anneal_gemm_pack)(const float *src, int64_t stride, bool lanes_co
                                  int64_t lanes, int width, int64_t kc, float *dst);
 
 /* One instruction-set flavour of the GEMM: its micro-kernel and blocking.
- * kc: depth of a packed block (B micro-panel kc x nr sized for L1);
- * mc: rows of A a thread streams against one B micro-panel (mc x kc sized for L2);
- * nc: columns of the shared packed B block (kc x nc sized for L3);
- * mb: rows of the shared packed A block (bounds the buffer; any value gives the same bits). */
+ * kc: largest depth of a packed block (B micro-panel kc x nr sized for L1); the only
+ *     blocking parameter that changes the rounding (results depend on it, not on mc/nc);
+ * mc: rows of the packed A block streamed against each B micro-panel (mc x kc for L2);
+ * nc: columns of the packed B block (kc x nc for L3). */
 typedef struct anneal_gemm_isa {
     const char *name;
     int mr, nr;
-    int64_t kc, mc, nc, mb;
+    int64_t kc, mc, nc;
     anneal_gemm_ukernel kernel;
     anneal_gemm_pack pack;
 } anneal_gemm_isa;

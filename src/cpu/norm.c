@@ -1,9 +1,10 @@
 /* LayerNorm and RMSNorm over the last dim C of N rows, forward and backward.
- * Row statistics are float sums over 16 fixed lanes (a fixed order, so results do
- * not depend on the vector ISA or the thread count); OpenMP splits rows. The weight
- * and bias gradients are sums over rows: threads split the columns into fixed
- * blocks and each walks every row in order, accumulating in double, so dw and db
- * are bitwise the same for any thread count and need neither atomics nor scratch. */
+ * Row statistics are float sums over 16 fixed lanes (anneal_v16f: a fixed order, so
+ * results do not depend on the vector ISA or the thread count); OpenMP splits rows.
+ * The weight and bias gradients are sums over rows: threads split the columns into
+ * fixed blocks and each walks every row in order (float partials over fixed 64-row
+ * chunks, totals in double), so dw and db are bitwise the same for any thread count
+ * and need neither atomics nor scratch. */
 #include "cpu/cpu_kernels.h"
 #include "cpu/vec_math.h"
 
@@ -11,43 +12,25 @@
 
 #define L ANNEAL_VEC_LANES
 #define ROW_PARALLEL_MIN 16384 /* N*C below which one thread does the whole call */
-#define PARAM_COL_BLOCK 32     /* columns per param-gradient work item (two cache lines) */
-
-/* Sum of the 16 lane accumulators as a fixed pairwise tree. */
-static inline float lanes_sum(const float *acc) {
-    float a[L / 2];
-    for (int j = 0; j < L / 2; j++) a[j] = acc[j] + acc[j + L / 2];
-    for (int j = 0; j < 4; j++) a[j] = a[j] + a[j + 4];
-    return ((a[0] + a[2]) + (a[1] + a[3]));
-}
-
-/* sum(x) over C floats, 16 interleaved partial sums. */
-static inline float row_sum(int64_t C, const float *restrict x) {
-    float acc[L] = {0};
-    int64_t c = 0;
-    for (; c + L <= C; c += L)
-        for (int j = 0; j < L; j++) acc[j] += x[c + j];
-    for (int j = 0; c + j < C; j++) acc[j] += x[c + j];
-    return lanes_sum(acc);
-}
+#define PARAM_COL_BLOCK 64     /* columns per param-gradient work item (four cache lines) */
+#define PARAM_ROW_CHUNK 64     /* rows per float partial of a param gradient */
 
 /* sum((x - m)^2) over C floats; also writes sum(x - m) to *dev_sum if non-NULL. */
-static inline float row_sum_sq_dev(int64_t C, const float *restrict x, float m, float *dev_sum) {
-    float acc[L] = {0}, accd[L] = {0};
+ANNEAL_INLINE float row_sum_sq_dev(int64_t C, const float *restrict x, float m, float *dev_sum) {
+    anneal_v16f acc = {0}, accd = {0}, vm = ANNEAL_V16F_SPLAT(m);
     int64_t c = 0;
-    for (; c + L <= C; c += L)
-        for (int j = 0; j < L; j++) {
-            float d = x[c + j] - m;
-            accd[j] += d;
-            acc[j] += d * d;
-        }
-    for (int j = 0; c + j < C; j++) {
-        float d = x[c + j] - m;
-        accd[j] += d;
-        acc[j] += d * d;
+    for (; c + L <= C; c += L) {
+        anneal_v16f d = ANNEAL_V16F_LOAD(x + c) - vm;
+        accd += d;
+        acc += d * d;
     }
-    if (dev_sum) *dev_sum = lanes_sum(accd);
-    return lanes_sum(acc);
+    anneal_v16f t;
+    anneal_v16f_load_partial(&t, x + c, C - c, m); /* padding lanes: d = 0 */
+    t -= vm;
+    accd += t;
+    acc += t * t;
+    if (dev_sum) *dev_sum = anneal_v16f_sum(&accd);
+    return anneal_v16f_sum(&acc);
 }
 
 /* ---------------------------------------------------------------- LayerNorm */
@@ -60,7 +43,7 @@ ANNEAL_VEC_CLONES
 static void ln_fwd_row(int64_t C, const float *restrict x, const float *restrict w,
                        const float *restrict b, float eps, float *restrict y, float *mean_out,
                        float *rstd_out) {
-    float m0 = row_sum(C, x) / (float)C;
+    float m0 = anneal_sum16(C, x) / (float)C;
     float sd;
     float sdd = row_sum_sq_dev(C, x, m0, &sd);
     float m = m0 + sd / (float)C;
@@ -81,41 +64,48 @@ static void ln_fwd_row(int64_t C, const float *restrict x, const float *restrict
 ANNEAL_VEC_CLONES
 static void ln_bwd_row(int64_t C, const float *restrict x, const float *restrict w, float m,
                        float r, const float *restrict dy, float *restrict dx) {
-    float acc_g[L] = {0}, acc_gx[L] = {0};
+    anneal_v16f acc_g = {0}, acc_gx = {0}, vm = ANNEAL_V16F_SPLAT(m), vr = ANNEAL_V16F_SPLAT(r);
     int64_t c = 0;
-    for (; c + L <= C; c += L)
-        for (int j = 0; j < L; j++) {
-            float g = dy[c + j] * w[c + j];
-            acc_g[j] += g;
-            acc_gx[j] += g * ((x[c + j] - m) * r);
-        }
-    for (int j = 0; c + j < C; j++) {
-        float g = dy[c + j] * w[c + j];
-        acc_g[j] += g;
-        acc_gx[j] += g * ((x[c + j] - m) * r);
+    for (; c + L <= C; c += L) {
+        anneal_v16f g = ANNEAL_V16F_LOAD(dy + c) * ANNEAL_V16F_LOAD(w + c);
+        acc_g += g;
+        acc_gx += g * ((ANNEAL_V16F_LOAD(x + c) - vm) * vr);
     }
-    float mg = lanes_sum(acc_g) / (float)C;
-    float mgx = lanes_sum(acc_gx) / (float)C;
+    anneal_v16f tdy, tw, tx; /* padding lanes: g = 0, x - m = 0 */
+    anneal_v16f_load_partial(&tdy, dy + c, C - c, 0.0f);
+    anneal_v16f_load_partial(&tw, w + c, C - c, 0.0f);
+    anneal_v16f_load_partial(&tx, x + c, C - c, m);
+    anneal_v16f g = tdy * tw;
+    acc_g += g;
+    acc_gx += g * ((tx - vm) * vr);
+    float mg = anneal_v16f_sum(&acc_g) / (float)C;
+    float mgx = anneal_v16f_sum(&acc_gx) / (float)C;
     for (c = 0; c < C; c++) {
         float xhat = (x[c] - m) * r;
         dx[c] = r * (dy[c] * w[c] - mg - xhat * mgx);
     }
 }
 
-/* dw[c0:c0+n] = sum over rows of dy*xhat, db likewise of dy; double accumulators,
- * rows in order. Either output may be NULL. */
+/* dw[c0:c0+n] = sum over rows of dy*xhat, db likewise of dy, rows in order: float
+ * partial sums over PARAM_ROW_CHUNK rows (fixed boundaries), added into double
+ * totals. Either output may be NULL. */
 ANNEAL_VEC_CLONES
 static void ln_param_cols(int64_t N, int64_t C, int64_t c0, int64_t n, const float *restrict x,
                           const float *restrict mean, const float *restrict rstd,
                           const float *restrict dy, float *restrict dw, float *restrict db) {
     double aw[PARAM_COL_BLOCK] = {0}, ab[PARAM_COL_BLOCK] = {0};
-    for (int64_t i = 0; i < N; i++) {
-        const float *xr = x + i * C + c0, *dyr = dy + i * C + c0;
-        float m = mean[i], r = rstd[i];
-        for (int64_t j = 0; j < n; j++) {
-            aw[j] += (double)dyr[j] * (double)((xr[j] - m) * r);
-            ab[j] += (double)dyr[j];
+    for (int64_t i0 = 0; i0 < N; i0 += PARAM_ROW_CHUNK) {
+        int64_t i1 = N - i0 < PARAM_ROW_CHUNK ? N : i0 + PARAM_ROW_CHUNK;
+        float pw[PARAM_COL_BLOCK] = {0}, pb[PARAM_COL_BLOCK] = {0};
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xr = x + i * C + c0, *dyr = dy + i * C + c0;
+            float m = mean[i], r = rstd[i];
+            for (int64_t j = 0; j < n; j++) {
+                pw[j] += dyr[j] * ((xr[j] - m) * r);
+                pb[j] += dyr[j];
+            }
         }
+        for (int64_t j = 0; j < n; j++) aw[j] += pw[j], ab[j] += pb[j];
     }
     for (int64_t j = 0; j < n; j++) {
         if (dw) dw[c0 + j] = (float)aw[j];
@@ -171,25 +161,34 @@ static void rms_fwd_row(int64_t C, const float *restrict x, const float *restric
 ANNEAL_VEC_CLONES
 static void rms_bwd_row(int64_t C, const float *restrict x, const float *restrict w, float r,
                         const float *restrict dy, float *restrict dx) {
-    float acc[L] = {0};
+    anneal_v16f acc = {0};
     int64_t c = 0;
     for (; c + L <= C; c += L)
-        for (int j = 0; j < L; j++) acc[j] += dy[c + j] * w[c + j] * x[c + j];
-    for (int j = 0; c + j < C; j++) acc[j] += dy[c + j] * w[c + j] * x[c + j];
-    float k = r * r * (lanes_sum(acc) / (float)C);
+        acc += ANNEAL_V16F_LOAD(dy + c) * ANNEAL_V16F_LOAD(w + c) * ANNEAL_V16F_LOAD(x + c);
+    anneal_v16f tdy, tw, tx; /* padding lanes add 0 */
+    anneal_v16f_load_partial(&tdy, dy + c, C - c, 0.0f);
+    anneal_v16f_load_partial(&tw, w + c, C - c, 0.0f);
+    anneal_v16f_load_partial(&tx, x + c, C - c, 0.0f);
+    acc += tdy * tw * tx;
+    float k = r * r * (anneal_v16f_sum(&acc) / (float)C);
     for (c = 0; c < C; c++) dx[c] = r * (dy[c] * w[c] - x[c] * k);
 }
 
-/* dw[c0:c0+n] = sum over rows of dy*x*rstd, double accumulators, rows in order. */
+/* dw[c0:c0+n] = sum over rows of dy*x*rstd, rows in order, chunked like ln_param_cols. */
 ANNEAL_VEC_CLONES
 static void rms_param_cols(int64_t N, int64_t C, int64_t c0, int64_t n, const float *restrict x,
                            const float *restrict rstd, const float *restrict dy,
                            float *restrict dw) {
     double aw[PARAM_COL_BLOCK] = {0};
-    for (int64_t i = 0; i < N; i++) {
-        const float *xr = x + i * C + c0, *dyr = dy + i * C + c0;
-        float r = rstd[i];
-        for (int64_t j = 0; j < n; j++) aw[j] += (double)dyr[j] * (double)(xr[j] * r);
+    for (int64_t i0 = 0; i0 < N; i0 += PARAM_ROW_CHUNK) {
+        int64_t i1 = N - i0 < PARAM_ROW_CHUNK ? N : i0 + PARAM_ROW_CHUNK;
+        float pw[PARAM_COL_BLOCK] = {0};
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xr = x + i * C + c0, *dyr = dy + i * C + c0;
+            float r = rstd[i];
+            for (int64_t j = 0; j < n; j++) pw[j] += dyr[j] * (xr[j] * r);
+        }
+        for (int64_t j = 0; j < n; j++) aw[j] += pw[j];
     }
     for (int64_t j = 0; j < n; j++) dw[c0 + j] = (float)aw[j];
 }

@@ -19,7 +19,7 @@
 
 /* The Numerical Recipes erfc fit: erfc(z) = t*exp(-z^2 + P(t)), t = 1/(1 + z/2),
  * fractional error < 1.2e-7 for every z >= 0. Returns P(t). */
-static inline float erfc_poly(float t) {
+ANNEAL_INLINE float erfc_poly(float t) {
     float p = 0.17087277f;
     p = p * t + -0.82215223f;
     p = p * t + 1.48851587f;
@@ -38,7 +38,7 @@ static inline float erfc_poly(float t) {
  * exact and e^(-x^2/2) = e^(-xh^2/2) * e^(-xl*(x+xh)/2) carries no rounding error in
  * its large exponent; that keeps Phi's relative accuracy in the left tail.
  * Writes e^(-xh^2/2) and -xl*(x+xh)/2 (the density needs both) and returns Phi(x). */
-static inline float gelu_cdf(float x, float *e_hi, float *e_lo) {
+ANNEAL_INLINE float gelu_cdf(float x, float *e_hi, float *e_lo) {
     float ax = anneal_vsel(x < 0.0f, -x, x);
     ax = anneal_vsel(ax < GELU_Z_MAX * 1.41421356f, ax, GELU_Z_MAX * 1.41421356f); /* NaN -> cap */
     float xh = anneal_bits_to_float(anneal_float_to_bits(ax) & (int32_t)0xFFFFF000);

@@ -107,20 +107,21 @@ anneal_tensor *anneal_attention(anneal_tensor *q, anneal_tensor *k, anneal_tenso
         return NULL;
     char sq[128], sk[128], sv[128];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "attention: q, k, v must be 4-D (B, H, T, D), got q %s, k %s, v %s",
+        anneal_set_error(ANNEAL_ERR_SHAPE,
+                         "attention: q, k, v must be 4-D (B, H, T, D), got q %s, k %s, v %s",
                          anneal_shape_str(q, sq, sizeof sq), anneal_shape_str(k, sk, sizeof sk),
                          anneal_shape_str(v, sv, sizeof sv));
         return NULL;
     }
-    int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], D = q->shape[3], Tk = k->shape[2];
+    int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     if (k->shape[0] != B || k->shape[1] != H || k->shape[3] != D || !anneal_same_shape(k, v)) {
         anneal_set_error(ANNEAL_ERR_SHAPE,
-                         "attention: k %s and v %s must both be (B, H, Tk, D) = (%lld, %lld, Tk, %lld) to match q %s",
+                         "attention: k %s and v %s must both be (B, H, Tk, D) = "
+                         "(%lld, %lld, Tk, %lld) to match q %s",
                          anneal_shape_str(k, sk, sizeof sk), anneal_shape_str(v, sv, sizeof sv),
                          (long long)B, (long long)H, (long long)D, anneal_shape_str(q, sq, sizeof sq));
         return NULL;
     }
-    (void)Tk;
     scale = default_scale(scale, D);
     /* o lives in (B, Tq, H, D) storage and is returned as its (B, H, Tq, D) view. */
     anneal_scope_enter(NULL);
@@ -175,7 +176,8 @@ static anneal_status causal_attention_backward(anneal_node *node, anneal_tensor 
     if (!dqkv) return anneal_last_status();
     int64_t H = node->ints[0], C = o->shape[2], D = C / H;
     anneal_tensor *q = heads(qkv, H, D, 0), *k = heads(qkv, H, D, C), *v = heads(qkv, H, D, 2 * C);
-    anneal_tensor *dq = heads(dqkv, H, D, 0), *dk = heads(dqkv, H, D, C), *dv = heads(dqkv, H, D, 2 * C);
+    anneal_tensor *dq = heads(dqkv, H, D, 0), *dk = heads(dqkv, H, D, C);
+    anneal_tensor *dv = heads(dqkv, H, D, 2 * C);
     anneal_tensor *o4 = heads(o, H, D, 0), *do4 = heads(dout, H, D, 0);
     if (!q || !k || !v || !dq || !dk || !dv || !o4 || !do4) return anneal_last_status();
     anneal_status s = be->attention_bwd(dq, dk, dv, q, k, v, o4, do4, lse, true,
@@ -199,13 +201,15 @@ anneal_tensor *anneal_causal_attention(anneal_tensor *qkv, int n_head) {
     }
     int64_t B = qkv->shape[0], T = qkv->shape[1], C3 = qkv->shape[2];
     if (C3 % 3 != 0) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "causal_attention: last dim of qkv %s is %lld, not a multiple of 3",
+        anneal_set_error(ANNEAL_ERR_SHAPE,
+                         "causal_attention: last dim of qkv %s is %lld, not a multiple of 3",
                          anneal_shape_str(qkv, sq, sizeof sq), (long long)C3);
         return NULL;
     }
     int64_t C = C3 / 3;
     if (C % n_head != 0) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "causal_attention: C = %lld (qkv %s) is not divisible by n_head = %d",
+        anneal_set_error(ANNEAL_ERR_SHAPE,
+                         "causal_attention: C = %lld (qkv %s) is not divisible by n_head = %d",
                          (long long)C, anneal_shape_str(qkv, sq, sizeof sq), n_head);
         return NULL;
     }
@@ -221,7 +225,8 @@ anneal_tensor *anneal_causal_attention(anneal_tensor *qkv, int n_head) {
     anneal_tensor *v = k ? heads(qc, H, D, 2 * C) : NULL, *o4 = v ? heads(out, H, D, 0) : NULL;
     anneal_status s = o4 ? be->attention_fwd(o4, lse, q, k, v, true, scale) : anneal_last_status();
     if (s == ANNEAL_OK) {
-        anneal_node *node = anneal_record("causal_attention", causal_attention_backward, 1, &qkv, 1, &out);
+        anneal_node *node =
+            anneal_record("causal_attention", causal_attention_backward, 1, &qkv, 1, &out);
         if (node) {
             node->ints[0] = H;
             node->scalars[0] = scale;

@@ -205,7 +205,8 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
     if (anneal_node_input_needs_grad(node, 0)) {
         const anneal_edge *e = &node->inputs[0];
         anneal_tensor *dx = anneal_empty_on(dy->device, ANNEAL_F32, e->ndim, e->shape);
-        anneal_tensor *dx2 = dx ? anneal_alias(dx, 2, (int64_t[]){R, n_in}, (int64_t[]){n_in, 1}, 0) : NULL;
+        anneal_tensor *dx2 =
+            dx ? anneal_alias(dx, 2, (int64_t[]){R, n_in}, (int64_t[]){n_in, 1}, 0) : NULL;
         anneal_tensor *wt = out_in ? w : mT(w); /* (out, in) */
         if (!dx2 || !wt || be->matmul(dx2, dy, wt, 1.0f, 0.0f) != ANNEAL_OK)
             return anneal_last_status();

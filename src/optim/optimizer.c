@@ -2,7 +2,7 @@
  * PyTorch's torch.optim semantics: state is created lazily, zero-filled, in an
  * optimizer-owned scope; every parameter keeps its own step count (bias correction
  * uses it), and parameters without a gradient are skipped without advancing it.
- * Updates go through the backend table only (be->adamw for AdamW; be->unary /
+ * Updates go through the backend table only (be->adamw for AdamW; be->fill /
  * be->binary / be->copy for SGD), so they run on whatever device the parameters
  * live on. No autograd is recorded: the kernels write the tensors directly. */
 #include "anneal/optim.h"
@@ -173,13 +173,13 @@ static anneal_tensor *contiguous_grad(const anneal_backend *be, anneal_tensor *g
  * bias corrections bc = 1 - beta^t with t this parameter's own step count;
  * decoupled weight decay only where pa->decay. */
 static anneal_status adamw_update(anneal_optimizer *o, optim_slot *sl, const anneal_param *pa,
-                                  const anneal_backend *be, anneal_tensor *g, float lr) {
+                                  const anneal_backend *be, anneal_tensor *g, double lr) {
     const anneal_optim_config *c = &o->cfg;
     int64_t t = sl->steps + 1;
-    /* In double, as PyTorch does with Python floats, then rounded once. */
-    float bc1 = (float)(1.0 - pow((double)c->beta1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)c->beta2, (double)t));
-    float wd = pa->decay ? c->weight_decay : 0.0f;
+    /* In double, as PyTorch does with Python floats. */
+    double bc1 = 1.0 - pow(c->beta1, (double)t);
+    double bc2 = 1.0 - pow(c->beta2, (double)t);
+    double wd = pa->decay ? c->weight_decay : 0.0;
     anneal_status s = be->adamw(pa->tensor, g, sl->s0, sl->s1, lr, c->beta1, c->beta2, c->eps, wd,
                                 bc1, bc2);
     if (s == ANNEAL_OK) sl->steps = t;
@@ -188,7 +188,7 @@ static anneal_status adamw_update(anneal_optimizer *o, optim_slot *sl, const ann
 
 /* value broadcast to like's shape (a 1-element tensor viewed with zero strides),
  * for in-place scalar multiplies through be->binary, whose out may alias a. */
-static anneal_tensor *scalar_as(const anneal_backend *be, const anneal_tensor *like, float value) {
+static anneal_tensor *scalar_as(const anneal_backend *be, const anneal_tensor *like, double value) {
     anneal_tensor *s = anneal_empty_on(like->device, ANNEAL_F32, 1, (int64_t[]){1});
     if (!s || be->fill(s, value) != ANNEAL_OK) return NULL;
     int64_t zero[ANNEAL_MAX_DIMS] = {0};
@@ -201,12 +201,12 @@ static anneal_tensor *scalar_as(const anneal_backend *be, const anneal_tensor *l
  *   with momentum: buf = d on the parameter's first step, else buf = momentum*buf + d;
  *                  d = nesterov ? d + momentum*buf : buf;
  *   p = p - lr * d.
- * Temporaries belong to the caller's step scope. */
+ * Temporaries belong to the caller's per-parameter scope. */
 static anneal_status sgd_update(anneal_optimizer *o, optim_slot *sl, const anneal_param *pa,
-                                const anneal_backend *be, anneal_tensor *g, float lr) {
+                                const anneal_backend *be, anneal_tensor *g, double lr) {
     const anneal_optim_config *c = &o->cfg;
     anneal_tensor *p = pa->tensor, *d = g;
-    float wd = pa->decay ? c->weight_decay : 0.0f;
+    double wd = pa->decay ? c->weight_decay : 0.0;
     anneal_status s = ANNEAL_OK;
 #define TRY(expr) do { if ((s = (expr)) != ANNEAL_OK) return s; } while (0)
 #define NEW(var, expr) do { if (!((var) = (expr))) return anneal_last_status(); } while (0)
@@ -250,8 +250,11 @@ static anneal_status sgd_update(anneal_optimizer *o, optim_slot *sl, const annea
 
 /* One update of every parameter that has a gradient. Validates everything and
  * allocates any missing state first, so an error (bad lr, mismatched grad, out
- * of memory) leaves parameters and state untouched. */
-anneal_status anneal_optimizer_step(anneal_optimizer *o, float lr) {
+ * of memory) leaves parameters untouched; a kernel failure midway cannot be undone.
+ * lr must be finite and >= 0. The optimizer's step count advances on every successful
+ * call, even one where no parameter had a gradient. Parameters registered in ps after
+ * the optimizer was made are picked up (with fresh state) on their first gradient. */
+anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: NULL optimizer");
     if (!isfinite(lr) || lr < 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: invalid learning rate %g", (double)lr);
@@ -269,25 +272,21 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, float lr) {
         if (adamw && !sl->s1 && !(sl->s1 = new_state(o, pa->tensor))) return anneal_last_status();
     }
     anneal_status s = ANNEAL_OK;
-    anneal_scope *tmp = anneal_scope_open(); /* contiguous grad copies, SGD temporaries */
-    if (!tmp) return anneal_last_status();
     for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
         const anneal_param *pa = &ps->items[i];
         anneal_tensor *g = pa->tensor->grad;
         if (!g) continue; /* PyTorch: no grad, no update, step count unchanged */
         const anneal_backend *be = anneal_backend_get(pa->tensor->device);
-        if (!be) {
-            s = anneal_last_status();
-            break;
-        }
-        if (!(g = contiguous_grad(be, g))) {
-            s = anneal_last_status();
-            break;
-        }
-        s = adamw ? adamw_update(o, &o->slots[i], pa, be, g, lr)
-                  : sgd_update(o, &o->slots[i], pa, be, g, lr);
+        if (!be) return anneal_last_status();
+        /* Per-parameter scope for temporaries (contiguous grad copy, SGD terms), so
+         * the transient memory is a few copies of the largest parameter at most. */
+        anneal_scope *tmp = anneal_scope_open();
+        if (!tmp) return anneal_last_status();
+        if (!(g = contiguous_grad(be, g))) s = anneal_last_status();
+        else if (adamw) s = adamw_update(o, &o->slots[i], pa, be, g, lr);
+        else s = sgd_update(o, &o->slots[i], pa, be, g, lr);
+        anneal_scope_close(tmp);
     }
-    anneal_scope_close(tmp);
     if (s == ANNEAL_OK) o->step_count++;
     return s;
 }

@@ -116,7 +116,8 @@ static void check_shape(bool rms, int64_t N, int64_t C, float offset, float eps)
 }
 
 /* Shapes: single row, single column, C below/at/above 16 lanes, C not a multiple of
- * 16 or of the 32-column gradient block, sizes below and above the threading cutoff. */
+ * 16 or of the 64-column gradient block, N past the 64-row gradient chunks, sizes
+ * below and above the threading cutoff. */
 TEST(layer_norm_matches_reference) {
     static const int64_t shapes[][2] = {{1, 1},  {1, 7},   {3, 16},  {5, 33},
                                         {4, 1},  {37, 100}, {300, 70}, {64, 768}};

@@ -46,6 +46,7 @@ static float *entry_f32(const anneal_safetensors *st, const char *name, int64_t 
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *t = anneal_safetensors_load(st, name, ANNEAL_F32);
     float *out = NULL;
+    *n = 0;
     if (t) {
         *n = anneal_numel(t);
         out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
@@ -71,7 +72,7 @@ TEST(forward_and_gradients_match_pytorch) {
     anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
     anneal_tensor *logits = anneal_gpt2_forward(m, ids);
     REQUIRE(logits);
-    int64_t n;
+    int64_t n = 0;
     float *ref = entry_f32(st, "logits", &n);
     CHECK_TRUE(n == anneal_numel(logits));
     float *got = tensor_f32(logits);
@@ -106,12 +107,12 @@ TEST(forward_and_gradients_match_pytorch) {
 /* Runs the fixture's 10 training steps; losses and norms out (10 each). */
 static bool train_10(anneal_gpt2 *m, const anneal_safetensors *st, float *losses, float *norms) {
     anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
-    oc.beta1 = 0.9f;
-    oc.beta2 = 0.95f;
-    oc.eps = 1e-8f;
-    oc.weight_decay = 0.1f;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95;
+    oc.eps = 1e-8;
+    oc.weight_decay = 0.1;
     anneal_optimizer *opt = anneal_optimizer_new(m->params, oc);
-    anneal_schedule sch = {.kind = ANNEAL_SCHED_COSINE, .max_lr = 1e-2f, .min_lr = 1e-3f,
+    anneal_schedule sch = {.kind = ANNEAL_SCHED_COSINE, .max_lr = 1e-2, .min_lr = 1e-3,
                            .warmup_steps = 3, .total_steps = 10};
     bool ok = opt != NULL;
     for (int step = 0; step < 10 && ok; step++) {
@@ -137,7 +138,7 @@ TEST(ten_adamw_steps_match_pytorch) {
     REQUIRE(m);
     float losses[10], norms[10];
     REQUIRE(train_10(m, st, losses, norms));
-    int64_t n;
+    int64_t n = 0;
     float *ref_l = entry_f32(st, "losses", &n), *ref_n = entry_f32(st, "grad_norms", &n);
     CHECK_ALLCLOSE(losses, ref_l, 10, 0.0, 1e-4);
     CHECK_ALLCLOSE(norms, ref_n, 10, 0.0, 1e-4);
