@@ -20,7 +20,7 @@ build: $(BUILD)/CMakeCache.txt
 
 # A short GPT-2 training run on synthetic tokens: prints the falling loss.
 demo: bootstrap build
-	./$(BUILD)/anneal train --model tiny --synthetic --steps 60 --batch 8 --seq 64 --lr 3e-3 --warmup 10
+	./$(BUILD)/anneal train --model tiny --synthetic --steps 150 --batch 16 --seq 64 --lr 1e-2 --warmup 10 --log-every 10
 
 # The test suite (Release build), then the same suite under ASan + UBSan.
 test: bootstrap build

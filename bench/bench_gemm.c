@@ -6,7 +6,8 @@
  *       src/cpu/cpu_features.c -lm -o /tmp/bench_gemm && /tmp/bench_gemm
  *
  * Options: --quick (fewer shapes and runs), --isa portable|avx512, --threads N (only N),
- *          --shape M,N,K (only that shape, all transposes), --best (fastest run, not median),
+ *          --shape M,N,K (only that shape, all transposes), --batched (only the batched
+ *          lines), --best (fastest run, not median),
  *          --cputime (process CPU time / threads instead of wall time: steadier on a shared
  *          machine, but counts barrier spinning as work).
  * Each figure is the median of several timed runs after 0.1 s of warm-up; FLOPs = 2*M*N*K.
@@ -98,7 +99,7 @@ static double time_batched(int64_t batch, int64_t T, int64_t D, const float *A, 
 }
 
 int main(int argc, char **argv) {
-    bool quick = false;
+    bool quick = false, only_batched = false;
     int only_threads = 0;
     shape custom = {0, 0, 0, "custom"};
     for (int i = 1; i < argc; i++) {
@@ -106,6 +107,8 @@ int main(int argc, char **argv) {
             quick = true;
         } else if (!strcmp(argv[i], "--best")) {
             use_best = true;
+        } else if (!strcmp(argv[i], "--batched")) {
+            only_batched = true;
         } else if (!strcmp(argv[i], "--cputime")) {
             use_cputime = true;
         } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -123,13 +126,16 @@ int main(int argc, char **argv) {
             custom = (shape){m, n, k, "custom"};
         } else {
             fprintf(stderr, "usage: %s [--quick] [--isa portable|avx512] [--threads N] "
-                            "[--shape M,N,K] [--best] [--cputime]\n", argv[0]);
+                            "[--shape M,N,K] [--best] [--cputime] [--batched]\n", argv[0]);
             return 1;
         }
     }
     const int runs = quick ? 3 : 7;
     const shape *shapes = custom.M ? &custom : SHAPES;
-    const int nshapes = custom.M ? 1 : quick ? 7 : (int)(sizeof SHAPES / sizeof SHAPES[0]);
+    const int nshapes = only_batched ? 0
+                        : custom.M ? 1
+                        : quick    ? 7
+                                   : (int)(sizeof SHAPES / sizeof SHAPES[0]);
     const int max_threads = omp_get_max_threads();
 
     size_t maxa = 0, maxb = 0, maxc = 0;
@@ -140,9 +146,9 @@ int main(int argc, char **argv) {
         if (b > maxb) maxb = b;
         if (c > maxc) maxc = c;
     }
-    float *A = aligned_alloc(64, (maxa * 4 + 63) & ~(size_t)63);
-    float *B = aligned_alloc(64, (maxb * 4 + 63) & ~(size_t)63);
-    float *C = aligned_alloc(64, (maxc * 4 + 63) & ~(size_t)63);
+    float *A = aligned_alloc(64, (maxa * 4 + 64) & ~(size_t)63);
+    float *B = aligned_alloc(64, (maxb * 4 + 64) & ~(size_t)63);
+    float *C = aligned_alloc(64, (maxc * 4 + 64) & ~(size_t)63);
     if (!A || !B || !C) return 1;
     fill(A, maxa, 1);
     fill(B, maxb, 2);

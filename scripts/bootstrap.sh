@@ -4,7 +4,7 @@
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 
-PACKAGES=(build-essential cmake pkg-config libcjson-dev)
+PACKAGES=(build-essential cmake pkg-config libcjson-dev libpcre2-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

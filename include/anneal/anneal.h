@@ -10,5 +10,6 @@
 #include "anneal/nn.h"
 #include "anneal/optim.h"
 #include "anneal/models.h"
+#include "anneal/data.h"
 
 #endif

@@ -30,6 +30,7 @@ static bool set_value(const char *cmd, cli_flag *f, const char *v) {
         break;
     }
     case ARG_STRING: *(const char **)f->dst = v; break;
+    case ARG_LIST: break; /* filled by the caller */
     case ARG_BOOL:
         if (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)f->dst = true;
         else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
@@ -43,10 +44,30 @@ static bool set_value(const char *cmd, cli_flag *f, const char *v) {
     return true;
 }
 
+static bool list_push(cli_list *l, const char *v) {
+    const char **it = realloc(l->items, (size_t)(l->n + 1) * sizeof *it);
+    if (!it) return false;
+    l->items = it;
+    l->items[l->n++] = v;
+    return true;
+}
+
 bool cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags, int n_flags) {
+    return cli_parse_ex(cmd, argc, argv, flags, n_flags, NULL);
+}
+
+bool cli_parse_ex(const char *cmd, int argc, char **argv, cli_flag *flags, int n_flags,
+                  cli_list *positional) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0) {
+        if (strncmp(a, "--", 2) != 0 || !strcmp(a, "-")) {
+            if (positional) {
+                if (!list_push(positional, a)) {
+                    fprintf(stderr, "anneal %s: out of memory\n", cmd);
+                    return false;
+                }
+                continue;
+            }
             fprintf(stderr, "anneal %s: unexpected argument '%s' (flags start with --)\n", cmd, a);
             return false;
         }
@@ -58,6 +79,18 @@ bool cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags, int n_fl
         if (!f) {
             fprintf(stderr, "anneal %s: unknown flag --%.*s (see anneal %s --help)\n", cmd, (int)len, name, cmd);
             return false;
+        }
+        if (f->kind == ARG_LIST) {
+            cli_list *l = f->dst;
+            if (eq && !list_push(l, eq + 1)) return false;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+                if (!list_push(l, argv[++i])) return false;
+            if (l->n == 0) {
+                fprintf(stderr, "anneal %s: --%s needs at least one value\n", cmd, f->name);
+                return false;
+            }
+            f->seen = true;
+            continue;
         }
         const char *v = eq ? eq + 1 : NULL;
         if (!v && f->kind == ARG_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) v = "on";

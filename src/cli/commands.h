@@ -5,5 +5,9 @@
 
 int anneal_cmd_train(int argc, char **argv);
 int anneal_cmd_info(int argc, char **argv);
+int anneal_cmd_tokenize(int argc, char **argv);      /* cmd_tokenize.c */
+int anneal_cmd_tokenizer(int argc, char **argv);     /* cmd_tokenizer.c: "tokenizer train" */
+int anneal_cmd_prepare(int argc, char **argv);       /* cmd_prepare.c */
+int anneal_cmd_inspect(int argc, char **argv);       /* cmd_inspect.c */
 
 #endif
