@@ -11,5 +11,6 @@
 #include "anneal/optim.h"
 #include "anneal/models.h"
 #include "anneal/data.h"
+#include "anneal/checkpoint.h"
 
 #endif

@@ -22,8 +22,9 @@ typedef struct anneal_loader_config {
 
 /* Where a loader is: enough to continue with the identical next batch. */
 typedef struct anneal_loader_cursor {
-    uint64_t epoch;    /* epoch of the next global window */
-    uint64_t index;    /* position of the next global window within that epoch's order */
+    uint64_t epoch;    /* epoch of the next step's first global window (same on every rank) */
+    uint64_t index;    /* its position in that epoch's order; resuming with another B or
+                        * world continues from this data position */
     uint64_t step;     /* batches served so far */
 } anneal_loader_cursor;
 

@@ -63,6 +63,47 @@ int64_t anneal_gpt2_num_params(const anneal_gpt2 *m);
 /* Training FLOPs per token: 6N + 12*L*T*C (forward + backward, PaLM appendix B). */
 double anneal_gpt2_flops_per_token(const anneal_gpt2 *m, int64_t T);
 
+/* ------------------------------------------------------------ generation */
+
+/* Keys and values of every layer for the positions seen so far, so each new token
+ * costs one position of attention instead of the whole prefix. */
+typedef struct anneal_gpt2_kv_cache anneal_gpt2_kv_cache;
+
+/* A cache for `batch` sequences of up to max_len (<= n_ctx) positions. */
+anneal_gpt2_kv_cache *anneal_gpt2_kv_cache_new(const anneal_gpt2 *m, int64_t batch, int64_t max_len);
+void anneal_gpt2_kv_cache_free(anneal_gpt2_kv_cache *kv);
+/* Forgets every position. */
+void anneal_gpt2_kv_cache_reset(anneal_gpt2_kv_cache *kv);
+/* Positions cached so far. */
+int64_t anneal_gpt2_kv_cache_len(const anneal_gpt2_kv_cache *kv);
+/* Logits (B, T_new, vocab) of ids (B, T_new) placed after the cached positions, which
+ * then include them. No autograd. Equals the last T_new rows of anneal_gpt2_forward on
+ * the whole sequence. Exceeding max_len is ANNEAL_ERR_SHAPE. */
+anneal_tensor *anneal_gpt2_forward_cached(anneal_gpt2 *m, anneal_gpt2_kv_cache *kv, anneal_tensor *ids);
+
+typedef struct anneal_sampler_config {
+    float temperature; /* <= 0: greedy (argmax) */
+    int top_k;         /* keep the k most likely (0 = all) */
+    float top_p;       /* keep the smallest set with probability >= top_p (1 = all) */
+    uint64_t seed;     /* with the token position, picks the random number: reproducible */
+} anneal_sampler_config;
+
+/* Picks an id from V logits: temperature, then top-k, then top-p (nucleus), then a
+ * draw with Philox(seed, position). Deterministic for equal inputs. */
+int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sampler_config *cfg,
+                             uint64_t position);
+
+/* Called with each generated id; return false to stop. */
+typedef bool (*anneal_token_fn)(int32_t id, void *user);
+
+/* Generates up to max_new ids after the prompt with a KV cache, calling on_token for
+ * each; stops early at stop_id (if >= 0; not passed to on_token) or when on_token
+ * returns false. When the sequence reaches n_ctx, the cache is rebuilt from the last
+ * n_ctx/2 tokens and generation continues. Runs under no-grad. */
+anneal_status anneal_gpt2_generate(anneal_gpt2 *m, const int32_t *prompt, int64_t n_prompt,
+                                   int64_t max_new, const anneal_sampler_config *cfg,
+                                   int32_t stop_id, anneal_token_fn on_token, void *user);
+
 #ifdef __cplusplus
 }
 #endif

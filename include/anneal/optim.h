@@ -37,6 +37,13 @@ int64_t anneal_optimizer_step_count(const anneal_optimizer *o);
 /* State tensor of parameter i: "exp_avg", "exp_avg_sq" (AdamW), "momentum" (SGD), or
  * NULL if not created yet. For checkpoints. */
 anneal_tensor *anneal_optimizer_state(const anneal_optimizer *o, int i, const char *which);
+/* Creates every missing state tensor (zero-filled) now, so a checkpoint can be restored
+ * into them. */
+anneal_status anneal_optimizer_init_state(anneal_optimizer *o);
+/* Parameter i's own step count (for bias correction) and setters used by resume. */
+int64_t anneal_optimizer_param_steps(const anneal_optimizer *o, int i);
+anneal_status anneal_optimizer_set_param_steps(anneal_optimizer *o, int i, int64_t steps);
+anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n);
 
 /* Scales all gradients so their global L2 norm is at most max_norm (PyTorch's
  * clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1). Writes the norm

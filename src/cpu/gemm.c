@@ -21,6 +21,8 @@
  * accumulating over k in the same order (kc-blocks in order, k in order inside a block,
  * the kc split depending only on K), so results are bit-identical for any thread count.
  *
+ * Single-row products (M == 1, generation) skip packing altogether: see "one row" below.
+ *
  * beta is applied by the first kc-block only (later blocks accumulate with beta = 1), so
  * beta == 0 never reads C. The per-thread pack buffers are cached thread-locally and grow
  * to the largest block seen ((kc x nc + mc x kc) floats, about 3.4 MiB with AVX-512). */
@@ -34,19 +36,26 @@
 
 /* ------------------------------------------------------------ portable kernel */
 
-#define PORT_MR 6
+#define PORT_MR 4
 #define PORT_NR 16
 
-/* Portable micro-kernel over a 6 x 16 tile: plain C loops with constant trip counts that
- * the compiler vectorises (the 16-wide row of B is one or a few vector registers). */
+/* Portable micro-kernel over a 4 x 16 tile: plain C whose loops have constant trip counts
+ * and are fully unrolled, so the compiler keeps the 64 accumulators in vector registers
+ * (16 SSE registers on baseline x86-64: ~30 GFLOP/s per core here; wider with -march).
+ * Larger tiles spill on baseline x86-64. */
 static void kernel_portable(int64_t kc, const float *restrict ap, const float *restrict bp,
                             float *restrict c, int64_t ldc, int m, int n, float alpha,
                             float beta) {
     float acc[PORT_MR][PORT_NR];
-    memset(acc, 0, sizeof acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < PORT_MR; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < PORT_NR; j++) acc[i][j] = 0.0f;
     for (int64_t k = 0; k < kc; k++) {
+#pragma GCC unroll 4
         for (int i = 0; i < PORT_MR; i++) {
             const float a = ap[i];
+#pragma GCC unroll 16
             for (int j = 0; j < PORT_NR; j++) acc[i][j] += a * bp[j];
         }
         ap += PORT_MR;
@@ -102,13 +111,14 @@ static void pack_portable(const float *src, int64_t stride, bool lanes_contig, i
     }
 }
 
-/* Blocking for the portable kernel: smaller panels (6 x 16) and the same cache targets. */
+/* Blocking for the portable kernel: B micro-panel 256 x 16 floats = 16 KiB in L1, A block
+ * 256 x 256 floats = 256 KiB in L2, B block 256 x 3072 floats = 3 MiB in L3. */
 static const anneal_gemm_isa isa_portable = {
     .name = "portable",
     .mr = PORT_MR,
     .nr = PORT_NR,
     .kc = 256,
-    .mc = 48 * PORT_MR,
+    .mc = 256,
     .nc = 3072,
     .kernel = kernel_portable,
     .pack = pack_portable,
@@ -308,6 +318,75 @@ static void sgemm_parallel(const anneal_gemm_isa *isa, int nt, bool ta, bool tb,
     }
 }
 
+/* ------------------------------------------------------------ one row */
+
+/* With M == 1 (token-by-token generation), packing B would cost more than the product
+ * (it reads and writes all of B for 2 flops per element), so these products stream B once,
+ * unpacked, with threads splitting the columns:
+ *   op(B) = B^T (B stored N x K, a Linear weight): each C element is a dot product of two
+ *     contiguous rows;
+ *   op(B) = B (B stored K x N): C accumulates a[k] * B[k, j0:j1] over k, in column chunks
+ *     of at most ROW_COLS (long contiguous reads of B, the chunk of C stays in L1).
+ * Both accumulate in a fixed order that does not depend on the thread count. The loops are
+ * plain C that the compiler vectorises; the product is memory bound either way. */
+#define DOT_LANES 16
+#define ROW_COLS 4096
+
+/* Dot product of n floats in a fixed order: DOT_LANES interleaved partial sums (a loop the
+ * compiler vectorises without reassociating), then a pairwise tree over the lanes. */
+static float dot_fixed(const float *restrict a, const float *restrict b, int64_t n) {
+    float s[DOT_LANES] = {0};
+    int64_t k = 0;
+    for (; k + DOT_LANES <= n; k += DOT_LANES)
+#pragma GCC unroll 16
+        for (int l = 0; l < DOT_LANES; l++) s[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < n; l++) s[l] += a[k + l] * b[k + l];
+    for (int w = DOT_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) s[l] += s[l + w];
+    return s[0];
+}
+
+/* c = alpha * acc + beta * c, not reading c when beta == 0. */
+static inline void store_c(float *c, float acc, float alpha, float beta) {
+    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+}
+
+/* The product for M == 1 with nt threads (see above). op(A) is the row a[k] = A[k] (or
+ * A[k*lda] when transposed, gathered into a buffer first). */
+static void sgemm_one_row(int nt, bool ta, bool tb, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                          float *C) {
+    const float *a = A;
+    if (ta && lda != 1) {
+        float *buf = pack_buffer(1, (size_t)K);
+        if (!buf) {
+            sgemm_unpacked(ta, tb, 1, N, K, alpha, A, lda, B, ldb, beta, C, N);
+            return;
+        }
+        for (int64_t k = 0; k < K; k++) buf[k] = A[k * lda];
+        a = buf;
+    }
+    if (tb) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (int64_t j = 0; j < N; j++) store_c(C + j, dot_fixed(a, B + j * ldb, K), alpha, beta);
+        return;
+    }
+    /* Column chunks: at most ROW_COLS, and at least one per thread. */
+    const int64_t cols = min64(ROW_COLS, (ceil_div(N, nt) + 15) & ~(int64_t)15);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t j0 = 0; j0 < N; j0 += cols) {
+        const int64_t w = min64(cols, N - j0);
+        float acc[ROW_COLS];
+        for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            const float ak = a[k];
+            const float *restrict b = B + k * ldb + j0;
+            for (int64_t j = 0; j < w; j++) acc[j] += ak * b[j];
+        }
+        for (int64_t j = 0; j < w; j++) store_c(C + j0 + j, acc[j], alpha, beta);
+    }
+}
+
 /* C = alpha * op(A) @ op(B) + beta * C (see cpu_kernels.h). */
 void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
@@ -317,8 +396,12 @@ void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    sgemm_parallel(gemm_isa(), gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda,
-                   B, ldb, beta, C, ldc);
+    const int nt = gemm_threads(M, N, K);
+    if (M == 1)
+        sgemm_one_row(nt, trans_a, trans_b, N, K, alpha, A, lda, B, ldb, beta, C);
+    else
+        sgemm_parallel(gemm_isa(), nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                       ldc);
 }
 
 /* `batch` independent GEMMs (see cpu_kernels.h). Many small products run one per thread

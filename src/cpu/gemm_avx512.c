@@ -31,8 +31,8 @@ A512_TARGET static inline __mmask16 first_lanes(int n) {
 /* C[0:m, 0:n] = alpha * (ap @ bp) + beta * C for an 8 x 32 tile (see gemm_internal.h).
  * Edge tiles use masked loads/stores with the same arithmetic as full tiles. */
 A512_TARGET static void kernel_8x32(int64_t kc, const float *restrict ap,
-                                     const float *restrict bp, float *restrict c, int64_t ldc,
-                                     int m, int n, float alpha, float beta) {
+                                    const float *restrict bp, float *restrict c, int64_t ldc,
+                                    int m, int n, float alpha, float beta) {
     __m512 acc[A512_MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < A512_MR; i++) {

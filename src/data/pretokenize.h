@@ -8,9 +8,17 @@
 
 #include <stddef.h>
 
-/* GPT-2's pre-tokenisation regex. */
-#define ANNEAL_GPT2_PATTERN \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* GPT-2's pre-tokenisation regex,
+ *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * with \s spelled out as JavaScript's (the reference encoder, gpt-3-encoder, runs it as a
+ * JS regex with the u flag): tab, LF, VT, FF, CR, space, U+00A0, U+1680, U+2000-U+200A,
+ * U+2028, U+2029, U+202F, U+205F, U+3000, U+FEFF. PCRE2's own \s differs: it adds U+0085
+ * and U+180E and lacks U+FEFF (a byte order mark), which changes the pieces. \S is
+ * [^ANNEAL_JS_SPACE]. */
+#define ANNEAL_JS_SPACE "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
+#define ANNEAL_GPT2_PATTERN                                                                     \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" ANNEAL_JS_SPACE "\\p{L}\\p{N}]+|[" ANNEAL_JS_SPACE \
+    "]+(?![^" ANNEAL_JS_SPACE "])|[" ANNEAL_JS_SPACE "]+"
 
 typedef struct anneal_pretokenizer anneal_pretokenizer;
 

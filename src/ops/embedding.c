@@ -6,39 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Writes "[i, j, k]", the multi-index of row-major position pos in t's shape, into buf. */
-static const char *index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
-    int64_t idx[ANNEAL_MAX_DIMS];
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
-        pos = t->shape[d] ? pos / t->shape[d] : 0;
-    }
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < t->ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
 /* Checks every id of the contiguous i32 tensor ids is in [0, V); reads device memory
  * through the backend. Records ANNEAL_ERR_ARG naming the first bad id, its position
  * and V. */
 static bool check_ids(const anneal_backend *be, const anneal_tensor *ids, int64_t V) {
     int64_t n = anneal_numel(ids);
-    const int32_t *h = anneal_data(ids);
-    int32_t *copy = NULL;
-    if (ids->device != ANNEAL_CPU && n > 0) {
-        copy = malloc((size_t)n * sizeof *copy);
-        if (!copy) {
-            anneal_set_error(ANNEAL_ERR_OOM, "embedding: out of memory checking %lld ids", (long long)n);
-            return false;
-        }
-        if (be->to_host(copy, h, (size_t)n * sizeof *copy) != ANNEAL_OK) {
-            free(copy);
-            return false;
-        }
-        h = copy;
-    }
+    void *copy = NULL;
+    const int32_t *h = anneal_ops_host_view(be, ids, sizeof(int32_t), &copy);
+    if (!h) return false;
     bool ok = true;
     for (int64_t i = 0; i < n; i++) {
         if (h[i] < 0 || h[i] >= V) {
@@ -46,7 +21,7 @@ static bool check_ids(const anneal_backend *be, const anneal_tensor *ids, int64_
             anneal_set_error(ANNEAL_ERR_ARG,
                              "embedding: id %d at position %s (flat index %lld) is outside [0, V) "
                              "with V = %lld",
-                             (int)h[i], index_str(ids, i, pos, sizeof pos), (long long)i, (long long)V);
+                             (int)h[i], anneal_ops_index_str(ids, i, pos, sizeof pos), (long long)i, (long long)V);
             ok = false;
             break;
         }

@@ -8,40 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Writes "[i, j]", the multi-index of row-major position pos in t's shape, into buf. */
-static const char *index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
-    int64_t idx[ANNEAL_MAX_DIMS];
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
-        pos = t->shape[d] ? pos / t->shape[d] : 0;
-    }
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < t->ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
-/* n elements (elem bytes each) of contiguous t readable on the host: t's own data on
- * the CPU, else a malloc'd copy stored in *owned (freed by the caller). */
-static const void *host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
-                             void **owned) {
-    *owned = NULL;
-    int64_t n = anneal_numel(t);
-    if (t->device == ANNEAL_CPU || n == 0) return anneal_data(t);
-    void *p = malloc((size_t)n * elem);
-    if (!p) {
-        anneal_set_error(ANNEAL_ERR_OOM, "cross_entropy: out of memory reading %lld values", (long long)n);
-        return NULL;
-    }
-    if (be->to_host(p, anneal_data(t), (size_t)n * elem) != ANNEAL_OK) {
-        free(p);
-        return NULL;
-    }
-    *owned = p;
-    return p;
-}
-
 /* dlogits = (dloss / count) * (softmax - onehot) on kept rows, 0 on ignored ones;
  * saved: logits (contiguous), targets (contiguous), lse (N); ints: count, ignore_index. */
 static anneal_status cross_entropy_backward(anneal_node *node, anneal_tensor *const *gout,
@@ -88,7 +54,7 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
 
     /* Validate the targets on the host and count the kept rows. */
     void *owned_t;
-    const int32_t *t = host_view(be, tc, sizeof(int32_t), &owned_t);
+    const int32_t *t = anneal_ops_host_view(be, tc, sizeof(int32_t), &owned_t);
     if (!t) return NULL;
     int64_t count = 0;
     for (int64_t i = 0; i < N; i++) {
@@ -97,7 +63,7 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
             anneal_set_error(ANNEAL_ERR_ARG,
                              "cross_entropy: target %d at position %s (flat index %lld) is outside "
                              "[0, V) with V = %lld and is not ignore_index (%d)",
-                             (int)t[i], index_str(targets, i, b1, sizeof b1), (long long)i,
+                             (int)t[i], anneal_ops_index_str(targets, i, b1, sizeof b1), (long long)i,
                              (long long)V, (int)ignore_index);
             free(owned_t);
             return NULL;
@@ -113,7 +79,7 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
     }
     /* Mean over kept rows, in double and in row order (0 when every row is ignored). */
     void *owned_l;
-    const float *l = host_view(be, loss, sizeof(float), &owned_l);
+    const float *l = anneal_ops_host_view(be, loss, sizeof(float), &owned_l);
     if (!l) {
         free(owned_t);
         return NULL;

@@ -1,6 +1,8 @@
 /* Shared argument checks and broadcasting helpers for ops (see ops_internal.h). */
 #include "ops_internal.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const anneal_backend *anneal_ops_backend(const char *name, int n, anneal_tensor *const *inputs) {
@@ -105,4 +107,35 @@ anneal_tensor *anneal_ops_contiguous_raw(anneal_tensor *t) {
 
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t) {
     return anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
+}
+
+const char *anneal_ops_index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
+    int64_t idx[ANNEAL_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
+        pos = t->shape[d] ? pos / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
+                                 void **owned) {
+    *owned = NULL;
+    int64_t n = anneal_numel(t);
+    if (t->device == ANNEAL_CPU || n == 0) return anneal_data(t);
+    void *p = malloc((size_t)n * elem);
+    if (!p) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory reading %lld values to the host", (long long)n);
+        return NULL;
+    }
+    if (be->to_host(p, anneal_data(t), (size_t)n * elem) != ANNEAL_OK) {
+        free(p);
+        return NULL;
+    }
+    *owned = p;
+    return p;
 }

@@ -25,6 +25,13 @@ anneal_tensor *anneal_ops_expand(const anneal_tensor *t, int ndim, const int64_t
 anneal_tensor *anneal_ops_sum_to(const anneal_tensor *g, int ndim, const int64_t *shape);
 /* A contiguous version of t without recording autograd (t itself if contiguous). */
 anneal_tensor *anneal_ops_contiguous_raw(anneal_tensor *t);
+/* Writes "[i, j, k]", the multi-index of row-major position pos in t's shape. */
+const char *anneal_ops_index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n);
+/* The numel(t) elements (elem bytes each) of contiguous t readable on the host: t's own
+ * data on the CPU, else a malloc'd copy stored in *owned (the caller frees it). NULL +
+ * error on failure. */
+const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
+                                 void **owned);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
 

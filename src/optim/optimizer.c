@@ -311,3 +311,58 @@ anneal_tensor *anneal_optimizer_state(const anneal_optimizer *o, int i, const ch
     if (i >= o->n_slots) return NULL;
     return k == 0 ? o->slots[i].s0 : o->slots[i].s1;
 }
+
+/* The configuration the optimizer was made with (checkpoints record it). */
+anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o) {
+    if (!o) return anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
+    return o->cfg;
+}
+
+/* Creates, zero-filled, every state tensor the kind needs (AdamW: exp_avg and
+ * exp_avg_sq; SGD with momentum: the momentum buffer; plain SGD: none) that does not
+ * exist yet, for every registered parameter. Existing state is kept. A zero buffer
+ * with a step count of 0 behaves exactly like lazily created state. */
+anneal_status anneal_optimizer_init_state(anneal_optimizer *o) {
+    if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_init_state: NULL optimizer");
+    if (!grow_slots(o)) return anneal_last_status();
+    bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
+    bool need_buf = adamw || o->cfg.momentum != 0;
+    for (int i = 0; i < o->ps->n; i++) {
+        const anneal_tensor *p = o->ps->items[i].tensor;
+        optim_slot *sl = &o->slots[i];
+        if (need_buf && !sl->s0 && !(sl->s0 = new_state(o, p))) return anneal_last_status();
+        if (adamw && !sl->s1 && !(sl->s1 = new_state(o, p))) return anneal_last_status();
+    }
+    return ANNEAL_OK;
+}
+
+/* Parameter i's update count (0 before its first update); -1 + ANNEAL_ERR_ARG for a
+ * bad optimizer or index. */
+int64_t anneal_optimizer_param_steps(const anneal_optimizer *o, int i) {
+    if (!o || i < 0 || i >= o->ps->n) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_param_steps: bad optimizer or index %d", i);
+        return -1;
+    }
+    return i < o->n_slots ? o->slots[i].steps : 0;
+}
+
+/* Sets parameter i's update count (resume); steps must be >= 0. */
+anneal_status anneal_optimizer_set_param_steps(anneal_optimizer *o, int i, int64_t steps) {
+    if (!o || i < 0 || i >= o->ps->n)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_set_param_steps: bad optimizer or index %d", i);
+    if (steps < 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_set_param_steps: negative step count %lld",
+                                (long long)steps);
+    if (!grow_slots(o)) return anneal_last_status();
+    o->slots[i].steps = steps;
+    return ANNEAL_OK;
+}
+
+/* Sets the optimizer's own step count (resume); n must be >= 0. */
+anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n) {
+    if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_set_step_count: NULL optimizer");
+    if (n < 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_set_step_count: negative count %lld", (long long)n);
+    o->step_count = n;
+    return ANNEAL_OK;
+}

@@ -81,8 +81,8 @@ static int64_t count_bad(const char *what, int64_t M, int64_t N, int64_t K, cons
     return bad;
 }
 
-/* Runs one product with random operands (leading dims padded by `pad`) and checks it
- * against the reference. Returns the number of bad elements. */
+/* Runs one product with random operands (leading dims padded by `pad` NaN columns) and
+ * checks it against the reference. Returns the number of bad elements. */
 static int64_t check_one(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                          float beta, int64_t pad, bool nan_c) {
     const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -91,6 +91,11 @@ static int64_t check_one(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
     float *C = rand_buf(M * ldc, nan_c && beta == 0.0f);
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = N; j < ldc; j++) C[i * ldc + j] = 1234.5f;
+    /* NaN in the leading-dim padding of A and B: any read of it into a used lane shows. */
+    for (int64_t r = 0; r < arows; r++)
+        for (int64_t j = lda - pad; j < lda; j++) A[r * lda + j] = NAN;
+    for (int64_t r = 0; r < brows; r++)
+        for (int64_t j = ldb - pad; j < ldb; j++) B[r * ldb + j] = NAN;
     double *ref = malloc(sizeof(double) * (size_t)(M * N > 0 ? M * N : 1));
     double *scale = malloc(sizeof(double) * (size_t)(M * N > 0 ? M * N : 1));
     reference(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ref, scale);
@@ -155,11 +160,12 @@ TEST(small_and_edge_sizes) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
-/* Shapes larger than every block: M > mc and > mb (2048), N > nc (3072), K > kc (several
- * depth blocks, with a ragged last one), with padded leading dims. */
+/* Shapes larger than every block (AVX-512: mc 384, nc 3072, kc 256; portable: mc 256):
+ * several row blocks, several column blocks, several depth blocks with ragged ends, with
+ * padded leading dims. */
 TEST(larger_than_blocks) {
     static const int64_t shapes[][3] = {
-        {350, 70, 600}, {2100, 40, 20}, {15, 3100, 270}, {97, 131, 513}, {29, 45, 1}};
+        {400, 70, 600}, {2100, 40, 20}, {15, 3100, 270}, {97, 131, 513}, {29, 45, 1}};
     int isas[2], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
@@ -187,6 +193,7 @@ TEST(alpha_beta) {
                 for (int b = 0; b < 4; b++) {
                     bad += check_one(t >> 1, t & 1, 37, 45, 300, alphas[a], betas[b], 3, true);
                     bad += check_one(t >> 1, t & 1, 5, 3, 7, alphas[a], betas[b], 0, true);
+                    bad += check_one(t >> 1, t & 1, 1, 300, 70, alphas[a], betas[b], 2, true);
                 }
         CHECK(bad == 0, "%lld bad elements (%s)", (long long)bad, anneal_cpu_sgemm_isa_name());
     }
@@ -267,14 +274,16 @@ TEST(batched) {
 }
 
 /* Same bits with 1 and 2 threads (and the batched path equal to single calls), for shapes
- * that split over N, over M, and over several depth blocks with ragged edges. */
+ * that split over N, over M, over several depth blocks with ragged edges, and the
+ * single-row (M == 1) path. */
 TEST(deterministic_across_threads) {
-    static const int64_t shapes[][3] = {{300, 700, 530}, {700, 20, 300}, {64, 3100, 100}};
+    static const int64_t shapes[][3] = {
+        {300, 700, 530}, {700, 20, 300}, {64, 3100, 100}, {1, 20000, 300}};
     const int saved = omp_get_max_threads();
     int isas[2], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
-        for (int c = 0; c < 3; c++)
+        for (int c = 0; c < 4; c++)
             for (int t = 0; t < 4; t++) {
                 bool ta = t >> 1, tb = t & 1;
                 const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];

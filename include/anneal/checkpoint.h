@@ -1,0 +1,77 @@
+/* anneal checkpoints: a directory per checkpoint holding the model in Hugging Face
+ * GPT-2 layout (model.safetensors + config.json, loadable by transformers), the
+ * optimizer state (optimizer.safetensors) and state.json (step, RNG, loader cursor,
+ * tokenizer fingerprint, trainer config, anneal version, checksums of the tensor files).
+ * Written to a temporary directory, fsync'ed, renamed; a `latest` pointer is replaced
+ * atomically last; older checkpoints are pruned to `keep`. A crash at any moment leaves
+ * the previous checkpoint loadable. Layout in docs/FORMATS.md. */
+#ifndef ANNEAL_CHECKPOINT_H
+#define ANNEAL_CHECKPOINT_H
+
+#include "anneal/loader.h"
+#include "anneal/models.h"
+#include "anneal/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Everything besides tensors that a resumed run needs to continue bit for bit. */
+typedef struct anneal_train_state {
+    int64_t step;                   /* optimizer steps completed */
+    int64_t tokens;                 /* training tokens consumed */
+    anneal_rng_state rng;           /* global generator after the last step */
+    anneal_loader_cursor cursor;    /* training loader position after the last step */
+    uint64_t tokenizer_fingerprint; /* of the data the run trains on (0 if none) */
+    int64_t skipped_steps;          /* updates skipped for non-finite loss/gradients */
+    double best_val_loss;           /* NaN if never evaluated */
+} anneal_train_state;
+
+/* Writes checkpoint "<run_dir>/ckpt_<step, 8 digits>" synchronously: model, optimizer
+ * (may be NULL), state and the trainer's config (a JSON object text, stored verbatim in
+ * state.json under "config"). Then points run_dir/latest at it and prunes all but the
+ * newest `keep` (keep <= 0 keeps all). Errors (unwritable directory, full disk) leave
+ * existing checkpoints and `latest` untouched. */
+anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_gpt2 *m,
+                                     const anneal_optimizer *opt, const anneal_train_state *st,
+                                     const char *config_json, int keep);
+
+/* Background writer: save() snapshots the tensors into host buffers (the only time the
+ * caller waits) and returns; a thread writes the files. At most one write is in flight:
+ * save() first waits for the previous one. */
+typedef struct anneal_checkpointer anneal_checkpointer;
+anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep);
+anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_gpt2 *m,
+                                       const anneal_optimizer *opt, const anneal_train_state *st,
+                                       const char *config_json);
+/* Waits for the write in flight; returns its status (ANNEAL_OK if none). */
+anneal_status anneal_checkpointer_wait(anneal_checkpointer *c);
+/* Waits, then frees. */
+void anneal_checkpointer_free(anneal_checkpointer *c);
+
+/* Resolves a --resume / --init argument to a checkpoint directory: a checkpoint
+ * directory itself, or a run directory (its `latest`). Fails with a clear message if
+ * neither holds a complete checkpoint. */
+anneal_status anneal_checkpoint_resolve(const char *path, char *out, size_t out_len);
+/* Reads the checkpoint's model config (config.json) and trainer config text (malloc'd;
+ * may be NULL). Validates state.json and the checksums of the tensor files. */
+anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_gpt2_config *model_cfg,
+                                            char **config_json);
+/* Loads parameters into m (shapes must match: an incompatible model is refused with
+ * the mismatching tensor named), optimizer state into opt (may be NULL) and *st. */
+anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_gpt2 *m, anneal_optimizer *opt,
+                                     anneal_train_state *st);
+
+/* Hugging Face GPT-2 config.json <-> anneal_gpt2_config (n_layer, n_head, n_embd,
+ * vocab_size, n_positions/n_ctx, layer_norm_epsilon, *_pdrop). */
+anneal_status anneal_gpt2_config_from_hf_json(const char *path, anneal_gpt2_config *cfg);
+anneal_status anneal_gpt2_config_write_hf_json(const char *path, const anneal_gpt2_config *cfg);
+/* Loads weights from a Hugging Face GPT-2 safetensors file into m: keys with or without
+ * the "transformer." prefix, lm_head.weight optional when tied (it must equal wte if
+ * present), attn.bias / attn.masked_bias buffers ignored. */
+anneal_status anneal_gpt2_load_hf_safetensors(anneal_gpt2 *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

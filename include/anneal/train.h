@@ -1,0 +1,132 @@
+/* anneal train: the training loop behind `anneal train`. A run reads token shards
+ * (or synthetic tokens), trains a GPT-2 model with AdamW, gradient accumulation,
+ * clipping and an LR schedule, evaluates and samples now and then, writes JSON-lines
+ * logs and crash-safe checkpoints on a background thread, and resumes bit for bit.
+ *
+ * Settings are named exactly like the command-line flags ("batch", "min-lr", ...):
+ * anneal_train_config_set parses one flag value, anneal_train_config_apply_json a
+ * JSON object of them (a --config-file, or the config saved in a checkpoint), so the
+ * CLI, config files and resume all validate the same way. Log schema and run
+ * directory layout: docs/FORMATS.md. */
+#ifndef ANNEAL_TRAIN_H
+#define ANNEAL_TRAIN_H
+
+#include "anneal/checkpoint.h"
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every setting of a run. Strings are owned (malloc'd) by the config; NULL = unset. */
+typedef struct anneal_train_config {
+    /* model */
+    char *model;              /* preset name ("tiny", "d6", "124M", ...) */
+    char *config;             /* Hugging Face GPT-2 config.json */
+    char *init;               /* initial weights: HF GPT-2 safetensors or a checkpoint */
+    /* data */
+    char *data;               /* directory of train_*.bin / val_*.bin (+ prepare.json) */
+    char *tokenizer;          /* for samples; default: the one prepare.json names */
+    bool synthetic;           /* synthetic Markov-chain tokens instead of --data */
+    int64_t batch, seq, accum; /* B, T, K micro-batches per step */
+    int64_t steps, tokens;    /* length: steps, or tokens (steps = ceil(tokens / (K*B*T))) */
+    bool shuffle;
+    /* optimisation */
+    double lr, min_lr;        /* min_lr < 0: lr / 10 */
+    int64_t warmup;
+    char *schedule;           /* constant | cosine | linear | wsd */
+    double weight_decay, beta1, beta2, eps, clip;
+    double dropout;           /* < 0: the model config's (0 for presets) */
+    int64_t seed, threads;
+    bool recompute;
+    /* evaluation and samples */
+    int64_t eval_every, eval_batches;
+    int64_t sample_every, sample_tokens;
+    double sample_temperature;
+    char *sample_prompt;      /* NULL: start from the end-of-text token */
+    /* run directory, checkpoints, logs */
+    int64_t ckpt_every, keep;
+    char *out;                /* run directory; NULL: runs/<timestamp> */
+    bool resume;              /* continue the run in resume_dir (or out) */
+    char *resume_dir;
+    char *log_jsonl;          /* extra copy of the JSON-lines log */
+    int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
+    double peak_gflops;       /* MFU denominator; <= 0: measured at start */
+    int64_t log_every;        /* plain-text progress every N steps (not a terminal) */
+} anneal_train_config;
+
+/* The defaults (documented by anneal_train_options). */
+void anneal_train_config_init(anneal_train_config *c);
+/* Frees the strings (the struct itself is the caller's). */
+void anneal_train_config_free(anneal_train_config *c);
+/* Deep copy into *dst (which is overwritten, not freed). */
+anneal_status anneal_train_config_copy(anneal_train_config *dst, const anneal_train_config *src);
+
+/* One setting as a flag: name (without "--"), the kind of value, help text. */
+typedef enum anneal_opt_kind {
+    ANNEAL_OPT_INT,
+    ANNEAL_OPT_FLOAT,
+    ANNEAL_OPT_STRING,
+    ANNEAL_OPT_ONOFF,     /* on|off; a bare flag means on */
+    ANNEAL_OPT_OPTSTRING, /* a bare flag or a value (--resume [DIR]) */
+} anneal_opt_kind;
+
+typedef struct anneal_train_option {
+    const char *name;
+    anneal_opt_kind kind;
+    const char *help;
+} anneal_train_option;
+
+/* The table of settings, in help order; *n set to its length. */
+const anneal_train_option *anneal_train_options(int *n);
+/* The option called name, or NULL. */
+const anneal_train_option *anneal_train_option_find(const char *name);
+/* Parses value (NULL for a bare flag) into setting `name` with its range check.
+ * Errors are ANNEAL_ERR_ARG with a message naming the flag: "--steps: ...". */
+anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, const char *value);
+/* Applies a JSON object whose keys are setting names (numbers, strings, true/false,
+ * null = leave unset). `source` names the file in errors. Keys listed in skip (NULL-
+ * terminated, may be NULL) are ignored; unknown keys are errors. */
+anneal_status anneal_train_config_apply_json(anneal_train_config *c, const char *json,
+                                             const char *source, const char *const *skip);
+/* The config as a JSON object with the setting names as keys (malloc'd text). */
+char *anneal_train_config_to_json(const anneal_train_config *c);
+
+/* Asks a running anneal_train_run to stop after the current step, save a checkpoint
+ * and return (async-signal-safe: for SIGINT/SIGTERM handlers). */
+void anneal_train_request_stop(int signo);
+
+/* What a run did. */
+typedef struct anneal_train_result {
+    int64_t steps_done;       /* optimizer steps completed in total (incl. before a resume) */
+    int64_t tokens;           /* training tokens consumed in total */
+    int64_t skipped_steps;    /* non-finite steps skipped (total) */
+    double train_loss;        /* loss of the last step (NaN if none ran) */
+    double val_loss;          /* last validation loss (NaN if none) */
+    double seconds;           /* wall time of this invocation */
+    bool interrupted;         /* stopped by anneal_train_request_stop */
+    bool usage_error;         /* the failure is a bad setting (CLI exit code 2) */
+    char run_dir[4096];       /* where logs and checkpoints went */
+} anneal_train_result;
+
+/* Runs training as configured, printing progress to `out` (a live line when it is a
+ * terminal). Returns ANNEAL_OK after the last step or an interruption (with the final
+ * checkpoint written); an error otherwise, with anneal_last_error() saying what. */
+anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res);
+
+/* Finds the checkpoint a resume would continue from (the run directory resume_dir,
+ * else out, or a checkpoint directory) and returns the trainer config saved in it
+ * (malloc'd JSON text, may be NULL for a checkpoint saved without one), so a resumed
+ * run inherits its settings before command-line flags override them. */
+anneal_status anneal_train_resume_config(const anneal_train_config *c, char *ckpt_dir, size_t ckpt_dir_len,
+                                         char **config_json);
+
+/* Settings that a resumed run does not inherit from the saved config (where it runs,
+ * where it logs, how it was started): NULL-terminated. */
+extern const char *const anneal_train_resume_skip[];
+
+#ifdef __cplusplus
+}
+#endif
+#endif

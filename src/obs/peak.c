@@ -1,0 +1,102 @@
+/* Machine figures for the run summary and MFU: the peak FMA rate (measured, since
+ * the nominal clock of a shared or throttled CPU says little) and the peak RSS. */
+#include "anneal/obs.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The kernels run `iters` rounds of 12 independent FMA chains (enough to cover the
+ * 4-cycle latency on two FMA ports) and return a value that depends on every result,
+ * so the compiler keeps them. Flops per round: 12 chains x lanes x 2. */
+#define CHAINS 12
+
+__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters, float seed) {
+    __m512 acc[CHAINS];
+    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters, float seed) {
+    __m256 acc[CHAINS];
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps(seed + (float)c);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    __m256 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
+    float v[8];
+    _mm256_storeu_ps(v, s);
+    return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+static float fma_scalar(int64_t iters, float seed) {
+    float acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++) acc[c] = seed + (float)c;
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int c = 0; c < CHAINS; c++) s += acc[c];
+    return s;
+}
+
+double anneal_peak_gflops_measure(int threads, double seconds, const char **isa) {
+    __builtin_cpu_init();
+    int kind = __builtin_cpu_supports("avx512f") ? 2 : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+    int lanes = kind == 2 ? 16 : kind == 1 ? 8 : 1;
+    if (isa) *isa = kind == 2 ? "avx512 fma" : kind == 1 ? "avx2 fma" : "scalar";
+    if (threads <= 0) threads = omp_get_max_threads();
+    if (seconds <= 0) seconds = 0.05;
+    /* calibrate on one thread, then time all threads together on a fixed amount */
+    int64_t iters = 1 << 14;
+    double t;
+    volatile float sink = 0;
+    for (;;) {
+        double t0 = now_s();
+        sink += kind == 2 ? fma_avx512(iters, 1) : kind == 1 ? fma_avx2(iters, 1) : fma_scalar(iters, 1);
+        t = now_s() - t0;
+        if (t > seconds / 8 || iters > ((int64_t)1 << 40)) break;
+        iters *= 2;
+    }
+    int64_t n = (int64_t)((double)iters * (seconds / (t > 0 ? t : 1e-9)));
+    if (n < 1) n = 1;
+    double best = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+        {
+            float r = kind == 2 ? fma_avx512(n, (float)omp_get_thread_num())
+                    : kind == 1 ? fma_avx2(n, (float)omp_get_thread_num())
+                                : fma_scalar(n, (float)omp_get_thread_num());
+#pragma omp critical
+            sink += r;
+        }
+        double dt = now_s() - t0;
+        double gf = (double)n * CHAINS * lanes * 2.0 * threads / dt / 1e9;
+        if (gf > best) best = gf;
+    }
+    (void)sink;
+    return best;
+}
+
+int64_t anneal_peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (int64_t)ru.ru_maxrss * 1024;
+}
