@@ -50,6 +50,7 @@ typedef struct anneal_train_config {
     char *out;                /* run directory; NULL: runs/<timestamp> */
     bool resume;              /* continue the run in resume_dir (or out) */
     char *resume_dir;
+    int64_t stop_at;          /* stop (checkpointed, like an interruption) after this step; 0 = off */
     char *log_jsonl;          /* extra copy of the JSON-lines log */
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
@@ -123,7 +124,8 @@ anneal_status anneal_train_resume_config(const anneal_train_config *c, char *ckp
                                          char **config_json);
 
 /* Settings that a resumed run does not inherit from the saved config (where it runs,
- * where it logs, how it was started): NULL-terminated. */
+ * where it logs, how it was started; the model's shape comes from the checkpoint's
+ * config.json unless --model/--config are given again): NULL-terminated. */
 extern const char *const anneal_train_resume_skip[];
 
 #ifdef __cplusplus

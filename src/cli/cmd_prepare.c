@@ -6,9 +6,11 @@
 #include "commands.h"
 #include "data/prepare.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* "1234567" -> "1,234,567" into buf. */
@@ -74,6 +76,15 @@ int anneal_cmd_prepare(int argc, char **argv) {
     int nthreads = threads > 0 ? (int)threads : anneal_get_num_threads();
     if (nthreads < 1) nthreads = 1;
 
+    /* Inputs before the tokenizer: a mistyped path fails at once. */
+    for (int i = 0; i < inputs.n; i++) {
+        struct stat sb;
+        if (strcmp(inputs.items[i], "-") && stat(inputs.items[i], &sb) != 0) {
+            fprintf(stderr, "anneal prepare: %s: %s\n", inputs.items[i], strerror(errno));
+            free(inputs.items);
+            return 1;
+        }
+    }
     anneal_tokenizer *tok = NULL;
     if (anneal_tokenizer_load(tokenizer, &tok) != ANNEAL_OK) {
         fprintf(stderr, "anneal prepare: %s\n", anneal_last_error());

@@ -1,206 +1,245 @@
-/* anneal train: trains a GPT-2 model with AdamW, gradient clipping and an LR
- * schedule. Data for now is synthetic: token sequences from a fixed random sparse
- * Markov chain (each token has 4 possible successors), so the loss must fall from
- * ln(vocab) toward ln(4) ~ 1.39 — a quick end-to-end check of the whole engine. */
+/* anneal train: flag parsing and wiring for the training loop (src/train). Settings
+ * come in layers, later ones winning: defaults, then (with --resume) the settings
+ * saved in the checkpoint, then --config-file (a JSON object whose keys are the flag
+ * names), then the command line. SIGINT/SIGTERM ask the loop to finish the step,
+ * write a checkpoint and exit 0; a second signal ends the process at once. */
 #include "anneal/anneal.h"
-#include "args.h"
+#include "anneal/train.h"
 #include "commands.h"
 
-#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
+#include <unistd.h>
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+/* One flag from the command line. */
+typedef struct flag_kv {
+    const char *name; /* points into argv, not NUL-terminated at '=' */
+    size_t name_len;
+    const char *value; /* NULL for a bare flag */
+} flag_kv;
+
+static void on_signal(int signo) {
+    static const char msg[] = "\nanneal train: stopping after this step and writing a checkpoint "
+                              "(signal again to quit at once)\n";
+    anneal_train_request_stop(signo);
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
 }
 
-/* Successor j (0..3) of token t in the synthetic chain. */
-static int32_t successor(uint64_t seed, int32_t t, uint32_t j, int32_t vocab) {
-    uint32_t r[4];
-    anneal_philox4x32(seed ^ 0x5eedULL, 7, (uint64_t)t, r);
-    return (int32_t)(r[j & 3] % (uint32_t)vocab);
+static void usage(void) {
+    int n;
+    const anneal_train_option *o = anneal_train_options(&n);
+    printf("usage: anneal train --data DIR [flags]   |   anneal train --synthetic [flags]\n"
+           "Trains a GPT-2 model: progress per step, val loss, samples, checkpoints and a JSON-lines log\n"
+           "in the run directory; --resume continues a run exactly where it stopped.\n\nflags:\n");
+    for (int i = 0; i < n; i++) {
+        const char *arg = o[i].kind == ANNEAL_OPT_INT      ? " N"
+                        : o[i].kind == ANNEAL_OPT_FLOAT    ? " X"
+                        : o[i].kind == ANNEAL_OPT_STRING   ? " S"
+                        : o[i].kind == ANNEAL_OPT_ONOFF    ? " [on|off]"
+                                                           : " [DIR]";
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s", o[i].name, arg);
+        printf("  %-24s %s\n", left, o[i].help);
+    }
+    printf("  %-24s %s\n", "--config-file FILE", "JSON object of settings named like the flags (flags override it)");
+    printf("  %-24s %s\n", "--help", "show this help");
 }
 
-/* Fills ids (B, T) and targets (B, T) with the next B windows of the chain. */
-static void synthetic_batch(uint64_t seed, int64_t step, int64_t B, int64_t T, int32_t vocab,
-                            int32_t *ids, int32_t *targets) {
-    for (int64_t b = 0; b < B; b++) {
-        uint32_t r[4];
-        anneal_philox4x32(seed, 11, (uint64_t)(step * B + b), r);
-        int32_t tok = (int32_t)(r[0] % (uint32_t)vocab);
-        for (int64_t t = 0; t <= T; t++) {
-            if (t < T) ids[b * T + t] = tok;
-            if (t > 0) targets[b * T + t - 1] = tok;
-            anneal_philox4x32(seed, 12, (uint64_t)((step * B + b) * (T + 1) + t), r);
-            tok = successor(seed, tok, r[0], vocab);
+static bool is_onoff(const char *v) {
+    static const char *const words[] = {"on", "off", "true", "false", "1", "0"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (!strcmp(v, words[i])) return true;
+    return false;
+}
+
+/* Reads a whole (small) file; NULL on failure with errno-style message in err. */
+static char *read_text(const char *path, char *err, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, n, "cannot open");
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4097 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            char *g = cap > (16u << 20) ? NULL : realloc(buf, cap);
+            if (!g) {
+                free(buf);
+                fclose(f);
+                snprintf(err, n, "too large or out of memory");
+                return NULL;
+            }
+            buf = g;
+        }
+        size_t r = fread(buf + len, 1, 4096, f);
+        len += r;
+        if (r < 4096) break;
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Applies the command-line flags to c. */
+static bool apply_flags(anneal_train_config *c, const flag_kv *kv, int n) {
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)kv[i].name_len, kv[i].name);
+        if (anneal_train_config_set(c, name, kv[i].value) != ANNEAL_OK) {
+            fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+            anneal_clear_error();
+            return false;
         }
     }
+    return true;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+/* Applies the JSON text of a settings layer. */
+static bool apply_json(anneal_train_config *c, const char *json, const char *source, const char *const *skip) {
+    if (anneal_train_config_apply_json(c, json, source, skip) != ANNEAL_OK) {
+        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+        anneal_clear_error();
+        return false;
+    }
+    return true;
 }
 
 int anneal_cmd_train(int argc, char **argv) {
-    const char *model = "tiny", *schedule = "cosine";
-    int64_t steps = 100, batch = 8, seq = 64, warmup = 10, seed = 1337, threads = 0, log_every = 1;
-    double lr = 1e-3, min_lr = -1, wd = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0,
-           dropout = 0.0;
-    bool synthetic = true, recompute = false, help = false;
-    cli_flag flags[] = {
-        {"model", ARG_STRING, "preset: tiny, d6, 124M, 350M, 774M, 1.5B (default tiny)", &model, 0},
-        {"synthetic", ARG_BOOL, "train on synthetic Markov-chain tokens (default on; the only source yet)", &synthetic, 0},
-        {"steps", ARG_INT, "optimizer steps (default 100)", &steps, 0},
-        {"batch", ARG_INT, "sequences per step B (default 8)", &batch, 0},
-        {"seq", ARG_INT, "sequence length T (default 64)", &seq, 0},
-        {"lr", ARG_FLOAT, "peak learning rate (default 1e-3)", &lr, 0},
-        {"min-lr", ARG_FLOAT, "final learning rate (default lr/10)", &min_lr, 0},
-        {"warmup", ARG_INT, "linear warmup steps (default 10)", &warmup, 0},
-        {"schedule", ARG_STRING, "constant, cosine, linear or wsd (default cosine)", &schedule, 0},
-        {"weight-decay", ARG_FLOAT, "AdamW weight decay on matmul weights (default 0.1)", &wd, 0},
-        {"beta1", ARG_FLOAT, "AdamW beta1 (default 0.9)", &beta1, 0},
-        {"beta2", ARG_FLOAT, "AdamW beta2 (default 0.95)", &beta2, 0},
-        {"eps", ARG_FLOAT, "AdamW epsilon (default 1e-8)", &eps, 0},
-        {"clip", ARG_FLOAT, "global gradient-norm clip, 0 = off (default 1.0)", &clip, 0},
-        {"dropout", ARG_FLOAT, "dropout probability (default 0)", &dropout, 0},
-        {"recompute", ARG_BOOL, "recompute each block in backward (activation checkpointing)", &recompute, 0},
-        {"seed", ARG_INT, "seed for init, data and dropout (default 1337)", &seed, 0},
-        {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
-        {"log-every", ARG_INT, "print every N steps (default 1)", &log_every, 0},
-        {"help", ARG_BOOL, "show this help", &help, 0},
-    };
-    int nf = (int)(sizeof flags / sizeof flags[0]);
-    if (!cli_parse("train", argc, argv, flags, nf)) return 2;
+    flag_kv *kv = calloc((size_t)argc + 1, sizeof *kv);
+    if (!kv) return 1;
+    int n = 0, rc = 2;
+    const char *config_file = NULL;
+    bool help = false;
+    char *file_json = NULL, *saved_json = NULL;
+    anneal_train_config cfg;
+    anneal_train_config_init(&cfg);
+
+    /* 1. the command line, syntactically: every flag known, values where needed */
+    bool seen_steps = false, seen_tokens = false, seen_model = false, seen_config = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            fprintf(stderr, "anneal train: unexpected argument '%s' (flags start with --; see anneal train --help)\n", a);
+            goto done;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        char nb[64];
+        snprintf(nb, sizeof nb, "%.*s", (int)(len < 63 ? len : 63), name);
+        if (!strcmp(nb, "help")) {
+            help = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : NULL;
+        const anneal_train_option *o = anneal_train_option_find(nb);
+        bool is_cfg_file = !strcmp(nb, "config-file");
+        if (!o && !is_cfg_file) {
+            fprintf(stderr, "anneal train: unknown flag --%.*s (see anneal train --help)\n", (int)len, name);
+            goto done;
+        }
+        if (!value) {
+            const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+            bool next_is_value = next && strncmp(next, "--", 2) != 0;
+            if (is_cfg_file || o->kind == ANNEAL_OPT_INT || o->kind == ANNEAL_OPT_FLOAT || o->kind == ANNEAL_OPT_STRING) {
+                if (!next) {
+                    fprintf(stderr, "anneal train: --%s needs a value\n", nb);
+                    goto done;
+                }
+                value = argv[++i]; /* may start with "-" (a negative number is still checked) */
+            } else if (o->kind == ANNEAL_OPT_ONOFF) {
+                if (next && is_onoff(next)) value = argv[++i];
+            } else if (next_is_value) {
+                value = argv[++i]; /* --resume DIR */
+            }
+        }
+        if (is_cfg_file) {
+            config_file = value;
+            continue;
+        }
+        seen_steps |= !strcmp(nb, "steps");
+        seen_tokens |= !strcmp(nb, "tokens");
+        seen_model |= !strcmp(nb, "model");
+        seen_config |= !strcmp(nb, "config");
+        kv[n].name = name;
+        kv[n].name_len = len;
+        kv[n].value = value;
+        n++;
+    }
     if (help) {
-        cli_usage("train", "Trains a GPT-2 model and prints the loss per step.", flags, nf);
-        return 0;
+        usage();
+        rc = 0;
+        goto done;
     }
-    anneal_gpt2_config cfg;
-    if (!anneal_gpt2_preset(model, &cfg)) {
-        fprintf(stderr, "anneal train: --model: unknown preset '%s' (tiny, d6, 124M, 350M, 774M, 1.5B)\n", model);
-        return 2;
+    if (seen_steps && seen_tokens) {
+        fprintf(stderr, "anneal train: --steps and --tokens: give one of them\n");
+        goto done;
     }
-    anneal_schedule sch = {0};
-    if (!anneal_schedule_parse(schedule, &sch.kind)) {
-        fprintf(stderr, "anneal train: --schedule: unknown schedule '%s' (constant, cosine, linear, wsd)\n", schedule);
-        return 2;
+    if (seen_model && seen_config) {
+        fprintf(stderr, "anneal train: --model and --config: give one of them\n");
+        goto done;
     }
-    if (!synthetic) {
-        fprintf(stderr, "anneal train: --synthetic off needs --data, which this build does not have yet\n");
-        return 2;
-    }
-    struct { const char *flag; bool bad; } checks[] = {
-        {"steps", steps <= 0}, {"batch", batch <= 0}, {"seq", seq <= 0 || seq > cfg.n_ctx},
-        {"lr", !(lr > 0)}, {"warmup", warmup < 0}, {"clip", clip < 0},
-        {"dropout", !(dropout >= 0 && dropout < 1)}, {"threads", threads < 0}, {"log-every", log_every <= 0},
-        {"beta1", !(beta1 >= 0 && beta1 < 1)}, {"beta2", !(beta2 >= 0 && beta2 < 1)}, {"eps", !(eps > 0)},
-    };
-    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
-        if (checks[i].bad) {
-            fprintf(stderr, "anneal train: --%s: value out of range%s\n", checks[i].flag,
-                    !strcmp(checks[i].flag, "seq") ? " (1..n_ctx of the model)" : "");
-            return 2;
+    if (config_file) {
+        char err[128];
+        file_json = read_text(config_file, err, sizeof err);
+        if (!file_json) {
+            fprintf(stderr, "anneal train: --config-file %s: %s\n", config_file, err);
+            goto done;
         }
-    if (threads > 0) anneal_set_num_threads((int)threads);
-    cfg.dropout = (float)dropout;
-    cfg.recompute = recompute;
-    sch.max_lr = lr;
-    sch.min_lr = min_lr >= 0 ? min_lr : lr / 10;
-    sch.warmup_steps = warmup;
-    sch.total_steps = steps;
-    sch.decay_steps = steps / 5;
+    }
 
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_gpt2_init(m, (uint64_t)seed) != ANNEAL_OK) {
-        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
-        anneal_gpt2_free(m);
-        return 1;
+    /* 2. a probe of the layers above defaults, to learn whether (and where) we resume */
+    anneal_train_config probe;
+    anneal_train_config_init(&probe);
+    char src[4200];
+    snprintf(src, sizeof src, "--config-file %s", config_file ? config_file : "");
+    bool ok = (!file_json || apply_json(&probe, file_json, src, NULL)) && apply_flags(&probe, kv, n);
+    if (ok && probe.resume) {
+        char ckpt[4096];
+        if (anneal_train_resume_config(&probe, ckpt, sizeof ckpt, &saved_json) != ANNEAL_OK) {
+            fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+            rc = anneal_last_status() == ANNEAL_ERR_ARG ? 2 : 1;
+            anneal_clear_error();
+            ok = false;
+        }
     }
-    m->training = true;
-    anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
-    oc.beta1 = beta1;
-    oc.beta2 = beta2;
-    oc.eps = eps;
-    oc.weight_decay = wd;
-    anneal_optimizer *opt = anneal_optimizer_new(m->params, oc);
-    if (!opt) {
-        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
-        anneal_gpt2_free(m);
-        return 1;
+    anneal_train_config_free(&probe);
+    if (!ok) goto done;
+
+    /* 3. the layers for real: saved settings, config file, flags */
+    if (saved_json) {
+        char what[64];
+        snprintf(what, sizeof what, "the checkpoint's saved settings");
+        if (!apply_json(&cfg, saved_json, what, anneal_train_resume_skip)) goto done;
     }
-    int64_t n_params = anneal_gpt2_num_params(m);
-    printf("model %s: %d layers, %d heads, %d channels, vocab %d, %.2fM parameters\n", model, cfg.n_layer,
-           cfg.n_head, cfg.n_embd, cfg.vocab_size, (double)n_params / 1e6);
-    printf("data: synthetic Markov chain (4 successors per token: best possible loss ln 4 = %.3f)\n", log(4.0));
-    printf("batch %lld x seq %lld, %lld steps, threads %d\n", (long long)batch, (long long)seq,
-           (long long)steps, anneal_get_num_threads());
+    if (file_json && !apply_json(&cfg, file_json, src, NULL)) goto done;
+    if (!apply_flags(&cfg, kv, n)) goto done;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    anneal_train_result res;
+    anneal_status st = anneal_train_run(&cfg, stdout, &res);
     fflush(stdout);
-
-    int rc = 0;
-    double first_loss = NAN, last_loss = NAN;
-    double *step_ms = calloc((size_t)steps, sizeof *step_ms);
-    if (!step_ms) {
-        fprintf(stderr, "anneal train: out of memory\n");
-        anneal_optimizer_free(opt);
-        anneal_gpt2_free(m);
-        return 1;
+    if (st != ANNEAL_OK) {
+        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+        rc = res.usage_error ? 2 : 1;
+    } else {
+        rc = 0;
     }
-    for (int64_t step = 0; step < steps; step++) {
-        double t0 = now_ms();
-        anneal_manual_seed((uint64_t)seed * 1000003ULL + (uint64_t)step); /* dropout stream per step */
-        anneal_scope *s = anneal_scope_open();
-        int64_t shape[2] = {batch, seq};
-        anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape);
-        anneal_tensor *tg = anneal_empty(ANNEAL_I32, 2, shape);
-        if (ids && tg)
-            synthetic_batch((uint64_t)seed, step, batch, seq, cfg.vocab_size, anneal_data(ids), anneal_data(tg));
-        anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
-        float norm = 0;
-        double cur_lr = anneal_schedule_lr(&sch, step);
-        anneal_status st = loss ? anneal_backward(loss) : anneal_last_status();
-        if (st == ANNEAL_OK)
-            st = clip > 0 ? anneal_clip_grad_norm(m->params, (float)clip, &norm) : anneal_grad_norm(m->params, &norm);
-        double lv = loss ? anneal_item(loss) : NAN;
-        if (st == ANNEAL_OK && isfinite(norm) && isfinite(lv)) st = anneal_optimizer_step(opt, cur_lr);
-        anneal_params_zero_grad(m->params);
-        anneal_scope_close(s);
-        if (st != ANNEAL_OK) {
-            fprintf(stderr, "anneal train: step %lld failed: %s\n", (long long)step, anneal_last_error());
-            rc = 1;
-            break;
-        }
-        double ms = now_ms() - t0;
-        step_ms[step] = ms;
-        if (step == 0) first_loss = lv;
-        last_loss = lv;
-        if (step % log_every == 0 || step == steps - 1) {
-            double tps = (double)(batch * seq) / (ms / 1e3);
-            printf("step %5lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.1f ms  %.0f tok/s\n", (long long)step + 1,
-                   (long long)steps, lv, cur_lr, (double)norm, ms, tps);
-            fflush(stdout);
-        }
-    }
-    if (rc == 0) {
-        /* median over steps after the first (which warms caches and allocates state) */
-        int64_t first = steps > 1 ? 1 : 0, n = steps - first;
-        qsort(step_ms + first, (size_t)n, sizeof *step_ms, cmp_double);
-        double ms = step_ms[first + n / 2];
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        anneal_memory_stats mem = anneal_memory_stats_get(ANNEAL_CPU);
-        printf("done: loss %.4f -> %.4f; %.1f ms/step, %.0f tok/s (median after step 1); "
-               "peak tensor memory %.1f MiB, peak RSS %.1f MiB\n",
-               first_loss, last_loss, ms, (double)(batch * seq) / (ms / 1e3),
-               (double)mem.peak_bytes / 1048576.0, (double)ru.ru_maxrss / 1024.0);
-    }
-    free(step_ms);
-    anneal_optimizer_free(opt);
-    anneal_gpt2_free(m);
+done:
+    anneal_train_config_free(&cfg);
+    free(file_json);
+    free(saved_json);
+    free(kv);
     return rc;
 }

@@ -9,5 +9,15 @@ int anneal_cmd_tokenize(int argc, char **argv);      /* cmd_tokenize.c */
 int anneal_cmd_tokenizer(int argc, char **argv);     /* cmd_tokenizer.c: "tokenizer train" */
 int anneal_cmd_prepare(int argc, char **argv);       /* cmd_prepare.c */
 int anneal_cmd_inspect(int argc, char **argv);       /* cmd_inspect.c */
+int anneal_cmd_generate(int argc, char **argv);      /* cmd_generate.c */
+int anneal_cmd_eval(int argc, char **argv);          /* cmd_eval.c */
+
+struct anneal_gpt2;
+struct anneal_train_state;
+/* cmd_generate.c, shared with eval: loads the checkpoint a --ckpt argument names (a
+ * checkpoint or run directory) into a new model, its state and the run's config text
+ * (malloc'd, may be NULL). Prints the error naming --ckpt and returns 1 on failure. */
+int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_gpt2 **model,
+                               struct anneal_train_state *st, char **config_json);
 
 #endif

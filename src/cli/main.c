@@ -13,6 +13,8 @@ static void usage(void) {
            "  prepare    turn text files into token shards\n"
            "  tokenize   text on stdin -> ids (--decode: ids -> text)\n"
            "  tokenizer  tokenizer train: learn a byte-level BPE vocabulary\n"
+           "  generate   continue a prompt with a trained model (streamed text)\n"
+           "  eval       loss and perplexity of a checkpoint on token shards\n"
            "  inspect    describe a shard file\n"
            "  info       version, CPU features, threads\n",
            anneal_version());
@@ -30,6 +32,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return anneal_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenizer")) return anneal_cmd_tokenizer(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return anneal_cmd_inspect(argc - 2, argv + 2);
+    if (!strcmp(cmd, "generate")) return anneal_cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "eval")) return anneal_cmd_eval(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("anneal %s\n", anneal_version());
         return 0;

@@ -6,7 +6,13 @@
  * result as encoder.py's "merge every occurrence of the best pair" (a merge's result only
  * takes part in merges of higher rank). Short pieces scan an array (O(n^2), n <= 48),
  * longer ones use a linked list and a binary heap of (rank, position), O(n log n).
- * Nothing is malloc'ed per piece: the scratch buffers live in the thread's cache. */
+ * Nothing is malloc'ed per piece: the scratch buffers live in the thread's cache.
+ *
+ * Thread safety: the tokenizer's tables are read-only after loading; each thread that
+ * encodes gets its own cache (a pthread key per tokenizer), so threads never share
+ * mutable state. A cache is bounded (1M entries / 64 MiB, then it starts over) and is
+ * freed when its thread exits or by anneal_tokenizer_free, which must come after every
+ * thread has finished encoding with the tokenizer. */
 #include "tokenizer_impl.h"
 
 #include <stdlib.h>
@@ -15,6 +21,7 @@
 #define CACHE_MAX_KEY 256           /* longer pieces are not cached */
 #define CACHE_MAX_SLOTS (1u << 21)  /* at most 1M entries (half load) ... */
 #define CACHE_MAX_ARENA (64u << 20) /* ... and 64 MiB of records, then the cache starts over */
+#define SCRATCH_KEEP (1u << 16)     /* scratch for longer pieces is freed after use */
 
 /* A thread's encode state for one tokenizer. slots: open addressing, each slot
  * (tag << 32 | record offset), 0 = empty. A record at arena + offset (4-aligned):
@@ -356,8 +363,20 @@ static bool encode_piece(const char *p, size_t n, void *user) {
         for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[(unsigned char)p[i]];
         k = n <= SMALL_PIECE ? bpe_small(t, ids, c->ranks, n) : bpe_large(t, c, n);
     }
+    bool huge = n > SCRATCH_KEEP;
     if (n <= CACHE_MAX_KEY) cache_put(c, p, n, h, ids, k);
-    return out_append(x, ids, k);
+    bool ok = out_append(x, ids, k);
+    if (huge) { /* do not hold ~40 bytes per byte of a rare huge piece for the thread's life */
+        free(c->ids);
+        free(c->ranks);
+        free(c->link_prev);
+        free(c->link_next);
+        free(c->heap);
+        c->ids = c->ranks = c->link_prev = c->link_next = NULL;
+        c->heap = NULL;
+        c->scratch_cap = 0;
+    }
+    return ok;
 }
 
 /* Encodes text that holds no special token. */

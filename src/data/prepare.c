@@ -220,6 +220,11 @@ static anneal_status next_chunk(chunker *k, chunk *c, bool *got) {
             bool forced = false;
             cut = anneal_prepare_find_cut(k->buf, k->len, target, k->space_only, &forced);
             if (forced) k->forced_cuts++;
+            if (cut == 0 && aim_split) { /* space_only: split where the last chunk ended */
+                k->split_pending = false;
+                k->in_val = true;
+                continue;
+            }
             if (cut == 0)
                 return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
                                         "%s: no space within %zu bytes after offset %llu: this tokenizer adds a "
@@ -494,7 +499,10 @@ anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepar
     uint64_t total = 0;
     anneal_status st = setup(cfg, inputs, &total);
 
-    const int K = 4 * cfg->threads; /* chunks in flight */
+    /* Chunks in flight: 4 per thread for load balance, trimmed (not below one per
+     * thread) so their text stays under 256 MiB. Memory is about twice that (ids). */
+    int K = 4 * (cfg->threads > 0 ? cfg->threads : 1);
+    while (K > cfg->threads && (uint64_t)K * cfg->chunk_bytes > ((uint64_t)256 << 20)) K--;
     chunk *chunks = NULL;
     chunker ck = {0};
     sink train = {0}, val = {0};
@@ -511,7 +519,7 @@ anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepar
     if (st == ANNEAL_OK && cfg->val_fraction > 0) {
         /* val = the inputs' last ceil(F * total) bytes (moved back to a safe cut). */
         uint64_t vb = (uint64_t)ceil(cfg->val_fraction * (double)total);
-        ck.split_pending = true;
+        ck.split_pending = vb > 0;
         ck.split_at = total - (vb < total ? vb : total);
     }
     const int32_t eot = anneal_tokenizer_eot(cfg->tok);

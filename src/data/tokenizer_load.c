@@ -43,6 +43,8 @@ static anneal_status read_file(const char *path, char **buf, size_t *len) {
 
 /* Parses JSON text; on failure the error names the file, line and column. */
 static anneal_status parse_json(const char *path, const char *buf, size_t len, cJSON **out) {
+    *out = NULL;
+    if (len == 0) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the file is empty", path);
     const char *end = NULL;
     *out = cJSON_ParseWithLengthOpts(buf, len, &end, false);
     if (*out) return ANNEAL_OK;
@@ -56,8 +58,12 @@ static anneal_status parse_json(const char *path, const char *buf, size_t len, c
             col++;
         }
     }
+    size_t last = len; /* a document that does not end in } or ] was probably cut short */
+    while (last > 0 && (buf[last - 1] == ' ' || buf[last - 1] == '\n' || buf[last - 1] == '\r' || buf[last - 1] == '\t'))
+        last--;
+    bool cut = at >= len || last == 0 || (buf[last - 1] != '}' && buf[last - 1] != ']');
     return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: invalid JSON at line %d, column %d%s", path, line, col,
-                            at >= len ? " (the file ends early: truncated?)" : "");
+                            cut ? " (the file ends early: truncated?)" : "");
 }
 
 /* Reads a JSON number that must be an id: an integer in [0, INT32_MAX). -1 if not. */
@@ -121,7 +127,7 @@ static anneal_status merge_side(anneal_tokenizer *t, const char *s, size_t n, ch
 static anneal_status add_merge_str(anneal_tokenizer *t, const char *a, size_t an, const char *b, size_t bn,
                                    char *scratch, const char *where, const char *vocab_path,
                                    unsigned char *produced) {
-    int32_t l, r, m;
+    int32_t l = -1, r = -1, m = -1;
     int why;
     anneal_status s = merge_side(t, a, an, scratch, where, vocab_path, &l);
     if (!s) s = merge_side(t, b, bn, scratch, where, vocab_path, &r);
@@ -172,10 +178,12 @@ anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *v
     /* ids: integers, unique, dense 0..n-1 */
     for (cJSON *it = root ? root->child : NULL; !s && it; it = it->next) {
         int64_t id = json_id(it);
-        if (id < 0)
-            s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token \"%.60s\" has id %s, not an integer >= 0",
-                                 encoder_json, key_or(it->string),
-                                 cJSON_IsNumber(it) ? "out of range or fractional" : "that is not a number");
+        if (id < 0 && cJSON_IsNumber(it))
+            s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token \"%.60s\" has id %g, not an integer in 0..%d",
+                                 encoder_json, key_or(it->string), it->valuedouble, INT32_MAX - 1);
+        else if (id < 0)
+            s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token \"%.60s\" has an id that is not a number",
+                                 encoder_json, key_or(it->string));
         else if (id >= n)
             s = anneal_set_error(ANNEAL_ERR_FORMAT,
                                  "%s: ids are not dense: token \"%.60s\" has id %lld but there are %d tokens "
@@ -496,10 +504,13 @@ anneal_status anneal_tokenizer_load(const char *spec, anneal_tokenizer **out) {
         }
         /* the source tree (ctest's ANNEAL_SOURCE_DIR, the working directory, next to the
          * executable's build directory), then ../shared/data/gpt2 */
-        char cand[8][PATH_MAX];
+        char cand[9][PATH_MAX];
         int nc = 0;
         const char *src = getenv("ANNEAL_SOURCE_DIR");
         if (src && *src) join(cand[nc++], src, "/data/gpt2");
+#ifdef ANNEAL_SOURCE_ROOT /* the build may pass the source tree's path */
+        join(cand[nc++], ANNEAL_SOURCE_ROOT, "/data/gpt2");
+#endif
         join(cand[nc++], "data/gpt2", "");
         char exe[PATH_MAX];
         ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -129,7 +129,7 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_gp
     free(s->config_json);
     s->config_json = NULL;
     if (config_json) {
-        cJSON *c = cJSON_Parse(config_json);
+        cJSON *c = cJSON_ParseWithOpts(config_json, NULL, 1); /* nothing after the object */
         bool obj = cJSON_IsObject(c);
         cJSON_Delete(c);
         if (!obj) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: the trainer config is not a JSON object");

@@ -124,7 +124,7 @@ anneal_status anneal_gpt2_config_from_hf_json(const char *path, anneal_gpt2_conf
     char *txt = NULL;
     anneal_status r = anneal_ckpt_read_file(path, 1 << 20, &txt, NULL);
     if (r != ANNEAL_OK) return r;
-    cJSON *j = cJSON_Parse(txt);
+    cJSON *j = cJSON_ParseWithOpts(txt, NULL, 1);
     free(txt);
     if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", path);
     r = parse_hf_config(path, j, cfg);

@@ -61,6 +61,8 @@ static const option_def defs[] = {
     {{"keep", ANNEAL_OPT_INT, "checkpoints to keep, 0 = all (default 3)"}, OFF(keep), 0, 1 << 30, 0, 0, NULL},
     {{"out", ANNEAL_OPT_STRING, "run directory for checkpoints and log.jsonl (default runs/<timestamp>)"}, OFF(out), 0, 0, 0, 0, NULL},
     {{"resume", ANNEAL_OPT_OPTSTRING, "continue the run in DIR (a run directory or a checkpoint; default --out)"}, OFF(resume), 0, 0, 0, 0, NULL},
+    {{"stop-at", ANNEAL_OPT_INT, "stop once step N is done, with a checkpoint, as an interruption would (the schedule "
+      "still spans --steps; for time-sliced jobs), 0 = off"}, OFF(stop_at), 0, BIG, 0, 0, NULL},
     {{"log-jsonl", ANNEAL_OPT_STRING, "also append the JSON-lines log to FILE"}, OFF(log_jsonl), 0, 0, 0, 0, NULL},
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
@@ -88,7 +90,7 @@ const anneal_train_option *anneal_train_option_find(const char *name) {
     return d ? &d->opt : NULL;
 }
 
-const char *const anneal_train_resume_skip[] = {"out", "resume", "log-jsonl", "init", NULL};
+const char *const anneal_train_resume_skip[] = {"out", "resume", "log-jsonl", "init", "model", "config", "stop-at", NULL};
 
 void anneal_train_config_init(anneal_train_config *c) {
     memset(c, 0, sizeof *c);

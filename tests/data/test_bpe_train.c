@@ -167,6 +167,31 @@ TEST(hand_worked_example) {
     CHECK((e = cJSON_GetObjectItemCaseSensitive(j, "\xc4\xa0")) && e->valueint == 220, "' ' (U+0120) is 220");
     cJSON_Delete(j);
     free(enc);
+    /* tokenizer.json: Hugging Face's layout with the same vocabulary and merges */
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    char *hf = read_file(p, NULL);
+    REQUIRE(hf);
+    j = cJSON_Parse(hf);
+    REQUIRE(j);
+    cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    cJSON *pre = cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer");
+    cJSON *added = cJSON_GetObjectItemCaseSensitive(j, "added_tokens");
+    REQUIRE(model && pre && cJSON_IsArray(added));
+    CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "type")) &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(model, "type")->valuestring, "BPE"), "model.type");
+    CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(pre, "type")) &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(pre, "type")->valuestring, "ByteLevel"), "pre_tokenizer.type");
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(model, "vocab")) == 265, "model.vocab size");
+    cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    CHECK(cJSON_GetArraySize(merges) == 8 && cJSON_IsString(cJSON_GetArrayItem(merges, 5)) &&
+          !strcmp(cJSON_GetArrayItem(merges, 5)->valuestring, "ew est"), "model.merges");
+    cJSON *a0 = cJSON_GetArrayItem(added, 0);
+    CHECK(cJSON_GetArraySize(added) == 1 && a0 && cJSON_GetObjectItemCaseSensitive(a0, "id") &&
+          cJSON_GetObjectItemCaseSensitive(a0, "id")->valueint == 264 &&
+          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a0, "special")) &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(a0, "content")->valuestring, "<|endoftext|>"), "added_tokens");
+    cJSON_Delete(j);
+    free(hf);
 }
 
 /* "aaaaa" (one piece): a a 4 -> merge 1 "a a": the word becomes aa aa a (left to right,

@@ -21,6 +21,7 @@ static anneal_gpt2 *tiny_model(int vocab, int n_ctx, uint64_t seed) {
         anneal_init_normal_(m->blocks[l].c_fc_w, 0.0f, 0.2f);
     }
     if (m) anneal_init_normal_(m->wte, 0.0f, 0.15f);
+    if (m) anneal_init_normal_(m->wpe, 0.0f, 1.0f); /* positions matter: a shifted window shows */
     anneal_scope_close(sc);
     return m;
 }
@@ -225,6 +226,13 @@ TEST(top_k_never_samples_outside_the_k_best) {
     int kept = 0;
     for (int i = 0; i < 60; i++) kept += count[i] > 0;
     CHECK(kept == 5, "%d distinct ids sampled", kept);
+    /* a tie across the boundary keeps the lowest id: top 3 of these is {1, 4, 2} */
+    const float y[6] = {1.0f, 4.0f, 2.0f, 2.0f, 3.0f, 2.0f};
+    int cy[6] = {0};
+    sc = scfg(2.0f, 3, 1.0f, 78);
+    for (int i = 0; i < 3000; i++) cy[anneal_sample_logits(y, 6, &sc, (uint64_t)i)]++;
+    CHECK(cy[2] > 0 && cy[3] == 0 && cy[5] == 0 && cy[0] == 0, "tie at the top-k boundary: %d %d %d %d",
+          cy[0], cy[2], cy[3], cy[5]);
 }
 
 TEST(sampling_is_deterministic_per_seed_and_position) {

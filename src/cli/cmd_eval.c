@@ -1,0 +1,155 @@
+/* anneal eval: loss and perplexity of a checkpoint on token shards. Every window of
+ * T+1 tokens of the split is read once, in order (the loader without shuffling);
+ * the last, partial batch counts only its real rows. Prints
+ * "loss X ppl Y tokens Z" on stdout: the mean next-token cross-entropy over Z
+ * predicted tokens and exp of it. */
+#include "anneal/anneal.h"
+#include "args.h"
+#include "commands.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define USAGE_ERR(...) (fprintf(stderr, "anneal eval: " __VA_ARGS__), fputc('\n', stderr), 2)
+
+/* An integer setting of the checkpoint's training run (fallback if absent). */
+static int64_t config_int(const cJSON *config, const char *key, int64_t fallback) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(config, key);
+    return cJSON_IsNumber(v) && v->valuedouble >= 1 ? (int64_t)v->valuedouble : fallback;
+}
+
+/* Mean loss over batches [0, n) of l; rows >= rows_last of the last batch are
+ * ignored (they wrap around to the first windows). */
+static anneal_status evaluate(anneal_gpt2 *m, anneal_loader *l, int64_t B, int64_t T, int64_t n, int64_t rows_last,
+                              double *loss, int64_t *tokens) {
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+    anneal_status s = ids && tg ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "eval: out of memory");
+    double sum = 0.0;
+    *tokens = 0;
+    anneal_no_grad_begin();
+    for (int64_t i = 0; i < n && s == ANNEAL_OK; i++) {
+        if ((s = anneal_loader_next(l, ids, tg)) != ANNEAL_OK) break;
+        int64_t rows = i == n - 1 ? rows_last : B;
+        for (int64_t j = rows * T; j < B * T; j++) tg[j] = -100;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *x = anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, ids);
+        anneal_tensor *y = anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, tg);
+        anneal_tensor *ce = anneal_gpt2_loss(m, x, y);
+        if (ce) {
+            sum += anneal_item(ce) * (double)(rows * T); /* the mean over this batch's real rows */
+            *tokens += rows * T;
+        } else {
+            s = anneal_last_status();
+        }
+        anneal_scope_close(sc);
+    }
+    anneal_no_grad_end();
+    free(ids);
+    free(tg);
+    *loss = *tokens ? sum / (double)*tokens : NAN;
+    return s;
+}
+
+/* True when the flag called name was given. */
+static bool given(const cli_flag *flags, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(flags[i].name, name)) return flags[i].seen;
+    return false;
+}
+
+int anneal_cmd_eval(int argc, char **argv) {
+    const char *ckpt = NULL, *data = NULL, *split = "val";
+    int64_t batch = 0, seq = 0, max_batches = 0, threads = 0;
+    bool help = false;
+    cli_flag flags[] = {
+        {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
+        {"data", ARG_STRING, "directory of shards from anneal prepare, or one shard file", &data, 0},
+        {"split", ARG_STRING, "which shards of a directory: val or train (default val)", &split, 0},
+        {"batch", ARG_INT, "sequences per batch (default: the run's, else 8)", &batch, 0},
+        {"seq", ARG_INT, "tokens per sequence T, at most n_ctx (default: the run's, else min(n_ctx, 256))", &seq, 0},
+        {"max-batches", ARG_INT, "evaluate at most this many batches (default 0: every window)", &max_batches, 0},
+        {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"help", ARG_BOOL, "show this help", &help, 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (!cli_parse("eval", argc, argv, flags, nf)) return 2;
+    if (help) {
+        cli_usage("eval", "Loss and perplexity of a checkpoint on token shards.", flags, nf);
+        return 0;
+    }
+    if (!ckpt) return USAGE_ERR("--ckpt DIR is required");
+    if (!data) return USAGE_ERR("--data DIR|FILE is required");
+    if (strcmp(split, "val") && strcmp(split, "train")) return USAGE_ERR("--split: '%s' is not val or train", split);
+    if (given(flags, nf, "batch") && (batch < 1 || batch > (1 << 20))) return USAGE_ERR("--batch: %lld is out of range", (long long)batch);
+    if (given(flags, nf, "seq") && seq < 1) return USAGE_ERR("--seq: %lld must be >= 1", (long long)seq);
+    if (max_batches < 0) return USAGE_ERR("--max-batches: %lld must be >= 0", (long long)max_batches);
+    if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
+    if (threads > 0) anneal_set_num_threads((int)threads);
+
+    anneal_gpt2 *m = NULL;
+    anneal_train_state st = {0};
+    char *config_text = NULL;
+    int rc = anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text);
+    if (rc) return rc;
+    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    free(config_text);
+    int64_t n_ctx = m->cfg.n_ctx;
+    if (!given(flags, nf, "batch")) batch = config_int(config, "batch", 8);
+    if (!given(flags, nf, "seq")) {
+        seq = config_int(config, "seq", n_ctx < 256 ? n_ctx : 256);
+        if (seq > n_ctx) seq = n_ctx;
+    }
+    cJSON_Delete(config);
+    anneal_loader *l = NULL;
+    rc = 1;
+    if (seq > n_ctx) {
+        rc = USAGE_ERR("--seq: %lld is longer than the model's context of %lld", (long long)seq, (long long)n_ctx);
+        goto done;
+    }
+    anneal_loader_config lc = {.batch = batch, .seq = seq, .shuffle = false, .rank = 0, .world = 1, .prefetch = true};
+    if (anneal_loader_open(data, split, &lc, &l) != ANNEAL_OK) {
+        fprintf(stderr, "anneal eval: --data %s: %s\n", data, anneal_last_error());
+        goto done;
+    }
+    uint64_t fp = anneal_loader_fingerprint(l);
+    if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
+        fprintf(stderr,
+                "anneal eval: --data %s: tokenizer fingerprint %016llx does not match the checkpoint's %016llx "
+                "(the shards were made with another tokenizer)\n",
+                data, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
+        goto done;
+    }
+    if (anneal_loader_vocab_size(l) > (uint32_t)m->cfg.vocab_size) {
+        fprintf(stderr, "anneal eval: --data %s: vocabulary of %u ids exceeds the model's %d\n", data,
+                anneal_loader_vocab_size(l), m->cfg.vocab_size);
+        goto done;
+    }
+    /* every window once: full batches, then the rest in one partial batch */
+    uint64_t W = anneal_loader_windows(l);
+    int64_t n = (int64_t)(W / (uint64_t)batch), rows_last = batch;
+    if (W % (uint64_t)batch) n++, rows_last = (int64_t)(W % (uint64_t)batch);
+    if (max_batches > 0 && n > max_batches) n = max_batches, rows_last = batch;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double loss;
+    int64_t tokens;
+    m->training = false;
+    if (evaluate(m, l, batch, seq, n, rows_last, &loss, &tokens) != ANNEAL_OK) {
+        fprintf(stderr, "anneal eval: %s\n", anneal_last_error());
+        goto done;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double dt = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    printf("loss %.4f ppl %.2f tokens %lld\n", loss, exp(loss), (long long)tokens);
+    fprintf(stderr, "anneal eval: %lld batches of %lld x %lld from %s (%s), %.2f s (%.0f tokens/s)\n", (long long)n,
+            (long long)batch, (long long)seq, data, split, dt, dt > 0 ? (double)tokens / dt : 0.0);
+    rc = 0;
+done:
+    anneal_loader_free(l);
+    anneal_gpt2_free(m);
+    return rc;
+}

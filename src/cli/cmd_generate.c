@@ -1,0 +1,221 @@
+/* anneal generate: text from a checkpoint (or Hugging Face GPT-2 weights), streamed
+ * to stdout as tokens arrive. The model runs with a KV cache; sampling is
+ * temperature, top-k, top-p with a seeded counter-based draw, so a seed reproduces
+ * the text exactly. Generation stops at the tokenizer's end-of-text or --max-tokens.
+ * Also home of the checkpoint loading `anneal eval` shares. */
+#include "anneal/anneal.h"
+#include "args.h"
+#include "commands.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **model,
+                               anneal_train_state *st, char **config_json) {
+    char dir[PATH_MAX];
+    anneal_gpt2_config cfg;
+    *model = NULL;
+    *config_json = NULL;
+    if (anneal_checkpoint_resolve(arg, dir, sizeof dir) != ANNEAL_OK ||
+        anneal_checkpoint_read_config(dir, &cfg, config_json) != ANNEAL_OK) {
+        fprintf(stderr, "anneal %s: --ckpt: %s\n", cmd, anneal_last_error());
+        return 1;
+    }
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    if (!m || anneal_checkpoint_load(dir, m, NULL, st) != ANNEAL_OK) {
+        fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, dir, anneal_last_error());
+        anneal_gpt2_free(m);
+        free(*config_json);
+        *config_json = NULL;
+        return 1;
+    }
+    *model = m;
+    return 0;
+}
+
+/* Loads a Hugging Face GPT-2 model: config.json + safetensors weights. */
+static int load_hf(const char *weights, const char *config, anneal_gpt2 **model) {
+    anneal_gpt2_config cfg;
+    *model = NULL;
+    if (anneal_gpt2_config_from_hf_json(config, &cfg) != ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: --hf-config: %s\n", anneal_last_error());
+        return 1;
+    }
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    if (!m || anneal_gpt2_load_hf_safetensors(m, weights) != ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: --hf-model: %s\n", anneal_last_error());
+        anneal_gpt2_free(m);
+        return 1;
+    }
+    *model = m;
+    return 0;
+}
+
+/* Where generated text goes: the streaming decoder and a token count. */
+typedef struct sink {
+    anneal_stream_decoder dec;
+    int32_t vocab; /* the tokenizer's: ids past it (a padded model vocabulary) print U+FFFD */
+    char *buf;
+    size_t cap;
+    int64_t n;
+    bool write_failed;
+} sink;
+
+static bool emit(const char *p, size_t n, sink *s) {
+    if (n && fwrite(p, 1, n, stdout) != n) s->write_failed = true;
+    if (fflush(stdout) != 0) s->write_failed = true;
+    return !s->write_failed; /* a closed pipe ends generation */
+}
+
+static bool on_token(int32_t id, void *user) {
+    sink *s = user;
+    s->n++;
+    size_t len = 0;
+    const char *bytes = anneal_tokenizer_token_bytes(s->dec.tok, id, &len);
+    if (bytes && len + 64 > s->cap) { /* the decoder wants room for the token and pending bytes */
+        char *g = realloc(s->buf, len + 64);
+        if (!g) return false;
+        s->buf = g;
+        s->cap = len + 64;
+    }
+    if (!bytes || id >= s->vocab || anneal_stream_decoder_push(&s->dec, id, s->buf, s->cap, &len) != ANNEAL_OK) {
+        anneal_clear_error();
+        return emit("\xEF\xBF\xBD", 3, s);
+    }
+    return emit(s->buf, len, s);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define USAGE_ERR(...) (fprintf(stderr, "anneal generate: " __VA_ARGS__), fputc('\n', stderr), 2)
+
+int anneal_cmd_generate(int argc, char **argv) {
+    const char *ckpt = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL;
+    int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
+    double temperature = 0.8, top_p = 0.95;
+    bool help = false;
+    cli_flag flags[] = {
+        {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
+        {"hf-model", ARG_STRING, "Hugging Face GPT-2 weights (model.safetensors) instead of --ckpt", &hf_model, 0},
+        {"hf-config", ARG_STRING, "the Hugging Face config.json that goes with --hf-model", &hf_config, 0},
+        {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the one the "
+                                  "checkpoint's run named)", &tok_spec, 0},
+        {"prompt", ARG_STRING, "text to continue (default: start a new document)", &prompt, 0},
+        {"max-tokens", ARG_INT, "most tokens to generate (default 200)", &max_tokens, 0},
+        {"temperature", ARG_FLOAT, "sampling temperature; 0 picks the most likely token (default 0.8)", &temperature, 0},
+        {"top-k", ARG_INT, "sample from the k most likely tokens; 0 = all (default 50)", &top_k, 0},
+        {"top-p", ARG_FLOAT, "sample from the smallest set with this probability, in (0, 1] (default 0.95)", &top_p, 0},
+        {"seed", ARG_INT, "seed of the draws: the same seed gives the same text (default 1337)", &seed, 0},
+        {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"help", ARG_BOOL, "show this help", &help, 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (!cli_parse("generate", argc, argv, flags, nf)) return 2;
+    if (help) {
+        cli_usage("generate", "Continues a prompt with a trained model, streaming the text to stdout.", flags, nf);
+        return 0;
+    }
+    if (!ckpt == !hf_model) return USAGE_ERR("give one of --ckpt DIR or --hf-model FILE (with --hf-config)");
+    if (hf_model && !hf_config) return USAGE_ERR("--hf-model needs --hf-config config.json");
+    if (hf_config && !hf_model) return USAGE_ERR("--hf-config goes with --hf-model");
+    if (max_tokens < 0 || max_tokens > INT32_MAX) return USAGE_ERR("--max-tokens: %lld is out of range", (long long)max_tokens);
+    if (temperature < 0) return USAGE_ERR("--temperature: %g must be >= 0", temperature);
+    if (top_k < 0 || top_k > INT32_MAX) return USAGE_ERR("--top-k: %lld must be >= 0", (long long)top_k);
+    if (!(top_p > 0 && top_p <= 1)) return USAGE_ERR("--top-p: %g must be in (0, 1]", top_p);
+    if (seed < 0) return USAGE_ERR("--seed: %lld must be >= 0", (long long)seed);
+    if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
+    if (threads > 0) anneal_set_num_threads((int)threads);
+
+    anneal_gpt2 *m = NULL;
+    anneal_train_state st = {0};
+    char *config_text = NULL;
+    int rc = ckpt ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text) : load_hf(hf_model, hf_config, &m);
+    if (rc) return rc;
+    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    free(config_text);
+    if (!tok_spec) { /* the tokenizer the training run named, if any */
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
+        if (cJSON_IsString(t) && *t->valuestring) tok_spec = t->valuestring;
+    }
+    anneal_tokenizer *tok = NULL;
+    anneal_ids ids = {0};
+    char *buf = NULL;
+    rc = 1;
+    if (!tok_spec) {
+        rc = USAGE_ERR("--tokenizer is required (the checkpoint does not name one): gpt2, a directory or tokenizer.json");
+        goto done;
+    }
+    if (anneal_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
+        goto done;
+    }
+    uint64_t fp = anneal_tokenizer_fingerprint(tok);
+    if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
+        fprintf(stderr,
+                "anneal generate: --tokenizer %s: fingerprint %016llx does not match the checkpoint's %016llx "
+                "(the model was trained on ids of another tokenizer)\n",
+                tok_spec, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
+        rc = 2;
+        goto done;
+    }
+    int32_t eot = anneal_tokenizer_eot(tok), V = m->cfg.vocab_size;
+    const char *text = prompt ? prompt : "";
+    if (anneal_tokenizer_encode(tok, text, strlen(text), false, &ids) != ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: --prompt: %s\n", anneal_last_error());
+        goto done;
+    }
+    if (ids.n == 0) { /* nothing to continue: start a new document */
+        if (eot < 0) {
+            rc = USAGE_ERR("--prompt: give some text (the tokenizer has no end-of-text token to start from)");
+            goto done;
+        }
+        if (anneal_ids_push(&ids, eot) != ANNEAL_OK) goto done;
+    }
+    for (size_t i = 0; i < ids.n; i++)
+        if (ids.ids[i] < 0 || ids.ids[i] >= V) {
+            fprintf(stderr, "anneal generate: --prompt: token id %d is outside the model's vocabulary of %d "
+                            "(a tokenizer larger than the model's)\n", ids.ids[i], V);
+            goto done;
+        }
+    sink s = {.vocab = anneal_tokenizer_vocab_size(tok), .cap = 4096};
+    if (!(s.buf = malloc(s.cap))) {
+        fprintf(stderr, "anneal generate: out of memory\n");
+        goto done;
+    }
+    anneal_stream_decoder_init(&s.dec, tok);
+    fputs(text, stdout);
+    fflush(stdout);
+    anneal_sampler_config sc = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
+                                .seed = (uint64_t)seed};
+    double t0 = now_s();
+    anneal_status gs = anneal_gpt2_generate(m, ids.ids, (int64_t)ids.n, max_tokens, &sc, eot, on_token, &s);
+    double dt = now_s() - t0;
+    buf = s.buf; /* freed at done */
+    size_t tail = anneal_stream_decoder_flush(&s.dec, buf, s.cap);
+    if (!s.write_failed) {
+        emit(buf, tail, &s);
+        emit("\n", 1, &s);
+    }
+    if (gs != ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: %s\n", anneal_last_error());
+        goto done;
+    }
+    fprintf(stderr, "anneal generate: %zu prompt tokens, %lld generated in %.2f s (%.1f tokens/s)\n", ids.n,
+            (long long)s.n, dt, dt > 0 ? (double)s.n / dt : 0.0);
+    rc = 0;
+done:
+    free(buf);
+    anneal_ids_free(&ids);
+    anneal_tokenizer_free(tok);
+    cJSON_Delete(config);
+    anneal_gpt2_free(m);
+    return rc;
+}

@@ -1,0 +1,70 @@
+/* Stop requests (SIGINT/SIGTERM handlers call anneal_train_request_stop) and the test
+ * hook that makes chosen steps non-finite (ANNEAL_TEST_INJECT_NAN), so the skip-and-
+ * count path is exercised through the real loop. */
+#include "train_internal.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static volatile sig_atomic_t stop_signo; /* 0: keep going; else the signal (or -1) */
+
+void anneal_train_request_stop(int signo) { stop_signo = signo > 0 ? signo : -1; }
+
+bool train_stop_requested(int *signo) {
+    int s = stop_signo;
+    if (signo) *signo = s;
+    return s != 0;
+}
+
+void train_stop_reset(void) { stop_signo = 0; }
+
+double train_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+anneal_status train_parse_nan_steps(const char *spec, int64_t **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
+    if (!spec || !*spec) return ANNEAL_OK;
+    int cap = 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        long long a = strtoll(p, &end, 10), b = a;
+        if (end == p || a < 1) goto bad;
+        p = end;
+        if (*p == '-') {
+            b = strtoll(p + 1, &end, 10);
+            if (end == p + 1 || b < a || b - a > 1000000) goto bad;
+            p = end;
+        }
+        for (long long s = a; s <= b; s++) {
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 16;
+                int64_t *g = realloc(*steps, (size_t)cap * sizeof *g);
+                if (!g) {
+                    free(*steps), *steps = NULL, *n = 0;
+                    return anneal_set_error(ANNEAL_ERR_OOM, "ANNEAL_TEST_INJECT_NAN: out of memory");
+                }
+                *steps = g;
+            }
+            (*steps)[(*n)++] = s;
+        }
+        if (*p == ',') p++;
+        else if (*p) goto bad;
+    }
+    return ANNEAL_OK;
+bad:
+    free(*steps), *steps = NULL, *n = 0;
+    return anneal_set_error(ANNEAL_ERR_ARG, "ANNEAL_TEST_INJECT_NAN: expected steps like \"3,7-9\", got '%s'", spec);
+}
+
+bool train_inject_nan(const trainer *t, int64_t step1) {
+    for (int i = 0; i < t->n_nan_steps; i++)
+        if (t->nan_steps[i] == step1) return true;
+    return false;
+}

@@ -1,0 +1,339 @@
+/* The training loop: one step is K micro-batches of forward + backward (the loss of
+ * each scaled by 1/K, so the gradient is that of the mean loss), the global gradient
+ * norm (clipped), and an AdamW update at the scheduled learning rate, unless the loss
+ * or the norm is not finite: then the update is skipped and counted, and too many in
+ * a row stop the run.
+ *
+ * Exact resume: the only randomness is the data order (the loader, whose cursor is
+ * checkpointed) and dropout, which draws from the global Philox generator set at
+ * every step start to (seed, (step + 1) * 2^40): a pure function of the step, so a
+ * resumed run draws the same masks as a straight one whatever happened in between
+ * (evaluation, sampling, a different process). */
+#include "train_internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What one step did. */
+typedef struct step_out {
+    double loss, lr;
+    float norm;
+    bool skipped;
+} step_out;
+
+static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
+    const anneal_train_config *c = &t->cfg;
+    anneal_rng_state rs = {(uint64_t)c->seed, (uint64_t)(step + 1) << 40};
+    anneal_rng_set(rs);
+    t->model->training = true;
+    anneal_params_zero_grad(t->model->params);
+    bool inject = train_inject_nan(t, step + 1);
+    double sum = 0;
+    for (int64_t k = 0; k < c->accum; k++) {
+        anneal_scope *s = anneal_scope_open();
+        int64_t shape[2] = {c->batch, c->seq};
+        anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
+        anneal_status st = ids && tg ? train_source_next(&t->train, anneal_data(ids), anneal_data(tg))
+                                     : anneal_last_status();
+        if (st == ANNEAL_OK) {
+            anneal_tensor *loss = anneal_gpt2_loss(t->model, ids, tg);
+            if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
+            anneal_tensor *obj = c->accum > 1 ? anneal_scale(loss, 1.0f / (float)c->accum) : loss;
+            st = obj ? anneal_backward(obj) : anneal_last_status();
+            if (st == ANNEAL_OK) sum += anneal_item(loss);
+        }
+        anneal_scope_close(s);
+        if (st != ANNEAL_OK) return st;
+    }
+    o->loss = sum / (double)c->accum;
+    o->lr = anneal_schedule_lr(&t->sch, step);
+    float norm = NAN;
+    anneal_status st = c->clip > 0 ? anneal_clip_grad_norm(t->model->params, (float)c->clip, &norm)
+                                   : anneal_grad_norm(t->model->params, &norm);
+    if (st != ANNEAL_OK) return st;
+    o->norm = norm;
+    o->skipped = !isfinite(o->loss) || !isfinite(norm);
+    if (!o->skipped) st = anneal_optimizer_step(t->opt, o->lr);
+    anneal_params_zero_grad(t->model->params);
+    return st;
+}
+
+/* Starts a checkpoint of the current state on the background writer and logs how
+ * long the loop waited (the previous write, if still running, plus the snapshot). */
+static void save_checkpoint(trainer *t) {
+    double t0 = train_now_ms();
+    if (anneal_checkpointer_wait(t->ckpt) != ANNEAL_OK) {
+        t->ckpt_failures++;
+        anneal_progress_note(t->prog, "warning: checkpoint failed: %s", anneal_last_error());
+        anneal_clear_error();
+    }
+    double t1 = train_now_ms();
+    anneal_status st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
+    double t2 = train_now_ms();
+    if (st != ANNEAL_OK) {
+        t->ckpt_failures++;
+        anneal_progress_note(t->prog, "warning: checkpoint at step %lld failed: %s", (long long)t->st.step,
+                             anneal_last_error());
+        anneal_clear_error();
+        return;
+    }
+    t->last_ckpt_step = t->st.step;
+    cJSON *o = cJSON_CreateObject();
+    char name[64];
+    snprintf(name, sizeof name, "ckpt_%08lld", (long long)t->st.step);
+    cJSON_AddStringToObject(o, "type", "checkpoint");
+    cJSON_AddNumberToObject(o, "step", (double)t->st.step);
+    cJSON_AddStringToObject(o, "dir", name);
+    cJSON_AddNumberToObject(o, "stall_ms", t2 - t0);
+    cJSON_AddNumberToObject(o, "snapshot_ms", t2 - t1);
+    train_log_json(t, o);
+}
+
+static void log_eval(trainer *t, double val) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "eval");
+    cJSON_AddNumberToObject(o, "step", (double)t->st.step);
+    cJSON_AddNumberToObject(o, "val_loss", val);
+    cJSON_AddNumberToObject(o, "batches", (double)t->eval_batches);
+    train_log_json(t, o);
+}
+
+/* Evaluates, prints and logs; returns the status of the evaluation. */
+static anneal_status do_eval(trainer *t, double *val) {
+    double t0 = train_now_ms();
+    anneal_status st = train_evaluate(t, val);
+    if (st != ANNEAL_OK) return st;
+    if (isfinite(*val) && !(*val >= t->st.best_val_loss)) t->st.best_val_loss = *val;
+    anneal_progress_note(t->prog, "step %lld: val loss %.4f (%lld batches, %.1f s)", (long long)t->st.step, *val,
+                         (long long)t->eval_batches, (train_now_ms() - t0) / 1e3);
+    log_eval(t, *val);
+    return ANNEAL_OK;
+}
+
+static anneal_status do_sample(trainer *t) {
+    char *text = NULL;
+    anneal_status st = train_sample(t, &text);
+    if (st != ANNEAL_OK || !text) return st;
+    anneal_progress_note(t->prog, "--- sample at step %lld (temperature %g) ---\n%s\n---", (long long)t->st.step,
+                         t->cfg.sample_temperature, text);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "sample");
+    cJSON_AddNumberToObject(o, "step", (double)t->st.step);
+    cJSON_AddStringToObject(o, "text", text);
+    train_log_json(t, o);
+    free(text);
+    return ANNEAL_OK;
+}
+
+static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "step");
+    cJSON_AddNumberToObject(o, "step", (double)ps->step);
+    cJSON_AddNumberToObject(o, "loss", so->loss);
+    cJSON_AddNumberToObject(o, "lr", so->lr);
+    cJSON_AddNumberToObject(o, "grad_norm", (double)so->norm);
+    cJSON_AddNumberToObject(o, "tokens_per_s", ps->tokens_per_s);
+    cJSON_AddNumberToObject(o, "mfu", ps->mfu);
+    cJSON_AddNumberToObject(o, "ms", ps->ms);
+    cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
+    cJSON_AddBoolToObject(o, "skipped", so->skipped);
+    train_log_json(t, o);
+}
+
+static void print_header(trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    const anneal_gpt2_config *m = &t->mcfg;
+    char b1[32], b2[32];
+    anneal_progress_note(t->prog, "model: %d layers, %d heads, %d channels, vocab %d, context %d: %.2fM parameters (%s)%s",
+                         m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->n_ctx,
+                         (double)anneal_gpt2_num_params(t->model) / 1e6, t->model_source,
+                         c->init && !c->resume ? ", weights from --init" : "");
+    if (c->synthetic)
+        anneal_progress_note(t->prog, "data: synthetic Markov chain (4 successors per token: best possible loss ln 4 = 1.386)");
+    else
+        anneal_progress_note(t->prog, "data: %s: %s windows of %lld tokens%s%s", c->data,
+                             anneal_format_count((double)train_source_windows(&t->train), b1, sizeof b1),
+                             (long long)c->seq, t->has_val ? ", val split for evaluation" : ", no val split",
+                             c->shuffle ? ", shuffled" : "");
+    anneal_progress_note(t->prog,
+                         "training: %lld steps of %lld x %lld tokens%s (%s tokens), lr %g %s, warmup %lld, threads %d",
+                         (long long)t->total_steps, (long long)c->batch, (long long)c->seq,
+                         c->accum > 1 ? " x accum" : "", anneal_format_count((double)t->total_steps * (double)t->tokens_per_step, b2, sizeof b2),
+                         c->lr, c->schedule ? c->schedule : "cosine", (long long)c->warmup, anneal_get_num_threads());
+    if (c->accum > 1) anneal_progress_note(t->prog, "gradient accumulation: %lld micro-batches per step", (long long)c->accum);
+    anneal_progress_note(t->prog, "run directory: %s (checkpoints %s, keep %lld)", t->run_dir,
+                         c->ckpt_every > 0 ? "periodic and at the end" : "at the end", (long long)c->keep);
+    if (c->ckpt_every > 0) anneal_progress_note(t->prog, "  checkpoint every %lld steps", (long long)c->ckpt_every);
+    anneal_progress_note(t->prog, "MFU against %.1f GFLOP/s (%s)", t->peak_gflops, t->peak_source);
+    if (t->resume_ckpt[0])
+        anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
+}
+
+static void print_summary(trainer *t, anneal_train_result *res, double first_loss, int signo) {
+    char d[32], tk[32], tps[32];
+    anneal_memory_stats mem = anneal_memory_stats_get(ANNEAL_CPU);
+    int64_t ran = t->st.step - t->start_step;
+    double run_tokens = (double)ran * (double)t->tokens_per_step;
+    anneal_progress_note(t->prog, "%s: %lld steps (%lld in this run) in %s, %s tokens, %s tok/s",
+                         res->interrupted ? (signo ? "interrupted" : "stopped") : "done", (long long)t->st.step, (long long)ran,
+                         anneal_format_duration(res->seconds, d, sizeof d),
+                         anneal_format_count((double)t->st.tokens, tk, sizeof tk),
+                         anneal_format_count(res->seconds > 0 ? run_tokens / res->seconds : NAN, tps, sizeof tps));
+    anneal_progress_note(t->prog, "  train loss %.4f (first step of this run %.4f), val loss %.4f, skipped steps %lld",
+                         res->train_loss, first_loss, res->val_loss, (long long)t->st.skipped_steps);
+    anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, RSS %.1f MiB", (double)mem.peak_bytes / 1048576.0,
+                         (double)anneal_peak_rss_bytes() / 1048576.0);
+    if (t->last_ckpt_step >= 0)
+        anneal_progress_note(t->prog, "  checkpoint: %s/ckpt_%08lld", t->run_dir, (long long)t->last_ckpt_step);
+    if (res->interrupted && signo == 0)
+        anneal_progress_note(t->prog, "stopped at step %lld (--stop-at): continue with: anneal train --resume %s",
+                             (long long)t->st.step, t->run_dir);
+    else if (res->interrupted)
+        anneal_progress_note(t->prog, "interrupted by %s: continue with: anneal train --resume %s",
+                             signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "a stop request", t->run_dir);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "summary");
+    cJSON_AddNumberToObject(o, "step", (double)t->st.step);
+    cJSON_AddNumberToObject(o, "steps_this_run", (double)ran);
+    cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
+    cJSON_AddNumberToObject(o, "seconds", res->seconds);
+    cJSON_AddNumberToObject(o, "train_loss", res->train_loss);
+    cJSON_AddNumberToObject(o, "val_loss", res->val_loss);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)t->st.skipped_steps);
+    cJSON_AddNumberToObject(o, "peak_tensor_bytes", (double)mem.peak_bytes);
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)anneal_peak_rss_bytes());
+    cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
+    train_log_json(t, o);
+}
+
+/* Re-records the current error with "step N: " in front. */
+static anneal_status step_error(int64_t step1) {
+    anneal_status code = anneal_last_status();
+    if (code == ANNEAL_OK) code = ANNEAL_ERR_STATE;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    anneal_clear_error();
+    return anneal_set_error(code, "step %lld: %s", (long long)step1, msg);
+}
+
+anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res) {
+    memset(res, 0, sizeof *res);
+    res->train_loss = res->val_loss = NAN;
+    double t_start = train_now_ms();
+    trainer *t = calloc(1, sizeof *t);
+    if (!t) return anneal_set_error(ANNEAL_ERR_OOM, "train: out of memory");
+    bool usage = false;
+    anneal_status fail = train_setup(t, cfg, out, &usage);
+    snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
+    if (fail != ANNEAL_OK) {
+        res->usage_error = usage;
+        train_teardown(t);
+        free(t);
+        return fail;
+    }
+    print_header(t);
+    train_log_start(t);
+    if (t->st.step >= t->total_steps)
+        anneal_progress_note(t->prog, "nothing to do: the run has %lld of %lld steps (raise --steps to go on)",
+                             (long long)t->st.step, (long long)t->total_steps);
+
+    const anneal_train_config *c = &t->cfg;
+    double first_loss = NAN, last_loss = NAN, val = NAN, first_end = 0;
+    int64_t last_eval_step = -1, last_sample_step = -1, ran = 0;
+    int bad_in_row = 0, signo = 0;
+    bool interrupted = false;
+    for (int64_t step = t->st.step; step < t->total_steps; step++) {
+        double t0 = train_now_ms();
+        step_out so;
+        if (run_step(t, step, &so) != ANNEAL_OK) {
+            fail = step_error(step + 1);
+            break;
+        }
+        double now = train_now_ms(), ms = now - t0;
+        t->st.step = step + 1;
+        t->st.tokens += t->tokens_per_step;
+        t->st.rng = anneal_rng_get();
+        t->st.cursor = train_source_get_cursor(&t->train);
+        if (so.skipped) t->st.skipped_steps++, bad_in_row++;
+        else bad_in_row = 0;
+        if (++ran == 1) first_end = now, first_loss = so.loss;
+        last_loss = so.loss;
+
+        anneal_step_stats ps = {.step = step + 1, .total = t->total_steps, .loss = so.loss, .lr = so.lr,
+                                .grad_norm = so.norm, .ms = ms, .skipped = so.skipped};
+        ps.tokens_per_s = (double)t->tokens_per_step / (ms / 1e3);
+        ps.mfu = t->peak_gflops > 0 ? t->flops_per_token * ps.tokens_per_s / (t->peak_gflops * 1e9) : NAN;
+        /* ETA from the average wall time per step since the first (which warms up) */
+        double avg_ms = ran > 1 ? (now - first_end) / (double)(ran - 1) : ms;
+        ps.eta_s = avg_ms * (double)(t->total_steps - t->st.step) / 1e3;
+        anneal_progress_step(t->prog, &ps);
+        log_step(t, &so, &ps);
+        if (so.skipped) {
+            anneal_progress_note(t->prog,
+                                 "step %lld: loss %g, gradient norm %g: not finite, update skipped (%d in a row; "
+                                 "--max-bad-steps %lld)",
+                                 (long long)t->st.step, so.loss, (double)so.norm, bad_in_row, (long long)c->max_bad_steps);
+            if (bad_in_row >= c->max_bad_steps) {
+                fail = anneal_set_error(ANNEAL_ERR_NUMERIC,
+                                        "%d non-finite steps in a row (steps %lld-%lld): stopping (--max-bad-steps %lld)",
+                                        bad_in_row, (long long)(t->st.step - bad_in_row + 1), (long long)t->st.step,
+                                        (long long)c->max_bad_steps);
+                break;
+            }
+        }
+        bool last = t->st.step == t->total_steps;
+        if (c->eval_every > 0 && t->st.step % c->eval_every == 0 && t->has_val && t->eval_batches > 0) {
+            if ((fail = do_eval(t, &val)) != ANNEAL_OK) break;
+            last_eval_step = t->st.step;
+        }
+        if (c->sample_every > 0 && t->st.step % c->sample_every == 0 && t->tok) {
+            if ((fail = do_sample(t)) != ANNEAL_OK) break;
+            last_sample_step = t->st.step;
+        }
+        if ((train_stop_requested(&signo) || (c->stop_at > 0 && t->st.step >= c->stop_at)) && !last) {
+            interrupted = true;
+            break;
+        }
+        if (c->ckpt_every > 0 && t->st.step % c->ckpt_every == 0 && !last) save_checkpoint(t);
+    }
+
+    if (fail == ANNEAL_OK) {
+        /* the end: evaluation and sample at the final step, then the final checkpoint */
+        if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step)
+            fail = do_eval(t, &val);
+        if (fail == ANNEAL_OK && !interrupted && ran > 0 && c->sample_every > 0 && t->tok &&
+            last_sample_step != t->st.step)
+            fail = do_sample(t);
+        if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && (ran > 0 || interrupted)) save_checkpoint(t);
+    }
+    /* every write must be complete (or known to have failed) before we report */
+    if (anneal_checkpointer_wait(t->ckpt) != ANNEAL_OK) {
+        t->ckpt_failures++;
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", anneal_last_error());
+        anneal_clear_error();
+        if (fail == ANNEAL_OK)
+            fail = anneal_set_error(ANNEAL_ERR_IO, "checkpoint at step %lld failed: %s", (long long)t->last_ckpt_step, msg);
+        else
+            anneal_progress_note(t->prog, "warning: checkpoint at step %lld failed: %s", (long long)t->last_ckpt_step, msg);
+    } else if (fail == ANNEAL_OK && (ran > 0 || interrupted) && t->last_ckpt_step != t->st.step) {
+        fail = anneal_set_error(ANNEAL_ERR_IO, "the final checkpoint at step %lld failed (see the warning above)",
+                                (long long)t->st.step);
+    }
+
+    res->steps_done = t->st.step;
+    res->tokens = t->st.tokens;
+    res->skipped_steps = t->st.skipped_steps;
+    res->train_loss = last_loss;
+    res->val_loss = val;
+    res->interrupted = interrupted;
+    res->seconds = (train_now_ms() - t_start) / 1e3;
+    if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
+    train_stop_reset();
+    train_teardown(t);
+    free(t);
+    return fail;
+}

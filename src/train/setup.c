@@ -1,0 +1,513 @@
+/* Everything before the first step of a run: resolving where the run lives (a new
+ * run directory, or the one a resume continues), the data (train/val shards or
+ * synthetic tokens, the tokenizer for samples), the model config (preset, HF
+ * config.json, checkpoint, --init), weights (random, --init, or the checkpoint),
+ * the optimizer, the schedule, logs, the checkpointer and the MFU denominator. */
+#include "train_internal.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Records a usage error (a setting is at fault). */
+#define USAGE(...) (*usage = true, anneal_set_error(ANNEAL_ERR_ARG, __VA_ARGS__))
+
+/* Re-records the current error message with a prefix ("--data: ..."). */
+static anneal_status prefix_error(const char *prefix) {
+    anneal_status code = anneal_last_status();
+    if (code == ANNEAL_OK) code = ANNEAL_ERR_IO;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    anneal_clear_error();
+    return anneal_set_error(code, "%s%s", prefix, msg);
+}
+
+/* buf = a "/" b; false (and buf truncated) when it does not fit. */
+static bool path_join(char *buf, size_t n, const char *a, const char *b) {
+    int k = snprintf(buf, n, "%s/%s", a, b);
+    return k >= 0 && (size_t)k < n;
+}
+
+static bool is_dir(const char *p) {
+    struct stat sb;
+    return p && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool exists(const char *p) {
+    struct stat sb;
+    return p && stat(p, &sb) == 0;
+}
+
+/* mkdir -p. */
+static int mkdir_p(const char *path) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return ENAMETOOLONG;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return errno;
+    return is_dir(buf) ? 0 : ENOTDIR;
+}
+
+/* Replaces *s (a path that exists) by its absolute form, so a saved config still
+ * names it when a resume runs from another directory. */
+static void absolutize(char **s) {
+    if (!*s || **s == '/' || !strcmp(*s, "gpt2")) return;
+    char *r = realpath(*s, NULL);
+    if (r) free(*s), *s = r;
+}
+
+/* True when dir already holds a run: a `latest` pointer or a ckpt_* directory. */
+static bool holds_run(const char *dir, char *what, size_t n) {
+    char p[PATH_MAX];
+    if (!path_join(p, sizeof p, dir, "latest")) return false;
+    if (exists(p)) {
+        snprintf(what, n, "%s", p);
+        return true;
+    }
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "ckpt_", 5)) {
+            if (!path_join(what, n, dir, e->d_name)) snprintf(what, n, "%s", e->d_name);
+            found = true;
+            break;
+        }
+    closedir(d);
+    return found;
+}
+
+/* True when dir has a file <split>_*.bin. */
+static bool has_split(const char *dir, const char *split) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    size_t k = strlen(split);
+    bool found = false;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (!strncmp(e->d_name, split, k) && e->d_name[k] == '_' && n > 4 && !strcmp(e->d_name + n - 4, ".bin")) {
+            found = true;
+            break;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* runs/<YYYYmmdd-HHMMSS>[-N] that does not exist yet. */
+static void default_run_dir(char *buf, size_t n) {
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(buf, n, "runs/%s", stamp);
+    for (int i = 2; exists(buf) && i < 1000; i++) snprintf(buf, n, "runs/%s-%d", stamp, i);
+}
+
+anneal_status anneal_train_resume_config(const anneal_train_config *c, char *ckpt_dir, size_t ckpt_dir_len,
+                                         char **config_json) {
+    *config_json = NULL;
+    const char *arg = c->resume_dir ? c->resume_dir : c->out;
+    if (!arg)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--resume: which run? give --resume DIR or --out DIR");
+    if (anneal_checkpoint_resolve(arg, ckpt_dir, ckpt_dir_len) != ANNEAL_OK) return prefix_error("--resume: ");
+    anneal_gpt2_config mc;
+    if (anneal_checkpoint_read_config(ckpt_dir, &mc, config_json) != ANNEAL_OK) return prefix_error("--resume: ");
+    return ANNEAL_OK;
+}
+
+/* The tokenizer spec DIR/prepare.json records (malloc'd), or NULL. */
+static char *prepare_tokenizer_spec(const char *data_dir) {
+    char p[PATH_MAX];
+    if (!path_join(p, sizeof p, data_dir, "prepare.json")) return NULL;
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (64u << 20)) break;
+            char *g = realloc(buf, cap);
+            if (!g) break;
+            buf = g;
+        }
+        size_t r = fread(buf + n, 1, 4096, f);
+        n += r;
+        if (r < 4096) break;
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    free(buf);
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(tk, "spec");
+    char *out = cJSON_IsString(spec) && *spec->valuestring ? strdup(spec->valuestring) : NULL;
+    cJSON_Delete(root);
+    return out;
+}
+
+/* Loads the tokenizer for samples. An explicit --tokenizer that fails or does not
+ * match the data is an error; the one prepare.json names only turns samples off. */
+static anneal_status load_tokenizer(trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    bool explicit_tok = c->tokenizer != NULL;
+    char *spec = explicit_tok ? strdup(c->tokenizer) : c->data ? prepare_tokenizer_spec(c->data) : NULL;
+    if (!spec) {
+        if (c->sample_every > 0)
+            anneal_progress_note(t->prog, "note: no tokenizer (give --tokenizer): samples are off");
+        return ANNEAL_OK;
+    }
+    anneal_status st = anneal_tokenizer_load(spec, &t->tok);
+    if (st != ANNEAL_OK && spec[0] != '/' && c->data) {
+        /* a relative spec recorded by prepare may be relative to the data directory */
+        char alt[PATH_MAX];
+        if (path_join(alt, sizeof alt, c->data, spec) && exists(alt)) {
+            anneal_clear_error();
+            st = anneal_tokenizer_load(alt, &t->tok);
+        }
+    }
+    if (st != ANNEAL_OK) {
+        if (explicit_tok) {
+            free(spec);
+            return prefix_error("--tokenizer: ");
+        }
+        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off",
+                             spec, anneal_last_error());
+        anneal_clear_error();
+        free(spec);
+        return ANNEAL_OK;
+    }
+    uint64_t fp = anneal_tokenizer_fingerprint(t->tok);
+    if (t->data_fingerprint && fp != t->data_fingerprint) {
+        anneal_tokenizer_free(t->tok);
+        t->tok = NULL;
+        if (explicit_tok) {
+            anneal_status e = anneal_set_error(ANNEAL_ERR_ARG,
+                                               "--tokenizer %s: fingerprint %016llx does not match the data's %016llx "
+                                               "(the shards were made with another tokenizer)",
+                                               spec, (unsigned long long)fp, (unsigned long long)t->data_fingerprint);
+            free(spec);
+            return e;
+        }
+        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off", spec);
+    }
+    free(spec);
+    return ANNEAL_OK;
+}
+
+/* Where the run lives and, for a resume, which checkpoint it continues from. */
+static anneal_status resolve_run_dir(trainer *t, bool *usage, anneal_gpt2_config *ck_cfg) {
+    anneal_train_config *c = &t->cfg;
+    if (c->resume) {
+        char *json = NULL;
+        if (anneal_train_resume_config(c, t->resume_ckpt, sizeof t->resume_ckpt, &json) != ANNEAL_OK) {
+            *usage = anneal_last_status() == ANNEAL_ERR_ARG;
+            return anneal_last_status();
+        }
+        free(json);
+        if (anneal_checkpoint_read_config(t->resume_ckpt, ck_cfg, NULL) != ANNEAL_OK) return prefix_error("--resume: ");
+        const char *arg = c->resume_dir ? c->resume_dir : c->out;
+        if (c->out) {
+            snprintf(t->run_dir, sizeof t->run_dir, "%s", c->out);
+        } else {
+            /* --resume RUN_DIR continues in RUN_DIR; --resume RUN_DIR/ckpt_N in RUN_DIR */
+            char *ra = realpath(arg, NULL), *rc = realpath(t->resume_ckpt, NULL);
+            bool is_ckpt = ra && rc && !strcmp(ra, rc);
+            if (is_ckpt) {
+                char tmp[PATH_MAX];
+                snprintf(tmp, sizeof tmp, "%s", rc);
+                snprintf(t->run_dir, sizeof t->run_dir, "%s", dirname(tmp));
+            } else {
+                snprintf(t->run_dir, sizeof t->run_dir, "%s", arg);
+            }
+            free(ra);
+            free(rc);
+        }
+    } else if (c->out) {
+        snprintf(t->run_dir, sizeof t->run_dir, "%s", c->out);
+    } else {
+        default_run_dir(t->run_dir, sizeof t->run_dir);
+    }
+    /* a new run (or a resume into another directory) must not clobber a run */
+    char what[PATH_MAX + 16];
+    if (holds_run(t->run_dir, what, sizeof what)) {
+        char *a = realpath(t->run_dir, NULL), *b = NULL;
+        if (c->resume) {
+            char tmp[PATH_MAX];
+            snprintf(tmp, sizeof tmp, "%s", t->resume_ckpt);
+            b = realpath(dirname(tmp), NULL);
+        }
+        bool same = a && b && !strcmp(a, b);
+        free(a);
+        free(b);
+        if (!same)
+            return USAGE("--out %s: already holds a run (%s): continue it with --resume %s, or choose another --out",
+                         t->run_dir, what, t->run_dir);
+    }
+    int e = mkdir_p(t->run_dir);
+    if (e) return anneal_set_error(ANNEAL_ERR_IO, "--out %s: cannot create the run directory: %s", t->run_dir, strerror(e));
+    char log[PATH_MAX + 16];
+    path_join(log, sizeof log, t->run_dir, "log.jsonl");
+    if (anneal_jsonl_open(log, &t->log) != ANNEAL_OK) return prefix_error("--out: ");
+    if (c->log_jsonl && anneal_jsonl_open(c->log_jsonl, &t->log_extra) != ANNEAL_OK) return prefix_error("--log-jsonl: ");
+    return ANNEAL_OK;
+}
+
+/* Opens the train (and, when present, val) split or the synthetic streams. */
+static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
+    anneal_train_config *c = &t->cfg;
+    if (c->synthetic) {
+        train_source_open_synthetic(&t->train, c->batch, c->seq, (uint64_t)c->seed, 0, synth_vocab);
+        train_source_open_synthetic(&t->val, c->batch, c->seq, (uint64_t)c->seed, 1, synth_vocab);
+        t->has_val = true;
+        return ANNEAL_OK;
+    }
+    if (!is_dir(c->data)) {
+        if (exists(c->data))
+            return anneal_set_error(ANNEAL_ERR_IO, "--data %s: not a directory (give the directory anneal prepare wrote)",
+                                    c->data);
+        return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no such directory", c->data);
+    }
+    if (!has_split(c->data, "train"))
+        return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no train_*.bin shards (make them with anneal prepare)", c->data);
+    if (train_source_open_loader(&t->train, c->data, "train", c->batch, c->seq, (uint64_t)c->seed, c->shuffle, true) !=
+        ANNEAL_OK) {
+        *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
+        return prefix_error("--data: ");
+    }
+    t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
+    if (has_split(c->data, "val") && c->eval_batches > 0) {
+        if (train_source_open_loader(&t->val, c->data, "val", c->batch, c->seq, (uint64_t)c->seed, false, false) !=
+            ANNEAL_OK) {
+            if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
+            anneal_progress_note(t->prog, "note: val split unusable (%s): no evaluation", anneal_last_error());
+            anneal_clear_error();
+        } else if (anneal_loader_fingerprint(t->val.loader) != t->data_fingerprint) {
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "--data %s: val and train shards come from different tokenizers",
+                                    c->data);
+        } else {
+            t->has_val = true;
+        }
+    }
+    return ANNEAL_OK;
+}
+
+/* The model config: --config, --model, the checkpoint being resumed, --init's, or
+ * the tiny preset; the data's vocabulary for presets. */
+static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_config *ck_cfg) {
+    anneal_train_config *c = &t->cfg;
+    anneal_gpt2_config mc;
+    bool from_preset = false;
+    if (c->config) {
+        if (anneal_gpt2_config_from_hf_json(c->config, &mc) != ANNEAL_OK) {
+            *usage = true;
+            return prefix_error("--config: ");
+        }
+        snprintf(t->model_source_buf, sizeof t->model_source_buf, "config %s", c->config);
+    } else if (c->model) {
+        if (!anneal_gpt2_preset(c->model, &mc)) return USAGE("--model: unknown preset '%s'", c->model);
+        from_preset = true;
+        snprintf(t->model_source_buf, sizeof t->model_source_buf, "preset %s", c->model);
+    } else if (c->resume) {
+        mc = *ck_cfg;
+        snprintf(t->model_source_buf, sizeof t->model_source_buf, "from the checkpoint");
+    } else if (c->init) {
+        char cfgp[PATH_MAX + 16];
+        if (is_dir(c->init)) {
+            char ck[PATH_MAX];
+            if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||
+                anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK)
+                return prefix_error("--init: ");
+        } else {
+            char tmp[PATH_MAX];
+            snprintf(tmp, sizeof tmp, "%s", c->init);
+            if (!path_join(cfgp, sizeof cfgp, dirname(tmp), "config.json") || !exists(cfgp))
+                return USAGE("--init %s: cannot tell the model's shape: give --model or --config (no config.json beside it)",
+                             c->init);
+            if (anneal_gpt2_config_from_hf_json(cfgp, &mc) != ANNEAL_OK) return prefix_error("--init: ");
+        }
+        snprintf(t->model_source_buf, sizeof t->model_source_buf, "the config of --init");
+    } else {
+        anneal_gpt2_preset("tiny", &mc);
+        from_preset = true;
+        snprintf(t->model_source_buf, sizeof t->model_source_buf, "preset tiny");
+    }
+    t->model_source = t->model_source_buf;
+    int32_t data_vocab = c->synthetic ? 0 : t->train.vocab;
+    if (from_preset && !c->init && data_vocab > 0) mc.vocab_size = data_vocab;
+    if (data_vocab > mc.vocab_size)
+        return USAGE("--data: the shards use a vocabulary of %d ids but the model's vocab_size is %d", data_vocab,
+                     mc.vocab_size);
+    if (c->dropout >= 0) mc.dropout = (float)c->dropout;
+    mc.recompute = c->recompute;
+    if (anneal_gpt2_config_check(&mc) != ANNEAL_OK) {
+        *usage = true;
+        return prefix_error(c->config ? "--config: " : "model: ");
+    }
+    if (c->seq > mc.n_ctx) return USAGE("--seq: %lld is more than the model's n_ctx %d", (long long)c->seq, mc.n_ctx);
+    if (c->resume) {
+        const anneal_gpt2_config *k = ck_cfg;
+        if (k->n_layer != mc.n_layer || k->n_head != mc.n_head || k->n_embd != mc.n_embd ||
+            k->vocab_size != mc.vocab_size || k->n_ctx != mc.n_ctx)
+            return USAGE("--resume: the checkpoint %s holds a model of n_layer %d, n_head %d, n_embd %d, vocab %d, "
+                         "n_ctx %d, but this run asks for n_layer %d, n_head %d, n_embd %d, vocab %d, n_ctx %d: a resume "
+                         "cannot change the model's shape (start a new run, e.g. with --init %s)",
+                         t->resume_ckpt, k->n_layer, k->n_head, k->n_embd, k->vocab_size, k->n_ctx, mc.n_layer,
+                         mc.n_head, mc.n_embd, mc.vocab_size, mc.n_ctx, t->resume_ckpt);
+    }
+    t->mcfg = mc;
+    return ANNEAL_OK;
+}
+
+/* Weights: random init, then --init, or everything from the resumed checkpoint. */
+static anneal_status build_model(trainer *t, bool *usage) {
+    anneal_train_config *c = &t->cfg;
+    t->model = anneal_gpt2_new(&t->mcfg);
+    if (!t->model) return prefix_error("model: ");
+    if (!c->resume) {
+        if (anneal_gpt2_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
+        if (c->init) {
+            anneal_status st;
+            if (is_dir(c->init)) {
+                char ck[PATH_MAX];
+                anneal_train_state tmp;
+                st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
+                if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
+            } else {
+                st = anneal_gpt2_load_hf_safetensors(t->model, c->init);
+            }
+            if (st != ANNEAL_OK) return prefix_error("--init: ");
+        }
+    }
+    anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
+    oc.beta1 = c->beta1;
+    oc.beta2 = c->beta2;
+    oc.eps = c->eps;
+    oc.weight_decay = c->weight_decay;
+    t->opt = anneal_optimizer_new(t->model->params, oc);
+    if (!t->opt) return prefix_error("optimizer: ");
+    t->st.best_val_loss = NAN;
+    t->st.tokenizer_fingerprint = t->data_fingerprint;
+    if (c->resume) {
+        anneal_train_state st;
+        if (anneal_checkpoint_load(t->resume_ckpt, t->model, t->opt, &st) != ANNEAL_OK) return prefix_error("--resume: ");
+        if (st.tokenizer_fingerprint && t->data_fingerprint && st.tokenizer_fingerprint != t->data_fingerprint)
+            return USAGE("--resume: the checkpoint was trained on data of tokenizer %016llx but --data %s has %016llx",
+                         (unsigned long long)st.tokenizer_fingerprint, c->data, (unsigned long long)t->data_fingerprint);
+        t->st = st;
+        t->st.tokenizer_fingerprint = t->data_fingerprint;
+        if (train_source_set_cursor(&t->train, st.cursor) != ANNEAL_OK)
+            return prefix_error("--resume: cannot restore the data position (--batch or --seq changed?): ");
+        anneal_rng_set(st.rng);
+    }
+    return ANNEAL_OK;
+}
+
+anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage) {
+    memset(t, 0, sizeof *t);
+    *usage = false;
+    t->out = out;
+    t->last_ckpt_step = -1;
+    if (anneal_train_config_copy(&t->cfg, cfg) != ANNEAL_OK) return ANNEAL_ERR_OOM;
+    anneal_train_config *c = &t->cfg;
+    t->prog = anneal_progress_new(out, out && isatty(fileno(out)), c->log_every);
+
+    /* settings that only make sense together */
+    if (c->synthetic && c->data) return USAGE("--synthetic and --data: give one of them");
+    if (!c->synthetic && !c->data)
+        return USAGE("--data DIR is required (shards from anneal prepare), or --synthetic for generated tokens");
+    if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
+    if (c->threads > 0) anneal_set_num_threads((int)c->threads);
+    absolutize(&c->data);
+    absolutize(&c->config);
+    if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
+    const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
+    if (train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
+
+    anneal_gpt2_config ck_cfg;
+    memset(&ck_cfg, 0, sizeof ck_cfg);
+    anneal_status st;
+    if ((st = resolve_run_dir(t, usage, &ck_cfg))) return st;
+    /* synthetic tokens use the vocabulary of the model they train */
+    anneal_gpt2_config pre;
+    int32_t synth_vocab = 512;
+    if (c->config && anneal_gpt2_config_from_hf_json(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
+    else if (c->model && anneal_gpt2_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
+    else if (c->resume) synth_vocab = ck_cfg.vocab_size;
+    anneal_clear_error();
+    if ((st = open_data(t, usage, synth_vocab))) return st;
+    if ((st = resolve_model(t, usage, &ck_cfg))) return st;
+    if (c->sample_every > 0 && (st = load_tokenizer(t))) {
+        *usage = st == ANNEAL_ERR_ARG;
+        return st;
+    }
+    if ((st = build_model(t, usage))) return st;
+
+    /* length and schedule */
+    t->tokens_per_step = c->batch * c->seq * c->accum;
+    t->total_steps = c->tokens > 0 ? (c->tokens + t->tokens_per_step - 1) / t->tokens_per_step : c->steps;
+    t->start_step = t->st.step;
+    anneal_schedule_parse(c->schedule ? c->schedule : "cosine", &t->sch.kind);
+    t->sch.max_lr = c->lr;
+    t->sch.min_lr = c->min_lr >= 0 ? c->min_lr : c->lr / 10;
+    t->sch.warmup_steps = c->warmup;
+    t->sch.total_steps = t->total_steps;
+    t->sch.decay_steps = t->total_steps / 5 > 0 ? t->total_steps / 5 : 1;
+
+    /* evaluation size: at most one pass over the val split */
+    t->eval_batches = c->eval_batches;
+    if (t->has_val && !c->synthetic) {
+        uint64_t w = train_source_windows(&t->val), per = (uint64_t)c->batch;
+        int64_t cap = (int64_t)(w / per > 0 ? w / per : 1);
+        if (t->eval_batches > cap) t->eval_batches = cap;
+    }
+
+    t->flops_per_token = anneal_gpt2_flops_per_token(t->model, c->seq);
+    if (c->peak_gflops > 0) {
+        t->peak_gflops = c->peak_gflops;
+        t->peak_source = "--peak-gflops";
+    } else {
+        const char *isa = "?";
+        int th = anneal_get_num_threads();
+        t->peak_gflops = anneal_peak_gflops_measure(th, 0.05, &isa);
+        snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "measured: %s microbenchmark, %d threads", isa, th);
+        t->peak_source = t->peak_source_buf;
+    }
+
+    t->config_json = anneal_train_config_to_json(c);
+    t->ckpt = anneal_checkpointer_new(t->run_dir, (int)c->keep);
+    if (!t->config_json || !t->ckpt) return prefix_error("checkpointer: ");
+    return ANNEAL_OK;
+}
+
+void train_teardown(trainer *t) {
+    if (t->ckpt) anneal_checkpointer_free(t->ckpt);
+    anneal_optimizer_free(t->opt);
+    anneal_gpt2_free(t->model);
+    train_source_close(&t->train);
+    train_source_close(&t->val);
+    anneal_tokenizer_free(t->tok);
+    anneal_jsonl_close(t->log);
+    anneal_jsonl_close(t->log_extra);
+    anneal_progress_free(t->prog);
+    free(t->config_json);
+    free(t->nan_steps);
+    anneal_train_config_free(&t->cfg);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,145 @@
+/* Helpers shared by the training tests: temporary directories, a small real-text
+ * data set (a BPE tokenizer learned from the KJV excerpt in ../shared, or from the
+ * `bible` program's output, and token shards prepared with it), and reading the
+ * per-step losses back from a run's log.jsonl. Header-only (static functions). */
+#ifndef ANNEAL_TESTS_TRAIN_UTIL_H
+#define ANNEAL_TESTS_TRAIN_UTIL_H
+
+#include "anneal/anneal.h"
+#include "data/prepare.h"
+#include "test.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A fresh directory /tmp/anneal_<tag>_XXXXXX (static buffer rotation of 4). */
+static inline const char *tu_mkdtemp(const char *tag) {
+    static char buf[4][256];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "/tmp/anneal_%s_XXXXXX", tag);
+    return mkdtemp(buf[k]) ? buf[k] : NULL;
+}
+
+/* rm -rf dir (test scratch only). */
+static inline void tu_rmrf(const char *dir) {
+    if (!dir || strncmp(dir, "/tmp/anneal_", 12) != 0) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    int r = system(cmd);
+    (void)r;
+}
+
+/* Path to a text to learn from: ../shared/data/tokenizer/kjv_head.txt, or the first
+ * books of the KJV written by `bible` into dir/kjv.txt. NULL if neither exists. */
+static inline const char *tu_corpus(const char *dir) {
+    static char path[512];
+    const char *cands[] = {"../shared/data/tokenizer/kjv_head.txt", "/work/shared/data/tokenizer/kjv_head.txt"};
+    for (int i = 0; i < 2; i++) {
+        const char *p = i == 0 ? anneal_test_path(cands[0]) : cands[1];
+        if (access(p, R_OK) == 0) {
+            snprintf(path, sizeof path, "%s", p);
+            return path;
+        }
+    }
+    snprintf(path, sizeof path, "%s/kjv.txt", dir);
+    char cmd[640];
+    snprintf(cmd, sizeof cmd, "bible gen1:1-exo40:38 > '%s' 2>/dev/null", path);
+    struct stat sb;
+    if (system(cmd) == 0 && stat(path, &sb) == 0 && sb.st_size > 100000) return path;
+    return NULL;
+}
+
+/* Learns a BPE tokenizer of `vocab` ids from the corpus into dir/tok and prepares
+ * dir/data (train + 10% val). Returns dir/data, or NULL (with a reason in why). */
+static inline const char *tu_make_data(const char *dir, int vocab, char *why, size_t why_n) {
+    static char data[512];
+    const char *corpus = tu_corpus(dir);
+    if (!corpus) {
+        snprintf(why, why_n, "no text: neither ../shared/data/tokenizer/kjv_head.txt nor the bible program");
+        return NULL;
+    }
+    char tokdir[512];
+    snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
+    snprintf(data, sizeof data, "%s/data", dir);
+    const char *files[1] = {corpus};
+    anneal_tokenizer *tok = NULL;
+    if (anneal_bpe_train(files, 1, vocab, tokdir) != ANNEAL_OK || anneal_tokenizer_load(tokdir, &tok) != ANNEAL_OK) {
+        snprintf(why, why_n, "tokenizer: %s", anneal_last_error());
+        return NULL;
+    }
+    anneal_prepare_config pc = {.tok = tok, .tokenizer_spec = tokdir, .inputs = files, .n_inputs = 1,
+                                .out_dir = data, .val_fraction = 0.1, .shard_tokens = 1u << 30,
+                                .chunk_bytes = 1 << 20, .threads = 2, .progress = NULL};
+    anneal_prepare_result res;
+    memset(&res, 0, sizeof res);
+    anneal_status st = anneal_prepare_run(&pc, &res);
+    anneal_prepare_result_free(&res);
+    anneal_tokenizer_free(tok);
+    if (st != ANNEAL_OK) {
+        snprintf(why, why_n, "prepare: %s", anneal_last_error());
+        return NULL;
+    }
+    return data;
+}
+
+/* Reads "type":"step" records of a log: losses[step-1] = loss (the last record of a
+ * step wins, as after a resume); returns the highest step seen. skipped may be NULL. */
+static inline int tu_read_losses(const char *log_path, double *losses, bool *skipped, int max_steps) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return 0;
+    static char line[1 << 16];
+    int hi = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step")) {
+            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "loss");
+            if (s >= 1 && s <= max_steps) {
+                losses[s - 1] = cJSON_IsNumber(l) ? l->valuedouble : NAN;
+                if (skipped) skipped[s - 1] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "skipped"));
+                if (s > hi) hi = s;
+            }
+        }
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return hi;
+}
+
+/* Counts the records of a type in a log. */
+static inline int tu_count_records(const char *log_path, const char *type) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return 0;
+    static char line[1 << 16];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        n += cJSON_IsString(ty) && !strcmp(ty->valuestring, type);
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Whole-file comparison. */
+static inline bool tu_files_equal(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool eq = fa && fb;
+    while (eq) {
+        int x = fgetc(fa), y = fgetc(fb);
+        if (x != y) eq = false;
+        if (x == EOF || y == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return eq;
+}
+
+#endif
