@@ -44,6 +44,8 @@ anneal_status anneal_optimizer_init_state(anneal_optimizer *o);
 int64_t anneal_optimizer_param_steps(const anneal_optimizer *o, int i);
 anneal_status anneal_optimizer_set_param_steps(anneal_optimizer *o, int i, int64_t steps);
 anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n);
+/* The configuration the optimizer was made with (checkpoints record it). */
+anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o);
 
 /* Scales all gradients so their global L2 norm is at most max_norm (PyTorch's
  * clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1). Writes the norm

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **model,
                                anneal_train_state *st, char **config_json) {
@@ -53,6 +54,34 @@ static int load_hf(const char *weights, const char *config, anneal_gpt2 **model)
     }
     *model = m;
     return 0;
+}
+
+/* The tokenizer a training run used (malloc'd, or NULL): its --tokenizer, else the one
+ * its data directory's prepare.json names (a relative path there is tried both as
+ * given and inside the data directory). */
+static char *run_tokenizer(const cJSON *config) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
+    if (cJSON_IsString(t) && *t->valuestring) return strdup(t->valuestring);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(config, "data");
+    if (!cJSON_IsString(d)) return NULL;
+    char path[PATH_MAX], *text = NULL;
+    snprintf(path, sizeof path, "%s/prepare.json", d->valuestring);
+    FILE *f = fopen(path, "rb");
+    long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (size > 0 && size < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1)))
+        text[fread(text, 1, (size_t)size, f)] = '\0';
+    if (f) fclose(f);
+    cJSON *prep = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(prep, "tokenizer"), "spec");
+    char *out = NULL;
+    if (cJSON_IsString(spec) && *spec->valuestring) {
+        snprintf(path, sizeof path, "%s/%s", d->valuestring, spec->valuestring);
+        bool inside = spec->valuestring[0] != '/' && strcmp(spec->valuestring, "gpt2") && access(path, F_OK) == 0;
+        out = strdup(inside ? path : spec->valuestring);
+    }
+    cJSON_Delete(prep);
+    return out;
 }
 
 /* Where generated text goes: the streaming decoder and a token count. */
@@ -106,8 +135,8 @@ int anneal_cmd_generate(int argc, char **argv) {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"hf-model", ARG_STRING, "Hugging Face GPT-2 weights (model.safetensors) instead of --ckpt", &hf_model, 0},
         {"hf-config", ARG_STRING, "the Hugging Face config.json that goes with --hf-model", &hf_config, 0},
-        {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the one the "
-                                  "checkpoint's run named)", &tok_spec, 0},
+        {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the training "
+                                  "run's, from its --tokenizer or its data's prepare.json)", &tok_spec, 0},
         {"prompt", ARG_STRING, "text to continue (default: start a new document)", &prompt, 0},
         {"max-tokens", ARG_INT, "most tokens to generate (default 200)", &max_tokens, 0},
         {"temperature", ARG_FLOAT, "sampling temperature; 0 picks the most likely token (default 0.8)", &temperature, 0},
@@ -141,16 +170,15 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (rc) return rc;
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
-    if (!tok_spec) { /* the tokenizer the training run named, if any */
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
-        if (cJSON_IsString(t) && *t->valuestring) tok_spec = t->valuestring;
-    }
+    char *run_tok = tok_spec ? NULL : run_tokenizer(config);
+    if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
     char *buf = NULL;
     rc = 1;
     if (!tok_spec) {
-        rc = USAGE_ERR("--tokenizer is required (the checkpoint does not name one): gpt2, a directory or tokenizer.json");
+        rc = USAGE_ERR("--tokenizer is required (the checkpoint's run names none): gpt2, a directory or "
+                       "tokenizer.json");
         goto done;
     }
     if (anneal_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
@@ -213,6 +241,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     rc = 0;
 done:
     free(buf);
+    free(run_tok);
     anneal_ids_free(&ids);
     anneal_tokenizer_free(tok);
     cJSON_Delete(config);

@@ -48,13 +48,6 @@ static void usage(void) {
     printf("  %-24s %s\n", "--help", "show this help");
 }
 
-static bool is_onoff(const char *v) {
-    static const char *const words[] = {"on", "off", "true", "false", "1", "0"};
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
-        if (!strcmp(v, words[i])) return true;
-    return false;
-}
-
 /* Reads a whole (small) file; NULL on failure with errno-style message in err. */
 static char *read_text(const char *path, char *err, size_t n) {
     FILE *f = fopen(path, "rb");
@@ -151,10 +144,8 @@ int anneal_cmd_train(int argc, char **argv) {
                     goto done;
                 }
                 value = argv[++i]; /* may start with "-" (a negative number is still checked) */
-            } else if (o->kind == ANNEAL_OPT_ONOFF) {
-                if (next && is_onoff(next)) value = argv[++i];
             } else if (next_is_value) {
-                value = argv[++i]; /* --resume DIR */
+                value = argv[++i]; /* --shuffle off, --resume DIR (train takes no positional arguments) */
             }
         }
         if (is_cfg_file) {

@@ -12,9 +12,6 @@
 /* state.json "format_version" this build writes (and the newest it reads). */
 #define ANNEAL_CKPT_FORMAT_VERSION 1
 
-/* Declared in optim.h once the lead adds it; defined in src/optim/optimizer.c. */
-anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o);
-
 /* One tensor copied to host memory as f32, row-major. */
 typedef struct anneal_ckpt_buf {
     char *name; /* safetensors entry name (owned) */

@@ -102,7 +102,7 @@ static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_gp
         (r = require_bool(path, j, "add_cross_attention", false)) != ANNEAL_OK)
         return r;
     /* Missing values take transformers' GPT2Config defaults. */
-    double eps, resid, embd, attn;
+    double eps = 0, resid = 0, embd = 0, attn = 0;
     if ((r = get_num(path, j, "layer_norm_epsilon", 1e-30, 1.0, 1e-5, &eps)) != ANNEAL_OK ||
         (r = get_num(path, j, "resid_pdrop", 0.0, 1.0, 0.1, &resid)) != ANNEAL_OK ||
         (r = get_num(path, j, "embd_pdrop", 0.0, 1.0, 0.1, &embd)) != ANNEAL_OK ||

@@ -34,11 +34,11 @@ anneal_optim_config anneal_optim_defaults(anneal_optim_kind kind) {
     anneal_optim_config c;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    c.beta1 = 0.9f;
-    c.beta2 = 0.999f;
-    c.eps = 1e-8f;
-    c.weight_decay = 0.0f;
-    c.momentum = 0.0f;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.weight_decay = 0.0;
+    c.momentum = 0.0;
     c.nesterov = false;
     return c;
 }

@@ -211,7 +211,8 @@ static anneal_status load_tokenizer(trainer *t) {
     return ANNEAL_OK;
 }
 
-/* Where the run lives and, for a resume, which checkpoint it continues from. */
+/* Where the run lives and, for a resume, which checkpoint it continues from (nothing
+ * is created yet). */
 static anneal_status resolve_run_dir(trainer *t, bool *usage, anneal_gpt2_config *ck_cfg) {
     anneal_train_config *c = &t->cfg;
     if (c->resume) {
@@ -260,12 +261,19 @@ static anneal_status resolve_run_dir(trainer *t, bool *usage, anneal_gpt2_config
             return USAGE("--out %s: already holds a run (%s): continue it with --resume %s, or choose another --out",
                          t->run_dir, what, t->run_dir);
     }
+    return ANNEAL_OK;
+}
+
+/* Creates the run directory and opens the logs (last in setup, so a run refused for
+ * its settings leaves nothing behind). */
+static anneal_status create_run_dir(trainer *t) {
     int e = mkdir_p(t->run_dir);
     if (e) return anneal_set_error(ANNEAL_ERR_IO, "--out %s: cannot create the run directory: %s", t->run_dir, strerror(e));
     char log[PATH_MAX + 16];
     path_join(log, sizeof log, t->run_dir, "log.jsonl");
     if (anneal_jsonl_open(log, &t->log) != ANNEAL_OK) return prefix_error("--out: ");
-    if (c->log_jsonl && anneal_jsonl_open(c->log_jsonl, &t->log_extra) != ANNEAL_OK) return prefix_error("--log-jsonl: ");
+    if (t->cfg.log_jsonl && anneal_jsonl_open(t->cfg.log_jsonl, &t->log_extra) != ANNEAL_OK)
+        return prefix_error("--log-jsonl: ");
     return ANNEAL_OK;
 }
 
@@ -458,6 +466,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
         return st;
     }
     if ((st = build_model(t, usage))) return st;
+    if ((st = create_run_dir(t))) return st;
 
     /* length and schedule */
     t->tokens_per_step = c->batch * c->seq * c->accum;

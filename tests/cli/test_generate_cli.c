@@ -165,6 +165,11 @@ TEST(generate_seed_reproduces_and_changes_the_text) {
     snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --max-tokens 25 --seed 12 --threads 1", run_dir);
     REQUIRE(run(args, out2, sizeof out2, &n2, err, sizeof err) == 0);
     CHECK(n1 != n2 || memcmp(out, out2, n1), "another seed gave the same text");
+    /* the checkpoint's model.safetensors + config.json are Hugging Face files: same text */
+    snprintf(args, sizeof args, "generate --hf-model '%s/ckpt_00000003/model.safetensors' --hf-config "
+             "'%s/ckpt_00000003/config.json' --tokenizer gpt2 --max-tokens 25 --seed 11 --threads 1", run_dir, run_dir);
+    int rc = run(args, out2, sizeof out2, &n2, err, sizeof err);
+    CHECK(rc == 0 && n1 == n2 && !memcmp(out, out2, n1), "--hf-model: exit %d, text\n%s\nvs\n%s", rc, out2, out);
     /* greedy ignores the seed */
     snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --prompt hi --max-tokens 10 --temperature 0 --seed 1 --threads 1", run_dir);
     REQUIRE(run(args, out, sizeof out, &n1, err, sizeof err) == 0);
@@ -186,6 +191,32 @@ TEST(generate_refuses_a_checkpoint_of_another_tokenizer) {
     snprintf(args, sizeof args, "generate --ckpt '%s' --prompt hi", run_dir);
     rc = run(args, out, sizeof out, NULL, err, sizeof err);
     CHECK(rc == 2 && strstr(err, "--tokenizer"), "exit %d: %s", rc, err);
+}
+
+TEST(generate_finds_the_tokenizer_of_the_training_data) {
+    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    const char *why = setup();
+    if (why) SKIP("%s", why);
+    /* a run whose config names a data directory whose prepare.json names gpt2 */
+    char prep[400], file[450], config[600], run2[400], args[1024];
+    snprintf(prep, sizeof prep, "%s/prep", tmpdir);
+    REQUIRE(mkdir(prep, 0755) == 0 || access(prep, F_OK) == 0);
+    snprintf(file, sizeof file, "%s/prepare.json", prep);
+    FILE *f = fopen(file, "w");
+    REQUIRE(f);
+    fputs("{\"tokenizer\": {\"spec\": \"gpt2\"}, \"format\": \"anneal-prepare\"}\n", f);
+    fclose(f);
+    snprintf(config, sizeof config, "{\"data\": \"%s\", \"seq\": 32}", prep);
+    snprintf(run2, sizeof run2, "%s/run_prep", tmpdir);
+    anneal_train_state st = {.step = 1, .tokenizer_fingerprint = fp, .best_val_loss = NAN};
+    REQUIRE(anneal_checkpoint_save(run2, model, NULL, &st, config, 0) == ANNEAL_OK);
+    size_t n1 = 0, n2 = 0;
+    snprintf(args, sizeof args, "generate --ckpt '%s' --prompt hello --max-tokens 8 --threads 1", run2);
+    int rc = run(args, out, sizeof out, &n1, err, sizeof err);
+    CHECK(rc == 0, "exit %d: %s", rc, err);
+    snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --prompt hello --max-tokens 8 --threads 1", run2);
+    REQUIRE(run(args, out2, sizeof out2, &n2, err, sizeof err) == 0);
+    CHECK(n1 == n2 && !memcmp(out, out2, n1), "text differs: %s vs %s", out, out2);
 }
 
 /* --------------------------------------------------------------------- eval */
@@ -300,6 +331,7 @@ int main(void) {
     RUN(generate_streams_the_same_text_as_in_process_generation);
     RUN(generate_seed_reproduces_and_changes_the_text);
     RUN(generate_refuses_a_checkpoint_of_another_tokenizer);
+    RUN(generate_finds_the_tokenizer_of_the_training_data);
     RUN(eval_prints_the_loss_over_every_window);
     RUN(eval_refuses_shards_of_another_tokenizer_or_a_larger_vocabulary);
     int rc = anneal_test_summary();

@@ -54,6 +54,7 @@ static void write_file(const char *path, const char *data, size_t n) {
 
 static char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
+    *n = 0;
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);

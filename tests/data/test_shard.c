@@ -116,6 +116,7 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 
 static unsigned char *read_bytes(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
+    *n = 0;
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
