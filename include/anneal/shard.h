@@ -43,7 +43,8 @@ static inline uint32_t anneal_shard_token(const anneal_shard *s, uint64_t i) {
     return s->info.token_bytes == 2 ? ((const uint16_t *)s->tokens)[i] : ((const uint32_t *)s->tokens)[i];
 }
 
-/* Incremental writer: tokens are appended (buffered) to "<path>.tmp.<pid>"; finish
+/* Incremental writer (finish and abort free w, whatever the outcome): tokens are
+ * appended (buffered) to "<path>.tmp.<pid>"; finish
  * writes the header (count, checksum), fsyncs and renames to path. abort (or a failed
  * finish) removes the temporary; an existing file at path is untouched until rename. */
 typedef struct anneal_shard_writer anneal_shard_writer;

@@ -13,7 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A fresh directory /tmp/anneal_<tag>_XXXXXX (static buffer rotation of 4). */
@@ -140,6 +145,66 @@ static inline bool tu_files_equal(const char *a, const char *b) {
     if (fa) fclose(fa);
     if (fb) fclose(fb);
     return eq;
+}
+
+/* Starts argv (argv[0] is the program) with stdout and stderr to out_path; with
+ * fsize_limit > 0 the child cannot write files larger than that (writes fail with
+ * EFBIG, like a full disk). Returns the pid (-1 on failure). */
+static inline pid_t tu_spawn(char *const argv[], const char *out_path, long fsize_limit) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    if (fsize_limit > 0) {
+        struct rlimit rl = {(rlim_t)fsize_limit, (rlim_t)fsize_limit};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        signal(SIGXFSZ, SIG_IGN);
+    }
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+/* Waits for pid: its exit code, or 128 + the signal that ended it. */
+static inline int tu_wait(pid_t pid) {
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+/* Runs a space-separated command line (no quoting; paths without spaces) of the
+ * anneal binary, output to out_path; returns the exit code. */
+static inline int tu_run_anneal(const char *args, const char *out_path, long fsize_limit) {
+    static char buf[4096];
+    char *argv[64];
+    int n = 0;
+    argv[n++] = (char *)getenv("ANNEAL_BIN");
+    snprintf(buf, sizeof buf, "%s", args);
+    for (char *tok = strtok(buf, " "); tok && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
+    argv[n] = NULL;
+    pid_t pid = tu_spawn(argv, out_path, fsize_limit);
+    return pid > 0 ? tu_wait(pid) : -1;
+}
+
+/* Reads a whole (small) file into a static buffer ("" if missing). */
+static inline const char *tu_slurp(const char *path) {
+    static char buf[1 << 17];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Sleeps ms milliseconds. */
+static inline void tu_sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 #endif
