@@ -1,7 +1,8 @@
 /* Generation speed for a GPT-2 preset (default 124M, random weights): prefill of a
  * P-token prompt, then N tokens one at a time with the KV cache, against the same N
  * tokens by recomputing the whole sequence each time (no cache); and the sampler's
- * cost per token over GPT-2's 50257 logits.
+ * cost per token over GPT-2's 50257 logits (flat ones from random weights, the worst
+ * case for top-p alone, and peaked ones).
  * Build and run (from the repository root):
  *   gcc -std=c11 -O3 -D_GNU_SOURCE -DANNEAL_VERSION='"0.1.0"' -fopenmp -Iinclude -Isrc \
  *       bench/bench_generate.c $(find src/core src/autograd src/ops src/cpu src/nn src/models \
@@ -79,6 +80,11 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++) (void)anneal_sample_logits(row, V, &cs[c], (uint64_t)r);
         ts[c] = (now_s() - t0) / reps;
     }
+    /* a peaked distribution, as a trained model gives (random weights give a flat one) */
+    for (int i = 0; i < V; i++) row[i] *= 40.0f;
+    t0 = now_s();
+    for (int r = 0; r < reps; r++) (void)anneal_sample_logits(row, V, &cs[1], (uint64_t)r);
+    double t_peaked = (now_s() - t0) / reps;
     printf("GPT-2 %s, %d threads, prompt %d, %d new tokens\n", preset, threads, P, N);
     printf("  prefill (%d tokens): %.1f ms\n", P, 1e3 * t_prefill);
     printf("  decode with KV cache: %.1f ms/token (%.1f tokens/s)\n", 1e3 * t_cached / (N - 1), (N - 1) / t_cached);
@@ -86,6 +92,7 @@ int main(int argc, char **argv) {
            (N - 1) / t_full);
     printf("  sampler per token: top-k 50 + top-p %.2f ms, top-p only %.2f ms, no truncation %.2f ms\n",
            1e3 * ts[0], 1e3 * ts[1], 1e3 * ts[2]);
+    printf("  sampler, top-p only, peaked logits (x40): %.2f ms\n", 1e3 * t_peaked);
     free(seq);
     free(row);
     anneal_gpt2_free(m);

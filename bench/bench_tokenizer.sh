@@ -49,4 +49,12 @@ if cmp -s "$WORK/anneal.ids" "$WORK/tiktoken.ids"; then same="identical"; else s
 n_ids=$(wc -w < "$WORK/anneal.ids")
 echo "ids: $n_ids, anneal and tiktoken $same"
 awk -v a="$best_a" -v t="$best_t" 'BEGIN{printf "one thread: anneal %.1f MB/s (cold cache), tiktoken %.1f MB/s: %.2fx\n", a, t, a/t}'
+# anneal prepare: wall time for the whole corpus (tokenizer load + encode + shard write).
+for th in 1 2; do
+  s=$(date +%s.%N)
+  "$BIN" prepare --tokenizer "$GPT2" --input "$TEXT" --threads "$th" --out "$WORK/shards_$th" > /dev/null
+  e=$(date +%s.%N)
+  awk -v s="$s" -v e="$e" -v b="$BYTES" -v th="$th" 'BEGIN{printf "anneal prepare, %d thread(s): %.3f s wall (%.1f MB/s)\n", th, e-s, b/(e-s)/1e6}'
+done
+cmp -s "$WORK/shards_1/train_000000.bin" "$WORK/shards_2/train_000000.bin" && echo "prepare: shards identical for 1 and 2 threads"
 [ "$same" = identical ]

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages anneal needs to build and test: the C toolchain,
-# CMake, OpenMP (part of gcc), cJSON (safetensors headers) and pkg-config.
+# CMake, OpenMP (part of gcc), cJSON (safetensors headers), PCRE2, pkg-config, and
+# bible-kjv (the King James Bible text `make demo` trains on).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 
-PACKAGES=(build-essential cmake pkg-config libcjson-dev libpcre2-dev)
+PACKAGES=(build-essential cmake pkg-config libcjson-dev libpcre2-dev bible-kjv)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

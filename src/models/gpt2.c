@@ -5,6 +5,7 @@
 #include "anneal/autograd.h"
 #include "anneal/models.h"
 #include "anneal/ops.h"
+#include "gpt2_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -132,17 +133,15 @@ anneal_status anneal_gpt2_init(anneal_gpt2 *m, uint64_t seed) {
     return s;
 }
 
-/* One pre-LN block (ctx is the block). x: (B, T, C) -> (B, T, C). */
-static anneal_tensor *block_forward(void *ctx, anneal_tensor *const *in) {
-    const anneal_gpt2_block *b = ctx;
+anneal_tensor *anneal_gpt2_block_apply(const anneal_gpt2_block *b, int layer, anneal_tensor *x,
+                                       anneal_gpt2_attend_fn attend, void *ctx) {
     const anneal_gpt2_config *cfg = &b->model->cfg;
     float p = cfg->dropout;
     bool train = b->model->training;
-    anneal_tensor *x = in[0];
     /* attention: LN -> qkv (B,T,3C) -> causal attention (B,T,C) -> proj -> dropout -> residual */
     anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
     anneal_tensor *qkv = anneal_conv1d(h, b->c_attn_w, b->c_attn_b);
-    anneal_tensor *att = anneal_causal_attention(qkv, cfg->n_head);
+    anneal_tensor *att = attend ? attend(ctx, layer, qkv) : anneal_causal_attention(qkv, cfg->n_head);
     anneal_tensor *a = anneal_dropout(anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b), p, train);
     x = anneal_add(x, a);
     /* MLP: LN -> fc (B,T,4C) -> GELU(tanh) -> proj (B,T,C) -> dropout -> residual */
@@ -150,6 +149,12 @@ static anneal_tensor *block_forward(void *ctx, anneal_tensor *const *in) {
     anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->c_fc_w, b->c_fc_b), true);
     anneal_tensor *o = anneal_dropout(anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b), p, train);
     return anneal_add(x, o);
+}
+
+/* One training block as a recompute region (ctx is the block). x: (B, T, C). */
+static anneal_tensor *block_forward(void *ctx, anneal_tensor *const *in) {
+    const anneal_gpt2_block *b = ctx;
+    return anneal_gpt2_block_apply(b, (int)(b - b->model->blocks), in[0], NULL, NULL);
 }
 
 anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) {

@@ -10,6 +10,7 @@
 #include "anneal/autograd.h"
 #include "anneal/models.h"
 #include "anneal/ops.h"
+#include "gpt2_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,8 @@ static anneal_tensor *qkv_heads(anneal_tensor *qkv, int64_t H, int64_t col) {
 /* Attention of the new rows of layer l: qkv (B, T_new, 3C) -> (B, T_new, C). Writes
  * the new keys and values at cache positions [len, len + T_new) and attends to
  * [0, len + T_new). */
-static anneal_tensor *cached_attention(anneal_gpt2_kv_cache *kv, int l, anneal_tensor *qkv) {
+static anneal_tensor *cached_attention(void *ctx, int l, anneal_tensor *qkv) {
+    anneal_gpt2_kv_cache *kv = ctx;
     qkv = anneal_contiguous(qkv); /* the head views address it as (B, T, 3C) row-major */
     if (!qkv) return NULL;
     int64_t H = kv->model->cfg.n_head, C = kv->model->cfg.n_embd;
@@ -99,19 +101,6 @@ static anneal_tensor *cached_attention(anneal_gpt2_kv_cache *kv, int l, anneal_t
     /* (B, H, T, D), a view of (B, T, H, D) storage: merging the heads is a free reshape */
     anneal_tensor *o = anneal_attention(q, k_all, v_all, true, 0.0f);
     return anneal_reshape(anneal_transpose(o, 1, 2), 3, (int64_t[]){B, T, C});
-}
-
-/* One block on the new rows: block_forward of gpt2.c with the attention replaced by
- * the cached one (dropout is off in generation). x: (B, T_new, C). */
-static anneal_tensor *cached_block(anneal_gpt2_kv_cache *kv, int l, anneal_tensor *x) {
-    const anneal_gpt2_block *b = &kv->model->blocks[l];
-    float eps = kv->model->cfg.ln_eps;
-    anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, eps);
-    anneal_tensor *att = cached_attention(kv, l, anneal_conv1d(h, b->c_attn_w, b->c_attn_b));
-    x = anneal_add(x, anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b));
-    h = anneal_layer_norm(x, b->ln_2_w, b->ln_2_b, eps);
-    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->c_fc_w, b->c_fc_b), true);
-    return anneal_add(x, anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b));
 }
 
 /* Final hidden states (B, T_new, C) of the new ids, in the current scope; advances the
@@ -146,7 +135,9 @@ static anneal_tensor *cached_hidden(anneal_gpt2 *m, anneal_gpt2_kv_cache *kv, an
     if (!pos) return NULL;
     for (int64_t t = 0; t < T; t++) ((int32_t *)anneal_data(pos))[t] = (int32_t)(kv->len + t);
     anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
-    for (int l = 0; l < m->cfg.n_layer; l++) x = cached_block(kv, l, x);
+    /* each block with the attention replaced by the cached one (dropout is off here) */
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        x = anneal_gpt2_block_apply(&m->blocks[l], l, x, cached_attention, kv);
     x = anneal_layer_norm(x, m->ln_f_w, m->ln_f_b, m->cfg.ln_eps);
     if (x) kv->len += T;
     return x;
@@ -160,7 +151,10 @@ static anneal_tensor *cached_logits(anneal_gpt2 *m, anneal_gpt2_kv_cache *kv, an
     anneal_scope *outer = anneal_scope_current();
     anneal_no_grad_begin();
     anneal_scope *tmp = anneal_scope_open();
+    bool training = m ? m->training : false;
+    if (m) m->training = false; /* generation never uses dropout */
     anneal_tensor *h = cached_hidden(m, kv, ids);
+    if (m) m->training = training;
     if (h && rows > 0 && rows < h->shape[1]) h = anneal_narrow(h, 1, h->shape[1] - rows, rows);
     anneal_tensor *logits = anneal_linear(h, m ? m->wte : NULL, NULL);
     if (logits) anneal_keep(logits, outer);
@@ -193,36 +187,38 @@ anneal_status anneal_gpt2_generate(anneal_gpt2 *m, const int32_t *prompt, int64_
     if (max_new < 0) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2_generate: max_new %lld < 0", (long long)max_new);
     if (max_new == 0) return ANNEAL_OK;
     int64_t n_ctx = m->cfg.n_ctx, keep = n_ctx / 2 > 0 ? n_ctx / 2 : 1, V = m->cfg.vocab_size;
-    int64_t cap = n_prompt + max_new;
-    int32_t *seq = malloc((size_t)cap * sizeof *seq);
+    /* win: the tokens in the cache (at most n_ctx) and the one just sampled */
+    int32_t *win = malloc((size_t)(n_ctx + 1) * sizeof *win);
     float *logits = malloc((size_t)V * sizeof *logits);
-    anneal_gpt2_kv_cache *kv = (seq && logits) ? anneal_gpt2_kv_cache_new(m, 1, n_ctx) : NULL;
+    anneal_gpt2_kv_cache *kv = (win && logits) ? anneal_gpt2_kv_cache_new(m, 1, n_ctx) : NULL;
     if (!kv) {
-        free(seq);
+        free(win);
         free(logits);
-        return seq && logits ? anneal_last_status()
+        return win && logits ? anneal_last_status()
                              : anneal_set_error(ANNEAL_ERR_OOM, "gpt2_generate: out of memory");
     }
-    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
-    int64_t n = n_prompt;
     /* The model sees at most n_ctx tokens: a longer prompt starts from its last n_ctx/2. */
-    int64_t start = n > n_ctx ? n - keep : 0;
-    anneal_status s = feed(m, kv, seq + start, n - start, logits);
-    for (int64_t i = 0; i < max_new && s == ANNEAL_OK; i++) {
-        int32_t id = anneal_sample_logits(logits, V, cfg, (uint64_t)n);
+    int64_t w = n_prompt > n_ctx ? keep : n_prompt;
+    memcpy(win, prompt + n_prompt - w, (size_t)w * sizeof *win);
+    anneal_status s = feed(m, kv, win, w, logits);
+    /* pos: the position of the next token in the whole sequence (seeds its draw) */
+    for (int64_t i = 0, pos = n_prompt; i < max_new && s == ANNEAL_OK; i++, pos++) {
+        int32_t id = anneal_sample_logits(logits, V, cfg, (uint64_t)pos);
         if ((stop_id >= 0 && id == stop_id) || (on_token && !on_token(id, user))) break;
-        seq[n++] = id;
         if (i + 1 == max_new) break;
-        if (anneal_gpt2_kv_cache_len(kv) < n_ctx) {
+        win[w++] = id;
+        if (w <= n_ctx) {
             s = feed(m, kv, &id, 1, logits);
         } else {
             /* context full: rebuild the cache from the last n_ctx/2 tokens */
+            memmove(win, win + w - keep, (size_t)keep * sizeof *win);
+            w = keep;
             anneal_gpt2_kv_cache_reset(kv);
-            s = feed(m, kv, seq + n - keep, keep, logits);
+            s = feed(m, kv, win, w, logits);
         }
     }
     anneal_gpt2_kv_cache_free(kv);
-    free(seq);
+    free(win);
     free(logits);
     return s;
 }

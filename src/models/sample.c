@@ -33,6 +33,10 @@ static int32_t argmax(const float *x, int64_t V) {
     return best < 0 ? 0 : (int32_t)best;
 }
 
+/* NaN and -inf logits are never candidates; +inf counts as FLT_MAX. */
+static inline bool valid(float l) { return !isnan(l) && l != -INFINITY; }
+static inline float clamp_inf(float l) { return l == INFINITY ? FLT_MAX : l; }
+
 /* Sift-down in a heap of k candidates whose root is the one that comes last. */
 static void sift_down(cand *h, int64_t k, int64_t i) {
     for (;;) {
@@ -48,14 +52,15 @@ static void sift_down(cand *h, int64_t k, int64_t i) {
 }
 
 /* Fills c with the best min(k, n_valid) candidates in order (k <= 0: all); returns
- * how many. NaN and -inf logits are never candidates; +inf counts as FLT_MAX. */
+ * how many. A heap
+ * of the k best so far makes this O(V log k), not a sort of all V. */
 static int64_t candidates(const float *x, int64_t V, int64_t k, cand *c) {
     int64_t n = 0;
     bool heap = k > 0 && k < V;
     for (int64_t i = 0; i < V; i++) {
         float l = x[i];
-        if (isnan(l) || l == -INFINITY) continue;
-        cand e = {l == INFINITY ? FLT_MAX : l, (int32_t)i};
+        if (!valid(l)) continue;
+        cand e = {clamp_inf(l), (int32_t)i};
         if (!heap || n < k) {
             c[n++] = e;
             if (heap && n == k)
@@ -81,6 +86,32 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
                              uint64_t position) {
     if (!logits || V <= 0 || !cfg) return -1;
     if (!(cfg->temperature > 0.0f) || cfg->top_k == 1) return argmax(logits, V);
+    float lmax = -INFINITY;
+    int64_t n_valid = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (valid(logits[i])) {
+            n_valid++;
+            if (clamp_inf(logits[i]) > lmax) lmax = clamp_inf(logits[i]);
+        }
+    if (n_valid == 0) return argmax(logits, V);
+    /* weights exp((logit - max) / T): softmax(logit / T) before normalising */
+    const double inv_t = 1.0 / (double)cfg->temperature;
+    const bool top_k = cfg->top_k > 0 && cfg->top_k < n_valid, nucleus = cfg->top_p < 1.0f;
+    const double target_u = uniform(cfg->seed, position);
+    if (!top_k && !nucleus) { /* the whole distribution: no ordering needed, walk the ids */
+        double total = 0.0, cum = 0.0;
+        for (int64_t i = 0; i < V; i++)
+            if (valid(logits[i])) total += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+        double target = target_u * total;
+        int32_t last = 0;
+        for (int64_t i = 0; i < V; i++) {
+            if (!valid(logits[i])) continue;
+            last = (int32_t)i;
+            cum += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+            if (target < cum) return last;
+        }
+        return last;
+    }
     cand *c = malloc((size_t)V * sizeof *c);
     double *p = malloc((size_t)V * sizeof *p);
     if (!c || !p) { /* no room to sample: the most likely id is still a sensible answer */
@@ -88,29 +119,37 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
         free(p);
         return argmax(logits, V);
     }
-    int64_t n = candidates(logits, V, cfg->top_k, c);
-    int32_t id = n ? c[0].id : argmax(logits, V);
-    if (n > 1) {
-        /* softmax(logit / T) of the kept candidates, unnormalised, max first */
-        double inv_t = 1.0 / (double)cfg->temperature, total = 0.0;
-        for (int64_t i = 0; i < n; i++) total += p[i] = exp(((double)c[i].logit - c[0].logit) * inv_t);
-        /* nucleus: the smallest prefix whose probability reaches top_p (at least one) */
-        if (cfg->top_p < 1.0f) {
-            double want = (double)cfg->top_p * total, cum = 0.0;
-            int64_t keep = 0;
-            while (keep < n && (keep == 0 || cum < want)) cum += p[keep++];
-            n = keep;
-            total = cum;
-        }
-        /* inverse CDF of the renormalised distribution */
-        double target = uniform(cfg->seed, position) * total, cum = 0.0;
-        id = c[n - 1].id;
-        for (int64_t i = 0; i < n; i++) {
-            cum += p[i];
-            if (target < cum) {
-                id = c[i].id;
-                break;
-            }
+    /* The candidates in order: the top k, or (nucleus alone) the best k for a k grown
+     * until they hold top_p of the whole mass, which then contains the nucleus. */
+    double total = 0.0;
+    if (!top_k)
+        for (int64_t i = 0; i < V; i++)
+            if (valid(logits[i])) total += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+    int64_t k = top_k ? cfg->top_k : 64, n;
+    for (;;) {
+        n = candidates(logits, V, k < n_valid ? k : 0, c);
+        double cum = 0.0;
+        for (int64_t i = 0; i < n; i++) cum += p[i] = exp(((double)c[i].logit - lmax) * inv_t);
+        if (top_k) total = cum;
+        if (top_k || n >= n_valid || cum >= (double)cfg->top_p * total) break;
+        k = k * 16 < n_valid / 4 ? k * 16 : n_valid; /* a wide nucleus: sort them all */
+    }
+    /* nucleus: the smallest prefix whose probability reaches top_p (at least one) */
+    if (nucleus) {
+        double want = (double)cfg->top_p * total, cum = 0.0;
+        int64_t keep = 0;
+        while (keep < n && (keep == 0 || cum < want)) cum += p[keep++];
+        n = keep;
+        total = cum;
+    }
+    /* inverse CDF of the renormalised distribution */
+    double target = target_u * total, cum = 0.0;
+    int32_t id = c[n - 1].id;
+    for (int64_t i = 0; i < n; i++) {
+        cum += p[i];
+        if (target < cum) {
+            id = c[i].id;
+            break;
         }
     }
     free(c);

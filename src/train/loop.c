@@ -61,26 +61,39 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     return st;
 }
 
+/* Waits for the checkpoint write in flight; a failure is counted and, unless the
+ * caller reports it itself (report false), printed as a warning. */
+static anneal_status wait_checkpoint(trainer *t, bool report) {
+    anneal_status st = anneal_checkpointer_wait(t->ckpt);
+    if (st != ANNEAL_OK) {
+        t->ckpt_failures++;
+        t->ckpt_good = false;
+        if (report) {
+            anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s", (long long)t->last_ckpt_step,
+                                 anneal_last_error());
+            anneal_clear_error();
+        }
+    }
+    return st;
+}
+
 /* Starts a checkpoint of the current state on the background writer and logs how
  * long the loop waited (the previous write, if still running, plus the snapshot). */
 static void save_checkpoint(trainer *t) {
     double t0 = train_now_ms();
-    if (anneal_checkpointer_wait(t->ckpt) != ANNEAL_OK) {
-        t->ckpt_failures++;
-        anneal_progress_note(t->prog, "warning: checkpoint failed: %s", anneal_last_error());
-        anneal_clear_error();
-    }
+    wait_checkpoint(t, true);
     double t1 = train_now_ms();
     anneal_status st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
     double t2 = train_now_ms();
+    t->last_ckpt_step = t->st.step;
+    t->ckpt_good = st == ANNEAL_OK; /* so far: the write itself is checked by the next wait */
     if (st != ANNEAL_OK) {
         t->ckpt_failures++;
-        anneal_progress_note(t->prog, "warning: checkpoint at step %lld failed: %s", (long long)t->st.step,
+        anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s", (long long)t->st.step,
                              anneal_last_error());
         anneal_clear_error();
         return;
     }
-    t->last_ckpt_step = t->st.step;
     cJSON *o = cJSON_CreateObject();
     char name[64];
     snprintf(name, sizeof name, "ckpt_%08lld", (long long)t->st.step);
@@ -186,7 +199,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
                          res->train_loss, first_loss, res->val_loss, (long long)t->st.skipped_steps);
     anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, RSS %.1f MiB", (double)mem.peak_bytes / 1048576.0,
                          (double)anneal_peak_rss_bytes() / 1048576.0);
-    if (t->last_ckpt_step >= 0)
+    if (t->last_ckpt_step >= 0 && t->ckpt_good)
         anneal_progress_note(t->prog, "  checkpoint: %s/ckpt_%08lld", t->run_dir, (long long)t->last_ckpt_step);
     if (res->interrupted && signo == 0)
         anneal_progress_note(t->prog, "stopped at step %lld (--stop-at): continue with: anneal train --resume %s",
@@ -310,18 +323,20 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && (ran > 0 || interrupted)) save_checkpoint(t);
     }
     /* every write must be complete (or known to have failed) before we report */
-    if (anneal_checkpointer_wait(t->ckpt) != ANNEAL_OK) {
-        t->ckpt_failures++;
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    if (wait_checkpoint(t, false) != ANNEAL_OK || (t->last_ckpt_step == t->st.step && !t->ckpt_good)) {
+        char msg[1024], ck[PATH_MAX];
+        snprintf(msg, sizeof msg, "%s", anneal_last_status() ? anneal_last_error() : "see the warning above");
         anneal_clear_error();
+        bool have = anneal_checkpoint_resolve(t->run_dir, ck, sizeof ck) == ANNEAL_OK;
+        anneal_clear_error();
+        char tail[PATH_MAX + 64];
+        snprintf(tail, sizeof tail, "; the newest complete checkpoint is %s", have ? ck : "none");
         if (fail == ANNEAL_OK)
-            fail = anneal_set_error(ANNEAL_ERR_IO, "checkpoint at step %lld failed: %s", (long long)t->last_ckpt_step, msg);
+            fail = anneal_set_error(ANNEAL_ERR_IO, "the checkpoint of step %lld failed: %s%s", (long long)t->last_ckpt_step,
+                                    msg, tail);
         else
-            anneal_progress_note(t->prog, "warning: checkpoint at step %lld failed: %s", (long long)t->last_ckpt_step, msg);
-    } else if (fail == ANNEAL_OK && (ran > 0 || interrupted) && t->last_ckpt_step != t->st.step) {
-        fail = anneal_set_error(ANNEAL_ERR_IO, "the final checkpoint at step %lld failed (see the warning above)",
-                                (long long)t->st.step);
+            anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s%s", (long long)t->last_ckpt_step,
+                                 msg, tail);
     }
 
     res->steps_done = t->st.step;

@@ -62,7 +62,8 @@ typedef struct trainer {
     char peak_source_buf[96];
     int64_t *nan_steps;        /* test hook: 1-based steps whose loss is made NaN */
     int n_nan_steps;
-    int64_t last_ckpt_step;    /* step of the newest checkpoint written or in flight */
+    int64_t last_ckpt_step;    /* step of the newest checkpoint started (written or in flight) */
+    bool ckpt_good;            /* that checkpoint has not failed (so far) */
     int ckpt_failures;
 } trainer;
 

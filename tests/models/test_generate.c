@@ -235,6 +235,57 @@ TEST(top_k_never_samples_outside_the_k_best) {
           cy[0], cy[2], cy[3], cy[5]);
 }
 
+static const float *sort_logits;
+static int by_logit_then_id(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    if (sort_logits[i] != sort_logits[j]) return sort_logits[i] > sort_logits[j] ? -1 : 1;
+    return i - j;
+}
+
+TEST(nucleus_over_a_wide_vocabulary) {
+    /* V = 6000 flat logits: a nucleus of hundreds of ids, past the sampler's first
+     * guesses of its size. Reference: a full sort in double. Every draw must be in the
+     * nucleus; grouped by rank into 6 cells of about equal mass, chi-square (5 dof)
+     * below its 0.999 quantile 20.52. */
+    enum { V = 6000, N = 6000, CELLS = 6 };
+    static float x[V];
+    static int order[V];
+    static double w[V];
+    uint64_t s = 4242;
+    for (int i = 0; i < V; i++) x[i] = (float)lcg_id(&s, 100000) / 50000.0f, order[i] = i;
+    const float temp = 0.7f, top_p = 0.12f;
+    sort_logits = x;
+    qsort(order, V, sizeof order[0], by_logit_then_id);
+    double z = 0;
+    for (int i = 0; i < V; i++) z += w[i] = exp((double)x[order[i]] / temp);
+    int keep = 0;
+    double cum = 0;
+    while (keep < V && (keep == 0 || cum < top_p)) cum += w[keep++] / z;
+    CHECK(keep > 200 && keep < 1000, "nucleus of %d ids", keep);
+    static int rank_of[V];
+    for (int i = 0; i < V; i++) rank_of[order[i]] = i;
+    int cell_of_rank[V], count[CELLS] = {0};
+    double mass[CELLS] = {0}, acc = 0;
+    for (int r = 0; r < keep; r++) {
+        int cell = (int)(CELLS * acc / cum);
+        cell_of_rank[r] = cell > CELLS - 1 ? CELLS - 1 : cell;
+        mass[cell_of_rank[r]] += w[r] / z / cum;
+        acc += w[r] / z;
+    }
+    anneal_sampler_config sc = scfg(temp, 0, top_p, 31);
+    int outside = 0;
+    for (int i = 0; i < N; i++) {
+        int id = anneal_sample_logits(x, V, &sc, (uint64_t)i);
+        REQUIRE(id >= 0 && id < V);
+        if (rank_of[id] >= keep) outside++;
+        else count[cell_of_rank[rank_of[id]]]++;
+    }
+    CHECK(outside == 0, "%d draws outside the nucleus", outside);
+    bool impossible;
+    double chi = chi_square(count, mass, CELLS, N, &impossible);
+    CHECK(chi < 20.52, "chi-square %.2f over %d rank groups", chi, CELLS);
+}
+
 TEST(sampling_is_deterministic_per_seed_and_position) {
     float x[50];
     for (int i = 0; i < 50; i++) x[i] = sinf((float)i) * 2.0f;
@@ -349,6 +400,7 @@ int main(void) {
     RUN(top_k_one_and_tiny_top_p_are_argmax);
     RUN(draws_follow_the_distribution);
     RUN(top_k_never_samples_outside_the_k_best);
+    RUN(nucleus_over_a_wide_vocabulary);
     RUN(sampling_is_deterministic_per_seed_and_position);
     RUN(generate_matches_hand_rolled_loop_with_context_rebuilds);
     return anneal_test_summary();
