@@ -12,5 +12,7 @@
 #include "anneal/models.h"
 #include "anneal/data.h"
 #include "anneal/checkpoint.h"
+#include "anneal/obs.h"
+#include "anneal/train.h"
 
 #endif

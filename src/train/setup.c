@@ -312,6 +312,8 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
         } else {
             t->has_val = true;
         }
+    } else if (c->eval_batches > 0 && c->eval_every > 0) {
+        anneal_progress_note(t->prog, "note: %s has no val_*.bin shards: no evaluation", c->data);
     }
     return ANNEAL_OK;
 }

@@ -13,8 +13,8 @@
 /* Runs "$ANNEAL_BIN args" capturing stdout+stderr into out; returns the exit code. */
 static int run(const char *args, char *out, size_t cap) {
     const char *bin = getenv("ANNEAL_BIN");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin, args);
+    static char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %.4000s 2>&1", bin, args);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     size_t n = fread(out, 1, cap - 1, f);
