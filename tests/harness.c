@@ -74,3 +74,28 @@ double anneal_test_close_ratio(const float *a, const float *b, int64_t n, double
     }
     return w;
 }
+
+uint64_t anneal_test_rng_state;
+
+uint64_t anneal_test_next_u64(void) {
+    uint64_t z = (anneal_test_rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float anneal_test_urand(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(anneal_test_next_u64() >> 40) / (double)(1ull << 24));
+}
+
+float *anneal_test_rand_buf(int64_t n, float lo, float hi) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    for (int64_t i = 0; p && i < n; i++) p[i] = anneal_test_urand(lo, hi);
+    return p;
+}
+
+float *anneal_test_nan_buf(int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    for (int64_t i = 0; p && i < n; i++) p[i] = NAN;
+    return p;
+}

@@ -29,6 +29,15 @@ const char *anneal_test_path(const char *rel);
 double anneal_test_close_ratio(const float *a, const float *b, int64_t n, double atol, double rtol,
                                int64_t *worst);
 
+/* Test random numbers: splitmix64 over a global state tests seed by assignment. */
+extern uint64_t anneal_test_rng_state;
+uint64_t anneal_test_next_u64(void);
+/* Uniform in [lo, hi) (24-bit resolution). */
+float anneal_test_urand(float lo, float hi);
+/* malloc'd buffers (at least 1 element): uniform values, or NaN (to check "overwrites"). */
+float *anneal_test_rand_buf(int64_t n, float lo, float hi);
+float *anneal_test_nan_buf(int64_t n);
+
 #define TEST(name) static void name(void)
 #define RUN(name) anneal_test_run(#name, name)
 #define SKIP(...) do { anneal_test_skip(__VA_ARGS__); return; } while (0)

@@ -8,18 +8,10 @@
 
 #include <omp.h>
 
-static uint64_t rng_state;
-static float urand(float lo, float hi) { /* splitmix64 -> uniform in [lo, hi) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
 /* Gradients spanning 1e-6 .. 10 in magnitude, both signs, some exact zeros. */
 static float rand_grad(void) {
-    float mag = powf(10.0f, urand(-6.0f, 1.0f));
-    float u = urand(0, 1);
+    float mag = powf(10.0f, anneal_test_urand(-6.0f, 1.0f));
+    float u = anneal_test_urand(0, 1);
     return u < 0.02f ? 0.0f : (u < 0.51f ? -mag : mag);
 }
 
@@ -73,13 +65,13 @@ static int64_t ulp_diff(float a, float b) {
  * Against the double reference: p 2e-6 abs + 1e-6 rel, m 1e-6 * m_abs, v 1e-6 rel
  * (a few float roundings per step). */
 static void check_run(int64_t n, int steps, hparams h, int64_t max_ulp) {
-    rng_state = (uint64_t)n * 13 + (uint64_t)(h.wd * 1000);
+    anneal_test_rng_state = (uint64_t)n * 13 + (uint64_t)(h.wd * 1000);
     float *p = malloc(n * sizeof *p), *m = calloc(n, sizeof *m), *v = calloc(n, sizeof *v);
     float *g = malloc(n * sizeof *g), *tp = malloc(n * sizeof *tp), *tm = calloc(n, sizeof *tm);
     float *tv = calloc(n, sizeof *tv), *f = malloc(n * sizeof *f);
     double *dp = malloc(n * sizeof *dp), *dm = calloc(n, sizeof *dm), *dv = calloc(n, sizeof *dv);
     double *dma = calloc(n, sizeof *dma);
-    for (int64_t i = 0; i < n; i++) tp[i] = p[i] = urand(-2, 2), dp[i] = p[i];
+    for (int64_t i = 0; i < n; i++) tp[i] = p[i] = anneal_test_urand(-2, 2), dp[i] = p[i];
     for (int t = 1; t <= steps; t++) {
         for (int64_t i = 0; i < n; i++) g[i] = rand_grad();
         double bc1 = 1.0 - pow(h.beta1, t), bc2 = 1.0 - pow(h.beta2, t);
@@ -129,8 +121,8 @@ TEST(matches_references) {
 TEST(zero_gradient_and_empty) {
     enum { N = 33 };
     float p[N], g[N] = {0}, m[N] = {0}, v[N] = {0}, want[N];
-    rng_state = 4;
-    for (int i = 0; i < N; i++) p[i] = urand(-1, 1), want[i] = p[i] * (float)(1.0 - 1e-3 * 0.1);
+    anneal_test_rng_state = 4;
+    for (int i = 0; i < N; i++) p[i] = anneal_test_urand(-1, 1), want[i] = p[i] * (float)(1.0 - 1e-3 * 0.1);
     anneal_cpu_adamw(N, p, g, m, v, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f);
     CHECK(memcmp(p, want, sizeof p) == 0, "p != p*(1 - lr*wd)");
     float one = 1.0f;
@@ -142,7 +134,7 @@ TEST(zero_gradient_and_empty) {
 TEST(adamw_deterministic_across_thread_counts) {
     enum { N = 100003 };
     float *p[2], *m[2], *v[2], *g = malloc(N * sizeof *g);
-    rng_state = 6;
+    anneal_test_rng_state = 6;
     for (int i = 0; i < N; i++) g[i] = rand_grad();
     int saved = omp_get_max_threads();
     for (int k = 0; k < 2; k++) {
@@ -171,10 +163,10 @@ TEST(sum_squares_matches_reference) {
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int64_t n = sizes[k];
         float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-        rng_state = 100 + k;
+        anneal_test_rng_state = 100 + k;
         long double ref = 0;
         for (int64_t i = 0; i < n; i++) {
-            x[i] = urand(-3, 3);
+            x[i] = anneal_test_urand(-3, 3);
             ref += (long double)x[i] * x[i];
         }
         omp_set_num_threads(2);

@@ -9,26 +9,6 @@
 
 #define IGNORE (-100)
 
-static uint64_t rng_state;
-static uint64_t next_u64(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(next_u64() >> 40) / (double)(1ull << 24));
-}
-static float *rand_buf(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)n * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = urand(lo, hi);
-    return p;
-}
-static float *nan_buf(int64_t n) {
-    float *p = malloc((size_t)n * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
 
 /* Double reference: loss, lse and dlogits = scale*(softmax - onehot) (0 when ignored). */
 static void ref_ce(int64_t N, int64_t V, const float *x, const int32_t *t, float scale,
@@ -57,8 +37,8 @@ static void ref_ce(int64_t N, int64_t V, const float *x, const int32_t *t, float
  * probabilities carry a relative error of ulp(lse)/2: 3e-6 suffices for |lse| < 64). */
 static void check_ce(const char *what, int64_t N, int64_t V, const float *x, const int32_t *t,
                      float scale, double d_rtol) {
-    float *loss = nan_buf(N), *lse = nan_buf(N), *d = nan_buf(N * V);
-    float *rl = nan_buf(N), *rlse = nan_buf(N), *rd = nan_buf(N * V);
+    float *loss = anneal_test_nan_buf(N), *lse = anneal_test_nan_buf(N), *d = anneal_test_nan_buf(N * V);
+    float *rl = anneal_test_nan_buf(N), *rlse = anneal_test_nan_buf(N), *rd = anneal_test_nan_buf(N * V);
     anneal_cpu_cross_entropy_fwd(N, V, x, t, IGNORE, loss, lse);
     anneal_cpu_cross_entropy_bwd(N, V, x, t, IGNORE, lse, scale, d);
     ref_ce(N, V, x, t, scale, rl, rlse, rd);
@@ -80,7 +60,7 @@ static void check_ce(const char *what, int64_t N, int64_t V, const float *x, con
 static int32_t *rand_targets(int64_t N, int64_t V, double p_ignore) {
     int32_t *t = malloc((size_t)N * sizeof *t);
     for (int64_t i = 0; i < N; i++)
-        t[i] = urand(0, 1) < p_ignore ? IGNORE : (int32_t)(next_u64() % (uint64_t)V);
+        t[i] = anneal_test_urand(0, 1) < p_ignore ? IGNORE : (int32_t)(anneal_test_next_u64() % (uint64_t)V);
     return t;
 }
 
@@ -91,14 +71,14 @@ TEST(matches_reference) {
                                         {3, 2049}, {2, 50257}, {37, 1000}, {64, 300}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t N = shapes[s][0], V = shapes[s][1];
-        rng_state = (uint64_t)(N * 7919 + V);
-        float *x = rand_buf(N * V, -5, 5);
+        anneal_test_rng_state = (uint64_t)(N * 7919 + V);
+        float *x = anneal_test_rand_buf(N * V, -5, 5);
         int32_t *t = rand_targets(N, V, 0.25);
         check_ce("uniform[-5,5]", N, V, x, t, 1.0f / (float)N, 3e-6);
         free(x), free(t);
     }
-    rng_state = 1;
-    float *x = rand_buf(6 * 5000, -30, 30);
+    anneal_test_rng_state = 1;
+    float *x = anneal_test_rand_buf(6 * 5000, -30, 30);
     int32_t *t = rand_targets(6, 5000, 0.0);
     check_ce("uniform[-30,30]", 6, 5000, x, t, 2.5f, 3e-6);
     free(x), free(t);
@@ -107,8 +87,8 @@ TEST(matches_reference) {
 /* Every row ignored: losses 0, lse finite, dlogits all zero (they start as NaN). */
 TEST(all_rows_ignored) {
     enum { N = 5, V = 3000 };
-    rng_state = 2;
-    float *x = rand_buf(N * V, -5, 5), *d = nan_buf(N * V), loss[N], lse[N];
+    anneal_test_rng_state = 2;
+    float *x = anneal_test_rand_buf(N * V, -5, 5), *d = anneal_test_nan_buf(N * V), loss[N], lse[N];
     int32_t t[N] = {IGNORE, IGNORE, IGNORE, IGNORE, IGNORE};
     anneal_cpu_cross_entropy_fwd(N, V, x, t, IGNORE, loss, lse);
     anneal_cpu_cross_entropy_bwd(N, V, x, t, IGNORE, lse, 0.2f, d);
@@ -125,11 +105,11 @@ TEST(all_rows_ignored) {
  * 2e4 + log(count of maxima). */
 TEST(large_magnitude_logits) {
     enum { N = 4, V = 4099 };
-    rng_state = 3;
+    anneal_test_rng_state = 3;
     float *x = malloc(N * V * sizeof *x);
-    for (int64_t i = 0; i < N * V; i++) x[i] = urand(0, 1) < 0.5f ? -1e4f : 1e4f;
+    for (int64_t i = 0; i < N * V; i++) x[i] = anneal_test_urand(0, 1) < 0.5f ? -1e4f : 1e4f;
     int32_t t[N];
-    for (int i = 0; i < N; i++) t[i] = (int32_t)(next_u64() % V);
+    for (int i = 0; i < N; i++) t[i] = (int32_t)(anneal_test_next_u64() % V);
     x[1 * V + 5] = 3e4f; /* row 1 has one dominant logit */
     t[1] = 5;
     x[2 * V + 7] = -1e4f, t[2] = 7;
@@ -147,8 +127,8 @@ TEST(large_magnitude_logits) {
  * loss, zero gradient on the masked entries. */
 TEST(negative_infinite_logits) {
     enum { N = 3, V = 5000 };
-    rng_state = 4;
-    float *x = rand_buf(N * V, -5, 5);
+    anneal_test_rng_state = 4;
+    float *x = anneal_test_rand_buf(N * V, -5, 5);
     for (int64_t c = 0; c < 4500; c++) x[c] = -INFINITY;          /* row 0: first 2 blocks+ */
     for (int64_t c = 0; c < V; c += 3) x[V + c] = -INFINITY;      /* row 1: every third */
     int32_t t[N] = {4600, 1, 17};
@@ -162,8 +142,8 @@ TEST(negative_infinite_logits) {
 TEST(backward_matches_finite_differences) {
     enum { N = 4, V = 37 };
     const float scale = 0.7f;
-    rng_state = 5;
-    float *x = rand_buf(N * V, -3, 3), *d = nan_buf(N * V), loss[N], lse[N];
+    anneal_test_rng_state = 5;
+    float *x = anneal_test_rand_buf(N * V, -3, 3), *d = anneal_test_nan_buf(N * V), loss[N], lse[N];
     int32_t t[N] = {3, IGNORE, 36, 0};
     anneal_cpu_cross_entropy_fwd(N, V, x, t, IGNORE, loss, lse);
     anneal_cpu_cross_entropy_bwd(N, V, x, t, IGNORE, lse, scale, d);
@@ -191,10 +171,10 @@ TEST(backward_matches_finite_differences) {
 /* 1 vs 2 threads: identical bits for loss, lse and dlogits. */
 TEST(deterministic_across_thread_counts) {
     enum { N = 16, V = 5003 };
-    rng_state = 6;
-    float *x = rand_buf(N * V, -10, 10);
+    anneal_test_rng_state = 6;
+    float *x = anneal_test_rand_buf(N * V, -10, 10);
     int32_t *t = rand_targets(N, V, 0.2);
-    float loss[2][N], lse[2][N], *d[2] = {nan_buf(N * V), nan_buf(N * V)};
+    float loss[2][N], lse[2][N], *d[2] = {anneal_test_nan_buf(N * V), anneal_test_nan_buf(N * V)};
     int saved = omp_get_max_threads();
     for (int k = 0; k < 2; k++) {
         omp_set_num_threads(k + 1);

@@ -7,24 +7,9 @@
 
 #include <omp.h>
 
-static uint64_t rng_state;
-static uint64_t next_u64(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float urand(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(next_u64() >> 40) / (double)(1ull << 24));
-}
-static float *rand_buf(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = urand(lo, hi);
-    return p;
-}
 static int32_t *rand_ids(int64_t n, int64_t V) {
     int32_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(next_u64() % (uint64_t)V);
+    for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(anneal_test_next_u64() % (uint64_t)V);
     return p;
 }
 
@@ -33,9 +18,9 @@ static int32_t *rand_ids(int64_t n, int64_t V) {
  * of up to N terms of size <= 1); rows of dw no id points at are 0 even though dw
  * started as NaN. */
 static void check_shape(int64_t N, int64_t C, int64_t V) {
-    rng_state = (uint64_t)(N * 131 + C * 7 + V);
+    anneal_test_rng_state = (uint64_t)(N * 131 + C * 7 + V);
     int32_t *ids = rand_ids(N, V);
-    float *w = rand_buf(V * C, -1, 1), *dy = rand_buf(N * C, -1, 1);
+    float *w = anneal_test_rand_buf(V * C, -1, 1), *dy = anneal_test_rand_buf(N * C, -1, 1);
     float *y = malloc((size_t)(N * C) * sizeof *y), *dw = malloc((size_t)(V * C) * sizeof *dw);
     float *ref = calloc((size_t)(V * C), sizeof *ref);
     double *refd = calloc((size_t)(V * C), sizeof *refd);
@@ -83,9 +68,9 @@ TEST(no_ids_zeroes_dw) {
  * the perturbed w only). */
 TEST(backward_matches_finite_differences) {
     enum { N = 9, C = 5, V = 4 };
-    rng_state = 17;
+    anneal_test_rng_state = 17;
     int32_t *ids = rand_ids(N, V);
-    float *w = rand_buf(V * C, -1, 1), *R = rand_buf(N * C, -1, 1);
+    float *w = anneal_test_rand_buf(V * C, -1, 1), *R = anneal_test_rand_buf(N * C, -1, 1);
     float y[N * C], dw[V * C];
     anneal_cpu_embedding_bwd(N, C, V, ids, R, dw);
     double emax = 0;
@@ -110,9 +95,9 @@ TEST(backward_matches_finite_differences) {
 /* 1 vs 2 threads: identical dw bits with heavy id repetition. */
 TEST(deterministic_across_thread_counts) {
     enum { N = 4096, C = 130, V = 50 };
-    rng_state = 23;
+    anneal_test_rng_state = 23;
     int32_t *ids = rand_ids(N, V);
-    float *dy = rand_buf(N * C, -1, 1);
+    float *dy = anneal_test_rand_buf(N * C, -1, 1);
     float *dw[2] = {malloc(V * C * sizeof(float)), malloc(V * C * sizeof(float))};
     int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {

@@ -6,24 +6,6 @@
 
 #include <omp.h>
 
-static uint64_t rng_state;
-static float urand(float lo, float hi) { /* splitmix64 -> uniform in [lo, hi) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
-static float *rand_buf(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = urand(lo, hi);
-    return p;
-}
-static float *nan_buf(int64_t n) { /* outputs start as NaN so "overwrites" is checked */
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
 
 /* ------------------------------------------------------ double references */
 
@@ -38,7 +20,7 @@ static void ref_free(ref_out *r) {
 /* LayerNorm (rms = false) or RMSNorm (rms = true) forward and backward in double. */
 static ref_out ref_norm(bool rms, int64_t N, int64_t C, const float *x, const float *w,
                         const float *b, float eps, const float *dy) {
-    ref_out o = {nan_buf(N * C), nan_buf(N), nan_buf(N), nan_buf(N * C), nan_buf(C), nan_buf(C)};
+    ref_out o = {anneal_test_nan_buf(N * C), anneal_test_nan_buf(N), anneal_test_nan_buf(N), anneal_test_nan_buf(N * C), anneal_test_nan_buf(C), anneal_test_nan_buf(C)};
     double *dw = calloc((size_t)C, sizeof *dw), *db = calloc((size_t)C, sizeof *db);
     for (int64_t i = 0; i < N; i++) {
         const float *xr = x + i * C, *dyr = dy + i * C;
@@ -90,11 +72,11 @@ static void bwd(bool rms, int64_t N, int64_t C, const float *x, const float *w, 
  * dw sqrt(N) times the abs part of y (xhat carries the stored mean's rounding) and
  * db 1e-5*sqrt(N), both + 1e-5 rel (double accumulation of float products). */
 static void check_shape(bool rms, int64_t N, int64_t C, float offset, float eps) {
-    rng_state = (uint64_t)(N * 1000003 + C * 7 + (rms ? 1 : 0));
-    float *x = rand_buf(N * C, offset - 2.0f, offset + 2.0f), *w = rand_buf(C, 0.5f, 1.5f);
-    float *b = rand_buf(C, -1.0f, 1.0f), *dy = rand_buf(N * C, -1.0f, 1.0f);
-    float *y = nan_buf(N * C), *mean = nan_buf(N), *rstd = nan_buf(N), *dx = nan_buf(N * C);
-    float *dw = nan_buf(C), *db = nan_buf(C);
+    anneal_test_rng_state = (uint64_t)(N * 1000003 + C * 7 + (rms ? 1 : 0));
+    float *x = anneal_test_rand_buf(N * C, offset - 2.0f, offset + 2.0f), *w = anneal_test_rand_buf(C, 0.5f, 1.5f);
+    float *b = anneal_test_rand_buf(C, -1.0f, 1.0f), *dy = anneal_test_rand_buf(N * C, -1.0f, 1.0f);
+    float *y = anneal_test_nan_buf(N * C), *mean = anneal_test_nan_buf(N), *rstd = anneal_test_nan_buf(N), *dx = anneal_test_nan_buf(N * C);
+    float *dw = anneal_test_nan_buf(C), *db = anneal_test_nan_buf(C);
     ref_out r = ref_norm(rms, N, C, x, w, b, eps, dy);
     fwd(rms, N, C, x, w, b, eps, y, mean, rstd);
     bwd(rms, N, C, x, w, mean, rstd, dy, dx, dw, db);
@@ -143,10 +125,10 @@ TEST(rms_norm_matches_reference) {
 TEST(layer_norm_constant_row) {
     enum { C = 19 };
     float x[C], w[C], b[C], dy[C], y[C], dx[C], ref_dx[C], mean, rstd;
-    rng_state = 3;
+    anneal_test_rng_state = 3;
     double mg = 0;
     for (int c = 0; c < C; c++) {
-        x[c] = 2.5f, w[c] = urand(0.5f, 1.5f), b[c] = urand(-1, 1), dy[c] = urand(-1, 1);
+        x[c] = 2.5f, w[c] = anneal_test_urand(0.5f, 1.5f), b[c] = anneal_test_urand(-1, 1), dy[c] = anneal_test_urand(-1, 1);
         mg += (double)dy[c] * w[c] / C;
     }
     anneal_cpu_layer_norm_fwd(1, C, x, w, b, 1e-5f, y, &mean, &rstd);
@@ -198,11 +180,11 @@ TEST(backward_matches_finite_differences) {
     for (int rms = 0; rms < 2; rms++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t N = shapes[s][0], C = shapes[s][1];
-            rng_state = (uint64_t)(77 + s);
-            float *x = rand_buf(N * C, -2.0f, 2.0f), *w = rand_buf(C, 0.5f, 1.5f);
-            float *b = rand_buf(C, -1.0f, 1.0f), *R = rand_buf(N * C, -1.0f, 1.0f);
-            float *y = nan_buf(N * C), *mean = nan_buf(N), *rstd = nan_buf(N);
-            float *dx = nan_buf(N * C), *dw = nan_buf(C), *db = nan_buf(C);
+            anneal_test_rng_state = (uint64_t)(77 + s);
+            float *x = anneal_test_rand_buf(N * C, -2.0f, 2.0f), *w = anneal_test_rand_buf(C, 0.5f, 1.5f);
+            float *b = anneal_test_rand_buf(C, -1.0f, 1.0f), *R = anneal_test_rand_buf(N * C, -1.0f, 1.0f);
+            float *y = anneal_test_nan_buf(N * C), *mean = anneal_test_nan_buf(N), *rstd = anneal_test_nan_buf(N);
+            float *dx = anneal_test_nan_buf(N * C), *dw = anneal_test_nan_buf(C), *db = anneal_test_nan_buf(C);
             loss(rms, N, C, x, w, b, R, y, mean, rstd);
             bwd(rms, N, C, x, w, mean, rstd, R, dx, dw, db);
             check_fd("dx", x, N * C, dx, rms, N, C, x, w, b, R, y, mean, rstd);
@@ -217,8 +199,8 @@ TEST(backward_matches_finite_differences) {
  * N = 0 still overwrites dw and db with zeros. */
 TEST(optional_outputs) {
     enum { N = 9, C = 45 };
-    rng_state = 21;
-    float *x = rand_buf(N * C, -2, 2), *w = rand_buf(C, 0.5f, 1.5f), *dy = rand_buf(N * C, -1, 1);
+    anneal_test_rng_state = 21;
+    float *x = anneal_test_rand_buf(N * C, -2, 2), *w = anneal_test_rand_buf(C, 0.5f, 1.5f), *dy = anneal_test_rand_buf(N * C, -1, 1);
     float zero_b[C] = {0}, y1[N * C], y2[N * C], mean[N], rstd[N];
     anneal_cpu_layer_norm_fwd(N, C, x, w, zero_b, 1e-5f, y1, mean, rstd);
     anneal_cpu_layer_norm_fwd(N, C, x, w, NULL, 1e-5f, y2, mean, rstd);
@@ -240,7 +222,7 @@ TEST(optional_outputs) {
     CHECK_TRUE(memcmp(dx1, dx2, sizeof dx1) == 0);
     CHECK_TRUE(memcmp(dw1, dw2, sizeof dw1) == 0);
 
-    float *dw0 = nan_buf(C), *db0 = nan_buf(C), zero[C] = {0};
+    float *dw0 = anneal_test_nan_buf(C), *db0 = anneal_test_nan_buf(C), zero[C] = {0};
     anneal_cpu_layer_norm_bwd(0, C, x, w, mean, rstd, dy, NULL, dw0, db0);
     CHECK_TRUE(memcmp(dw0, zero, sizeof zero) == 0);
     CHECK_TRUE(memcmp(db0, zero, sizeof zero) == 0);
@@ -251,15 +233,15 @@ TEST(optional_outputs) {
  * threading cutoff, C not a multiple of the column block). */
 TEST(deterministic_across_thread_counts) {
     enum { N = 2049, C = 83 };
-    rng_state = 99;
-    float *x = rand_buf(N * C, -3, 3), *w = rand_buf(C, 0.5f, 1.5f), *b = rand_buf(C, -1, 1);
-    float *dy = rand_buf(N * C, -1, 1);
+    anneal_test_rng_state = 99;
+    float *x = anneal_test_rand_buf(N * C, -3, 3), *w = anneal_test_rand_buf(C, 0.5f, 1.5f), *b = anneal_test_rand_buf(C, -1, 1);
+    float *dy = anneal_test_rand_buf(N * C, -1, 1);
     float *y[2], *mean[2], *rstd[2], *dx[2], *dw[2], *db[2];
     int saved = omp_get_max_threads();
     for (int rms = 0; rms < 2; rms++) {
         for (int t = 0; t < 2; t++) {
-            y[t] = nan_buf(N * C), mean[t] = nan_buf(N), rstd[t] = nan_buf(N);
-            dx[t] = nan_buf(N * C), dw[t] = nan_buf(C), db[t] = nan_buf(C);
+            y[t] = anneal_test_nan_buf(N * C), mean[t] = anneal_test_nan_buf(N), rstd[t] = anneal_test_nan_buf(N);
+            dx[t] = anneal_test_nan_buf(N * C), dw[t] = anneal_test_nan_buf(C), db[t] = anneal_test_nan_buf(C);
             omp_set_num_threads(t + 1);
             fwd(rms, N, C, x, w, b, 1e-5f, y[t], mean[t], rstd[t]);
             bwd(rms, N, C, x, w, mean[t], rstd[t], dy, dx[t], dw[t], db[t]);

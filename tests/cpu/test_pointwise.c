@@ -10,14 +10,6 @@
 #define SQRT_2_OVER_PI 0.79788456080286535588
 #define INV_SQRT_2PI 0.39894228040143267794
 
-static uint64_t rng_state;
-static float urand(float lo, float hi) { /* splitmix64 -> uniform in [lo, hi) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
 
 /* ---------------------------------------------------- double references */
 
@@ -111,10 +103,10 @@ TEST(matches_double_reference_on_grid) {
 TEST(backward_matches_finite_differences) {
     enum { N = 1001 };
     static float x[N], xp[N], xm[N], yp[N], ym[N], r[N], dx[N], num[N];
-    rng_state = 11;
+    anneal_test_rng_state = 11;
     for (int i = 0; i < N; i++) {
-        x[i] = urand(-5.0f, 5.0f);
-        r[i] = urand(-1.0f, 1.0f);
+        x[i] = anneal_test_urand(-5.0f, 5.0f);
+        r[i] = anneal_test_urand(-1.0f, 1.0f);
         xp[i] = x[i] + 1e-3f;
         xm[i] = x[i] - 1e-3f;
     }
@@ -164,10 +156,10 @@ TEST(bitwise_consistent_across_paths) {
     float *x = malloc(n * sizeof *x), *dy = malloc(n * sizeof *dy), *a = malloc(n * sizeof *a);
     float *b = malloc(n * sizeof *b);
     REQUIRE(x && dy && a && b);
-    rng_state = 5;
+    anneal_test_rng_state = 5;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = urand(-10.0f, 10.0f);
-        dy[i] = urand(-2.0f, 2.0f);
+        x[i] = anneal_test_urand(-10.0f, 10.0f);
+        dy[i] = anneal_test_urand(-2.0f, 2.0f);
     }
     int saved = omp_get_max_threads();
     for (int k = 0; k < NKIND; k++) {

@@ -6,24 +6,6 @@
 
 #include <omp.h>
 
-static uint64_t rng_state;
-static float urand(float lo, float hi) { /* splitmix64 -> uniform in [lo, hi) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
-static float *rand_buf(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)n * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = urand(lo, hi);
-    return p;
-}
-static float *nan_buf(int64_t n) {
-    float *p = malloc((size_t)n * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
 
 /* Double reference: y (softmax or log-softmax) and dx for upstream dy, from x. */
 static void ref_softmax(int64_t N, int64_t C, const float *x, const float *dy, bool is_log, float *y,
@@ -50,9 +32,9 @@ static void ref_softmax(int64_t N, int64_t C, const float *x, const float *dy, b
  * Tolerances: softmax y 1e-9 abs + 2e-6 rel; log-softmax y 1e-6 abs + 1e-6 rel
  * (log(sum) is rounded at its magnitude); dx 1e-7 abs + 1e-5 rel. */
 static void check_shape(int64_t N, int64_t C, float lo, float hi) {
-    rng_state = (uint64_t)(N * 31 + C);
-    float *x = rand_buf(N * C, lo, hi), *dy = rand_buf(N * C, -1, 1);
-    float *y = nan_buf(N * C), *dx = nan_buf(N * C), *ry = nan_buf(N * C), *rdx = nan_buf(N * C);
+    anneal_test_rng_state = (uint64_t)(N * 31 + C);
+    float *x = anneal_test_rand_buf(N * C, lo, hi), *dy = anneal_test_rand_buf(N * C, -1, 1);
+    float *y = anneal_test_nan_buf(N * C), *dx = anneal_test_nan_buf(N * C), *ry = anneal_test_nan_buf(N * C), *rdx = anneal_test_nan_buf(N * C);
     for (int is_log = 0; is_log < 2; is_log++) {
         anneal_cpu_softmax_fwd(N, C, x, y, is_log);
         anneal_cpu_softmax_bwd(N, C, y, dy, dx, is_log);
@@ -86,10 +68,10 @@ TEST(matches_reference) {
 TEST(large_magnitude_logits) {
     enum { N = 3, C = 37 };
     float x[N * C], y[N * C], dy[N * C], dx[N * C], ry[N * C], rdx[N * C];
-    rng_state = 8;
+    anneal_test_rng_state = 8;
     for (int i = 0; i < N * C; i++) {
-        x[i] = urand(0, 1) < 0.5f ? -1e4f : 1e4f;
-        dy[i] = urand(-1, 1);
+        x[i] = anneal_test_urand(0, 1) < 0.5f ? -1e4f : 1e4f;
+        dy[i] = anneal_test_urand(-1, 1);
     }
     x[C] = 3e4f; /* one dominant entry in row 1 */
     for (int is_log = 0; is_log < 2; is_log++) {
@@ -124,9 +106,9 @@ TEST(backward_matches_finite_differences) {
     for (int is_log = 0; is_log < 2; is_log++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
-            rng_state = 40 + s;
-            float *x = rand_buf(n, -3, 3), *R = rand_buf(n, -1, 1), *y = nan_buf(n);
-            float *dx = nan_buf(n);
+            anneal_test_rng_state = 40 + s;
+            float *x = anneal_test_rand_buf(n, -3, 3), *R = anneal_test_rand_buf(n, -1, 1), *y = anneal_test_nan_buf(n);
+            float *dx = anneal_test_nan_buf(n);
             anneal_cpu_softmax_fwd(N, C, x, y, is_log);
             anneal_cpu_softmax_bwd(N, C, y, R, dx, is_log);
             double err2 = 0, g2 = 0, emax = 0;
@@ -156,9 +138,9 @@ TEST(backward_matches_finite_differences) {
 /* 1 vs 2 threads: identical bits (N*C above the threading cutoff). */
 TEST(deterministic_across_thread_counts) {
     enum { N = 97, C = 1001 };
-    rng_state = 5;
-    float *x = rand_buf(N * C, -8, 8), *dy = rand_buf(N * C, -1, 1);
-    float *y[2] = {nan_buf(N * C), nan_buf(N * C)}, *dx[2] = {nan_buf(N * C), nan_buf(N * C)};
+    anneal_test_rng_state = 5;
+    float *x = anneal_test_rand_buf(N * C, -8, 8), *dy = anneal_test_rand_buf(N * C, -1, 1);
+    float *y[2] = {anneal_test_nan_buf(N * C), anneal_test_nan_buf(N * C)}, *dx[2] = {anneal_test_nan_buf(N * C), anneal_test_nan_buf(N * C)};
     int saved = omp_get_max_threads();
     for (int is_log = 0; is_log < 2; is_log++) {
         for (int t = 0; t < 2; t++) {
