@@ -85,7 +85,7 @@ TEST(adamw_matches_reference) {
     };
     REQUIRE(P[0] && P[1] && P[2]);
     anneal_optim_config cfg = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
-    CHECK_TRUE(cfg.beta1 == 0.9f && cfg.beta2 == 0.999f && cfg.eps == 1e-8f && cfg.weight_decay == 0.0f);
+    CHECK_TRUE(cfg.beta1 == 0.9 && cfg.beta2 == 0.999 && cfg.eps == 1e-8 && cfg.weight_decay == 0.0);
     cfg.beta2 = 0.95f;
     cfg.weight_decay = 0.1f;
     anneal_optimizer *o = anneal_optimizer_new(ps, cfg);
