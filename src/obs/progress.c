@@ -7,6 +7,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 struct anneal_progress {
     FILE *out;
@@ -54,6 +56,10 @@ void anneal_progress_step(anneal_progress *p, const anneal_step_stats *s) {
     char line[256];
     anneal_progress_format(s, line, sizeof line);
     if (p->live) {
+        /* a line wider than the terminal would wrap, and '\r' would only rewrite its tail */
+        struct winsize ws;
+        if (ioctl(fileno(p->out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20 && strlen(line) >= ws.ws_col)
+            line[ws.ws_col - 1] = '\0';
         fprintf(p->out, "\r%s\033[K", line);
         p->line_open = true;
     } else if (s->step % p->every == 0 || s->step == s->total || s->step == 1 || s->skipped) {
