@@ -322,10 +322,17 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
             fail = do_sample(t);
         if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && (ran > 0 || interrupted)) save_checkpoint(t);
     }
-    /* every write must be complete (or known to have failed) before we report */
-    if (wait_checkpoint(t, false) != ANNEAL_OK || (t->last_ckpt_step == t->st.step && !t->ckpt_good)) {
+    /* every write must be complete (or known to have failed) before we report; an
+     * earlier failure keeps its message */
+    char failmsg[1024] = "";
+    if (fail != ANNEAL_OK) {
+        snprintf(failmsg, sizeof failmsg, "%s", anneal_last_error());
+        anneal_clear_error();
+    }
+    anneal_status cw = wait_checkpoint(t, false);
+    if (cw != ANNEAL_OK || (t->last_ckpt_step == t->st.step && !t->ckpt_good)) {
         char msg[1024], ck[PATH_MAX];
-        snprintf(msg, sizeof msg, "%s", anneal_last_status() ? anneal_last_error() : "see the warning above");
+        snprintf(msg, sizeof msg, "%s", cw != ANNEAL_OK ? anneal_last_error() : "see the warning above");
         anneal_clear_error();
         bool have = anneal_checkpoint_resolve(t->run_dir, ck, sizeof ck) == ANNEAL_OK;
         anneal_clear_error();
@@ -337,6 +344,10 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         else
             anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s%s", (long long)t->last_ckpt_step,
                                  msg, tail);
+    }
+    if (failmsg[0]) {
+        anneal_clear_error();
+        anneal_set_error(fail, "%s", failmsg);
     }
 
     res->steps_done = t->st.step;
