@@ -99,3 +99,8 @@ float *anneal_test_nan_buf(int64_t n) {
     for (int64_t i = 0; p && i < n; i++) p[i] = NAN;
     return p;
 }
+
+bool anneal_test_sanitized(void) {
+    const char *s = getenv("ANNEAL_TEST_SANITIZED");
+    return s && s[0] == '1';
+}

@@ -25,6 +25,9 @@ void anneal_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 extern bool anneal_test_was_skipped;
 /* Path of a file in the source tree (ANNEAL_SOURCE_DIR or "."); static buffer rotation of 4. */
 const char *anneal_test_path(const char *rel);
+/* True in the ASan/UBSan build (ANNEAL_TEST_SANITIZED=1), where code runs ~10x slower:
+ * long tests shrink their sizes there (saying so), never their tolerances. */
+bool anneal_test_sanitized(void);
 /* Largest |a-b| / (atol + rtol*|b|) over n floats; <= 1 means close. Reports the worst index. */
 double anneal_test_close_ratio(const float *a, const float *b, int64_t n, double atol, double rtol,
                                int64_t *worst);

@@ -53,9 +53,10 @@ typedef struct anneal_backend {
 
     /* c = alpha * a @ b + beta * c over the last two dims; leading (batch) dims of a
      * and b are broadcast to c's (stride 0 allowed). a and b: any strides as long as
-     * one of the last two dims has stride 1; c contiguous. */
+     * one of the last two dims has stride 1; c contiguous. `compute` is the precision
+     * the operands are rounded to (F32, BF16 or F16; see anneal_set_matmul_dtype). */
     anneal_status (*matmul)(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                            float alpha, float beta);
+                            float alpha, float beta, anneal_dtype compute);
 
     /* Normalisation over the last dim. x (N, C) flattened; mean/rstd (N). */
     anneal_status (*layer_norm_fwd)(anneal_tensor *y, anneal_tensor *mean, anneal_tensor *rstd,

@@ -240,6 +240,17 @@ uint64_t anneal_rng_reserve(uint64_t n);
 void anneal_set_num_threads(int n);
 int anneal_get_num_threads(void);
 
+/* ------------------------------------------------------ matmul precision */
+
+/* Precision of the inputs of matrix products on this thread, like torch.autocast:
+ * ANNEAL_F32 (the default), ANNEAL_BF16 or ANNEAL_F16. Every GEMM an op runs (matmul,
+ * linear/conv1d, the fused lm-head loss) rounds its operands to this dtype (round to
+ * nearest even; f16 overflows to inf like real half precision) while packing them,
+ * accumulates in f32 and returns f32 tensors. Norms, softmax, losses and the
+ * optimizer stay f32 whatever is set. ANNEAL_ERR_ARG for any other dtype. */
+anneal_status anneal_set_matmul_dtype(anneal_dtype dt);
+anneal_dtype anneal_get_matmul_dtype(void);
+
 /* Library version string, e.g. "0.1.0". */
 const char *anneal_version(void);
 

@@ -47,6 +47,22 @@ anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n);
 /* The configuration the optimizer was made with (checkpoints record it). */
 anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o);
 
+/* ZeRO (stages 1-2 of d): an AdamW/SGD whose state covers only this rank's shard of
+ * the flat parameter space (anneal_ddp_shard_pieces). A step updates the shard from
+ * anneal_ddp_shard_grad, writes it into the parameters and all-gathers them
+ * (anneal_ddp_gather_params), so every rank ends with identical parameters. Collective:
+ * every rank must call the step. The other optimizer calls work on it too; state
+ * tensors (anneal_optimizer_state) exist only between anneal_optimizer_gather_state and
+ * anneal_optimizer_scatter_state. */
+typedef struct anneal_ddp anneal_ddp;
+anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_config cfg, anneal_ddp *d);
+/* Collective: assembles the full state tensors on every rank (for a checkpoint that
+ * any world size can resume). No-op for a non-sharded optimizer. */
+anneal_status anneal_optimizer_gather_state(anneal_optimizer *o);
+/* Keeps only this rank's shard of the full state tensors (after a checkpoint was saved
+ * or restored into them) and frees the rest. No-op for a non-sharded optimizer. */
+anneal_status anneal_optimizer_scatter_state(anneal_optimizer *o);
+
 /* Scales all gradients so their global L2 norm is at most max_norm (PyTorch's
  * clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1). Writes the norm
  * before clipping to *norm_out (may be NULL). Deterministic (fixed summation order).

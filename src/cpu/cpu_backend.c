@@ -36,7 +36,7 @@ static bool gemm_operand(int64_t rows, int64_t cols, int64_t s_row, int64_t s_co
 }
 
 static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                                float alpha, float beta) {
+                                float alpha, float beta, anneal_dtype compute) {
     int nd = c->ndim;
     int64_t M = c->shape[nd - 2], N = c->shape[nd - 1], K = a->shape[a->ndim - 1];
     bool ta, tb;
@@ -65,7 +65,7 @@ static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const 
         expect *= c->shape[d];
     }
     if (b_shared && a_foldable && (M == 1 ? lda >= K : true)) {
-        anneal_cpu_sgemm(false, tb, batch * M, N, K, alpha, pa, lda, pb, ldb, beta, pc, N);
+        anneal_cpu_gemm(compute, false, tb, batch * M, N, K, alpha, pa, lda, pb, ldb, beta, pc, N, NULL);
         return ANNEAL_OK;
     }
     /* One uniform stride per operand across the flattened batch -> batched call. */
@@ -87,8 +87,8 @@ static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const 
         (void)span;
     }
     if (uniform) {
-        anneal_cpu_sgemm_batched(batch, ta, tb, M, N, K, alpha, pa, lda, ua, pb, ldb, ub, beta, pc,
-                                 N, M * N);
+        anneal_cpu_gemm_batched(compute, batch, ta, tb, M, N, K, alpha, pa, lda, ua, pb, ldb, ub, beta,
+                                pc, N, M * N);
         return ANNEAL_OK;
     }
     for (int64_t i = 0; i < batch; i++) {
@@ -99,7 +99,8 @@ static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const 
             oa += idx * sa[d];
             ob += idx * sb[d];
         }
-        anneal_cpu_sgemm(ta, tb, M, N, K, alpha, pa + oa, lda, pb + ob, ldb, beta, pc + i * M * N, N);
+        anneal_cpu_gemm(compute, ta, tb, M, N, K, alpha, pa + oa, lda, pb + ob, ldb, beta, pc + i * M * N, N,
+                        NULL);
     }
     return ANNEAL_OK;
 }

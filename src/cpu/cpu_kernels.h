@@ -27,6 +27,29 @@ void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t
                               int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
                               float beta, float *C, int64_t ldc, int64_t stride_c);
 
+/* What a GEMM does to each finished element of C, after alpha*op(A)@op(B) + beta*C
+ * (fused into the GEMM while the tile is in cache): add bias[j] (when bias is non-NULL),
+ * then, when gelu_tanh, store the value so far in pre (same ldc; if pre is non-NULL) and
+ * write gelu_tanh(value) to C. */
+typedef struct anneal_gemm_epilogue {
+    const float *bias; /* (N) or NULL */
+    bool gelu_tanh;
+    float *pre;        /* (M x N, row stride ldc) or NULL */
+} anneal_gemm_epilogue;
+
+/* anneal_cpu_sgemm with the operands rounded to `compute` (ANNEAL_F32: none;
+ * ANNEAL_BF16: round to nearest even bf16, products on AVX512-BF16 where the CPU has
+ * it; ANNEAL_F16: round to nearest even f16, overflow to inf) while packing, f32
+ * accumulation, and an optional epilogue (NULL: none). compute is an anneal_dtype. */
+void anneal_cpu_gemm(int compute, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep);
+/* anneal_cpu_sgemm_batched at precision `compute` (no epilogue). */
+void anneal_cpu_gemm_batched(int compute, int64_t batch, bool trans_a, bool trans_b, int64_t M,
+                             int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
+                             float beta, float *C, int64_t ldc, int64_t stride_c);
+
 /* ------------------------------------------------------------- row ops */
 
 /* LayerNorm over the last dim C of N rows: y = (x - mean) * rstd * w + b.

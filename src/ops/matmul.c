@@ -92,7 +92,7 @@ static anneal_tensor *product_to(const anneal_backend *be, int nb, const int64_t
     shape[nb] = left->shape[left->ndim - 2];
     shape[nb + 1] = right->shape[right->ndim - 1];
     anneal_tensor *full = anneal_empty_on(left->device, ANNEAL_F32, nb + 2, shape);
-    if (!full || be->matmul(full, left, right, 1.0f, 0.0f) != ANNEAL_OK) return NULL;
+    if (!full || be->matmul(full, left, right, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return NULL;
     return anneal_ops_sum_to(full, e->ndim, e->shape);
 }
 
@@ -112,7 +112,7 @@ static anneal_tensor *shared_rhs_grad(const anneal_backend *be, anneal_tensor *a
     if (!at || !c2 || !gemm_ok(at) || !gemm_ok(c2)) return NULL;
     anneal_tensor *db = anneal_empty_on(a->device, ANNEAL_F32, eb->ndim, eb->shape);
     anneal_tensor *db2 = db ? anneal_alias(db, 2, (int64_t[]){K, N}, (int64_t[]){N, 1}, 0) : NULL;
-    if (!db2 || be->matmul(db2, at, c2, 1.0f, 0.0f) != ANNEAL_OK) return NULL;
+    if (!db2 || be->matmul(db2, at, c2, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return NULL;
     return db;
 }
 
@@ -177,7 +177,7 @@ anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) {
     if (!tmp) return NULL;
     anneal_scope_enter(tmp); /* copies made for the GEMM die with tmp unless saved */
     anneal_tensor *ac = gemm_operand(a), *bc = gemm_operand(b);
-    anneal_status s = (ac && bc) ? be->matmul(out, ac, bc, 1.0f, 0.0f) : anneal_last_status();
+    anneal_status s = (ac && bc) ? be->matmul(out, ac, bc, 1.0f, 0.0f, anneal_get_matmul_dtype()) : anneal_last_status();
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record("matmul", matmul_backward, 2, in, 1, &out);
         if (node) {
@@ -208,14 +208,14 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
         anneal_tensor *dx2 =
             dx ? anneal_alias(dx, 2, (int64_t[]){R, n_in}, (int64_t[]){n_in, 1}, 0) : NULL;
         anneal_tensor *wt = out_in ? w : mT(w); /* (out, in) */
-        if (!dx2 || !wt || be->matmul(dx2, dy, wt, 1.0f, 0.0f) != ANNEAL_OK)
+        if (!dx2 || !wt || be->matmul(dx2, dy, wt, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK)
             return anneal_last_status();
         gin[0] = dx;
     }
     if (anneal_node_input_needs_grad(node, 1)) {
         anneal_tensor *dw = anneal_empty_on(dy->device, ANNEAL_F32, 2, w->shape);
         anneal_tensor *l = out_in ? mT(dy) : mT(x2), *r = out_in ? x2 : dy;
-        if (!dw || !l || be->matmul(dw, l, r, 1.0f, 0.0f) != ANNEAL_OK) return anneal_last_status();
+        if (!dw || !l || be->matmul(dw, l, r, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return anneal_last_status();
         gin[1] = dw;
     }
     if (node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2)) {
@@ -282,7 +282,7 @@ static anneal_tensor *dense(const char *name, anneal_tensor *x, anneal_tensor *w
         s = bx ? be->copy(y2, bx) : anneal_last_status();
         beta = 1.0f;
     }
-    if (s == ANNEAL_OK) s = be->matmul(y2, x2, wop, 1.0f, beta);
+    if (s == ANNEAL_OK) s = be->matmul(y2, x2, wop, 1.0f, beta, anneal_get_matmul_dtype());
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record(name, dense_backward, n, in, 1, &y);
         if (node) {

@@ -1,0 +1,144 @@
+/* anneal dist: processes working on one training run. A communicator over MPI (CPU
+ * processes launched by mpirun/srun) or a single-process stand-in when MPI is absent
+ * (same calls, world size 1), and data-parallel gradient synchronisation: buckets of
+ * gradients hung on the autograd engine's grad-ready hook, all-reduced (DDP) or
+ * reduce-scattered to their owner rank (ZeRO), overlapping the rest of backward.
+ * The NCCL communicator of the CUDA backend will implement the same interface. */
+#ifndef ANNEAL_DIST_H
+#define ANNEAL_DIST_H
+
+#include "anneal/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --------------------------------------------------------------- communicator */
+
+typedef struct anneal_comm anneal_comm;
+typedef struct anneal_comm_request anneal_comm_request;
+
+typedef enum anneal_reduce_op { ANNEAL_REDUCE_SUM, ANNEAL_REDUCE_MEAN } anneal_reduce_op;
+
+/* Joins the job this process was launched in: MPI when the build has it and the
+ * environment says a launcher started us (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK,
+ * SLURM_NTASKS under srun ...), the single-process communicator otherwise. Call once,
+ * before any other thread is started. NULL + error on failure. */
+anneal_comm *anneal_comm_init(void);
+/* Leaves the job (MPI_Finalize when MPI was used) and frees c. */
+void anneal_comm_free(anneal_comm *c);
+int anneal_comm_rank(const anneal_comm *c);
+int anneal_comm_size(const anneal_comm *c);
+/* Rank among the processes on this host (for thread pinning / GPU choice). */
+int anneal_comm_local_rank(const anneal_comm *c);
+/* "mpi" or "single". */
+const char *anneal_comm_backend(const anneal_comm *c);
+/* True when this build can talk MPI. */
+bool anneal_comm_mpi_available(void);
+
+/* Collectives. Every rank must make the same calls in the same order with the same
+ * counts and dtypes. dtype: ANNEAL_F32 or ANNEAL_BF16 for reductions (bf16 sums are
+ * accumulated in f32 and rounded once), any dtype for gather/broadcast. Results are
+ * identical on every rank (each rank receives the same reduced bits). Errors (a peer
+ * that died, a transport failure) come back as ANNEAL_ERR_IO with MPI's message. */
+anneal_status anneal_comm_allreduce(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt,
+                                    anneal_reduce_op op);
+/* recv (count) = this rank's block of the reduction of send (count * size): rank r
+ * receives elements [r*count, (r+1)*count). */
+anneal_status anneal_comm_reduce_scatter(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                         anneal_dtype dt, anneal_reduce_op op);
+/* recv (count * size) = every rank's send (count), in rank order. */
+anneal_status anneal_comm_all_gather(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                     anneal_dtype dt);
+anneal_status anneal_comm_broadcast(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int root);
+anneal_status anneal_comm_barrier(anneal_comm *c);
+
+/* Non-blocking variants: start the collective and return a request; the buffers must
+ * stay untouched until anneal_comm_wait returns. */
+anneal_status anneal_comm_allreduce_start(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt,
+                                          anneal_reduce_op op, anneal_comm_request **req);
+anneal_status anneal_comm_reduce_scatter_start(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                               anneal_dtype dt, anneal_reduce_op op,
+                                               anneal_comm_request **req);
+anneal_status anneal_comm_all_gather_start(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                           anneal_dtype dt, anneal_comm_request **req);
+/* Waits for req to finish and frees it (NULL: nothing to wait for). */
+anneal_status anneal_comm_wait(anneal_comm_request *req);
+/* Sets *done when req has finished (it must still be waited for). Lets progress happen. */
+anneal_status anneal_comm_test(anneal_comm_request *req, bool *done);
+
+/* Ends the whole job now (MPI_Abort) after printing msg on this rank's stderr; used
+ * when a rank fails alone so the others do not wait forever. Does not return. */
+void anneal_comm_abort(anneal_comm *c, int code, const char *msg);
+
+/* ----------------------------------------------------------- gradient sync */
+
+/* Data-parallel gradient synchronisation of a parameter set. Gradients are grouped
+ * into buckets of about bucket_bytes, filled in reverse registration order (the order
+ * backward produces them); when the last gradient of a bucket is ready, its collective
+ * starts at once (overlap) or, with overlap off, all collectives run in anneal_ddp_finish.
+ *
+ * zero_stage 0 (DDP): every rank ends with the mean gradient of every parameter in
+ *   its .grad.
+ * zero_stage 1 and 2: gradients are reduce-scattered: each rank ends with the mean
+ *   gradient of its own shard only (anneal_ddp_shard_*); stage 2 drops each full .grad
+ *   as soon as its bucket has been reduced, so a rank never holds all gradients at once.
+ *   The optimizer state is sharded the same way (anneal_optimizer_new_zero). */
+typedef struct anneal_ddp_config {
+    int64_t bucket_bytes; /* default 25 MiB */
+    bool overlap;         /* default true */
+    int zero_stage;       /* 0, 1 or 2 */
+} anneal_ddp_config;
+
+anneal_ddp_config anneal_ddp_defaults(void);
+
+typedef struct anneal_ddp anneal_ddp;
+
+/* Sync of ps over c (both must outlive it). Every parameter must be f32 contiguous. */
+anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config cfg);
+void anneal_ddp_free(anneal_ddp *d);
+/* Overwrites every parameter with rank 0's values (start of a run). */
+anneal_status anneal_ddp_broadcast_params(anneal_ddp *d);
+/* Before a micro-step's backward: installs the grad-ready hook. sync false (gradient
+ * accumulation, not the last micro-step): gradients only accumulate locally, nothing is
+ * communicated. */
+anneal_status anneal_ddp_begin_backward(anneal_ddp *d, bool sync);
+/* After the last micro-step's backward: waits for (or, without overlap, runs) every
+ * bucket's collective, removes the hook and leaves the synchronised gradients (stage 0:
+ * in .grad; stages 1-2: in the shard). Parameters that got no gradient anywhere count
+ * as zero gradients. */
+anneal_status anneal_ddp_finish(anneal_ddp *d);
+/* Global L2 norm of the synchronised gradients (all ranks get the same value); with
+ * max_norm > 0 scales them by PyTorch's clip coefficient when it is < 1. Non-finite
+ * norm: reported, nothing scaled. */
+anneal_status anneal_ddp_clip_grad_norm(anneal_ddp *d, float max_norm, float *norm_out);
+/* Multiplies the synchronised gradients by s (loss-scaler unscale). */
+anneal_status anneal_ddp_scale_grads(anneal_ddp *d, float s);
+
+/* This rank's shard, for stages 1-2: n elements of the flat parameter space (all
+ * parameters concatenated in registration order), made of `pieces` runs. */
+typedef struct anneal_ddp_piece {
+    int param;       /* index in ps */
+    int64_t offset;  /* first element inside that parameter */
+    int64_t len;
+    int64_t shard_offset; /* where the run sits in the rank's shard */
+} anneal_ddp_piece;
+int64_t anneal_ddp_shard_numel(const anneal_ddp *d);
+const anneal_ddp_piece *anneal_ddp_shard_pieces(const anneal_ddp *d, int *n);
+/* The rank's mean-gradient shard (shard_numel floats), valid after anneal_ddp_finish. */
+float *anneal_ddp_shard_grad(anneal_ddp *d);
+/* After each rank has written its updated shard into the parameters (by the pieces),
+ * all-gathers so every rank holds every updated parameter. */
+anneal_status anneal_ddp_gather_params(anneal_ddp *d);
+/* Per-rank bytes held now for parameters, gradients (including buckets) and optimizer
+ * state, for reports. */
+typedef struct anneal_ddp_memory {
+    int64_t param_bytes, grad_bytes, bucket_bytes;
+} anneal_ddp_memory;
+anneal_ddp_memory anneal_ddp_memory_get(const anneal_ddp *d);
+anneal_comm *anneal_ddp_comm(const anneal_ddp *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
