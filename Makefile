@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build demo test test-asan test-fast bootstrap fixtures bench clean
+.PHONY: all build demo test test-asan test-fast bootstrap fixtures bench bench-train bench-torch clean
 
 all: build
 
@@ -43,6 +43,30 @@ fixtures:
 
 bench: build
 	bash bench/run.sh
+
+# anneal fp32/bf16 against PyTorch fp32/bf16 autocast, GPT-2 124M and d6 at B=8 T=256,
+# alternating, with MFU against a measured peak and the issue-5 goals (bench/bench_train.py;
+# ~20-30 min on 2 cores). BENCH_ARGS=--quick for a smoke run; BENCH_TORCH2=0 skips PyTorch 2.x.
+bench-train: build bench-torch
+	python3 bench/bench_train.py --anneal $(BUILD)/anneal $(BENCH_ARGS)
+
+# PyTorch for bench-train, best effort (the benchmark runs with whatever is there):
+# Debian's python3-torch (and OpenBLAS for it) via apt-get when absent, and PyPI torch 2.x
+# in $(BUILD)/bench-venv (about 5.5 GB: PyPI's Linux wheel pulls in the CUDA libraries).
+BENCH_TORCH2 ?= 1
+bench-torch:
+	@/usr/bin/python3 -c "import torch" 2>/dev/null || apt-get install -y python3-torch \
+	  || (apt-get update && apt-get install -y python3-torch) \
+	  || echo "bench-torch: no Debian python3-torch; bench-train runs without it"
+	@# Debian's torch does fp32 GEMMs through libblas.so.3: the reference BLAS unless OpenBLAS is there
+	@/usr/bin/python3 -c "import torch; torch.ones(8, 8) @ torch.ones(8, 8); \
+	  exit(0 if 'openblas' in open('/proc/self/maps').read() else 1)" 2>/dev/null \
+	  || ! /usr/bin/python3 -c "import torch" 2>/dev/null || apt-get install -y libopenblas0-pthread \
+	  || echo "bench-torch: no OpenBLAS; Debian's PyTorch fp32 runs on the reference BLAS (slow)"
+	@if [ "$(BENCH_TORCH2)" != 0 ] && [ ! -x $(BUILD)/bench-venv/bin/python ]; then \
+	  { python3 -m venv $(BUILD)/bench-venv && $(BUILD)/bench-venv/bin/pip install -q torch numpy; } \
+	  || { echo "bench-torch: PyPI torch 2.x not installed; bench-train runs without it"; rm -rf $(BUILD)/bench-venv; }; \
+	fi
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

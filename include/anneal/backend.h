@@ -22,6 +22,17 @@ typedef enum anneal_unary_op {
     ANNEAL_UNARY_SILU,
 } anneal_unary_op;
 
+/* One parameter of a multi-tensor AdamW step: contiguous f32 arrays of numel
+ * elements on the backend's device, with that parameter's weight decay and bias
+ * corrections bc = 1 - beta^t (t its own step count). */
+typedef struct anneal_adamw_group {
+    float *p;
+    const float *g;
+    float *m, *v;
+    int64_t numel;
+    double weight_decay, bc1, bc2;
+} anneal_adamw_group;
+
 typedef struct anneal_backend {
     const char *name;
     anneal_device device;
@@ -117,8 +128,42 @@ typedef struct anneal_backend {
     anneal_status (*adamw)(anneal_tensor *p, const anneal_tensor *g, anneal_tensor *m,
                            anneal_tensor *v, double lr, double beta1, double beta2, double eps,
                            double weight_decay, double bc1, double bc2);
+    /* One AdamW step over n parameters in one pass: the total elements are split
+     * evenly across the threads (one parallel region, not one per parameter); each
+     * element is updated exactly as adamw would (bit-identical). May be NULL. */
+    anneal_status (*adamw_multi)(const anneal_adamw_group *groups, int n, double lr,
+                                 double beta1, double beta2, double eps);
     /* Sum of squares of all elements, accumulated in double (deterministic). */
     anneal_status (*sum_squares)(const anneal_tensor *x, double *out);
+
+    /* Fused kernels (issue 5). x (R, K), w (K, N) row-major, b (N) or NULL:
+     * pre (R, N) = x @ w + b and y = gelu_tanh(pre) in one pass over the output (GEMM
+     * epilogue); operands rounded to `compute` as for matmul. */
+    anneal_status (*dense_gelu_fwd)(anneal_tensor *y, anneal_tensor *pre, const anneal_tensor *x,
+                                    const anneal_tensor *w, const anneal_tensor *b,
+                                    anneal_dtype compute);
+    /* s = x + r and y = LayerNorm(s) (mean/rstd (N) written) in one pass; all (N, C). */
+    anneal_status (*add_layer_norm_fwd)(anneal_tensor *s, anneal_tensor *y, anneal_tensor *mean,
+                                        anneal_tensor *rstd, const anneal_tensor *x,
+                                        const anneal_tensor *r, const anneal_tensor *w,
+                                        const anneal_tensor *b, float eps);
+    /* dx = LayerNorm backward of dy at s, plus ds (the gradient of s's other uses; may
+     * be NULL); dx, dw, db may each be NULL (not wanted). */
+    anneal_status (*add_layer_norm_bwd)(anneal_tensor *dx, anneal_tensor *dw, anneal_tensor *db,
+                                        const anneal_tensor *s, const anneal_tensor *w,
+                                        const anneal_tensor *mean, const anneal_tensor *rstd,
+                                        const anneal_tensor *dy, const anneal_tensor *ds);
+    /* Cross-entropy of logits = h (N, C) @ w (V, C)^T against i32 targets (N) (validated
+     * by the op), in chunks of work->shape[0] rows through the workspace work (rows, V):
+     * loss (N) per row (0 where ignored), lse (N). When dh (N, C) / dw (V, C) are given,
+     * each chunk's dlogits = scale * (softmax - onehot) (0 on ignored rows) is used at
+     * once: dh rows = dlogits @ w, dw += dlogits^T @ h (dw overwritten, chunks in order).
+     * GEMMs at `compute`. */
+    anneal_status (*linear_cross_entropy)(anneal_tensor *loss, anneal_tensor *lse,
+                                          anneal_tensor *dh, anneal_tensor *dw, anneal_tensor *work,
+                                          const anneal_tensor *h, const anneal_tensor *w,
+                                          const anneal_tensor *targets, int32_t ignore_index,
+                                          float scale, anneal_dtype compute);
 } anneal_backend;
 
 /* The backend for device d, or NULL with ANNEAL_ERR_DEVICE set when none is built. */

@@ -25,6 +25,11 @@ typedef struct anneal_train_state {
     uint64_t tokenizer_fingerprint; /* of the data the run trains on (0 if none) */
     int64_t skipped_steps;          /* updates skipped for non-finite loss/gradients */
     double best_val_loss;           /* NaN if never evaluated */
+    /* Mixed precision (zero in checkpoints written before it existed): */
+    anneal_dtype dtype;             /* matmul precision trained with: F32, BF16 or F16 */
+    float loss_scale;               /* f16 loss scaler's scale after the last step; 0: none recorded */
+    int64_t loss_scale_growth_tracker; /* its clean steps in a row */
+    int64_t overflow_steps;         /* f16 steps skipped for a gradient overflow (not in skipped_steps) */
 } anneal_train_state;
 
 /* Writes checkpoint "<run_dir>/ckpt_<step, 8 digits>" synchronously: model, optimizer

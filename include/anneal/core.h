@@ -82,18 +82,34 @@ const char *anneal_device_name(anneal_device d);
 
 /* ------------------------------------------------------------- allocator */
 
+/* Tensor storage comes from a caching allocator: a block freed by its last tensor
+ * goes to a free list of its size class (64-byte steps to 4 KiB, then 8 classes per
+ * doubling, at most 12.5% over the request) and the next request of that class
+ * reuses it, so a training step with the same shapes every step makes no system
+ * allocation after the first. Tensor headers, tape nodes and other per-step
+ * bookkeeping come from a small-object pool the same way. */
 typedef struct anneal_memory_stats {
-    int64_t live_bytes;  /* bytes currently allocated for tensor storage */
-    int64_t peak_bytes;  /* highest live_bytes since start or last reset */
-    int64_t n_allocs;    /* allocations made since start */
-    int64_t limit_bytes; /* allocations beyond this fail with ANNEAL_ERR_OOM (0 = none) */
+    int64_t live_bytes;          /* bytes tensors currently hold (as requested) */
+    int64_t peak_bytes;          /* highest live_bytes since start or last reset */
+    int64_t n_allocs;            /* storage allocations since start (cache hits included) */
+    int64_t limit_bytes;         /* allocations beyond this fail with ANNEAL_ERR_OOM (0 = none) */
+    int64_t reserved_bytes;      /* blocks held from the system: live blocks + cached_bytes */
+    int64_t peak_reserved_bytes; /* highest reserved_bytes since start or last reset */
+    int64_t cached_bytes;        /* free blocks kept for reuse */
+    int64_t n_system_allocs;     /* blocks taken from the system (cache misses; for the CPU
+                                    also the small-object pool's mallocs) */
 } anneal_memory_stats;
 
 anneal_memory_stats anneal_memory_stats_get(anneal_device d);
-/* Sets peak_bytes to the current live_bytes. */
+/* Sets peak_bytes to the current live_bytes and peak_reserved_bytes to reserved_bytes. */
 void anneal_memory_reset_peak(anneal_device d);
-/* Caps live bytes on a device (0 removes the cap); used to test out-of-memory paths. */
+/* Caps live bytes on a device (0 removes the cap); used to test out-of-memory paths.
+ * The cache is emptied before a new block would take reserved bytes past the cap. */
 void anneal_memory_set_limit(anneal_device d, int64_t bytes);
+/* Gives the cached free blocks of device d back to the system (for the CPU also the
+ * small-object pool's free objects); returns the bytes released. Live tensors are
+ * untouched. */
+int64_t anneal_memory_release_cache(anneal_device d);
 
 /* --------------------------------------------------------------- tensors */
 
@@ -105,6 +121,10 @@ typedef struct anneal_storage {
     size_t nbytes;
     anneal_device device;
     int refcount;
+    /* allocator bookkeeping, not for users */
+    size_t _block;                      /* bytes of the block behind data (its size class) */
+    int _class;
+    struct anneal_storage *_next_free;  /* link while cached */
 } anneal_storage;
 
 struct anneal_node;
@@ -239,6 +259,12 @@ uint64_t anneal_rng_reserve(uint64_t n);
 /* Sets the number of threads CPU kernels use (<= 0: the OpenMP default). */
 void anneal_set_num_threads(int n);
 int anneal_get_num_threads(void);
+/* Pins OpenMP worker k to the k-th CPU of the process's allowed CPU set (round-robin
+ * when there are more workers than CPUs), or with on = false gives every worker the
+ * whole allowed set back. Call after anneal_set_num_threads. When desc is given it
+ * gets the CPUs in worker order ("0,1") or "off". ANNEAL_ERR_UNSUPPORTED when the
+ * system refuses. */
+anneal_status anneal_set_thread_pinning(bool on, char *desc, size_t desc_len);
 
 /* ------------------------------------------------------ matmul precision */
 

@@ -130,10 +130,11 @@ float *anneal_ddp_shard_grad(anneal_ddp *d);
 /* After each rank has written its updated shard into the parameters (by the pieces),
  * all-gathers so every rank holds every updated parameter. */
 anneal_status anneal_ddp_gather_params(anneal_ddp *d);
-/* Per-rank bytes held now for parameters, gradients (including buckets) and optimizer
- * state, for reports. */
+/* Per-rank bytes held now for parameters, gradients (.grad tensors and the stage 1-2
+ * shard), bucket buffers (separate from grad_bytes) and optimizer state, for reports. */
 typedef struct anneal_ddp_memory {
     int64_t param_bytes, grad_bytes, bucket_bytes;
+    int64_t state_bytes; /* optimizer state of the ZeRO optimizer made on d (0 without one) */
 } anneal_ddp_memory;
 anneal_ddp_memory anneal_ddp_memory_get(const anneal_ddp *d);
 anneal_comm *anneal_ddp_comm(const anneal_ddp *d);

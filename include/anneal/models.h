@@ -8,13 +8,27 @@
 extern "C" {
 #endif
 
+/* Activation recomputation (checkpointing): what backward recomputes instead of
+ * keeping from the forward pass. BLOCK is 1 so that `recompute = true` means it. */
+typedef enum anneal_recompute_mode {
+    ANNEAL_RECOMPUTE_NONE = 0,  /* keep every saved activation */
+    ANNEAL_RECOMPUTE_BLOCK = 1, /* keep only each block's input; replay the whole block */
+    ANNEAL_RECOMPUTE_ATTN = 2,  /* replay qkv GEMM + attention (drops qkv (B,T,3C) and the
+                                   attention statistics); the rest of the block is kept */
+} anneal_recompute_mode;
+
+/* "none", "attn", "block" (and "on" = block, "off" = none); false for anything else. */
+bool anneal_recompute_parse(const char *s, anneal_recompute_mode *out);
+/* The canonical name of a mode ("none", "attn", "block"; "?" if invalid). */
+const char *anneal_recompute_name(anneal_recompute_mode m);
+
 typedef struct anneal_gpt2_config {
     int n_layer, n_head, n_embd;
     int vocab_size; /* rows of wte (and of the tied lm head) */
     int n_ctx;      /* rows of wpe: longest sequence */
     float dropout;  /* embedding, attention-output and MLP-output dropout (training only) */
     float ln_eps;   /* LayerNorm epsilon (1e-5) */
-    bool recompute; /* activation checkpointing: recompute each block in backward */
+    anneal_recompute_mode recompute; /* activation recomputation (default NONE) */
 } anneal_gpt2_config;
 
 /* Fills *out with a named preset: "tiny" (2 layers, 4 heads, 64 channels, vocab 512,

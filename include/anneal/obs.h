@@ -62,6 +62,13 @@ void anneal_progress_free(anneal_progress *p);
  * independent chains of fused multiply-adds (AVX-512 when the CPU has it, else AVX2 +
  * FMA, else scalar) for about `seconds`. Returns GFLOP/s; *isa names the kernel. */
 double anneal_peak_gflops_measure(int threads, double seconds, const char **isa);
+/* The peak FLOP rate for GEMMs at operand precision dt, measured the same way: for
+ * ANNEAL_BF16 on a CPU with AVX512-BF16, independent VDPBF16PS chains counted as 4 FLOPs
+ * per f32 lane per instruction (two bf16 multiply-adds); otherwise (f32, f16, and bf16
+ * without AVX512-BF16, all of which the GEMM runs on f32 FMAs) the FMA microbenchmark
+ * above. Returns GFLOP/s; *isa (if non-NULL) names the kernel. */
+double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
+                                        const char **isa);
 /* Peak resident set size of this process in bytes (getrusage). */
 int64_t anneal_peak_rss_bytes(void);
 

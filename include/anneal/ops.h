@@ -113,6 +113,24 @@ anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight);
 anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *targets,
                                     int32_t ignore_index);
 
+/* ------------------------------------------------------------------ fused */
+
+/* gelu_tanh(x (..., in) @ w + b) with w (in, out) as Hugging Face's Conv1D and b (out)
+ * optional: one GEMM whose epilogue adds the bias and applies the GELU; the
+ * pre-activation is kept for backward. Equal to anneal_gelu(anneal_conv1d(x, w, b), true). */
+anneal_tensor *anneal_conv1d_gelu(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b);
+/* Residual add + LayerNorm in one pass: s = x + r (same shapes, no broadcast) is stored
+ * in *sum_out (the new residual stream) and LayerNorm(s; w, b, eps) is returned (w and b
+ * optional). Gradients reaching s through both uses are combined. On error returns NULL
+ * and sets *sum_out to NULL. */
+anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_tensor *w,
+                                     anneal_tensor *b, float eps, anneal_tensor **sum_out);
+/* cross_entropy(h (..., C) @ w (V, C)^T, targets (...), ignore_index) without ever
+ * holding the (N, V) logits: rows go through in chunks, and when a gradient is wanted
+ * each chunk's softmax - onehot is turned into dh and dw at once. A 0-dim mean loss. */
+anneal_tensor *anneal_linear_cross_entropy(anneal_tensor *h, anneal_tensor *w,
+                                           anneal_tensor *targets, int32_t ignore_index);
+
 #ifdef __cplusplus
 }
 #endif

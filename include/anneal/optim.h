@@ -71,6 +71,44 @@ anneal_status anneal_clip_grad_norm(anneal_params *ps, float max_norm, float *no
 /* The global L2 norm of all gradients (without clipping). */
 anneal_status anneal_grad_norm(const anneal_params *ps, float *norm_out);
 
+/* ------------------------------------------------ loss scaling (fp16 training)
+ * PyTorch's torch.cuda.amp.GradScaler: the loss is multiplied by `scale` before
+ * backward so that small gradients survive f16's range (smallest subnormal 2^-24);
+ * the gradients are multiplied by 1/scale before clipping and the update. A step
+ * whose scaled gradients hold a NaN/Inf is skipped and the scale multiplied by
+ * backoff_factor (tracker reset); after growth_interval clean steps in a row the scale
+ * is multiplied by growth_factor (unless that overflows f32) and the tracker reset.
+ * The scale is an f32 value, as GradScaler's _scale tensor is. */
+typedef struct anneal_loss_scaler_config {
+    double init_scale;       /* 65536 (2^16) */
+    double growth_factor;    /* 2.0 (> 1) */
+    double backoff_factor;   /* 0.5 (in (0, 1)) */
+    int64_t growth_interval; /* 2000 clean steps (>= 1) */
+    bool dynamic;            /* true; false: the scale stays init_scale (a static scale) */
+} anneal_loss_scaler_config;
+
+typedef struct anneal_loss_scaler {
+    anneal_loss_scaler_config cfg;
+    float scale;            /* current scale */
+    int64_t growth_tracker; /* clean steps in a row since the scale last changed */
+} anneal_loss_scaler;
+
+/* GradScaler's defaults: 2^16, x2 every 2000 clean steps, x0.5 on overflow, dynamic. */
+anneal_loss_scaler_config anneal_loss_scaler_defaults(void);
+/* Validates cfg (ANNEAL_ERR_ARG naming the field) and starts at init_scale, tracker 0. */
+anneal_status anneal_loss_scaler_init(anneal_loss_scaler *s, anneal_loss_scaler_config cfg);
+/* Checks every gradient of ps for NaN/Inf (*found_inf) and multiplies each by
+ * 1/scale (computed in double, rounded to f32, as GradScaler.unscale_ does), in
+ * place. Gradients must be f32; parameters without a gradient are skipped. */
+anneal_status anneal_loss_scaler_unscale(const anneal_loss_scaler *s, anneal_params *ps, bool *found_inf);
+/* The end of a step (GradScaler.update; torch's _amp_update_scale_): found_inf backs
+ * off and resets the tracker; otherwise the tracker counts the clean step and, on
+ * reaching growth_interval, the scale grows (if the result is finite) and the tracker
+ * resets. A static scaler does nothing. */
+void anneal_loss_scaler_update(anneal_loss_scaler *s, bool found_inf);
+/* Restores the state saved in a checkpoint (scale finite and > 0, tracker >= 0). */
+anneal_status anneal_loss_scaler_set_state(anneal_loss_scaler *s, float scale, int64_t growth_tracker);
+
 typedef enum anneal_schedule_kind {
     ANNEAL_SCHED_CONSTANT, /* warmup then max_lr */
     ANNEAL_SCHED_COSINE,   /* warmup then cosine from max_lr to min_lr at total_steps */

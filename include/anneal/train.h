@@ -39,7 +39,13 @@ typedef struct anneal_train_config {
     double weight_decay, beta1, beta2, eps, clip;
     double dropout;           /* < 0: the model config's (0 for presets) */
     int64_t seed, threads;
-    bool recompute;
+    char *recompute;          /* activation recomputation: none | attn | block (NULL: none) */
+    bool pin_threads;         /* pin each OpenMP worker to one CPU */
+    /* precision */
+    char *dtype;              /* matmul precision: fp32 | bf16 | fp16 (NULL: fp32) */
+    char *loss_scale;         /* fp16: "dynamic" (NULL) or a static scale */
+    double loss_scale_init;   /* fp16 dynamic scaling: the starting scale */
+    int64_t scale_growth_interval; /* fp16 dynamic scaling: clean steps before the scale doubles */
     /* evaluation and samples */
     int64_t eval_every, eval_batches;
     int64_t sample_every, sample_tokens;
@@ -55,6 +61,10 @@ typedef struct anneal_train_config {
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
     int64_t log_every;        /* plain-text progress every N steps (not a terminal) */
+    /* distributed (mpirun -np N anneal train): --batch is the global batch */
+    int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */
+    double bucket_mb;         /* gradient bucket size in MiB */
+    bool overlap;             /* all-reduce buckets during backward */
 } anneal_train_config;
 
 /* The defaults (documented by anneal_train_options). */
@@ -115,6 +125,13 @@ typedef struct anneal_train_result {
  * terminal). Returns ANNEAL_OK after the last step or an interruption (with the final
  * checkpoint written); an error otherwise, with anneal_last_error() saying what. */
 anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res);
+/* The same as one rank of a distributed job over comm (NULL: a single process, as
+ * anneal_train_run). Every rank calls it with the same settings; --batch is split over
+ * the ranks, rank 0 prints to `out`, writes the logs and the checkpoints; a setting,
+ * version or setup failure on any rank ends every rank with an error (no hang). */
+typedef struct anneal_comm anneal_comm;
+anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm *comm, FILE *out,
+                                    anneal_train_result *res);
 
 /* Finds the checkpoint a resume would continue from (the run directory resume_dir,
  * else out, or a checkpoint directory) and returns the trainer config saved in it

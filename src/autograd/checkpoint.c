@@ -4,6 +4,7 @@
  * backpropagates through the replay with a nested engine call. */
 #include "anneal/autograd.h"
 #include "autograd_internal.h"
+#include "../core/core_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,60 +16,64 @@ typedef struct {
     int n_in;
 } region_ctx;
 
-/* Leaves reachable from t's graph, excluding the region's own input aliases. */
+/* Grow-only scratch arrays kept by this thread between calls, so a steady-state
+ * step's recompute regions allocate nothing once the first step has sized them. */
+typedef struct {
+    void **items;
+    int n, cap;
+} scratch;
+static _Thread_local scratch g_stack, g_seen, g_found;
+
+static bool scratch_push(scratch *a, void *v) {
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 64;
+        void **p = realloc(a->items, (size_t)cap * sizeof *p);
+        if (!p) return false;
+        a->items = p;
+        a->cap = cap;
+    }
+    a->items[a->n++] = v;
+    return true;
+}
+
+static bool scratch_has(const scratch *a, const void *v) {
+    for (int i = 0; i < a->n; i++)
+        if (a->items[i] == v) return true;
+    return false;
+}
+
+/* Leaves reachable from out's graph, excluding the region's own input aliases: a
+ * pool-allocated array of retained tensors (the node's extra_leaves). */
 static anneal_status region_leaves(anneal_tensor *out, int n_in, anneal_tensor *const *aliases,
                                    anneal_tensor ***leaves, int *n_leaves) {
     *leaves = NULL;
     *n_leaves = 0;
     if (!out->grad_fn) return ANNEAL_OK;
-    anneal_tensor **found = NULL;
-    int nfound = 0, cap = 0;
-    anneal_node **stack = NULL;
-    int sn = 0, scap = 0;
-    anneal_node **seen = NULL;
-    int nseen = 0, seencap = 0;
-    anneal_status s = ANNEAL_OK;
-#define PUSH(arr, n, cap, v)                                                           \
-    do {                                                                               \
-        if (n == cap) {                                                                \
-            cap = cap ? cap * 2 : 32;                                                  \
-            void *p_ = realloc(arr, (size_t)cap * sizeof *arr);                        \
-            if (!p_) { s = anneal_set_error(ANNEAL_ERR_OOM, "out of memory in checkpoint"); goto done; } \
-            arr = p_;                                                                  \
-        }                                                                              \
-        arr[n++] = v;                                                                  \
-    } while (0)
-    PUSH(stack, sn, scap, out->grad_fn);
-    PUSH(seen, nseen, seencap, out->grad_fn);
-    while (sn) {
-        anneal_node *n = stack[--sn];
-        for (int i = 0; i < n->n_inputs; i++) {
+    g_stack.n = g_seen.n = g_found.n = 0;
+    bool ok = scratch_push(&g_stack, out->grad_fn) && scratch_push(&g_seen, out->grad_fn);
+    while (ok && g_stack.n) {
+        anneal_node *n = g_stack.items[--g_stack.n];
+        for (int i = 0; ok && i < n->n_inputs; i++) {
             anneal_edge *e = &n->inputs[i];
             if (e->fn) {
-                bool dup = false;
-                for (int j = 0; j < nseen && !dup; j++) dup = seen[j] == e->fn;
-                if (!dup) {
-                    PUSH(seen, nseen, seencap, e->fn);
-                    PUSH(stack, sn, scap, e->fn);
-                }
+                if (!scratch_has(&g_seen, e->fn)) ok = scratch_push(&g_seen, e->fn) && scratch_push(&g_stack, e->fn);
             } else if (e->leaf) {
-                bool skip = false;
+                bool skip = scratch_has(&g_found, e->leaf);
                 for (int j = 0; j < n_in && !skip; j++) skip = aliases[j] == e->leaf;
-                for (int j = 0; j < nfound && !skip; j++) skip = found[j] == e->leaf;
-                if (!skip) {
-                    PUSH(found, nfound, cap, e->leaf);
-                    anneal_retain(e->leaf);
-                }
+                if (!skip) ok = scratch_push(&g_found, e->leaf);
             }
         }
     }
-done:
-#undef PUSH
-    free(stack);
-    free(seen);
+    anneal_tensor **found = NULL;
+    if (ok && g_found.n) {
+        found = anneal_pool_calloc((size_t)g_found.n, sizeof *found);
+        ok = found != NULL;
+    }
+    if (!ok) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory in checkpoint");
+    for (int i = 0; i < g_found.n; i++) found[i] = anneal_retain(g_found.items[i]);
     *leaves = found;
-    *n_leaves = nfound;
-    return s;
+    *n_leaves = g_found.n;
+    return ANNEAL_OK;
 }
 
 static anneal_status region_backward(anneal_node *node, anneal_tensor *const *grad_out,
@@ -120,7 +125,7 @@ anneal_tensor *anneal_checkpoint(anneal_region_fn fn, void *user, int n_in,
         return NULL;
     }
     if (!anneal_any_requires_grad(n_in, inputs)) return fn(user, inputs);
-    region_ctx *rc = calloc(1, sizeof *rc);
+    region_ctx *rc = anneal_pool_alloc(sizeof *rc); /* pooled: reused by the next step */
     if (!rc) {
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory in checkpoint");
         return NULL;
@@ -150,19 +155,19 @@ anneal_tensor *anneal_checkpoint(anneal_region_fn fn, void *user, int n_in,
     anneal_scope_close(inner); /* frees every inner activation */
     if (!result) {
         for (int i = 0; i < n_leaves; i++) anneal_release(leaves[i]);
-        free(leaves);
-        free(rc);
+        anneal_pool_free(leaves);
+        anneal_pool_free(rc);
         return NULL;
     }
     anneal_node *node = anneal_record("checkpoint", region_backward, n_in, inputs, 1, &result);
     if (!node) {
         for (int i = 0; i < n_leaves; i++) anneal_release(leaves[i]);
-        free(leaves);
-        free(rc);
+        anneal_pool_free(leaves);
+        anneal_pool_free(rc);
         return NULL;
     }
     node->ctx = rc;
-    node->ctx_free = free;
+    node->ctx_free = anneal_pool_free;
     node->extra_leaves = leaves;
     node->n_extra_leaves = n_leaves;
     for (int i = 0; i < n_in; i++) anneal_node_save(node, inputs[i]);

@@ -43,32 +43,60 @@ static bool list_push(node_list *l, anneal_node *n) {
     return true;
 }
 
-static int by_seq_desc(const void *a, const void *b) {
-    uint64_t x = (*(anneal_node *const *)a)->seq, y = (*(anneal_node *const *)b)->seq;
-    return x < y ? 1 : x > y ? -1 : 0;
+/* Sorts nodes by seq, newest first, in place (heapsort: no allocation, unlike qsort,
+ * which may malloc a scratch buffer). Seqs are unique, so the order is total. */
+static void sift_down(anneal_node **a, int64_t i, int64_t n) {
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && a[c + 1]->seq < a[c]->seq) c++; /* min-heap: smallest seq at the top */
+        if (a[i]->seq <= a[c]->seq) return;
+        anneal_node *t = a[i];
+        a[i] = a[c];
+        a[c] = t;
+        i = c;
+    }
 }
 
-/* Collects every node reachable from root (iterative DFS). */
-static bool collect(anneal_node *root, node_list *out) {
+static void sort_by_seq_desc(anneal_node **a, int64_t n) {
+    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
+    for (int64_t end = n - 1; end > 0; end--) { /* move the smallest to the back */
+        anneal_node *t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        sift_down(a, 0, end);
+    }
+}
+
+/* Collects every node reachable from root (iterative DFS) into out, using stack
+ * as the work list; both keep their capacity for the next backward. */
+static bool collect(anneal_node *root, node_list *out, node_list *stack) {
     uint64_t epoch = ++g_visit_epoch;
-    node_list stack = {0};
-    bool ok = list_push(&stack, root);
+    stack->n = 0;
+    out->n = 0;
+    bool ok = list_push(stack, root);
     root->visit = epoch;
-    while (ok && stack.n) {
-        anneal_node *n = stack.items[--stack.n];
+    while (ok && stack->n) {
+        anneal_node *n = stack->items[--stack->n];
         ok = list_push(out, n);
         for (int i = 0; ok && i < n->n_inputs; i++) {
             anneal_node *p = n->inputs[i].fn;
             if (p && p->visit != epoch) {
                 p->visit = epoch;
-                ok = list_push(&stack, p);
+                ok = list_push(stack, p);
             }
         }
     }
-    free(stack.items);
     if (!ok) anneal_set_error(ANNEAL_ERR_OOM, "out of memory walking the autograd graph");
     return ok;
 }
+
+/* Work lists kept between backward calls, one pair per nesting depth (a recompute
+ * region's replay runs a backward inside a backward), so a steady-state step
+ * allocates none; deeper nesting uses lists of its own. */
+#define MAX_NEST 8
+static _Thread_local node_list g_order[MAX_NEST], g_work[MAX_NEST];
+static _Thread_local int g_depth;
 
 /* acc = acc + g for a node buffer (new tensor; acc and g may alias other grads). */
 static anneal_tensor *add_grads(anneal_tensor *acc, anneal_tensor *g) {
@@ -212,9 +240,18 @@ anneal_status anneal_backward_internal(anneal_tensor *out, anneal_tensor *grad, 
         if (s == ANNEAL_OK && !nested && g_hook) g_hook(out, g_hook_user);
         return s;
     }
-    node_list nodes = {0};
-    if (!collect(out->grad_fn, &nodes)) return anneal_last_status();
-    qsort(nodes.items, (size_t)nodes.n, sizeof *nodes.items, by_seq_desc);
+    node_list own_order = {0}, own_work = {0};
+    int depth = g_depth;
+    node_list *order = depth < MAX_NEST ? &g_order[depth] : &own_order;
+    node_list *work = depth < MAX_NEST ? &g_work[depth] : &own_work;
+    if (!collect(out->grad_fn, order, work)) {
+        free(own_order.items);
+        free(own_work.items);
+        return anneal_last_status();
+    }
+    node_list nodes = *order; /* the walk below only reads the list */
+    sort_by_seq_desc(nodes.items, nodes.n);
+    g_depth++;
     /* Count each leaf's contributions so the ready hook fires after the last one. */
     for (int64_t k = 0; k < nodes.n && !nested; k++) {
         anneal_node *n = nodes.items[k];
@@ -254,7 +291,10 @@ anneal_status anneal_backward_internal(anneal_tensor *out, anneal_tensor *grad, 
         }
         anneal_node_release(n);
     }
-    free(nodes.items);
+    g_depth--;
+    order->n = 0;
+    free(own_order.items);
+    free(own_work.items);
     return s;
 }
 

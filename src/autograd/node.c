@@ -32,10 +32,10 @@ static void node_free(anneal_node *node) {
     for (int i = 0; i < node->n_outputs; i++) anneal_release(node->grad_buf[i]);
     for (int i = 0; i < node->n_extra_leaves; i++) anneal_release(node->extra_leaves[i]);
     if (node->ctx_free) node->ctx_free(node->ctx);
-    free(node->extra_leaves);
-    free(node->grad_buf);
-    free(node->inputs);
-    free(node);
+    anneal_pool_free(node->extra_leaves); /* from the pool (checkpoint.c) */
+    anneal_pool_free(node->grad_buf);
+    anneal_pool_free(node->inputs);
+    anneal_pool_free(node);
 }
 
 void anneal_node_retain(anneal_node *node) {
@@ -54,13 +54,14 @@ anneal_node *anneal_record(const char *name, anneal_backward_fn fn, int n_in,
                            anneal_tensor *const *inputs, int n_out, anneal_tensor *const *outputs) {
     if (!anneal_any_requires_grad(n_in, inputs)) return NULL;
     anneal_core_node_release_hook = release_hook;
-    anneal_node *node = calloc(1, sizeof *node);
-    anneal_edge *edges = calloc((size_t)(n_in ? n_in : 1), sizeof *edges);
-    anneal_tensor **bufs = calloc((size_t)(n_out ? n_out : 1), sizeof *bufs);
+    /* From the small-object pool: a steady-state step reuses last step's nodes. */
+    anneal_node *node = anneal_pool_alloc(sizeof *node);
+    anneal_edge *edges = anneal_pool_calloc((size_t)(n_in ? n_in : 1), sizeof *edges);
+    anneal_tensor **bufs = anneal_pool_calloc((size_t)(n_out ? n_out : 1), sizeof *bufs);
     if (!node || !edges || !bufs) {
-        free(node);
-        free(edges);
-        free(bufs);
+        anneal_pool_free(node);
+        anneal_pool_free(edges);
+        anneal_pool_free(bufs);
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory recording %s", name);
         return NULL;
     }

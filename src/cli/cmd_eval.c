@@ -62,7 +62,7 @@ static bool given(const cli_flag *flags, int n, const char *name) {
 }
 
 int anneal_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *split = "val";
+    const char *ckpt = NULL, *data = NULL, *split = "val", *dtype = "fp32";
     int64_t batch = 0, seq = 0, max_batches = 0, threads = 0;
     bool help = false;
     cli_flag flags[] = {
@@ -73,6 +73,7 @@ int anneal_cmd_eval(int argc, char **argv) {
         {"seq", ARG_INT, "tokens per sequence T, at most n_ctx (default: the run's, else min(n_ctx, 256))", &seq, 0},
         {"max-batches", ARG_INT, "evaluate at most this many batches (default 0: every window)", &max_batches, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -89,6 +90,7 @@ int anneal_cmd_eval(int argc, char **argv) {
     if (max_batches < 0) return USAGE_ERR("--max-batches: %lld must be >= 0", (long long)max_batches);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
     if (threads > 0) anneal_set_num_threads((int)threads);
+    if (anneal_cli_set_dtype("eval", dtype)) return 2;
 
     anneal_gpt2 *m = NULL;
     anneal_train_state st = {0};

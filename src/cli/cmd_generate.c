@@ -38,6 +38,17 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **m
     return 0;
 }
 
+int anneal_cli_set_dtype(const char *cmd, const char *name) {
+    anneal_dtype dt = ANNEAL_F32;
+    if (!strcmp(name, "bf16")) dt = ANNEAL_BF16;
+    else if (!strcmp(name, "fp16")) dt = ANNEAL_F16;
+    else if (strcmp(name, "fp32")) {
+        fprintf(stderr, "anneal %s: --dtype: unknown precision '%s' (fp32, bf16, fp16)\n", cmd, name);
+        return 2;
+    }
+    return anneal_set_matmul_dtype(dt) == ANNEAL_OK ? 0 : 2;
+}
+
 /* Loads a Hugging Face GPT-2 model: config.json + safetensors weights. */
 static int load_hf(const char *weights, const char *config, anneal_gpt2 **model) {
     anneal_gpt2_config cfg;
@@ -127,7 +138,7 @@ static double now_s(void) {
 #define USAGE_ERR(...) (fprintf(stderr, "anneal generate: " __VA_ARGS__), fputc('\n', stderr), 2)
 
 int anneal_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL;
+    const char *ckpt = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32";
     int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
     double temperature = 0.8, top_p = 0.95;
     bool help = false;
@@ -144,6 +155,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         {"top-p", ARG_FLOAT, "sample from the smallest set with this probability, in (0, 1] (default 0.95)", &top_p, 0},
         {"seed", ARG_INT, "seed of the draws: the same seed gives the same text (default 1337)", &seed, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -162,6 +174,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (seed < 0) return USAGE_ERR("--seed: %lld must be >= 0", (long long)seed);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
     if (threads > 0) anneal_set_num_threads((int)threads);
+    if (anneal_cli_set_dtype("generate", dtype)) return 2;
 
     anneal_gpt2 *m = NULL;
     anneal_train_state st = {0};

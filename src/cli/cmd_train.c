@@ -13,6 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* "rank R: " in front of this process's messages in a job of several ranks. */
+static char rank_prefix[32] = "";
+
 /* One flag from the command line. */
 typedef struct flag_kv {
     const char *name; /* points into argv, not NUL-terminated at '=' */
@@ -84,7 +87,7 @@ static bool apply_flags(anneal_train_config *c, const flag_kv *kv, int n) {
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)kv[i].name_len, kv[i].name);
         if (anneal_train_config_set(c, name, kv[i].value) != ANNEAL_OK) {
-            fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+            fprintf(stderr, "%sanneal train: %s\n", rank_prefix, anneal_last_error());
             anneal_clear_error();
             return false;
         }
@@ -95,7 +98,7 @@ static bool apply_flags(anneal_train_config *c, const flag_kv *kv, int n) {
 /* Applies the JSON text of a settings layer. */
 static bool apply_json(anneal_train_config *c, const char *json, const char *source, const char *const *skip) {
     if (anneal_train_config_apply_json(c, json, source, skip) != ANNEAL_OK) {
-        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+        fprintf(stderr, "%sanneal train: %s\n", rank_prefix, anneal_last_error());
         anneal_clear_error();
         return false;
     }
@@ -103,8 +106,17 @@ static bool apply_json(anneal_train_config *c, const char *json, const char *sou
 }
 
 int anneal_cmd_train(int argc, char **argv) {
+    /* join the job first (mpirun/srun; a single process otherwise), before any thread */
+    anneal_comm *comm = anneal_comm_init();
+    if (!comm) {
+        fprintf(stderr, "anneal train: cannot join the distributed job: %s\n", anneal_last_error());
+        return 1;
+    }
+    int world = anneal_comm_size(comm), rank = anneal_comm_rank(comm);
+    if (world > 1) snprintf(rank_prefix, sizeof rank_prefix, "rank %d: ", rank);
+    bool ran = false; /* failures before the run are this rank's alone */
     flag_kv *kv = calloc((size_t)argc + 1, sizeof *kv);
-    if (!kv) return 1;
+    if (!kv) anneal_comm_abort(comm, 1, "anneal train: out of memory");
     int n = 0, rc = 2;
     const char *config_file = NULL;
     bool help = false;
@@ -117,7 +129,7 @@ int anneal_cmd_train(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || !a[2]) {
-            fprintf(stderr, "anneal train: unexpected argument '%s' (flags start with --; see anneal train --help)\n", a);
+            fprintf(stderr, "%sanneal train: unexpected argument '%s' (flags start with --; see anneal train --help)\n", rank_prefix, a);
             goto done;
         }
         const char *name = a + 2, *eq = strchr(name, '=');
@@ -132,7 +144,7 @@ int anneal_cmd_train(int argc, char **argv) {
         const anneal_train_option *o = anneal_train_option_find(nb);
         bool is_cfg_file = !strcmp(nb, "config-file");
         if (!o && !is_cfg_file) {
-            fprintf(stderr, "anneal train: unknown flag --%.*s (see anneal train --help)\n", (int)len, name);
+            fprintf(stderr, "%sanneal train: unknown flag --%.*s (see anneal train --help)\n", rank_prefix, (int)len, name);
             goto done;
         }
         if (!value) {
@@ -140,7 +152,7 @@ int anneal_cmd_train(int argc, char **argv) {
             bool next_is_value = next && strncmp(next, "--", 2) != 0;
             if (is_cfg_file || o->kind == ANNEAL_OPT_INT || o->kind == ANNEAL_OPT_FLOAT || o->kind == ANNEAL_OPT_STRING) {
                 if (!next) {
-                    fprintf(stderr, "anneal train: --%s needs a value\n", nb);
+                    fprintf(stderr, "%sanneal train: --%s needs a value\n", rank_prefix, nb);
                     goto done;
                 }
                 value = argv[++i]; /* may start with "-" (a negative number is still checked) */
@@ -162,23 +174,23 @@ int anneal_cmd_train(int argc, char **argv) {
         n++;
     }
     if (help) {
-        usage();
+        if (rank == 0) usage();
         rc = 0;
         goto done;
     }
     if (seen_steps && seen_tokens) {
-        fprintf(stderr, "anneal train: --steps and --tokens: give one of them\n");
+        fprintf(stderr, "%sanneal train: --steps and --tokens: give one of them\n", rank_prefix);
         goto done;
     }
     if (seen_model && seen_config) {
-        fprintf(stderr, "anneal train: --model and --config: give one of them\n");
+        fprintf(stderr, "%sanneal train: --model and --config: give one of them\n", rank_prefix);
         goto done;
     }
     if (config_file) {
         char err[128];
         file_json = read_text(config_file, err, sizeof err);
         if (!file_json) {
-            fprintf(stderr, "anneal train: --config-file %s: %s\n", config_file, err);
+            fprintf(stderr, "%sanneal train: --config-file %s: %s\n", rank_prefix, config_file, err);
             goto done;
         }
     }
@@ -192,7 +204,7 @@ int anneal_cmd_train(int argc, char **argv) {
     if (ok && probe.resume) {
         char ckpt[4096];
         if (anneal_train_resume_config(&probe, ckpt, sizeof ckpt, &saved_json) != ANNEAL_OK) {
-            fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+            fprintf(stderr, "%sanneal train: %s\n", rank_prefix, anneal_last_error());
             rc = anneal_last_status() == ANNEAL_ERR_ARG ? 2 : 1;
             anneal_clear_error();
             ok = false;
@@ -219,10 +231,12 @@ int anneal_cmd_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     anneal_train_result res;
-    anneal_status st = anneal_train_run(&cfg, stdout, &res);
+    ran = true;
+    /* rank 0 prints progress; every rank reports its own errors on stderr */
+    anneal_status st = anneal_train_run_comm(&cfg, comm, rank == 0 ? stdout : NULL, &res);
     fflush(stdout);
     if (st != ANNEAL_OK) {
-        fprintf(stderr, "anneal train: %s\n", anneal_last_error());
+        fprintf(stderr, "%sanneal train: %s\n", rank_prefix, anneal_last_error());
         rc = res.usage_error ? 2 : 1;
     } else {
         rc = 0;
@@ -232,5 +246,13 @@ done:
     free(file_json);
     free(saved_json);
     free(kv);
+    if (rc != 0 && !ran && world > 1 && !help) {
+        /* the other ranks may already wait in the run's first collective: end the job */
+        char msg[64];
+        snprintf(msg, sizeof msg, "%sanneal train: ending the job", rank_prefix);
+        fflush(stderr);
+        anneal_comm_abort(comm, rc, msg);
+    }
+    anneal_comm_free(comm);
     return rc;
 }

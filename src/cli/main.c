@@ -3,7 +3,9 @@
 #include "commands.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(void) {
     printf("anneal %s: train and run GPT-2 style language models\n\n"
@@ -16,11 +18,27 @@ static void usage(void) {
            "  generate   continue a prompt with a trained model (streamed text)\n"
            "  eval       loss and perplexity of a checkpoint on token shards\n"
            "  inspect    describe a shard file\n"
-           "  info       version, CPU features, threads\n",
+           "  info       version, CPU features, threads\n"
+           "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n",
            anneal_version());
 }
 
+/* OpenMP workers that wait by spinning (libgomp's default) burn CPU time that other
+ * processes, and this one's own threads, need: on a busy 2-core machine a training
+ * step took 2-2.5x as long as with OMP_WAIT_POLICY=passive and used 2.4x the CPU time
+ * (docs/ARCHITECTURE.md, threads); on an idle machine passive costs a few hundred
+ * futex wake-ups a step (~0.1%). libgomp reads the policy only when it loads, so when
+ * neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set the tool sets passive and runs
+ * itself again, once; setting either variable (e.g. OMP_WAIT_POLICY=active) keeps it. */
+static void prefer_passive_wait(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("ANNEAL_NO_REEXEC")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OMP_WAIT_POLICY"); /* exec failed: go on with the default policy */
+}
+
 int main(int argc, char **argv) {
+    prefer_passive_wait(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;
@@ -34,6 +52,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return anneal_cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "generate")) return anneal_cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return anneal_cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return anneal_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("anneal %s\n", anneal_version());
         return 0;

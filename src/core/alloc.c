@@ -1,49 +1,133 @@
-/* Storage allocation through the device's backend, with live/peak statistics and an
- * optional cap (to exercise out-of-memory paths in tests). */
+/* The caching allocator for tensor storage. A block freed by the last tensor that
+ * used it goes to a free list of its size class instead of back to the system, and
+ * the next request of that class takes it: a training step that makes the same
+ * shapes every step stops allocating after the first one. Statistics: live bytes
+ * (what tensors asked for), reserved bytes (blocks held: live ones + the cache),
+ * their peaks, and how many blocks came from the system. An optional cap on live
+ * bytes exercises out-of-memory paths; the cache is emptied before it would push
+ * the reserved bytes past the cap, and whenever the system refuses a block. */
 #include "anneal/backend.h"
 #include "core_internal.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdlib.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Size classes: multiples of 64 bytes up to 4 KiB (64 classes), then 8 steps per
+ * doubling (a block is at most 12.5% larger than the request) up to 2^48 bytes. */
+#define SMALL_LIMIT 4096
+#define N_CLASSES (64 + 36 * 8)
+
 typedef struct {
-    _Atomic int64_t live, peak, n_allocs, limit;
-} device_stats;
+    pthread_mutex_t lock;
+    anneal_storage *free_list[N_CLASSES]; /* cached blocks, linked through _next_free */
+    int64_t live, peak, reserved, peak_reserved, cached;
+    int64_t n_allocs, n_system, limit;
+} device_pool;
 
-static device_stats g_stats[ANNEAL_DEVICE_COUNT];
+static device_pool g_pool[ANNEAL_DEVICE_COUNT] = {
+    {.lock = PTHREAD_MUTEX_INITIALIZER},
+    {.lock = PTHREAD_MUTEX_INITIALIZER},
+};
 
-static void note_alloc(device_stats *s, int64_t n) {
-    int64_t live = atomic_fetch_add(&s->live, n) + n;
-    atomic_fetch_add(&s->n_allocs, 1);
-    int64_t peak = atomic_load(&s->peak);
-    while (live > peak && !atomic_compare_exchange_weak(&s->peak, &peak, live)) {
+/* Class index of a request and the block size that class hands out. */
+static int size_class(size_t n, size_t *block) {
+    if (n <= SMALL_LIMIT) {
+        size_t k = n ? (n + 63) / 64 : 1; /* 1..64 */
+        *block = k * 64;
+        return (int)k - 1;
     }
+    int p = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^p < n <= 2^(p+1), p >= 12 */
+    size_t step = (size_t)1 << (p - 2);                         /* (2^(p+1) - 2^p) / 4 ... */
+    step >>= 1;                                                 /* ... / 8: 8 steps per doubling */
+    size_t k = (n - ((size_t)1 << p) + step - 1) / step;        /* 1..8 */
+    *block = ((size_t)1 << p) + k * step;
+    int idx = 64 + (p - 12) * 8 + (int)k - 1;
+    return idx < N_CLASSES ? idx : -1;
+}
+
+/* Frees every cached block of pool `dp` (lock held); returns the bytes given back. */
+static int64_t drain_locked(device_pool *dp, const anneal_backend *be) {
+    int64_t freed = 0;
+    for (int c = 0; c < N_CLASSES; c++) {
+        while (dp->free_list[c]) {
+            anneal_storage *st = dp->free_list[c];
+            dp->free_list[c] = st->_next_free;
+            UNPOISON(st->data, st->_block);
+            if (be) be->free(st->data);
+            freed += (int64_t)st->_block;
+            free(st);
+        }
+    }
+    dp->reserved -= freed;
+    dp->cached -= freed;
+    return freed;
 }
 
 anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     const anneal_backend *be = anneal_backend_get(d);
     if (!be) return NULL;
-    device_stats *s = &g_stats[d];
-    int64_t limit = atomic_load(&s->limit);
-    if (limit > 0 && atomic_load(&s->live) + (int64_t)nbytes > limit) {
+    device_pool *dp = &g_pool[d];
+    size_t block;
+    int cls = size_class(nbytes, &block);
+    if (cls < 0) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory: %zu bytes on %s is beyond any size class",
+                         nbytes, anneal_device_name(d));
+        return NULL;
+    }
+    pthread_mutex_lock(&dp->lock);
+    if (dp->limit > 0 && dp->live + (int64_t)nbytes > dp->limit) {
+        int64_t limit = dp->limit;
+        pthread_mutex_unlock(&dp->lock);
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory: %zu bytes on %s exceed the limit of %lld",
                          nbytes, anneal_device_name(d), (long long)limit);
         return NULL;
     }
-    anneal_storage *st = malloc(sizeof *st);
-    void *p = be->alloc(nbytes ? nbytes : 1);
-    if (!st || !p) {
-        free(st);
-        if (p) be->free(p);
-        anneal_set_error(ANNEAL_ERR_OOM, "out of memory allocating %zu bytes on %s", nbytes,
-                         anneal_device_name(d));
-        return NULL;
+    anneal_storage *st = dp->free_list[cls];
+    if (st) {
+        dp->free_list[cls] = st->_next_free;
+        dp->cached -= (int64_t)block;
+        UNPOISON(st->data, block);
+    } else {
+        /* A miss: keep the reserved bytes under the cap, then ask the system (and on
+         * refusal, empty the cache and ask once more). */
+        if (dp->limit > 0 && dp->reserved + (int64_t)block > dp->limit) drain_locked(dp, be);
+        void *p = be->alloc(block);
+        if (!p && dp->cached) {
+            drain_locked(dp, be);
+            p = be->alloc(block);
+        }
+        st = p ? malloc(sizeof *st) : NULL;
+        if (!st) {
+            if (p) be->free(p);
+            pthread_mutex_unlock(&dp->lock);
+            anneal_set_error(ANNEAL_ERR_OOM, "out of memory allocating %zu bytes on %s", nbytes,
+                             anneal_device_name(d));
+            return NULL;
+        }
+        st->data = p;
+        st->_block = block;
+        st->_class = cls;
+        dp->n_system++;
+        dp->reserved += (int64_t)block;
+        if (dp->reserved > dp->peak_reserved) dp->peak_reserved = dp->reserved;
     }
-    st->data = p;
+    st->_next_free = NULL;
     st->nbytes = nbytes;
     st->device = d;
     st->refcount = 1;
-    note_alloc(s, (int64_t)nbytes);
+    dp->live += (int64_t)nbytes;
+    if (dp->live > dp->peak) dp->peak = dp->live;
+    dp->n_allocs++;
+    pthread_mutex_unlock(&dp->lock);
     return st;
 }
 
@@ -53,26 +137,61 @@ void anneal_storage_retain(anneal_storage *s) {
 
 void anneal_storage_release(anneal_storage *s) {
     if (!s || --s->refcount > 0) return;
-    const anneal_backend *be = anneal_backend_get(s->device);
-    if (be) be->free(s->data);
-    atomic_fetch_sub(&g_stats[s->device].live, (int64_t)s->nbytes);
-    free(s);
+    device_pool *dp = &g_pool[s->device];
+    pthread_mutex_lock(&dp->lock);
+    dp->live -= (int64_t)s->nbytes;
+    s->_next_free = dp->free_list[s->_class];
+    dp->free_list[s->_class] = s;
+    dp->cached += (int64_t)s->_block;
+    POISON(s->data, s->_block);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+int64_t anneal_memory_release_cache(anneal_device d) {
+    if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return 0;
+    device_pool *dp = &g_pool[d];
+    const anneal_backend *be = anneal_backend_get(d);
+    pthread_mutex_lock(&dp->lock);
+    int64_t freed = drain_locked(dp, be);
+    pthread_mutex_unlock(&dp->lock);
+    if (d == ANNEAL_CPU) {
+        anneal_scope_release_cache();
+        freed += anneal_pool_release();
+    }
+    return freed;
 }
 
 anneal_memory_stats anneal_memory_stats_get(anneal_device d) {
-    anneal_memory_stats m = {0, 0, 0, 0};
+    anneal_memory_stats m = {0};
     if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return m;
-    m.live_bytes = atomic_load(&g_stats[d].live);
-    m.peak_bytes = atomic_load(&g_stats[d].peak);
-    m.n_allocs = atomic_load(&g_stats[d].n_allocs);
-    m.limit_bytes = atomic_load(&g_stats[d].limit);
+    device_pool *dp = &g_pool[d];
+    pthread_mutex_lock(&dp->lock);
+    m.live_bytes = dp->live;
+    m.peak_bytes = dp->peak;
+    m.n_allocs = dp->n_allocs;
+    m.limit_bytes = dp->limit;
+    m.reserved_bytes = dp->reserved;
+    m.peak_reserved_bytes = dp->peak_reserved;
+    m.cached_bytes = dp->cached;
+    m.n_system_allocs = dp->n_system;
+    pthread_mutex_unlock(&dp->lock);
+    if (d == ANNEAL_CPU) m.n_system_allocs += anneal_pool_system_allocs();
     return m;
 }
 
 void anneal_memory_reset_peak(anneal_device d) {
-    if ((unsigned)d < ANNEAL_DEVICE_COUNT) atomic_store(&g_stats[d].peak, atomic_load(&g_stats[d].live));
+    if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return;
+    device_pool *dp = &g_pool[d];
+    pthread_mutex_lock(&dp->lock);
+    dp->peak = dp->live;
+    dp->peak_reserved = dp->reserved;
+    pthread_mutex_unlock(&dp->lock);
 }
 
 void anneal_memory_set_limit(anneal_device d, int64_t bytes) {
-    if ((unsigned)d < ANNEAL_DEVICE_COUNT) atomic_store(&g_stats[d].limit, bytes < 0 ? 0 : bytes);
+    if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return;
+    device_pool *dp = &g_pool[d];
+    pthread_mutex_lock(&dp->lock);
+    dp->limit = bytes < 0 ? 0 : bytes;
+    pthread_mutex_unlock(&dp->lock);
 }

@@ -1,7 +1,11 @@
 /* Scopes: a per-thread stack of tensor owners. A scope holds one reference to
- * each tensor created while it is current and releases them all when closed. */
+ * each tensor created while it is current and releases them all when closed.
+ * Freed scopes keep their item arrays and wait on a free list for reuse, so the
+ * many short scopes of a training step (the step's, each backward node's) make
+ * no malloc once the first step has sized them. */
 #include "core_internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,13 +15,52 @@ struct anneal_scope {
 };
 
 #define MAX_DEPTH 256
+#define MAX_CACHED 64
 static _Thread_local anneal_scope *g_stack[MAX_DEPTH];
 static _Thread_local int g_depth;
 
+struct scope_cache {
+    pthread_mutex_t lock;
+    anneal_scope *items[MAX_CACHED];
+    int n;
+};
+static struct scope_cache g_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
 anneal_scope *anneal_scope_new(void) {
-    anneal_scope *s = calloc(1, sizeof *s);
+    anneal_scope *s = NULL;
+    pthread_mutex_lock(&g_cache.lock);
+    if (g_cache.n > 0) s = g_cache.items[--g_cache.n];
+    pthread_mutex_unlock(&g_cache.lock);
+    if (s) return s; /* n and live are 0, items keeps its capacity */
+    s = calloc(1, sizeof *s);
     if (!s) anneal_set_error(ANNEAL_ERR_OOM, "out of memory creating a scope");
     return s;
+}
+
+/* Returns an emptied scope to the cache (or frees it when the cache is full). */
+static void scope_recycle(anneal_scope *s) {
+    s->n = 0;
+    s->live = 0;
+    pthread_mutex_lock(&g_cache.lock);
+    if (g_cache.n < MAX_CACHED) {
+        g_cache.items[g_cache.n++] = s;
+        s = NULL;
+    }
+    pthread_mutex_unlock(&g_cache.lock);
+    if (s) {
+        free(s->items);
+        free(s);
+    }
+}
+
+void anneal_scope_release_cache(void) {
+    pthread_mutex_lock(&g_cache.lock);
+    while (g_cache.n > 0) {
+        anneal_scope *s = g_cache.items[--g_cache.n];
+        free(s->items);
+        free(s);
+    }
+    pthread_mutex_unlock(&g_cache.lock);
 }
 
 void anneal_scope_enter(anneal_scope *s) {
@@ -51,8 +94,7 @@ void anneal_scope_free(anneal_scope *s) {
         t->_scope = NULL;
         anneal_release(t);
     }
-    free(s->items);
-    free(s);
+    scope_recycle(s);
 }
 
 void anneal_scope_close(anneal_scope *s) {

@@ -77,7 +77,7 @@ static bool check_shape(int ndim, const int64_t *shape, int64_t *numel_out) {
 }
 
 static anneal_tensor *tensor_struct(anneal_storage *st, anneal_dtype dt, anneal_device dev) {
-    anneal_tensor *t = calloc(1, sizeof *t);
+    anneal_tensor *t = anneal_pool_alloc(sizeof *t); /* zero-filled, reused across steps */
     if (!t) {
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory allocating a tensor");
         return NULL;
@@ -271,7 +271,7 @@ void anneal_release(anneal_tensor *t) {
     if (t->grad_fn && anneal_core_node_release_hook) anneal_core_node_release_hook(t->grad_fn);
     anneal_storage_release(t->storage);
     free(t->name);
-    free(t);
+    anneal_pool_free(t);
 }
 
 anneal_status anneal_set_requires_grad(anneal_tensor *t, bool on) {

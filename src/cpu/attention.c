@@ -24,6 +24,7 @@
 #include "cpu/vec_math.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,9 +247,26 @@ static void attn_pack_t(const float *src, int64_t ld, int n, int64_t D, float *d
     }
 }
 
+/* Frees a worker's workspace when its thread ends (libgomp ends surplus workers when
+ * the thread count drops). */
+static pthread_key_t ws_key;
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+static void ws_key_init(void) { pthread_key_create(&ws_key, free); }
+
+/* This thread's workspace of at least nfloats, kept between calls (like the GEMM
+ * pack buffers) so a steady-state step does not allocate; NULL when out of memory. */
 static float *attn_alloc(size_t nfloats) {
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
     size_t bytes = (nfloats * sizeof(float) + 63) & ~(size_t)63;
-    return aligned_alloc(64, bytes ? bytes : 64);
+    if (bytes > cap) {
+        pthread_once(&ws_once, ws_key_init);
+        free(buf);
+        buf = aligned_alloc(64, bytes ? bytes : 64);
+        cap = buf ? bytes : 0;
+        pthread_setspecific(ws_key, buf);
+    }
+    return buf;
 }
 
 /* -------------------------------------------------------------------- forward */
@@ -338,7 +356,7 @@ void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, con
             attn_fwd_tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
                           v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
         }
-        free(ws);
+        /* ws stays cached for the next call */
     }
 }
 
@@ -436,6 +454,6 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
             attn_bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,
                           dq + qo, dk + ko, dv + vo, ws);
         }
-        free(ws);
+        /* ws stays cached for the next call */
     }
 }

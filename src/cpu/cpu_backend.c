@@ -2,6 +2,7 @@
  * kernels of cpu_kernels.h and registers itself with core. */
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
+#include "fused.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,12 @@ static anneal_status cpu_adamw(anneal_tensor *p, const anneal_tensor *g, anneal_
     return ANNEAL_OK;
 }
 
+static anneal_status cpu_adamw_multi(const anneal_adamw_group *groups, int n, double lr,
+                                     double beta1, double beta2, double eps) {
+    anneal_cpu_adamw_multi(groups, n, lr, beta1, beta2, eps);
+    return ANNEAL_OK;
+}
+
 static anneal_status cpu_sum_squares(const anneal_tensor *x, double *out) {
     *out = anneal_cpu_sum_squares(anneal_numel(x), F(x));
     return ANNEAL_OK;
@@ -276,7 +283,12 @@ static const anneal_backend k_cpu_backend = {
     .dropout_bwd = anneal_cpu_dropout_bwd,
     .randn = anneal_cpu_randn,
     .adamw = cpu_adamw,
+    .adamw_multi = cpu_adamw_multi,
     .sum_squares = cpu_sum_squares,
+    .dense_gelu_fwd = anneal_cpu_dense_gelu_fwd,
+    .add_layer_norm_fwd = anneal_cpu_add_layer_norm_fwd,
+    .add_layer_norm_bwd = anneal_cpu_add_layer_norm_bwd,
+    .linear_cross_entropy = anneal_cpu_linear_cross_entropy,
 };
 
 void anneal_cpu_backend_init(void) { anneal_backend_register(&k_cpu_backend); }

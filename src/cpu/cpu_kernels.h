@@ -137,6 +137,11 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
 void anneal_cpu_adamw(int64_t n, float *p, const float *g, float *m, float *v, double lr,
                       double beta1, double beta2, double eps, double weight_decay, double bc1,
                       double bc2);
+/* The same step over n parameters (struct in anneal/backend.h) in one parallel region
+ * that splits the total elements evenly; bit-identical to anneal_cpu_adamw on each. */
+struct anneal_adamw_group;
+void anneal_cpu_adamw_multi(const struct anneal_adamw_group *groups, int n, double lr, double beta1,
+                            double beta2, double eps);
 /* Sum of squares of n floats, accumulated in double in a fixed chunk order. */
 double anneal_cpu_sum_squares(int64_t n, const float *x);
 

@@ -8,6 +8,7 @@
 #include "cpu/vec_math.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #define CE_BLOCK 2048          /* logits per online-logsumexp block (8 KiB, stays in L1) */
@@ -46,19 +47,29 @@ static void ce_bwd_row(int64_t V, const float *restrict x, int32_t t, float lse,
     d[t] = scale * (anneal_vexpf(x[t] - lse) - 1.0f);
 }
 
-/* Per-row loss and logsumexp; ignored rows get loss 0 and lse 0. */
+/* Row i of the forward; an ignored row gets loss 0 and lse 0. */
+static inline void ce_fwd_one(int64_t i, int64_t V, const float *logits, const int32_t *targets,
+                              int32_t ignore_index, float *loss, float *lse) {
+    if (targets[i] == ignore_index) {
+        loss[i] = 0.0f;
+        lse[i] = 0.0f;
+    } else {
+        ce_fwd_row(V, logits + i * V, targets[i], loss + i, lse + i);
+    }
+}
+
+/* Per-row loss and logsumexp; ignored rows get loss 0 and lse 0. Small calls, and
+ * calls from inside a parallel region (the fused lm-head loss runs it row by row),
+ * open no region: libgomp allocates a team for every one-thread or nested region. */
 void anneal_cpu_cross_entropy_fwd(int64_t N, int64_t V, const float *logits,
                                   const int32_t *targets, int32_t ignore_index, float *loss,
                                   float *lse) {
-#pragma omp parallel for schedule(static) if (N * V >= CE_PARALLEL_MIN)
-    for (int64_t i = 0; i < N; i++) {
-        if (targets[i] == ignore_index) {
-            loss[i] = 0.0f;
-            lse[i] = 0.0f;
-        } else {
-            ce_fwd_row(V, logits + i * V, targets[i], loss + i, lse + i);
-        }
+    if (N * V < CE_PARALLEL_MIN || omp_in_parallel()) {
+        for (int64_t i = 0; i < N; i++) ce_fwd_one(i, V, logits, targets, ignore_index, loss, lse);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) ce_fwd_one(i, V, logits, targets, ignore_index, loss, lse);
 }
 
 /* dlogits = scale * (softmax - onehot) for kept rows, zeros for ignored rows. */

@@ -1,33 +1,41 @@
-/* CPU SGEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, GotoBLAS/BLIS style.
+/* CPU GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, GotoBLAS/BLIS style, at f32,
+ * bf16 or f16 operand precision, with an optional fused epilogue.
  *
  * Blocking of one thread's product (kc, mc, nc and the mr x nr tile come from the ISA
  * descriptor; loops from outside in):
  *
  *   for jc over N in steps of nc             one B block of columns
  *     for pc over K in steps of kc           one depth block
- *       pack op(B)[pc:+kc, jc:+nc] -> Bp     kc x nr micro-panels (kc x nc floats, in L3)
+ *       pack op(B)[pc:+kc, jc:+nc] -> Bp     kc x nr micro-panels (kc x nc elements, in L3)
  *       for ic over M in steps of mc
- *         pack op(A)[ic:+mc, pc:+kc] -> Ap   mr x kc micro-panels (mc x kc floats, in L2)
+ *         pack op(A)[ic:+mc, pc:+kc] -> Ap   mr x kc micro-panels (mc x kc elements, in L2)
  *         for jr over nc in steps of nr      one B micro-panel (kc x nr, stays in L1)
- *           for ir over mc in steps of mr    micro-kernel: mr x nr tile of C += Ap @ Bp
+ *           for ir over mc in steps of mr    micro-kernel: mr x nr tile of C += Ap @ Bp,
+ *                                            then (last depth block) the epilogue on it
  *
  * Packing copies the operands into contiguous, 64-byte aligned, zero-padded micro-panels,
  * so the micro-kernel sees unit-stride data whatever the transposes and leading dims are,
- * and edge tiles run the same code as full ones.
+ * and edge tiles run the same code as full ones. Packing is also where the operands are
+ * rounded to the compute precision: to bf16 pairs for the AVX512-BF16 kernel, or to
+ * bf16/f16 values kept as f32 for the f32 kernels (f16 products are exact in f32, so the
+ * f32 kernel over f16-rounded panels gives f16 numerics at f32 speed).
  *
  * Threads: C is cut into one block per thread along panel boundaries (thread_grid) and
  * each thread runs the loop nest above on its block, packing its own operands, with no
  * synchronisation until the end. Every C element is computed by exactly one thread,
  * accumulating over k in the same order (kc-blocks in order, k in order inside a block,
- * the kc split depending only on K), so results are bit-identical for any thread count.
+ * the kc split depending only on K and the kernel), so results are bit-identical for any
+ * thread count, and the epilogue is elementwise.
  *
  * Single-row products (M == 1, generation) skip packing altogether: see "one row" below.
  *
  * beta is applied by the first kc-block only (later blocks accumulate with beta = 1), so
  * beta == 0 never reads C. The per-thread pack buffers are cached thread-locally and grow
- * to the largest block seen ((kc x nc + mc x kc) floats, about 3.4 MiB with AVX-512). */
+ * to the largest block seen ((kc x nc + mc x kc) elements, about 3.4 MiB with AVX-512). */
+#include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
+#include "cpu/vec_math.h"
 
 #include <omp.h>
 #include <stdatomic.h>
@@ -43,9 +51,9 @@
  * and are fully unrolled, so the compiler keeps the 64 accumulators in vector registers
  * (16 SSE registers on baseline x86-64: ~30 GFLOP/s per core here; wider with -march).
  * Larger tiles spill on baseline x86-64. */
-static void kernel_portable(int64_t kc, const float *restrict ap, const float *restrict bp,
-                            float *restrict c, int64_t ldc, int m, int n, float alpha,
-                            float beta) {
+static void kernel_portable(int64_t kc, const void *ap_, const void *bp_, float *restrict c,
+                            int64_t ldc, int m, int n, float alpha, float beta) {
+    const float *restrict ap = ap_, *restrict bp = bp_;
     float acc[PORT_MR][PORT_NR];
 #pragma GCC unroll 4
     for (int i = 0; i < PORT_MR; i++)
@@ -73,9 +81,10 @@ static void kernel_portable(int64_t kc, const float *restrict ap, const float *r
 
 /* ------------------------------------------------------------ packing */
 
-/* Portable pack of whole micro-panels (see anneal_gemm_pack in gemm_internal.h). */
+/* Portable pack of whole micro-panels with rounding (see anneal_gemm_pack). */
 static void pack_portable(const float *src, int64_t stride, bool lanes_contig, int64_t lanes,
-                          int width, int64_t kc, float *restrict dst) {
+                          int width, int64_t kc, int round, void *dst_) {
+    float *restrict dst = dst_;
     const int64_t npan = (lanes + width - 1) / width;
     if (lanes_contig) {
         /* Blocks of 16 source rows, then panel by panel: the rows are read from memory once
@@ -89,7 +98,10 @@ static void pack_portable(const float *src, int64_t stride, bool lanes_contig, i
                     const float *s = src + k * stride + l0;
                     float *d = dst + p * kc * width + k * width;
                     int l = 0;
-                    for (; l < n; l++) d[l] = s[l];
+                    if (round == ANNEAL_GEMM_ROUND_NONE)
+                        for (; l < n; l++) d[l] = s[l];
+                    else
+                        for (; l < n; l++) d[l] = anneal_gemm_round(s[l], round);
                     for (; l < width; l++) d[l] = 0.0f;
                 }
             }
@@ -102,7 +114,7 @@ static void pack_portable(const float *src, int64_t stride, bool lanes_contig, i
                 const int64_t sl = p * width + l;
                 if (sl < lanes) {
                     const float *s = src + sl * stride;
-                    for (int64_t k = 0; k < kc; k++) d[k * width + l] = s[k];
+                    for (int64_t k = 0; k < kc; k++) d[k * width + l] = anneal_gemm_round(s[k], round);
                 } else {
                     for (int64_t k = 0; k < kc; k++) d[k * width + l] = 0.0f;
                 }
@@ -120,6 +132,8 @@ static const anneal_gemm_isa isa_portable = {
     .kc = 256,
     .mc = 256,
     .nc = 3072,
+    .esize = 4,
+    .kstep = 1,
     .kernel = kernel_portable,
     .pack = pack_portable,
 };
@@ -128,15 +142,28 @@ static const anneal_gemm_isa isa_portable = {
 
 /* -2: not chosen yet; otherwise an ANNEAL_GEMM_ISA_* value. */
 static atomic_int gemm_isa_choice = -2;
+static atomic_bool bf16_kernel_allowed = true;
 
-/* The ISA the CPU and the ANNEAL_CPU_ISA variable allow (avx512 unless told otherwise). */
+/* True when the CPU can run that ISA. */
+static bool isa_available(int isa) {
+    return isa == ANNEAL_GEMM_ISA_PORTABLE ||
+           (isa == ANNEAL_GEMM_ISA_AVX512 && anneal_cpu_has_avx512()) ||
+           (isa == ANNEAL_GEMM_ISA_AVX2 && anneal_cpu_has_avx2());
+}
+
+/* The ISA the CPU and the ANNEAL_CPU_ISA variable allow (the best one unless told
+ * otherwise; a named ISA the CPU lacks falls back to the best available). */
 static int gemm_isa_default(void) {
     const char *env = getenv("ANNEAL_CPU_ISA");
     if (env && strcmp(env, "portable") == 0) return ANNEAL_GEMM_ISA_PORTABLE;
-    return anneal_cpu_has_avx512() ? ANNEAL_GEMM_ISA_AVX512 : ANNEAL_GEMM_ISA_PORTABLE;
+    if (env && strcmp(env, "avx2") == 0 && isa_available(ANNEAL_GEMM_ISA_AVX2))
+        return ANNEAL_GEMM_ISA_AVX2;
+    if (anneal_cpu_has_avx512()) return ANNEAL_GEMM_ISA_AVX512;
+    if (anneal_cpu_has_avx2()) return ANNEAL_GEMM_ISA_AVX2;
+    return ANNEAL_GEMM_ISA_PORTABLE;
 }
 
-/* The descriptor the next call uses; the choice is made once (a benign race: every
+/* The f32 descriptor the next call uses; the choice is made once (a benign race: every
  * thread computes the same value). */
 static const anneal_gemm_isa *gemm_isa(void) {
     int v = atomic_load_explicit(&gemm_isa_choice, memory_order_relaxed);
@@ -144,35 +171,64 @@ static const anneal_gemm_isa *gemm_isa(void) {
         v = gemm_isa_default();
         atomic_store_explicit(&gemm_isa_choice, v, memory_order_relaxed);
     }
-    return v == ANNEAL_GEMM_ISA_AVX512 ? &anneal_gemm_isa_avx512 : &isa_portable;
+    return v == ANNEAL_GEMM_ISA_AVX512 ? &anneal_gemm_isa_avx512
+           : v == ANNEAL_GEMM_ISA_AVX2 ? &anneal_gemm_isa_avx2
+                                       : &isa_portable;
+}
+
+/* The kernel and packing rounding for a product at precision `compute`: bf16 runs the
+ * AVX512-BF16 kernel when the f32 choice is AVX-512 and the CPU has it; otherwise the f32
+ * kernel over operands rounded while packing. */
+static const anneal_gemm_isa *gemm_select(int compute, int *round) {
+    const anneal_gemm_isa *isa = gemm_isa();
+    *round = compute == ANNEAL_BF16  ? ANNEAL_GEMM_ROUND_BF16
+             : compute == ANNEAL_F16 ? ANNEAL_GEMM_ROUND_F16
+                                     : ANNEAL_GEMM_ROUND_NONE;
+    if (*round == ANNEAL_GEMM_ROUND_BF16 && isa == &anneal_gemm_isa_avx512 &&
+        anneal_cpu_has_avx512bf16() && atomic_load_explicit(&bf16_kernel_allowed, memory_order_relaxed))
+        return &anneal_gemm_isa_avx512bf16;
+    return isa;
 }
 
 /* Forces (or with ANNEAL_GEMM_ISA_AUTO, re-derives) the ISA; -1 if the CPU lacks it. */
 int anneal_cpu_sgemm_set_isa(int isa) {
     if (isa == ANNEAL_GEMM_ISA_AUTO) isa = gemm_isa_default();
-    if (isa == ANNEAL_GEMM_ISA_AVX512 && !anneal_cpu_has_avx512()) return -1;
-    if (isa != ANNEAL_GEMM_ISA_AVX512 && isa != ANNEAL_GEMM_ISA_PORTABLE) return -1;
+    if (isa != ANNEAL_GEMM_ISA_AVX512 && isa != ANNEAL_GEMM_ISA_PORTABLE &&
+        isa != ANNEAL_GEMM_ISA_AVX2)
+        return -1;
+    if (!isa_available(isa)) return -1;
     atomic_store_explicit(&gemm_isa_choice, isa, memory_order_relaxed);
     return 0;
 }
 
-/* Name of the ISA the next call uses. */
+/* Name of the ISA the next f32 call uses. */
 const char *anneal_cpu_sgemm_isa_name(void) { return gemm_isa()->name; }
+
+/* Name of the kernel a product at `compute` uses. */
+const char *anneal_cpu_gemm_kernel_name(int compute) {
+    int round;
+    return gemm_select(compute, &round)->name;
+}
+
+/* Allows or forbids the AVX512-BF16 kernel (tests). */
+void anneal_cpu_gemm_allow_bf16_kernel(bool allow) {
+    atomic_store_explicit(&bf16_kernel_allowed, allow, memory_order_relaxed);
+}
 
 /* ------------------------------------------------------------ pack buffers */
 
 /* Two growable 64-byte aligned buffers per thread (0: packed B, 1: packed A). Kept for the
  * thread's lifetime so steady-state calls neither allocate nor page-fault. */
-static _Thread_local float *tl_buf[2];
+static _Thread_local void *tl_buf[2];
 static _Thread_local size_t tl_cap[2];
 
-/* A buffer of at least n floats, or NULL when out of memory. */
-static float *pack_buffer(int which, size_t n) {
-    if (tl_cap[which] >= n) return tl_buf[which];
+/* A buffer of at least `bytes` bytes, or NULL when out of memory. */
+static void *pack_buffer(int which, size_t bytes) {
+    if (tl_cap[which] >= bytes) return tl_buf[which];
     free(tl_buf[which]);
-    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    bytes = (bytes + 63) & ~(size_t)63;
     tl_buf[which] = aligned_alloc(64, bytes);
-    tl_cap[which] = tl_buf[which] ? bytes / sizeof(float) : 0;
+    tl_cap[which] = tl_buf[which] ? bytes : 0;
     return tl_buf[which];
 }
 
@@ -180,6 +236,15 @@ static float *pack_buffer(int which, size_t n) {
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* One product's settings shared by every block of it. bias and pre are at C's origin. */
+typedef struct gemm_ctx {
+    const anneal_gemm_isa *isa;
+    int round;
+    bool ta, tb;
+    float alpha;
+    const anneal_gemm_epilogue *ep; /* NULL when it does nothing */
+} gemm_ctx;
 
 /* C = beta * C over M x N (beta == 0 writes zeros without reading C). */
 static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
@@ -206,9 +271,11 @@ static int64_t block_depth(int64_t K, int64_t kc_max) {
  * minimising the time of the busiest thread: its share of the FMAs plus its packing, since
  * each thread packs all of A for its rows and all of B for its columns. Per unit of K,
  * a tile row x col block costs 2*rows*cols flops and packing (rows + cols) floats, and
- * packing a float takes about as long as PACK_COST flops in the micro-kernel. */
+ * packing a float takes about as long as pack_cost flops in the micro-kernel (PACK_COST
+ * for the f32 kernels; twice that for bf16, whose flops are twice as fast). */
 #define PACK_COST 30
-static void thread_grid(int T, int64_t pm, int64_t pn, int mr, int nr, int *tm, int *tn) {
+static void thread_grid(int T, int64_t pm, int64_t pn, int mr, int nr, int pack_cost, int *tm,
+                        int *tn) {
     double best = -1;
     *tm = 1;
     *tn = T;
@@ -216,7 +283,7 @@ static void thread_grid(int T, int64_t pm, int64_t pn, int mr, int nr, int *tm, 
         if (T % a) continue;
         const int b = T / a;
         const double rows = (double)(ceil_div(pm, a) * mr), cols = (double)(ceil_div(pn, b) * nr);
-        const double cost = 2.0 * rows * cols + PACK_COST * (rows + cols);
+        const double cost = 2.0 * rows * cols + pack_cost * (rows + cols);
         if (best < 0 || cost < best) {
             best = cost;
             *tm = a;
@@ -237,50 +304,68 @@ static int gemm_threads(int64_t M, int64_t N, int64_t K) {
 }
 
 /* Fallback for when the pack buffers cannot be allocated: plain loops, same contract. */
-static void sgemm_unpacked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                           float *C, int64_t ldc) {
+static void gemm_unpacked(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, const float *A,
+                          int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                          int64_t ldc, const float *bias, float *pre) {
+    const bool ta = g->ta, tb = g->tb;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             float s = 0.0f;
             for (int64_t k = 0; k < K; k++)
-                s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
-            C[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
+                s += anneal_gemm_round(ta ? A[k * lda + i] : A[i * lda + k], g->round) *
+                     anneal_gemm_round(tb ? B[j * ldb + k] : B[k * ldb + j], g->round);
+            C[i * ldc + j] = g->alpha * s + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
         }
+    if (g->ep) anneal_gemm_epilogue_tile(g->ep, M, N, C, ldc, bias, pre);
 }
 
 /* The blocked product on the calling thread alone (M, N, K >= 1): the loop nest in the
- * comment at the top of this file, with this thread's own pack buffers. */
-static void sgemm_serial(const anneal_gemm_isa *isa, bool ta, bool tb, int64_t M, int64_t N,
-                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
-                         int64_t ldb, float beta, float *C, int64_t ldc) {
-    const int mr = isa->mr, nr = isa->nr;
+ * comment at the top of this file, with this thread's own pack buffers. bias and pre
+ * (when the epilogue uses them) are offset to this block's origin like C. */
+static void gemm_serial(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, const float *A,
+                        int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                        int64_t ldc, const float *bias, float *pre) {
+    const anneal_gemm_isa *isa = g->isa;
+    const int mr = isa->mr, nr = isa->nr, ks = isa->kstep;
+    const size_t es = (size_t)isa->esize;
+    const bool ta = g->ta, tb = g->tb;
     const int64_t kc_full = block_depth(K, isa->kc);
+    const int64_t kcp_full = ceil_div(kc_full, ks) * ks;
     const int64_t nc_max = min64(isa->nc, ceil_div(N, nr) * nr);
     const int64_t mc_max = min64(isa->mc, ceil_div(M, mr) * mr);
-    float *bp = pack_buffer(0, (size_t)(kc_full * nc_max));
-    float *ap = pack_buffer(1, (size_t)(kc_full * mc_max));
+    char *bp = pack_buffer(0, (size_t)(kcp_full * nc_max) * es);
+    char *ap = pack_buffer(1, (size_t)(kcp_full * mc_max) * es);
     if (!bp || !ap) {
-        sgemm_unpacked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
         return;
     }
     for (int64_t jc = 0; jc < N; jc += isa->nc) {
         const int64_t nc = min64(isa->nc, N - jc);
         for (int64_t pc = 0; pc < K; pc += kc_full) {
             const int64_t kc = min64(kc_full, K - pc);
+            const int64_t kcp = ceil_div(kc, ks) * ks; /* packed (zero-padded) depth */
+            const bool last = pc + kc >= K;
             const float beta_eff = pc == 0 ? beta : 1.0f; /* beta once, then accumulate */
             /* op(B)[k, c] is B[k*ldb + c], or B[c*ldb + k] when transposed. */
-            isa->pack(tb ? B + jc * ldb + pc : B + pc * ldb + jc, ldb, !tb, nc, nr, kc, bp);
+            isa->pack(tb ? B + jc * ldb + pc : B + pc * ldb + jc, ldb, !tb, nc, nr, kc, g->round,
+                      bp);
             for (int64_t ic = 0; ic < M; ic += isa->mc) {
                 const int64_t mc = min64(isa->mc, M - ic);
                 /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
-                isa->pack(ta ? A + pc * lda + ic : A + ic * lda + pc, lda, ta, mc, mr, kc, ap);
+                isa->pack(ta ? A + pc * lda + ic : A + ic * lda + pc, lda, ta, mc, mr, kc,
+                          g->round, ap);
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     const int n = (int)min64(nr, nc - jr);
                     for (int64_t ir = 0; ir < mc; ir += mr) {
                         const int m = (int)min64(mr, mc - ir);
-                        isa->kernel(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr,
-                                    ldc, m, n, alpha, beta_eff);
+                        float *ct = C + (ic + ir) * ldc + jc + jr;
+                        isa->kernel(kcp, ap + (size_t)(ir * kcp) * es,
+                                    bp + (size_t)(jr * kcp) * es, ct, ldc, m, n, g->alpha,
+                                    beta_eff);
+                        if (last && g->ep)
+                            anneal_gemm_epilogue_tile(
+                                g->ep, m, n, ct, ldc, bias ? bias + jc + jr : NULL,
+                                pre ? pre + (ic + ir) * ldc + jc + jr : NULL);
                     }
                 }
             }
@@ -289,32 +374,34 @@ static void sgemm_serial(const anneal_gemm_isa *isa, bool ta, bool tb, int64_t M
 }
 
 /* The product with nt threads: C is cut into a tm x tn grid of blocks along mr-row and
- * nr-column panel boundaries, and each thread runs sgemm_serial on its block with no
+ * nr-column panel boundaries, and each thread runs gemm_serial on its block with no
  * synchronisation until the end (no barriers: a thread held up by another process does
  * not stall the others at every block). The price is packing: A is packed by each of the
  * tn threads sharing its rows, B by each of the tm sharing its columns; thread_grid picks
  * the grid with the least compute + packing for the busiest thread. */
-static void sgemm_parallel(const anneal_gemm_isa *isa, int nt, bool ta, bool tb, int64_t M,
-                           int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+static void gemm_parallel(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                          float *C, int64_t ldc, const float *bias, float *pre) {
     if (nt <= 1) {
-        sgemm_serial(isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_serial(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
         return;
     }
+    const anneal_gemm_isa *isa = g->isa;
     const int64_t pm = ceil_div(M, isa->mr), pn = ceil_div(N, isa->nr);
 #pragma omp parallel num_threads(nt)
     {
         const int T = omp_get_num_threads(), tid = omp_get_thread_num();
         int tm, tn;
-        thread_grid(T, pm, pn, isa->mr, isa->nr, &tm, &tn);
+        thread_grid(T, pm, pn, isa->mr, isa->nr, PACK_COST * 4 / isa->esize, &tm, &tn);
         const int ti = tid / tn, tj = tid % tn;
         const int64_t m0 = min64(M, pm * ti / tm * isa->mr);
         const int64_t m1 = min64(M, pm * (ti + 1) / tm * isa->mr);
         const int64_t n0 = min64(N, pn * tj / tn * isa->nr);
         const int64_t n1 = min64(N, pn * (tj + 1) / tn * isa->nr);
         if (m1 > m0 && n1 > n0)
-            sgemm_serial(isa, ta, tb, m1 - m0, n1 - n0, K, alpha, ta ? A + m0 : A + m0 * lda, lda,
-                         tb ? B + n0 * ldb : B + n0, ldb, beta, C + m0 * ldc + n0, ldc);
+            gemm_serial(g, m1 - m0, n1 - n0, K, g->ta ? A + m0 : A + m0 * lda, lda,
+                        g->tb ? B + n0 * ldb : B + n0, ldb, beta, C + m0 * ldc + n0, ldc,
+                        bias ? bias + n0 : NULL, pre ? pre + m0 * ldc + n0 : NULL);
     }
 }
 
@@ -327,23 +414,67 @@ static void sgemm_parallel(const anneal_gemm_isa *isa, int nt, bool ta, bool tb,
  *     contiguous rows;
  *   op(B) = B (B stored K x N): C accumulates a[k] * B[k, j0:j1] over k, in column chunks
  *     of at most ROW_COLS (long contiguous reads of B, the chunk of C stays in L1).
- * Both accumulate in a fixed order that does not depend on the thread count. The loops are
- * plain C that the compiler vectorises; the product is memory bound either way. */
+ * At bf16/f16 the row a is rounded once into a buffer and B is rounded on the fly, piece by
+ * piece through a stack buffer (same values as packing would give; the products are formed
+ * in f32 on every ISA). Both accumulate in a fixed order that does not depend on the thread
+ * count. The loops are plain C that the compiler vectorises; the product is memory bound. */
 #define DOT_LANES 16
 #define ROW_COLS 4096
+#define ROUND_CHUNK 1024 /* floats of B rounded at a time (a multiple of DOT_LANES) */
 
-/* Dot product of n floats in a fixed order: DOT_LANES interleaved partial sums (a loop the
- * compiler vectorises without reassociating), then a pairwise tree over the lanes. */
-static float dot_fixed(const float *restrict a, const float *restrict b, int64_t n) {
-    float s[DOT_LANES] = {0};
+/* s[l] += a[k] * b[k] for k = l mod DOT_LANES, over n floats; only the last piece of a
+ * longer sum may have n not a multiple of DOT_LANES. */
+static void dot_accumulate(float s[DOT_LANES], const float *restrict a, const float *restrict b,
+                           int64_t n) {
+    float t[DOT_LANES];
+    memcpy(t, s, sizeof t);
     int64_t k = 0;
     for (; k + DOT_LANES <= n; k += DOT_LANES)
 #pragma GCC unroll 16
-        for (int l = 0; l < DOT_LANES; l++) s[l] += a[k + l] * b[k + l];
-    for (int l = 0; k + l < n; l++) s[l] += a[k + l] * b[k + l];
+        for (int l = 0; l < DOT_LANES; l++) t[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < n; l++) t[l] += a[k + l] * b[k + l];
+    memcpy(s, t, sizeof t);
+}
+
+/* Pairwise tree over the lanes. */
+static float dot_finish(float s[DOT_LANES]) {
     for (int w = DOT_LANES / 2; w > 0; w /= 2)
         for (int l = 0; l < w; l++) s[l] += s[l + w];
     return s[0];
+}
+
+/* Dot product of a and round(b) over n floats in a fixed order: DOT_LANES interleaved
+ * partial sums (a loop the compiler vectorises without reassociating), then a pairwise
+ * tree over the lanes. */
+static float dot_fixed(const float *restrict a, const float *restrict b, int64_t n, int round) {
+    float s[DOT_LANES] = {0};
+    if (round == ANNEAL_GEMM_ROUND_NONE) {
+        dot_accumulate(s, a, b, n);
+    } else {
+        float buf[ROUND_CHUNK];
+        for (int64_t k = 0; k < n; k += ROUND_CHUNK) {
+            const int64_t w = min64(ROUND_CHUNK, n - k);
+            anneal_gemm_round_array(w, b + k, buf, round);
+            dot_accumulate(s, a + k, buf, w);
+        }
+    }
+    return dot_finish(s);
+}
+
+/* acc[j] += ak * bf16(b[j]) over n floats, the rounding inline (integer arithmetic the
+ * compiler vectorises, as anneal_gemm_round_bf16), so B is read once. */
+ANNEAL_VEC_CLONES
+static void axpy_bf16(int64_t n, float ak, const float *restrict b, float *restrict acc) {
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, b + j, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        uint32_t q = (u | 0x00400000u) & 0xffff0000u;
+        r = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+        float v;
+        memcpy(&v, &r, 4);
+        acc[j] += ak * v;
+    }
 }
 
 /* c = alpha * acc + beta * c, not reading c when beta == 0. */
@@ -353,65 +484,105 @@ static inline void store_c(float *c, float acc, float alpha, float beta) {
 
 /* The product for M == 1 with nt threads (see above). op(A) is the row a[k] = A[k] (or
  * A[k*lda] when transposed, gathered into a buffer first). */
-static void sgemm_one_row(int nt, bool ta, bool tb, int64_t N, int64_t K, float alpha,
-                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                          float *C) {
+static void gemm_one_row(const gemm_ctx *g, int nt, int64_t N, int64_t K, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                         const float *bias, float *pre) {
+    const float alpha = g->alpha;
+    const int round = g->round;
     const float *a = A;
-    if (ta && lda != 1) {
-        float *buf = pack_buffer(1, (size_t)K);
+    if ((g->ta && lda != 1) || round != ANNEAL_GEMM_ROUND_NONE) {
+        float *buf = pack_buffer(1, (size_t)K * sizeof(float));
         if (!buf) {
-            sgemm_unpacked(ta, tb, 1, N, K, alpha, A, lda, B, ldb, beta, C, N);
+            gemm_unpacked(g, 1, N, K, A, lda, B, ldb, beta, C, N, bias, pre);
             return;
         }
-        for (int64_t k = 0; k < K; k++) buf[k] = A[k * lda];
+        const int64_t step = g->ta ? lda : 1;
+        for (int64_t k = 0; k < K; k++) buf[k] = anneal_gemm_round(A[k * step], round);
         a = buf;
     }
-    if (tb) {
+    if (g->tb) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t j = 0; j < N; j++) store_c(C + j, dot_fixed(a, B + j * ldb, K), alpha, beta);
+        for (int64_t j = 0; j < N; j++)
+            store_c(C + j, dot_fixed(a, B + j * ldb, K, round), alpha, beta);
+    } else {
+        /* Column chunks: at most ROW_COLS, and at least one per thread. */
+        const int64_t cols = min64(ROW_COLS, (ceil_div(N, nt) + 15) & ~(int64_t)15);
+        const bool f16c = anneal_cpu_has_avx2();
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (int64_t j0 = 0; j0 < N; j0 += cols) {
+            const int64_t w = min64(cols, N - j0);
+            float acc[ROW_COLS], rb[ROW_COLS];
+            for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float ak = a[k];
+                const float *restrict b = B + k * ldb + j0;
+                if (round == ANNEAL_GEMM_ROUND_BF16) {
+                    axpy_bf16(w, ak, b, acc);
+                    continue;
+                }
+                if (round == ANNEAL_GEMM_ROUND_F16 && f16c) {
+                    anneal_gemm_axpy_f16_avx2(w, ak, b, acc);
+                    continue;
+                }
+                if (round != ANNEAL_GEMM_ROUND_NONE) {
+                    anneal_gemm_round_array(w, b, rb, round);
+                    b = rb;
+                }
+                for (int64_t j = 0; j < w; j++) acc[j] += ak * b[j];
+            }
+            for (int64_t j = 0; j < w; j++) store_c(C + j0 + j, acc[j], alpha, beta);
+        }
+    }
+    if (g->ep) anneal_gemm_epilogue_tile(g->ep, 1, N, C, N, bias, pre);
+}
+
+/* ------------------------------------------------------------ entry points */
+
+/* The product at precision `compute` with epilogue ep (NULL: none) on nt threads. */
+static void gemm_run(int compute, int nt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
+    if (M <= 0 || N <= 0) return;
+    if (!anneal_gemm_epilogue_active(ep)) ep = NULL;
+    const float *bias = ep ? ep->bias : NULL;
+    float *pre = ep && ep->gelu_tanh ? ep->pre : NULL;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre);
         return;
     }
-    /* Column chunks: at most ROW_COLS, and at least one per thread. */
-    const int64_t cols = min64(ROW_COLS, (ceil_div(N, nt) + 15) & ~(int64_t)15);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t j0 = 0; j0 < N; j0 += cols) {
-        const int64_t w = min64(cols, N - j0);
-        float acc[ROW_COLS];
-        for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            const float ak = a[k];
-            const float *restrict b = B + k * ldb + j0;
-            for (int64_t j = 0; j < w; j++) acc[j] += ak * b[j];
-        }
-        for (int64_t j = 0; j < w; j++) store_c(C + j0 + j, acc[j], alpha, beta);
-    }
+    gemm_ctx g = {.ta = ta, .tb = tb, .alpha = alpha, .ep = ep};
+    g.isa = gemm_select(compute, &g.round);
+    if (M == 1)
+        gemm_one_row(&g, nt, N, K, A, lda, B, ldb, beta, C, bias, pre);
+    else
+        gemm_parallel(&g, nt, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C (see cpu_kernels.h). */
 void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                       float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0 || alpha == 0.0f) {
-        scale_c(M, N, beta, C, ldc);
-        return;
-    }
-    const int nt = gemm_threads(M, N, K);
-    if (M == 1)
-        sgemm_one_row(nt, trans_a, trans_b, N, K, alpha, A, lda, B, ldb, beta, C);
-    else
-        sgemm_parallel(gemm_isa(), nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                       ldc);
+    gemm_run(ANNEAL_F32, gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+             beta, C, ldc, NULL);
 }
 
-/* `batch` independent GEMMs (see cpu_kernels.h). Many small products run one per thread
- * (each single-threaded, same bits as the threaded path); few large ones run in order,
- * each using all threads. A shared C (stride_c == 0) runs in order, so the result is the
- * well-defined sequential one. */
-void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                              int64_t K, float alpha, const float *A, int64_t lda,
-                              int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
-                              float beta, float *C, int64_t ldc, int64_t stride_c) {
+/* The same at precision `compute` with a fused epilogue (see cpu_kernels.h). */
+void anneal_cpu_gemm(int compute, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
+    gemm_run(compute, gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+             beta, C, ldc, ep);
+}
+
+/* `batch` independent GEMMs at precision `compute` (see cpu_kernels.h). Many small products
+ * run one per thread (each single-threaded, same bits as the threaded path); few large ones
+ * run in order, each using all threads. A shared C (stride_c == 0) runs in order, so the
+ * result is the well-defined sequential one. */
+void anneal_cpu_gemm_batched(int compute, int64_t batch, bool trans_a, bool trans_b, int64_t M,
+                             int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
+                             float beta, float *C, int64_t ldc, int64_t stride_c) {
     if (batch <= 0 || M <= 0 || N <= 0) return;
     const int T = omp_in_parallel() ? 1 : omp_get_max_threads();
     const double flops = 2.0 * (double)M * (double)N * (double)K;
@@ -419,12 +590,21 @@ void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t
                         (batch >= 4 * T || flops <= 2.0 * 256 * 256 * 256);
     if (!across) {
         for (int64_t b = 0; b < batch; b++)
-            anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda,
-                             B + b * stride_b, ldb, beta, C + b * stride_c, ldc);
+            anneal_cpu_gemm(compute, trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda,
+                            B + b * stride_b, ldb, beta, C + b * stride_c, ldc, NULL);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(T)
     for (int64_t b = 0; b < batch; b++)
-        anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b,
-                         ldb, beta, C + b * stride_c, ldc);
+        gemm_run(compute, 1, trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda,
+                 B + b * stride_b, ldb, beta, C + b * stride_c, ldc, NULL);
+}
+
+/* f32 batched GEMM (see cpu_kernels.h). */
+void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                              int64_t K, float alpha, const float *A, int64_t lda,
+                              int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
+                              float beta, float *C, int64_t ldc, int64_t stride_c) {
+    anneal_cpu_gemm_batched(ANNEAL_F32, batch, trans_a, trans_b, M, N, K, alpha, A, lda,
+                            stride_a, B, ldb, stride_b, beta, C, ldc, stride_c);
 }

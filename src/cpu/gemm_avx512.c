@@ -30,9 +30,10 @@ A512_TARGET static inline __mmask16 first_lanes(int n) {
 
 /* C[0:m, 0:n] = alpha * (ap @ bp) + beta * C for an 8 x 32 tile (see gemm_internal.h).
  * Edge tiles use masked loads/stores with the same arithmetic as full tiles. */
-A512_TARGET static void kernel_8x32(int64_t kc, const float *restrict ap,
-                                    const float *restrict bp, float *restrict c, int64_t ldc,
-                                    int m, int n, float alpha, float beta) {
+A512_TARGET static void kernel_8x32(int64_t kc, const void *ap_, const void *bp_,
+                                    float *restrict c, int64_t ldc, int m, int n, float alpha,
+                                    float beta) {
+    const float *restrict ap = ap_, *restrict bp = bp_;
     __m512 acc[A512_MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < A512_MR; i++) {
@@ -111,19 +112,37 @@ A512_TARGET static inline void transpose16(__m512 r[16]) {
     }
 }
 
-/* Copies n (0..16) floats from s to d, zero-filling d up to w (8 or 16) floats. */
-A512_TARGET static inline void copy_lanes(float *d, const float *s, int64_t n, int w) {
-    if (w == 16) {
-        if (n >= 16)
-            _mm512_storeu_ps(d, _mm512_loadu_ps(s));
-        else
-            _mm512_storeu_ps(d, _mm512_maskz_loadu_ps(first_lanes((int)(n < 0 ? 0 : n)), s));
-    } else {
-        if (n >= 8)
-            _mm256_storeu_ps(d, _mm256_loadu_ps(s));
-        else
-            _mm256_storeu_ps(d, _mm256_maskz_loadu_ps((__mmask8)first_lanes((int)(n < 0 ? 0 : n)), s));
+/* round(v) for one ANNEAL_GEMM_ROUND_* mode, lane-wise, bit-identical to
+ * anneal_gemm_round: bf16 by integer nearest-even (NaN made quiet), f16 through F16C
+ * (nearest even, overflow to inf, f16 subnormals kept). */
+A512_TARGET static inline __m512 round_vec(__m512 v, int round) {
+    if (round == ANNEAL_GEMM_ROUND_BF16) {
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+        return _mm512_castsi512_ps(_mm512_and_si512(r, hi));
     }
+    if (round == ANNEAL_GEMM_ROUND_F16)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return v;
+}
+
+/* Copies n (0..16) floats from s to d, rounded, zero-filling d up to w (8 or 16) floats. */
+A512_TARGET static inline void copy_lanes(float *d, const float *s, int64_t n, int w, int round) {
+    __m512 v;
+    if (n >= w)
+        v = w == 16 ? _mm512_loadu_ps(s) : _mm512_castps256_ps512(_mm256_loadu_ps(s));
+    else
+        v = _mm512_maskz_loadu_ps(first_lanes((int)(n < 0 ? 0 : n)), s);
+    v = round_vec(v, round);
+    if (w == 16)
+        _mm512_storeu_ps(d, v);
+    else
+        _mm256_storeu_ps(d, _mm512_castps512_ps256(v));
 }
 
 /* Packs whole micro-panels (see anneal_gemm_pack in gemm_internal.h) of width 8 or a
@@ -133,12 +152,36 @@ A512_TARGET static inline void copy_lanes(float *d, const float *s, int64_t n, i
  * panel gets a contiguous burst of stores. (Walking all panels per single k stores to npan
  * streams kc*width floats apart, the same L1 sets, and thrashes; walking one panel over all
  * k reads only a few lines per row and starves the prefetchers. Either is ~4x slower.)
+ * Values are rounded (round_vec) between load and store.
  * Transpose case: 16 lanes x 16 depths are loaded (one row per lane), transposed in
  * registers and stored as 16 depth rows; with width 8 the 16 lanes feed two panels. */
 A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes_contig,
-                                    int64_t lanes, int width, int64_t kc, float *dst) {
+                                    int64_t lanes, int width, int64_t kc, int round,
+                                    void *dst_) {
+    float *dst = dst_;
     const int64_t npan = (lanes + width - 1) / width;
     const int w = width < 16 ? width : 16; /* floats per vector store */
+    if (lanes_contig && width == 8) {
+        /* Groups of 16 lanes fill two panels: one full-width load per row for both. */
+        const int64_t padded = npan * 8;
+        for (int64_t k0 = 0; k0 < kc; k0 += PACK_KB) {
+            const int64_t k1 = k0 + PACK_KB < kc ? k0 + PACK_KB : kc;
+            for (int64_t l0 = 0; l0 < padded; l0 += 16) {
+                const int64_t nl = lanes - l0;
+                float *d0 = dst + (l0 / 8) * kc * 8, *d1 = d0 + kc * 8;
+                const bool second = l0 + 8 < padded;
+                for (int64_t k = k0; k < k1; k++) {
+                    const float *s = src + k * stride + l0;
+                    __m512 v = nl >= 16 ? _mm512_loadu_ps(s)
+                                        : _mm512_maskz_loadu_ps(first_lanes((int)(nl < 0 ? 0 : nl)), s);
+                    v = round_vec(v, round);
+                    _mm256_storeu_ps(d0 + k * 8, _mm512_castps512_ps256(v));
+                    if (second) _mm256_storeu_ps(d1 + k * 8, _mm512_extractf32x8_ps(v, 1));
+                }
+            }
+        }
+        return;
+    }
     if (lanes_contig) {
         for (int64_t k0 = 0; k0 < kc; k0 += PACK_KB) {
             const int64_t k1 = k0 + PACK_KB < kc ? k0 + PACK_KB : kc;
@@ -147,7 +190,8 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
                 for (int64_t k = k0; k < k1; k++) {
                     const float *s = src + k * stride + l0;
                     float *d = dst + p * kc * width + k * width;
-                    for (int j = 0; j < width; j += w) copy_lanes(d + j, s + j, lanes - l0 - j, w);
+                    for (int j = 0; j < width; j += w)
+                        copy_lanes(d + j, s + j, lanes - l0 - j, w, round);
                 }
             }
         }
@@ -166,7 +210,8 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
             __m512 r[16];
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
-                r[i] = i < nl ? _mm512_maskz_loadu_ps(kmask, src + (l0 + i) * stride + k0)
+                r[i] = i < nl ? round_vec(_mm512_maskz_loadu_ps(kmask, src + (l0 + i) * stride + k0),
+                                          round)
                               : _mm512_setzero_ps();
             transpose16(r);
             if (width == 8) {
@@ -190,6 +235,8 @@ const anneal_gemm_isa anneal_gemm_isa_avx512 = {
     .kc = A512_KC,
     .mc = A512_MC,
     .nc = A512_NC,
+    .esize = 4,
+    .kstep = 1,
     .kernel = kernel_8x32,
     .pack = pack_avx512,
 };

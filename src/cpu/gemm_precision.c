@@ -1,81 +1,84 @@
-/* GEMM at a chosen operand precision with a fused epilogue (anneal_cpu_gemm).
- * FIRST VERSION (to be replaced by packed bf16/f16 kernels): rounds copies of the
- * operands to the compute dtype, runs the f32 GEMM, then applies the epilogue. */
-#include "anneal/core.h"
-#include "cpu/cpu_kernels.h"
+/* Operand rounding and the fused epilogue of the CPU GEMM (see gemm_internal.h).
+ * The GEMM driver (gemm.c) calls the epilogue on each tile of C right after the tile's last
+ * depth block, while it is in L1; the rounding helpers serve the single-row path (which
+ * streams B unpacked) and are the scalar reference of the vector packers. */
+#include "cpu/gemm_internal.h"
 #include "cpu/vec_math.h"
 
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f /* sqrt(2/pi), as in pointwise.c */
+#define GELU_KAPPA 0.044715f
 
-/* Round-to-nearest-even of x to bf16, returned as the f32 it stands for. */
-static float round_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    else if (u & 0x007fffffu) u |= 0x00400000u; /* quiet NaN */
-    memcpy(&x, &u, 4);
-    return x;
+/* Nearest-even f16 of x as f32: gcc's _Float16 conversion (F16C or libgcc), IEEE
+ * round-to-nearest-even with overflow to inf and f16 subnormals kept. */
+float anneal_gemm_round_f16(float x) { return (float)(_Float16)x; }
+
+/* dst[i] = bf16(src[i]) for n floats: integer arithmetic the compiler vectorises (one
+ * clone per ISA, same bits everywhere). */
+ANNEAL_VEC_CLONES
+static void round_bf16_block(int64_t n, const float *src, float *dst) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        uint32_t q = (u | 0x00400000u) & 0xffff0000u;
+        r = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+        memcpy(dst + i, &r, 4);
+    }
 }
 
-static float round_f16(float x) { return (float)(_Float16)x; }
-
-/* Copy of the rows x cols matrix at p (row stride ld) rounded to compute. */
-static float *rounded(int compute, const float *p, int64_t rows, int64_t cols, int64_t ld) {
-    float *q = malloc((size_t)(rows * cols) * sizeof *q + 1);
-    if (!q) return NULL;
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) {
-            float v = p[i * ld + j];
-            q[i * cols + j] = compute == ANNEAL_BF16 ? round_bf16(v) : round_f16(v);
+/* dst[i] = round(src[i]) (see gemm_internal.h). f16 uses F16C when the CPU has it. */
+void anneal_gemm_round_array(int64_t n, const float *src, float *dst, int round) {
+    if (round == ANNEAL_GEMM_ROUND_BF16) {
+        round_bf16_block(n, src, dst);
+    } else if (round == ANNEAL_GEMM_ROUND_F16) {
+        if (anneal_cpu_has_avx2()) {
+            anneal_gemm_round_f16_avx2(n, src, dst);
+        } else {
+            for (int64_t i = 0; i < n; i++) dst[i] = anneal_gemm_round_f16(src[i]);
         }
-    return q;
+    } else if (dst != src) {
+        memmove(dst, src, (size_t)n * sizeof(float));
+    }
 }
 
-static float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+/* tanh-GELU in the sigmoid form of pointwise.c: x / (1 + e^(-2u)), u = sqrt(2/pi) *
+ * (x + 0.044715 x^3), the same operations in the same order, so the same bits. */
+ANNEAL_INLINE float gelu_tanh(float x) {
+    float u = GELU_SQRT_2_OVER_PI * (x + GELU_KAPPA * (x * x * x));
+    return x / (1.0f + anneal_vexpf(-2.0f * u));
 }
 
-static void epilogue(int64_t M, int64_t N, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float v = C[i * ldc + j] + (ep->bias ? ep->bias[j] : 0.0f);
-            if (ep->gelu_tanh) {
-                if (ep->pre) ep->pre[i * ldc + j] = v;
-                v = gelu_tanh(v);
-            }
-            C[i * ldc + j] = v;
+/* One row of the epilogue: c[j] += bias[j] (bias may be NULL); with gelu, pre[j] = c[j]
+ * (pre may be NULL) and c[j] = gelu_tanh(c[j]). One pass per case (no add of a zero bias:
+ * -0 stays -0, as without the epilogue). */
+ANNEAL_VEC_CLONES
+static void epilogue_row(int64_t n, float *restrict c, const float *restrict bias,
+                         float *restrict pre, bool gelu) {
+    if (!gelu) {
+        if (bias)
+            for (int64_t j = 0; j < n; j++) c[j] = c[j] + bias[j];
+    } else if (bias && pre) {
+        for (int64_t j = 0; j < n; j++) {
+            float x = c[j] + bias[j];
+            pre[j] = x;
+            c[j] = gelu_tanh(x);
         }
-}
-
-void anneal_cpu_gemm(int compute, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                     float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
-    if (M <= 0 || N <= 0) return;
-    if (compute == ANNEAL_F32 || K <= 0) {
-        anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else if (bias) {
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_tanh(c[j] + bias[j]);
+    } else if (pre) {
+        for (int64_t j = 0; j < n; j++) {
+            float x = c[j];
+            pre[j] = x;
+            c[j] = gelu_tanh(x);
+        }
     } else {
-        int64_t ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-        float *a = rounded(compute, A, ar, ac, lda), *b = rounded(compute, B, br, bc, ldb);
-        if (a && b) anneal_cpu_sgemm(trans_a, trans_b, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
-        free(a);
-        free(b);
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_tanh(c[j]);
     }
-    if (ep && (ep->bias || ep->gelu_tanh)) epilogue(M, N, C, ldc, ep);
 }
 
-void anneal_cpu_gemm_batched(int compute, int64_t batch, bool trans_a, bool trans_b, int64_t M,
-                             int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                             int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
-                             float beta, float *C, int64_t ldc, int64_t stride_c) {
-    if (compute == ANNEAL_F32) {
-        anneal_cpu_sgemm_batched(batch, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
-                                 stride_b, beta, C, ldc, stride_c);
-        return;
-    }
-    for (int64_t i = 0; i < batch; i++)
-        anneal_cpu_gemm(compute, trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda,
-                        B + i * stride_b, ldb, beta, C + i * stride_c, ldc, NULL);
+/* The epilogue over an m x n tile (see gemm_internal.h). */
+void anneal_gemm_epilogue_tile(const anneal_gemm_epilogue *ep, int64_t m, int64_t n, float *c,
+                               int64_t ldc, const float *bias, float *pre) {
+    for (int64_t i = 0; i < m; i++)
+        epilogue_row(n, c + i * ldc, bias, pre ? pre + i * ldc : NULL, ep->gelu_tanh);
 }

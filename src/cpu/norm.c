@@ -9,6 +9,7 @@
 #include "cpu/vec_math.h"
 
 #include <math.h>
+#include <omp.h>
 
 #define L ANNEAL_VEC_LANES
 #define ROW_PARALLEL_MIN 16384 /* N*C below which one thread does the whole call */
@@ -113,10 +114,16 @@ static void ln_param_cols(int64_t N, int64_t C, int64_t c0, int64_t n, const flo
     }
 }
 
-/* LayerNorm forward over N rows of C; writes y, mean, rstd. b may be NULL. */
+/* LayerNorm forward over N rows of C; writes y, mean, rstd. b may be NULL. Small calls
+ * and calls from inside a parallel region (the fused add+LayerNorm runs it on row
+ * blocks) open no region: libgomp allocates a team for every nested or one-thread one. */
 void anneal_cpu_layer_norm_fwd(int64_t N, int64_t C, const float *x, const float *w,
                                const float *b, float eps, float *y, float *mean, float *rstd) {
-#pragma omp parallel for schedule(static) if (N * C >= ROW_PARALLEL_MIN)
+    if (N * C < ROW_PARALLEL_MIN || omp_in_parallel()) {
+        for (int64_t i = 0; i < N; i++) ln_fwd_row(C, x + i * C, w, b, eps, y + i * C, mean + i, rstd + i);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; i++)
         ln_fwd_row(C, x + i * C, w, b, eps, y + i * C, mean + i, rstd + i);
 }
@@ -127,7 +134,17 @@ void anneal_cpu_layer_norm_bwd(int64_t N, int64_t C, const float *x, const float
                                float *dw, float *db) {
     int64_t nblk = (C + PARAM_COL_BLOCK - 1) / PARAM_COL_BLOCK;
     bool params = dw || db;
-#pragma omp parallel if (N * C >= ROW_PARALLEL_MIN)
+    if (N * C < ROW_PARALLEL_MIN || omp_in_parallel()) { /* the same work, no region (as forward) */
+        for (int64_t i = 0; dx && i < N; i++)
+            ln_bwd_row(C, x + i * C, w, mean[i], rstd[i], dy + i * C, dx + i * C);
+        for (int64_t k = 0; params && k < nblk; k++) {
+            int64_t c0 = k * PARAM_COL_BLOCK;
+            ln_param_cols(N, C, c0, C - c0 < PARAM_COL_BLOCK ? C - c0 : PARAM_COL_BLOCK, x, mean, rstd, dy, dw,
+                          db);
+        }
+        return;
+    }
+#pragma omp parallel
     {
         if (dx) {
 #pragma omp for schedule(static) nowait

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,14 @@ static anneal_status check_train_state(const anneal_train_state *st) {
     if (st->step < 0 || st->tokens < 0 || st->skipped_steps < 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: negative step (%lld), tokens (%lld) or skipped steps (%lld)",
                                 (long long)st->step, (long long)st->tokens, (long long)st->skipped_steps);
+    if (st->dtype != ANNEAL_F32 && st->dtype != ANNEAL_BF16 && st->dtype != ANNEAL_F16)
+        return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: train dtype %s is not f32, bf16 or f16",
+                                anneal_dtype_name(st->dtype));
+    if (!(st->loss_scale >= 0) || !isfinite(st->loss_scale) || st->loss_scale_growth_tracker < 0 ||
+        st->overflow_steps < 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: bad loss scaler state (scale %g, tracker %lld, overflow "
+                                "steps %lld)", (double)st->loss_scale, (long long)st->loss_scale_growth_tracker,
+                                (long long)st->overflow_steps);
     return ANNEAL_OK;
 }
 
@@ -374,6 +383,13 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         cJSON_AddStringToObject(j, "tokenizer_fingerprint", hex);
         cJSON_AddItemToObject(j, "skipped_steps", anneal_ckpt_json_u64((uint64_t)st->skipped_steps));
         cJSON_AddItemToObject(j, "best_val_loss", anneal_ckpt_json_double(st->best_val_loss));
+        cJSON_AddStringToObject(j, "dtype", anneal_ckpt_train_dtype_name(st->dtype));
+        cJSON *ls = cJSON_AddObjectToObject(j, "loss_scaler");
+        if (ls) {
+            cJSON_AddItemToObject(ls, "scale", anneal_ckpt_json_float(st->loss_scale));
+            cJSON_AddItemToObject(ls, "growth_tracker", anneal_ckpt_json_u64((uint64_t)st->loss_scale_growth_tracker));
+            cJSON_AddItemToObject(ls, "overflow_steps", anneal_ckpt_json_u64((uint64_t)st->overflow_steps));
+        }
         cJSON_AddItemToObject(model, "n_layer", anneal_ckpt_json_u64((uint64_t)mc->n_layer));
         cJSON_AddItemToObject(model, "n_head", anneal_ckpt_json_u64((uint64_t)mc->n_head));
         cJSON_AddItemToObject(model, "n_embd", anneal_ckpt_json_u64((uint64_t)mc->n_embd));
@@ -381,7 +397,7 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         cJSON_AddItemToObject(model, "n_ctx", anneal_ckpt_json_u64((uint64_t)mc->n_ctx));
         cJSON_AddItemToObject(model, "dropout", anneal_ckpt_json_float(mc->dropout));
         cJSON_AddItemToObject(model, "ln_eps", anneal_ckpt_json_float(mc->ln_eps));
-        cJSON_AddBoolToObject(model, "recompute", mc->recompute);
+        cJSON_AddStringToObject(model, "recompute", anneal_recompute_name(mc->recompute));
         cJSON_AddItemToObject(j, "model", model);
         /* The trainer's config text, inserted verbatim (validated as an object when
          * the snapshot was taken). */

@@ -72,5 +72,9 @@ bool anneal_ckpt_json_get_u64(const cJSON *item, uint64_t *out);
 cJSON *anneal_ckpt_json_float(float v);
 cJSON *anneal_ckpt_json_double(double v);
 void anneal_ckpt_fmt_float(char *buf, size_t n, float v);
+/* state.json "dtype" of a train state: "fp32", "bf16", "fp16" (the --dtype names), and
+ * back (false for any other text). */
+const char *anneal_ckpt_train_dtype_name(anneal_dtype dt);
+bool anneal_ckpt_train_dtype_parse(const char *s, anneal_dtype *out);
 
 #endif

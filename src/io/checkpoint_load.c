@@ -141,6 +141,30 @@ static anneal_status parse_train_state(const char *file, const cJSON *j, anneal_
     st->step = (int64_t)step;
     st->tokens = (int64_t)tokens;
     st->skipped_steps = (int64_t)skipped;
+    /* mixed precision: absent in checkpoints written before it (fp32, no scaler state) */
+    st->dtype = ANNEAL_F32;
+    st->loss_scale = 0;
+    st->loss_scale_growth_tracker = st->overflow_steps = 0;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    if (dt && !(cJSON_IsString(dt) && anneal_ckpt_train_dtype_parse(dt->valuestring, &st->dtype)))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"dtype\" must be \"fp32\", \"bf16\" or \"fp16\"", file);
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "loss_scaler");
+    if (ls) {
+        uint64_t tracker, overflow;
+        if (!cJSON_IsObject(ls))
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"loss_scaler\" is not an object", file);
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(ls, "scale");
+        double scale = cJSON_IsNumber(sc) ? sc->valuedouble : -1;
+        if (!(scale >= 0) || !isfinite((float)scale))
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"loss_scaler.scale\" is missing or not a finite number >= 0",
+                                    file);
+        if ((r = get_u64(file, ls, "growth_tracker", INT64_MAX, &tracker)) ||
+            (r = get_u64(file, ls, "overflow_steps", INT64_MAX, &overflow)))
+            return r;
+        st->loss_scale = (float)scale;
+        st->loss_scale_growth_tracker = (int64_t)tracker;
+        st->overflow_steps = (int64_t)overflow;
+    }
     return ANNEAL_OK;
 }
 
@@ -225,7 +249,11 @@ static anneal_status model_config(const char *dir, const cJSON *state, anneal_gp
     if (r != ANNEAL_OK) return r;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(state, "model");
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(model, "recompute");
-    cfg->recompute = cJSON_IsTrue(rc);
+    /* "none" | "attn" | "block"; older checkpoints wrote true (block) or false */
+    cfg->recompute = cJSON_IsTrue(rc) ? ANNEAL_RECOMPUTE_BLOCK : ANNEAL_RECOMPUTE_NONE;
+    if (cJSON_IsString(rc) && !anneal_recompute_parse(rc->valuestring, &cfg->recompute))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: model.recompute '%s' is not none, attn or block", dir,
+                                rc->valuestring);
     return ANNEAL_OK;
 }
 

@@ -35,6 +35,30 @@ bool anneal_gpt2_preset(const char *name, anneal_gpt2_config *out) {
     return false;
 }
 
+bool anneal_recompute_parse(const char *s, anneal_recompute_mode *out) {
+    static const struct {
+        const char *name;
+        anneal_recompute_mode mode;
+    } names[] = {{"none", ANNEAL_RECOMPUTE_NONE}, {"off", ANNEAL_RECOMPUTE_NONE},
+                 {"attn", ANNEAL_RECOMPUTE_ATTN}, {"block", ANNEAL_RECOMPUTE_BLOCK},
+                 {"on", ANNEAL_RECOMPUTE_BLOCK}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].mode;
+            return true;
+        }
+    return false;
+}
+
+const char *anneal_recompute_name(anneal_recompute_mode m) {
+    switch (m) {
+    case ANNEAL_RECOMPUTE_NONE: return "none";
+    case ANNEAL_RECOMPUTE_BLOCK: return "block";
+    case ANNEAL_RECOMPUTE_ATTN: return "attn";
+    }
+    return "?";
+}
+
 anneal_status anneal_gpt2_config_check(const anneal_gpt2_config *c) {
     if (!c) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: NULL config");
     if (c->n_layer <= 0 || c->n_head <= 0 || c->n_embd <= 0 || c->vocab_size <= 0 || c->n_ctx <= 0)
@@ -47,6 +71,8 @@ anneal_status anneal_gpt2_config_check(const anneal_gpt2_config *c) {
                                 c->n_embd, c->n_head);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
         return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: dropout %g is outside [0, 1)", (double)c->dropout);
+    if ((unsigned)c->recompute > ANNEAL_RECOMPUTE_ATTN)
+        return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: unknown recompute mode %d", (int)c->recompute);
     if (!(c->ln_eps > 0.0f))
         return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: ln_eps must be positive");
     return ANNEAL_OK;
@@ -133,6 +159,22 @@ anneal_status anneal_gpt2_init(anneal_gpt2 *m, uint64_t seed) {
     return s;
 }
 
+/* qkv GEMM + causal attention of one block (ctx): in[0] = ln_1 output (B,T,C) ->
+ * (B,T,C). Also the recompute region of ANNEAL_RECOMPUTE_ATTN. */
+static anneal_tensor *attn_forward(void *ctx, anneal_tensor *const *in) {
+    const anneal_gpt2_block *b = ctx;
+    anneal_tensor *qkv = anneal_conv1d(in[0], b->c_attn_w, b->c_attn_b); /* (B,T,3C) */
+    return anneal_causal_attention(qkv, b->model->cfg.n_head);
+}
+
+/* The attention part of block b on h (B,T,C): in a recompute region in attn mode, so
+ * backward replays it instead of keeping qkv and the attention's saved tensors. */
+static anneal_tensor *gpt2_attention(const anneal_gpt2_block *b, anneal_tensor *h) {
+    if (b->model->cfg.recompute == ANNEAL_RECOMPUTE_ATTN)
+        return anneal_checkpoint(attn_forward, (void *)b, 1, &h);
+    return attn_forward((void *)b, &h);
+}
+
 anneal_tensor *anneal_gpt2_block_apply(const anneal_gpt2_block *b, int layer, anneal_tensor *x,
                                        anneal_gpt2_attend_fn attend, void *ctx) {
     const anneal_gpt2_config *cfg = &b->model->cfg;
@@ -140,15 +182,16 @@ anneal_tensor *anneal_gpt2_block_apply(const anneal_gpt2_block *b, int layer, an
     bool train = b->model->training;
     /* attention: LN -> qkv (B,T,3C) -> causal attention (B,T,C) -> proj -> dropout -> residual */
     anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
-    anneal_tensor *qkv = anneal_conv1d(h, b->c_attn_w, b->c_attn_b);
-    anneal_tensor *att = attend ? attend(ctx, layer, qkv) : anneal_causal_attention(qkv, cfg->n_head);
+    anneal_tensor *att = attend ? attend(ctx, layer, anneal_conv1d(h, b->c_attn_w, b->c_attn_b))
+                                : gpt2_attention(b, h);
     anneal_tensor *a = anneal_dropout(anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b), p, train);
-    x = anneal_add(x, a);
-    /* MLP: LN -> fc (B,T,4C) -> GELU(tanh) -> proj (B,T,C) -> dropout -> residual */
-    h = anneal_layer_norm(x, b->ln_2_w, b->ln_2_b, cfg->ln_eps);
-    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->c_fc_w, b->c_fc_b), true);
+    /* residual add + ln_2 in one pass: s = x + a (the residual stream), h = LN(s) */
+    anneal_tensor *s;
+    h = anneal_add_layer_norm(x, a, b->ln_2_w, b->ln_2_b, cfg->ln_eps, &s);
+    /* MLP: fc + GELU(tanh) fused (B,T,4C) -> proj (B,T,C) -> dropout -> residual */
+    anneal_tensor *f = anneal_conv1d_gelu(h, b->c_fc_w, b->c_fc_b);
     anneal_tensor *o = anneal_dropout(anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b), p, train);
-    return anneal_add(x, o);
+    return anneal_add(s, o);
 }
 
 /* One training block as a recompute region (ctx is the block). x: (B, T, C). */
@@ -177,7 +220,8 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) {
     x = anneal_dropout(x, m->cfg.dropout, m->training);
     for (int l = 0; l < m->cfg.n_layer; l++) {
         anneal_gpt2_block *b = &m->blocks[l];
-        x = m->cfg.recompute ? anneal_checkpoint(block_forward, b, 1, &x) : block_forward(b, &x);
+        x = m->cfg.recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_forward, b, 1, &x)
+                                                       : block_forward(b, &x);
     }
     return anneal_layer_norm(x, m->ln_f_w, m->ln_f_b, m->cfg.ln_eps);
 }
@@ -188,7 +232,8 @@ anneal_tensor *anneal_gpt2_forward(anneal_gpt2 *m, anneal_tensor *ids) {
 }
 
 anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *targets) {
-    return anneal_cross_entropy(anneal_gpt2_forward(m, ids), targets, -100);
+    /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
+    return anneal_linear_cross_entropy(anneal_gpt2_hidden(m, ids), m ? m->wte : NULL, targets, -100);
 }
 
 int64_t anneal_gpt2_num_params(const anneal_gpt2 *m) { return m ? anneal_params_numel(m->params) : 0; }

@@ -1,5 +1,6 @@
-/* Machine figures for the run summary and MFU: the peak FMA rate (measured, since
- * the nominal clock of a shared or throttled CPU says little) and the peak RSS. */
+/* Machine figures for the run summary and MFU: the peak FMA rate and the peak bf16
+ * dot-product rate (measured, since the nominal clock of a shared or throttled CPU says
+ * little) and the peak RSS. */
 #include "anneal/obs.h"
 
 #include <immintrin.h>
@@ -56,20 +57,53 @@ static float fma_scalar(int64_t iters, float seed) {
     return s;
 }
 
-double anneal_peak_gflops_measure(int threads, double seconds, const char **isa) {
-    __builtin_cpu_init();
-    int kind = __builtin_cpu_supports("avx512f") ? 2 : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-    int lanes = kind == 2 ? 16 : kind == 1 ? 8 : 1;
-    if (isa) *isa = kind == 2 ? "avx512 fma" : kind == 1 ? "avx2 fma" : "scalar";
+/* The bf16 kernel: BF16_CHAINS independent VDPBF16PS chains (the instruction's latency,
+ * up to 6 cycles, times two ports needs 12; 16 leaves margin). Each instruction does, per
+ * f32 lane, two bf16 multiply-adds: 4 FLOPs per lane, 64 per zmm instruction. */
+#define BF16_CHAINS 16
+#define BF16_FLOPS_PER_INSN (16 * 4)
+
+__attribute__((target("avx512f,avx512bf16"))) static float dot_bf16_avx512(int64_t iters,
+                                                                           float seed) {
+    __m512 acc[BF16_CHAINS];
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.999f), _mm512_set1_ps(0.999f));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
+    for (int c = 0; c < BF16_CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int c = 0; c < BF16_CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < BF16_CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
+
+/* Which microbenchmark runs: 3 bf16 dot products, 2 AVX-512 FMA, 1 AVX2 FMA, 0 scalar. */
+static float run_kernel(int kind, int64_t iters, float seed) {
+    return kind == 3   ? dot_bf16_avx512(iters, seed)
+           : kind == 2 ? fma_avx512(iters, seed)
+           : kind == 1 ? fma_avx2(iters, seed)
+                       : fma_scalar(iters, seed);
+}
+
+/* FLOPs per round of a kernel. */
+static double flops_per_iter(int kind) {
+    return kind == 3   ? (double)BF16_CHAINS * BF16_FLOPS_PER_INSN
+           : kind == 2 ? CHAINS * 16 * 2.0
+           : kind == 1 ? CHAINS * 8 * 2.0
+                       : CHAINS * 2.0;
+}
+
+/* Times kernel `kind`: calibrated on one thread to about seconds / 8, then all threads
+ * together on a fixed amount of about `seconds`, best of two. Returns GFLOP/s. */
+static double measure(int kind, int threads, double seconds) {
     if (threads <= 0) threads = omp_get_max_threads();
     if (seconds <= 0) seconds = 0.05;
-    /* calibrate on one thread, then time all threads together on a fixed amount */
     int64_t iters = 1 << 14;
     double t;
     volatile float sink = 0;
     for (;;) {
         double t0 = now_s();
-        sink += kind == 2 ? fma_avx512(iters, 1) : kind == 1 ? fma_avx2(iters, 1) : fma_scalar(iters, 1);
+        sink += run_kernel(kind, iters, 1);
         t = now_s() - t0;
         if (t > seconds / 8 || iters > ((int64_t)1 << 40)) break;
         iters *= 2;
@@ -81,18 +115,49 @@ double anneal_peak_gflops_measure(int threads, double seconds, const char **isa)
         double t0 = now_s();
 #pragma omp parallel num_threads(threads)
         {
-            float r = kind == 2 ? fma_avx512(n, (float)omp_get_thread_num())
-                    : kind == 1 ? fma_avx2(n, (float)omp_get_thread_num())
-                                : fma_scalar(n, (float)omp_get_thread_num());
+            float r = run_kernel(kind, n, (float)omp_get_thread_num());
 #pragma omp critical
             sink += r;
         }
         double dt = now_s() - t0;
-        double gf = (double)n * CHAINS * lanes * 2.0 * threads / dt / 1e9;
+        double gf = (double)n * flops_per_iter(kind) * threads / dt / 1e9;
         if (gf > best) best = gf;
     }
     (void)sink;
     return best;
+}
+
+/* The FMA kernel this CPU runs best (2 AVX-512, 1 AVX2, 0 scalar) and its name. */
+static int fma_kind(const char **isa) {
+    __builtin_cpu_init();
+    int kind = __builtin_cpu_supports("avx512f") ? 2
+               : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
+                                                                                   : 0;
+    if (isa) *isa = kind == 2 ? "avx512 fma" : kind == 1 ? "avx2 fma" : "scalar";
+    return kind;
+}
+
+double anneal_peak_gflops_measure(int threads, double seconds, const char **isa) {
+    return measure(fma_kind(isa), threads, seconds);
+}
+
+/* bf16 on a CPU with AVX512-BF16: the dot-product kernel; otherwise (and for f32 and f16,
+ * whose GEMMs run on f32 FMAs) the FMA kernel. */
+double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
+                                        const char **isa) {
+    __builtin_cpu_init();
+    if (dt == ANNEAL_BF16 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bf16")) {
+        if (isa) *isa = "avx512bf16 dot-product";
+        return measure(3, threads, seconds);
+    }
+    if (dt == ANNEAL_BF16) {
+        int kind = fma_kind(NULL);
+        if (isa) *isa = kind == 2 ? "no avx512bf16: avx512 fma"
+                        : kind == 1 ? "no avx512bf16: avx2 fma" : "no avx512bf16: scalar";
+        return measure(kind, threads, seconds);
+    }
+    return anneal_peak_gflops_measure(threads, seconds, isa);
 }
 
 int64_t anneal_peak_rss_bytes(void) {

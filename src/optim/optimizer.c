@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "anneal/backend.h"
+#include "optim/optim_internal.h"
 
 /* Per-parameter state, index-aligned with ps->items. */
 typedef struct optim_slot {
@@ -26,7 +27,9 @@ struct anneal_optimizer {
     anneal_scope *scope; /* owns every state tensor */
     optim_slot *slots;
     int n_slots;         /* grows when ps gains parameters after creation */
+    anneal_adamw_group *groups; /* n_slots entries: the one-pass AdamW's arguments */
     int64_t step_count;  /* successful anneal_optimizer_step calls */
+    struct anneal_zero *zero; /* ZeRO shard state (zero.c); NULL for a plain optimizer */
 };
 
 /* PyTorch defaults for each kind. */
@@ -103,8 +106,10 @@ anneal_optimizer *anneal_optimizer_new(anneal_params *ps, anneal_optim_config cf
 /* Frees the optimizer and its state tensors (not the parameters). */
 void anneal_optimizer_free(anneal_optimizer *o) {
     if (!o) return;
+    anneal_zero_free(o->zero);
     anneal_scope_free(o->scope);
     free(o->slots);
+    free(o->groups);
     free(o);
 }
 
@@ -121,6 +126,12 @@ static bool grow_slots(anneal_optimizer *o) {
     }
     memset(s + o->n_slots, 0, (size_t)(n - o->n_slots) * sizeof *s);
     o->slots = s;
+    anneal_adamw_group *g = realloc(o->groups, (size_t)n * sizeof *g);
+    if (!g) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory growing optimizer state");
+        return false;
+    }
+    o->groups = g;
     o->n_slots = n;
     return true;
 }
@@ -183,6 +194,55 @@ static anneal_status adamw_update(anneal_optimizer *o, optim_slot *sl, const ann
     anneal_status s = be->adamw(pa->tensor, g, sl->s0, sl->s1, lr, c->beta1, c->beta2, c->eps, wd,
                                 bc1, bc2);
     if (s == ANNEAL_OK) sl->steps = t;
+    return s;
+}
+
+/* AdamW over every parameter with a gradient in one backend call (be->adamw_multi:
+ * one parallel pass over all elements, bit-identical to per-parameter be->adamw).
+ * Used when every such parameter lives on one device whose backend has the slot;
+ * *handled = 0 otherwise (the caller then updates parameter by parameter). State
+ * tensors exist already (the caller made them). */
+static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled) {
+    const anneal_optim_config *c = &o->cfg;
+    anneal_params *ps = o->ps;
+    const anneal_backend *be = NULL;
+    *handled = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const anneal_tensor *p = ps->items[i].tensor;
+        if (!p->grad) continue;
+        const anneal_backend *pb = anneal_backend_get(p->device);
+        if (!pb) return ANNEAL_OK;
+        if (be && pb != be) return ANNEAL_OK; /* mixed devices: per parameter */
+        be = pb;
+    }
+    if (!be || !be->adamw_multi) return ANNEAL_OK;
+    *handled = 1;
+    anneal_scope *tmp = anneal_scope_open(); /* contiguous copies of strided grads */
+    if (!tmp) return anneal_last_status();
+    anneal_status s = ANNEAL_OK;
+    int n = 0;
+    for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
+        const anneal_param *pa = &ps->items[i];
+        anneal_tensor *g = pa->tensor->grad;
+        if (!g) continue;
+        if (!(g = contiguous_grad(be, g))) {
+            s = anneal_last_status();
+            break;
+        }
+        optim_slot *sl = &o->slots[i];
+        double t = (double)(sl->steps + 1);
+        o->groups[n++] = (anneal_adamw_group){
+            .p = anneal_data(pa->tensor), .g = anneal_data(g), .m = anneal_data(sl->s0),
+            .v = anneal_data(sl->s1), .numel = anneal_numel(pa->tensor),
+            .weight_decay = pa->decay ? c->weight_decay : 0.0,
+            /* in double, as PyTorch does with Python floats (as adamw_update) */
+            .bc1 = 1.0 - pow(c->beta1, t), .bc2 = 1.0 - pow(c->beta2, t)};
+    }
+    if (s == ANNEAL_OK) s = be->adamw_multi(o->groups, n, lr, c->beta1, c->beta2, c->eps);
+    if (s == ANNEAL_OK)
+        for (int i = 0; i < ps->n; i++)
+            if (ps->items[i].tensor->grad) o->slots[i].steps++;
+    anneal_scope_close(tmp);
     return s;
 }
 
@@ -258,6 +318,7 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: NULL optimizer");
     if (!isfinite(lr) || lr < 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: invalid learning rate %g", (double)lr);
+    if (o->zero) return anneal_zero_step(o, lr);
     if (!grow_slots(o)) return anneal_last_status();
     anneal_params *ps = o->ps;
     bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
@@ -270,6 +331,14 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
         optim_slot *sl = &o->slots[i];
         if (need_buf && !sl->s0 && !(sl->s0 = new_state(o, pa->tensor))) return anneal_last_status();
         if (adamw && !sl->s1 && !(sl->s1 = new_state(o, pa->tensor))) return anneal_last_status();
+    }
+    if (adamw) {
+        int handled = 0;
+        anneal_status ms = adamw_one_pass(o, lr, &handled);
+        if (handled) {
+            if (ms == ANNEAL_OK) o->step_count++;
+            return ms;
+        }
     }
     anneal_status s = ANNEAL_OK;
     for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
@@ -324,6 +393,7 @@ anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o) {
  * with a step count of 0 behaves exactly like lazily created state. */
 anneal_status anneal_optimizer_init_state(anneal_optimizer *o) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_init_state: NULL optimizer");
+    if (o->zero) return anneal_optimizer_gather_state(o); /* full tensors holding the shards' state */
     if (!grow_slots(o)) return anneal_last_status();
     bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
     bool need_buf = adamw || o->cfg.momentum != 0;
@@ -365,4 +435,18 @@ anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n) {
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_set_step_count: negative count %lld", (long long)n);
     o->step_count = n;
     return ANNEAL_OK;
+}
+
+/* ---- the ZeRO seam (optim_internal.h) */
+struct anneal_zero *anneal_optimizer_zero_(const anneal_optimizer *o) { return o ? o->zero : NULL; }
+void anneal_optimizer_set_zero_(anneal_optimizer *o, struct anneal_zero *z) { o->zero = z; }
+anneal_scope *anneal_optimizer_scope_(anneal_optimizer *o) { return o->scope; }
+anneal_params *anneal_optimizer_params_(const anneal_optimizer *o) { return o->ps; }
+anneal_tensor **anneal_optimizer_state_slot_(anneal_optimizer *o, int i, int k) {
+    if (!grow_slots(o)) return NULL;
+    if (i < 0 || i >= o->n_slots) {
+        anneal_set_error(ANNEAL_ERR_ARG, "optimizer state slot %d out of range", i);
+        return NULL;
+    }
+    return k ? &o->slots[i].s1 : &o->slots[i].s0;
 }

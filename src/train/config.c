@@ -50,7 +50,17 @@ static const option_def defs[] = {
     {{"dropout", ANNEAL_OPT_FLOAT, "dropout probability (default 0; with --config: the config's)"}, OFF(dropout), 0, 1, 0, 1, NULL},
     {{"seed", ANNEAL_OPT_INT, "seed for init, data order and dropout (default 1337)"}, OFF(seed), 0, BIG, 0, 0, NULL},
     {{"threads", ANNEAL_OPT_INT, "CPU threads, 0 = all cores (default 0)"}, OFF(threads), 0, 4096, 0, 0, NULL},
-    {{"recompute", ANNEAL_OPT_ONOFF, "recompute each block in backward (activation checkpointing; default off)"}, OFF(recompute), 0, 0, 0, 0, NULL},
+    {{"recompute", ANNEAL_OPT_STRING, "activation recomputation in backward: none, attn (qkv + attention) or block "
+      "(whole blocks); on = block, off = none (default none)"}, OFF(recompute), 0, 0, 0, 0, NULL},
+    {{"pin-threads", ANNEAL_OPT_ONOFF, "pin each worker thread to one CPU of the allowed set (default off)"}, OFF(pin_threads), 0, 0, 0, 0, NULL},
+    {{"dtype", ANNEAL_OPT_STRING, "matmul precision: fp32, bf16 or fp16; weights, optimizer, norms, softmax and loss "
+      "stay fp32 (default fp32)"}, OFF(dtype), 0, 0, 0, 0, NULL},
+    {{"loss-scale", ANNEAL_OPT_STRING, "fp16 only: dynamic (from --loss-scale-init, x2 after --scale-growth-interval clean steps, "
+      "x0.5 and skip the step on overflow) or a static scale N (default dynamic)"}, OFF(loss_scale), 0, 0, 0, 0, NULL},
+    {{"loss-scale-init", ANNEAL_OPT_FLOAT, "fp16 dynamic loss scale: the starting scale (default 65536 = 2^16)"},
+     OFF(loss_scale_init), 0, 3.4e38, 1, 0, NULL},
+    {{"scale-growth-interval", ANNEAL_OPT_INT, "fp16 dynamic loss scale: clean steps before it doubles (default 2000)"},
+     OFF(scale_growth_interval), 1, 2147483647.0, 0, 0, NULL},
     {{"eval-every", ANNEAL_OPT_INT, "validation loss every N steps, 0 = only at the end (default 0)"}, OFF(eval_every), 0, BIG, 0, 0, NULL},
     {{"eval-batches", ANNEAL_OPT_INT, "batches of the val split per evaluation, 0 = no evaluation (default 20)"}, OFF(eval_batches), 0, 1 << 24, 0, 0, NULL},
     {{"sample-every", ANNEAL_OPT_INT, "print a generated text every N steps and at the end, 0 = never (default 0)"}, OFF(sample_every), 0, BIG, 0, 0, NULL},
@@ -67,6 +77,9 @@ static const option_def defs[] = {
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
+    {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients (default 0)"}, OFF(zero), 0, 2, 0, 0, NULL},
+    {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
+    {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
 };
 #define N_DEFS ((int)(sizeof defs / sizeof defs[0]))
 
@@ -115,7 +128,11 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->ckpt_every = 250;
     c->keep = 3;
     c->max_bad_steps = 5;
+    c->scale_growth_interval = 2000;
+    c->loss_scale_init = 65536;
     c->log_every = 1;
+    c->bucket_mb = 25;
+    c->overlap = true;
 }
 
 /* The string fields, for free and copy. */
@@ -225,11 +242,26 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
                 return anneal_set_error(ANNEAL_ERR_ARG, "--model: unknown preset '%s' (tiny, d6, 124M, 350M, 774M, 1.5B)",
                                         value);
         }
+        if (!strcmp(name, "dtype") && strcmp(value, "fp32") && strcmp(value, "bf16") && strcmp(value, "fp16"))
+            return anneal_set_error(ANNEAL_ERR_ARG, "--dtype: unknown precision '%s' (fp32, bf16, fp16)", value);
+        if (!strcmp(name, "loss-scale") && strcmp(value, "dynamic")) {
+            errno = 0;
+            double x = strtod(value, &end);
+            if (errno || *end || !isfinite(x) || !(x > 0) || !isfinite((float)x) || (float)x <= 0)
+                return anneal_set_error(ANNEAL_ERR_ARG, "--loss-scale: expects dynamic or a positive number, got '%s'",
+                                        value);
+        }
         if (!strcmp(name, "schedule")) {
             anneal_schedule_kind k;
             if (!anneal_schedule_parse(value, &k))
                 return anneal_set_error(ANNEAL_ERR_ARG, "--schedule: unknown schedule '%s' (constant, cosine, linear, wsd)",
                                         value);
+        }
+        if (!strcmp(name, "recompute")) { /* stored by its canonical name: on -> block */
+            anneal_recompute_mode m;
+            if (!anneal_recompute_parse(value, &m))
+                return anneal_set_error(ANNEAL_ERR_ARG, "--recompute: unknown mode '%s' (none, attn, block)", value);
+            value = anneal_recompute_name(m);
         }
         if (dup_into((char **)dst, value) != ANNEAL_OK) return ANNEAL_ERR_OOM;
         break;
@@ -322,6 +354,7 @@ char *anneal_train_config_to_json(const anneal_train_config *c) {
         case ANNEAL_OPT_STRING:
             if (*(char *const *)src) cJSON_AddStringToObject(root, k, *(char *const *)src);
             else if (!strcmp(k, "schedule")) cJSON_AddStringToObject(root, k, "cosine");
+            else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, "fp32");
             break;
         case ANNEAL_OPT_OPTSTRING: break; /* where a run came from is not a setting of it */
         }

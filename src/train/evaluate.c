@@ -10,7 +10,7 @@
 anneal_status train_evaluate(trainer *t, double *val_loss) {
     *val_loss = NAN;
     if (!t->has_val || t->eval_batches <= 0) return ANNEAL_OK;
-    const int64_t B = t->cfg.batch, T = t->cfg.seq;
+    const int64_t B = t->local_batch, T = t->cfg.seq; /* distributed: this rank's share of each batch */
     /* every evaluation reads the same batches: the val split from its beginning
      * (synthetic: the val stream from batch 0) */
     anneal_loader_cursor zero = {0, 0, 0};
@@ -36,6 +36,7 @@ anneal_status train_evaluate(trainer *t, double *val_loss) {
     anneal_no_grad_end();
     t->model->training = was_training;
     if (st == ANNEAL_OK) *val_loss = sum / (double)t->eval_batches;
+    if (st == ANNEAL_OK) st = train_dist_mean(t, val_loss); /* equal shares: the mean of the ranks' means */
     return st;
 }
 

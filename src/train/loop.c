@@ -22,6 +22,8 @@ typedef struct step_out {
     double loss, lr;
     float norm;
     bool skipped;
+    bool overflow;    /* fp16: gradients overflowed at loss_scale (skipped, not a bad step) */
+    float loss_scale; /* fp16: the scale this step ran with (0: no scaler) */
 } step_out;
 
 static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
@@ -31,10 +33,13 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     t->model->training = true;
     anneal_params_zero_grad(t->model->params);
     bool inject = train_inject_nan(t, step + 1);
+    bool ddp = train_dist_active(t);
     double sum = 0;
     for (int64_t k = 0; k < c->accum; k++) {
+        /* distributed: gradients are communicated on the last micro-step only */
+        if (ddp && anneal_ddp_begin_backward(t->ddp, k == c->accum - 1) != ANNEAL_OK) return anneal_last_status();
         anneal_scope *s = anneal_scope_open();
-        int64_t shape[2] = {c->batch, c->seq};
+        int64_t shape[2] = {t->local_batch, c->seq};
         anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
         anneal_status st = ids && tg ? train_source_next(&t->train, anneal_data(ids), anneal_data(tg))
                                      : anneal_last_status();
@@ -42,6 +47,7 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
             anneal_tensor *loss = anneal_gpt2_loss(t->model, ids, tg);
             if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
             anneal_tensor *obj = c->accum > 1 ? anneal_scale(loss, 1.0f / (float)c->accum) : loss;
+            obj = train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
             st = obj ? anneal_backward(obj) : anneal_last_status();
             if (st == ANNEAL_OK) sum += anneal_item(loss);
         }
@@ -51,8 +57,22 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     o->loss = sum / (double)c->accum;
     o->lr = anneal_schedule_lr(&t->sch, step);
     float norm = NAN;
-    anneal_status st = c->clip > 0 ? anneal_clip_grad_norm(t->model->params, (float)c->clip, &norm)
-                                   : anneal_grad_norm(t->model->params, &norm);
+    anneal_status st;
+    if (ddp) {
+        /* the mean gradient over ranks, its global norm, and the mean loss: the same on
+         * every rank, so every rank takes the same branch below */
+        if ((st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
+        train_dist_note_memory(t);
+        if ((st = train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st;
+        /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
+        if ((st = train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
+        st = anneal_ddp_clip_grad_norm(t->ddp, c->clip > 0 ? (float)c->clip : 0.0f, &norm);
+    } else {
+        /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
+        if ((st = train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
+        st = c->clip > 0 ? anneal_clip_grad_norm(t->model->params, (float)c->clip, &norm)
+                         : anneal_grad_norm(t->model->params, &norm);
+    }
     if (st != ANNEAL_OK) return st;
     o->norm = norm;
     o->skipped = !isfinite(o->loss) || !isfinite(norm);
@@ -83,7 +103,13 @@ static void save_checkpoint(trainer *t) {
     double t0 = train_now_ms();
     wait_checkpoint(t, true);
     double t1 = train_now_ms();
-    anneal_status st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
+    /* distributed: every rank takes part in assembling the (ZeRO) optimizer state, rank
+     * 0 alone snapshots and writes the world-size independent checkpoint */
+    anneal_status st = train_dist_fatal(t, train_dist_ckpt_begin(t));
+    if (st == ANNEAL_OK && t->rank == 0)
+        st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
+    anneal_status se = train_dist_fatal(t, train_dist_ckpt_end(t));
+    if (st == ANNEAL_OK) st = se;
     double t2 = train_now_ms();
     t->last_ckpt_step = t->st.step;
     t->ckpt_good = st == ANNEAL_OK; /* so far: the write itself is checked by the next wait */
@@ -127,6 +153,7 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
+    if (t->rank != 0) return ANNEAL_OK; /* samples are rank 0's (no collectives in generation) */
     char *text = NULL;
     anneal_status st = train_sample(t, &text);
     if (st != ANNEAL_OK || !text) return st;
@@ -153,6 +180,10 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "ms", ps->ms);
     cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
+    if (so->loss_scale > 0) { /* fp16 */
+        cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
+        cJSON_AddBoolToObject(o, "overflow", so->overflow);
+    }
     train_log_json(t, o);
 }
 
@@ -172,10 +203,12 @@ static void print_header(trainer *t) {
                              (long long)c->seq, t->has_val ? ", val split for evaluation" : ", no val split",
                              c->shuffle ? ", shuffled" : "");
     anneal_progress_note(t->prog,
-                         "training: %lld steps of %lld x %lld tokens%s (%s tokens), lr %g %s, warmup %lld, threads %d",
+                         "training: %lld steps of %lld x %lld tokens%s (%s tokens), lr %g %s, warmup %lld, threads %d%s%s%s, recompute %s",
                          (long long)t->total_steps, (long long)c->batch, (long long)c->seq,
                          c->accum > 1 ? " x accum" : "", anneal_format_count((double)t->total_steps * (double)t->tokens_per_step, b2, sizeof b2),
-                         c->lr, c->schedule ? c->schedule : "cosine", (long long)c->warmup, anneal_get_num_threads());
+                         c->lr, c->schedule ? c->schedule : "cosine", (long long)c->warmup, anneal_get_num_threads(),
+                         t->pin_desc[0] ? " (pinned to CPUs " : "", t->pin_desc, t->pin_desc[0] ? ")" : "",
+                         c->recompute ? c->recompute : "none");
     if (c->accum > 1) anneal_progress_note(t->prog, "gradient accumulation: %lld micro-batches per step", (long long)c->accum);
     anneal_progress_note(t->prog, "run directory: %s (checkpoints %s, keep %lld)", t->run_dir,
                          c->ckpt_every > 0 ? "periodic and at the end" : "at the end", (long long)c->keep);
@@ -183,6 +216,7 @@ static void print_header(trainer *t) {
     anneal_progress_note(t->prog, "MFU against %.1f GFLOP/s (%s)", t->peak_gflops, t->peak_source);
     if (t->resume_ckpt[0])
         anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
+    train_note_precision(t);
 }
 
 static void print_summary(trainer *t, anneal_train_result *res, double first_loss, int signo) {
@@ -197,7 +231,11 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
                          anneal_format_count(res->seconds > 0 ? run_tokens / res->seconds : NAN, tps, sizeof tps));
     anneal_progress_note(t->prog, "  train loss %.4f (first step of this run %.4f), val loss %.4f, skipped steps %lld",
                          res->train_loss, first_loss, res->val_loss, (long long)t->st.skipped_steps);
-    anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, RSS %.1f MiB", (double)mem.peak_bytes / 1048576.0,
+    if (t->use_scaler)
+        anneal_progress_note(t->prog, "  fp16 loss scale %g, %lld overflow steps skipped", (double)t->scaler.scale,
+                             (long long)t->st.overflow_steps);
+    anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
+                         (double)mem.peak_bytes / 1048576.0, (double)mem.peak_reserved_bytes / 1048576.0,
                          (double)anneal_peak_rss_bytes() / 1048576.0);
     if (t->last_ckpt_step >= 0 && t->ckpt_good)
         anneal_progress_note(t->prog, "  checkpoint: %s/ckpt_%08lld", t->run_dir, (long long)t->last_ckpt_step);
@@ -216,7 +254,13 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     cJSON_AddNumberToObject(o, "train_loss", res->train_loss);
     cJSON_AddNumberToObject(o, "val_loss", res->val_loss);
     cJSON_AddNumberToObject(o, "skipped_steps", (double)t->st.skipped_steps);
+    if (t->use_scaler) {
+        cJSON_AddNumberToObject(o, "overflow_steps", (double)t->st.overflow_steps);
+        cJSON_AddNumberToObject(o, "loss_scale", (double)t->scaler.scale);
+    }
     cJSON_AddNumberToObject(o, "peak_tensor_bytes", (double)mem.peak_bytes);
+    cJSON_AddNumberToObject(o, "peak_allocator_bytes", (double)mem.peak_reserved_bytes);
+    cJSON_AddNumberToObject(o, "allocator_system_allocs", (double)mem.n_system_allocs);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)anneal_peak_rss_bytes());
     cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
     train_log_json(t, o);
@@ -233,22 +277,36 @@ static anneal_status step_error(int64_t step1) {
 }
 
 anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res) {
+    return anneal_train_run_comm(cfg, NULL, out, res);
+}
+
+anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm *comm, FILE *out,
+                                    anneal_train_result *res) {
     memset(res, 0, sizeof *res);
     res->train_loss = res->val_loss = NAN;
     double t_start = train_now_ms();
     trainer *t = calloc(1, sizeof *t);
     if (!t) return anneal_set_error(ANNEAL_ERR_OOM, "train: out of memory");
     bool usage = false;
+    t->comm = comm;
     anneal_status fail = train_setup(t, cfg, out, &usage);
+    t->comm = comm; /* also when setup failed early */
+    if (comm) t->rank = anneal_comm_rank(comm), t->world = anneal_comm_size(comm);
+    /* distributed: no rank goes on unless every rank's setup worked */
+    fail = train_dist_agree(t, fail, "setup");
+    if (fail == ANNEAL_OK) fail = train_dist_setup(t, &usage);
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;
+        train_dist_teardown(t);
         train_teardown(t);
         free(t);
         return fail;
     }
     print_header(t);
+    train_dist_print_header(t);
     train_log_start(t);
+    if ((fail = train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = train_dist_fatal(t, fail);
     if (t->st.step >= t->total_steps)
         anneal_progress_note(t->prog, "nothing to do: the run has %lld of %lld steps (raise --steps to go on)",
                              (long long)t->st.step, (long long)t->total_steps);
@@ -262,7 +320,7 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         double t0 = train_now_ms();
         step_out so;
         if (run_step(t, step, &so) != ANNEAL_OK) {
-            fail = step_error(step + 1);
+            fail = train_dist_fatal(t, step_error(step + 1));
             break;
         }
         double now = train_now_ms(), ms = now - t0;
@@ -270,7 +328,8 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         t->st.tokens += t->tokens_per_step;
         t->st.rng = anneal_rng_get();
         t->st.cursor = train_source_get_cursor(&t->train);
-        if (so.skipped) t->st.skipped_steps++, bad_in_row++;
+        if (so.overflow) t->st.overflow_steps++; /* fp16: the loss scaler handles it, not a bad step */
+        else if (so.skipped) t->st.skipped_steps++, bad_in_row++;
         else bad_in_row = 0;
         if (++ran == 1) first_end = now, first_loss = so.loss;
         last_loss = so.loss;
@@ -284,7 +343,10 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         ps.eta_s = avg_ms * (double)(t->total_steps - t->st.step) / 1e3;
         anneal_progress_step(t->prog, &ps);
         log_step(t, &so, &ps);
-        if (so.skipped) {
+        if (so.overflow) {
+            anneal_progress_note(t->prog, "step %lld: fp16 gradient overflow at loss scale %g: update skipped, scale now %g",
+                                 (long long)t->st.step, (double)so.loss_scale, (double)t->scaler.scale);
+        } else if (so.skipped) {
             anneal_progress_note(t->prog,
                                  "step %lld: loss %g, gradient norm %g: not finite, update skipped (%d in a row; "
                                  "--max-bad-steps %lld)",
@@ -299,14 +361,18 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
         }
         bool last = t->st.step == t->total_steps;
         if (c->eval_every > 0 && t->st.step % c->eval_every == 0 && t->has_val && t->eval_batches > 0) {
-            if ((fail = do_eval(t, &val)) != ANNEAL_OK) break;
+            if ((fail = train_dist_fatal(t, do_eval(t, &val))) != ANNEAL_OK) break;
             last_eval_step = t->st.step;
         }
         if (c->sample_every > 0 && t->st.step % c->sample_every == 0 && t->tok) {
             if ((fail = do_sample(t)) != ANNEAL_OK) break;
             last_sample_step = t->st.step;
         }
-        if ((train_stop_requested(&signo) || (c->stop_at > 0 && t->st.step >= c->stop_at)) && !last) {
+        /* a signal may reach one rank only: the ranks stop together or not at all */
+        bool stop = train_stop_requested(&signo);
+        if ((fail = train_dist_fatal(t, train_dist_any(t, &stop))) != ANNEAL_OK) break;
+        if (stop && !signo) signo = -1; /* the signal reached another rank */
+        if ((stop || (c->stop_at > 0 && t->st.step >= c->stop_at)) && !last) {
             interrupted = true;
             break;
         }
@@ -316,7 +382,7 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
     if (fail == ANNEAL_OK) {
         /* the end: evaluation and sample at the final step, then the final checkpoint */
         if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step)
-            fail = do_eval(t, &val);
+            fail = train_dist_fatal(t, do_eval(t, &val));
         if (fail == ANNEAL_OK && !interrupted && ran > 0 && c->sample_every > 0 && t->tok &&
             last_sample_step != t->st.step)
             fail = do_sample(t);
@@ -357,8 +423,12 @@ anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal
     res->val_loss = val;
     res->interrupted = interrupted;
     res->seconds = (train_now_ms() - t_start) / 1e3;
+    /* every rank gets here (a failure on one rank alone ended the job): collective */
+    anneal_status mr = train_dist_report_memory(t, "at end");
+    if (mr != ANNEAL_OK && fail == ANNEAL_OK) fail = mr;
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
     train_stop_reset();
+    train_dist_teardown(t);
     train_teardown(t);
     free(t);
     return fail;

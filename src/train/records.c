@@ -56,6 +56,9 @@ void train_log_start(trainer *t) {
     cJSON_AddNumberToObject(o, "peak_gflops", t->peak_gflops);
     cJSON_AddStringToObject(o, "peak_source", t->peak_source);
     cJSON_AddNumberToObject(o, "threads", anneal_get_num_threads());
+    cJSON_AddStringToObject(o, "dtype", t->dtype == ANNEAL_BF16 ? "bf16" : t->dtype == ANNEAL_F16 ? "fp16" : "fp32");
+    if (t->use_scaler) cJSON_AddNumberToObject(o, "loss_scale", (double)t->scaler.scale);
+    else cJSON_AddNullToObject(o, "loss_scale");
     cJSON *cfg = cJSON_Parse(t->config_json);
     if (cfg) cJSON_AddItemToObject(o, "config", cfg);
     train_log_json(t, o);

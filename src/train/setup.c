@@ -277,12 +277,14 @@ static anneal_status create_run_dir(trainer *t) {
     return ANNEAL_OK;
 }
 
+anneal_status train_create_run_dir(trainer *t) { return create_run_dir(t); }
+
 /* Opens the train (and, when present, val) split or the synthetic streams. */
 static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
-        train_source_open_synthetic(&t->train, c->batch, c->seq, (uint64_t)c->seed, 0, synth_vocab);
-        train_source_open_synthetic(&t->val, c->batch, c->seq, (uint64_t)c->seed, 1, synth_vocab);
+        train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
+        train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
         t->has_val = true;
         return ANNEAL_OK;
     }
@@ -294,15 +296,15 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     }
     if (!has_split(c->data, "train"))
         return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no train_*.bin shards (make them with anneal prepare)", c->data);
-    if (train_source_open_loader(&t->train, c->data, "train", c->batch, c->seq, (uint64_t)c->seed, c->shuffle, true) !=
-        ANNEAL_OK) {
+    if (train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
+                                 t->rank, t->world) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
         return prefix_error("--data: ");
     }
     t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
     if (has_split(c->data, "val") && c->eval_batches > 0) {
-        if (train_source_open_loader(&t->val, c->data, "val", c->batch, c->seq, (uint64_t)c->seed, false, false) !=
-            ANNEAL_OK) {
+        if (train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
+                                     t->rank, t->world) != ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
             anneal_progress_note(t->prog, "note: val split unusable (%s): no evaluation", anneal_last_error());
             anneal_clear_error();
@@ -365,7 +367,9 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_co
         return USAGE("--data: the shards use a vocabulary of %d ids but the model's vocab_size is %d", data_vocab,
                      mc.vocab_size);
     if (c->dropout >= 0) mc.dropout = (float)c->dropout;
-    mc.recompute = c->recompute;
+    mc.recompute = ANNEAL_RECOMPUTE_NONE;
+    if (c->recompute && !anneal_recompute_parse(c->recompute, &mc.recompute))
+        return USAGE("--recompute: unknown mode '%s' (none, attn, block)", c->recompute);
     if (anneal_gpt2_config_check(&mc) != ANNEAL_OK) {
         *usage = true;
         return prefix_error(c->config ? "--config: " : "model: ");
@@ -430,9 +434,13 @@ static anneal_status build_model(trainer *t, bool *usage) {
 }
 
 anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage) {
+    anneal_comm *comm = t->comm; /* the one field the caller sets (dist.c) */
     memset(t, 0, sizeof *t);
     *usage = false;
     t->out = out;
+    t->comm = comm;
+    t->rank = comm ? anneal_comm_rank(comm) : 0;
+    t->world = comm ? anneal_comm_size(comm) : 1;
     t->last_ckpt_step = -1;
     if (anneal_train_config_copy(&t->cfg, cfg) != ANNEAL_OK) return ANNEAL_ERR_OOM;
     anneal_train_config *c = &t->cfg;
@@ -443,7 +451,13 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     if (!c->synthetic && !c->data)
         return USAGE("--data DIR is required (shards from anneal prepare), or --synthetic for generated tokens");
     if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
+    if (c->batch % t->world != 0)
+        return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
+                     "split evenly over the ranks)", (long long)c->batch, t->world);
+    t->local_batch = c->batch / t->world;
     if (c->threads > 0) anneal_set_num_threads((int)c->threads);
+    if (c->pin_threads && anneal_set_thread_pinning(true, t->pin_desc, sizeof t->pin_desc) != ANNEAL_OK)
+        return prefix_error("--pin-threads: ");
     absolutize(&c->data);
     absolutize(&c->config);
     if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
@@ -468,7 +482,9 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
         return st;
     }
     if ((st = build_model(t, usage))) return st;
-    if ((st = create_run_dir(t))) return st;
+    if ((st = train_setup_precision(t, usage))) return st; /* --dtype, fp16 loss scaler */
+    /* distributed: rank 0 creates it once every rank's setup worked (train_dist_setup) */
+    if (t->world == 1 && (st = create_run_dir(t))) return st;
 
     /* length and schedule */
     t->tokens_per_step = c->batch * c->seq * c->accum;
@@ -508,6 +524,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
 }
 
 void train_teardown(trainer *t) {
+    train_teardown_precision(t);
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
     anneal_gpt2_free(t->model);

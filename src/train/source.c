@@ -7,21 +7,26 @@
 #include <string.h>
 
 anneal_status train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
-                                       uint64_t seed, bool shuffle, bool prefetch) {
+                                       uint64_t seed, bool shuffle, bool prefetch, int rank, int world) {
     memset(s, 0, sizeof *s);
     s->B = B;
     s->T = T;
-    anneal_loader_config lc = {.batch = B, .seq = T, .seed = seed, .shuffle = shuffle, .rank = 0, .world = 1,
+    s->rank = rank;
+    s->world = world;
+    anneal_loader_config lc = {.batch = B, .seq = T, .seed = seed, .shuffle = shuffle, .rank = rank, .world = world,
                                .prefetch = prefetch};
     anneal_status st = anneal_loader_open(dir, split, &lc, &s->loader);
     if (st == ANNEAL_OK) s->vocab = (int32_t)anneal_loader_vocab_size(s->loader);
     return st;
 }
 
-void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab) {
+void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
+                                 int rank, int world) {
     memset(s, 0, sizeof *s);
     s->B = B;
     s->T = T;
+    s->rank = rank;
+    s->world = world;
     s->seed = seed;
     s->stream = stream;
     s->vocab = vocab;
@@ -51,15 +56,16 @@ static void synthetic_row(const train_source *s, uint64_t g, int32_t *ids, int32
 
 anneal_status train_source_next(train_source *s, int32_t *ids, int32_t *targets) {
     if (s->loader) return anneal_loader_next(s->loader, ids, targets);
-    for (int64_t b = 0; b < s->B; b++)
-        synthetic_row(s, s->served * (uint64_t)s->B + (uint64_t)b, ids + b * s->T, targets + b * s->T);
+    /* the global row sequence, split like the loader's: the same rows for any world size */
+    uint64_t first = (s->served * (uint64_t)s->world + (uint64_t)s->rank) * (uint64_t)s->B;
+    for (int64_t b = 0; b < s->B; b++) synthetic_row(s, first + (uint64_t)b, ids + b * s->T, targets + b * s->T);
     s->served++;
     return ANNEAL_OK;
 }
 
 anneal_loader_cursor train_source_get_cursor(const train_source *s) {
     if (s->loader) return anneal_loader_get_cursor(s->loader);
-    anneal_loader_cursor c = {.epoch = 0, .index = s->served * (uint64_t)s->B, .step = s->served};
+    anneal_loader_cursor c = {.epoch = 0, .index = s->served * (uint64_t)s->B * (uint64_t)s->world, .step = s->served};
     return c;
 }
 

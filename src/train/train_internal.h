@@ -16,13 +16,16 @@ typedef struct train_source {
     anneal_loader *loader; /* NULL: synthetic */
     uint64_t seed, stream; /* synthetic: stream 0 train, 1 val */
     int32_t vocab;
-    int64_t B, T;
+    int64_t B, T;          /* B: this rank's rows per batch */
+    int rank, world;       /* global row of (batch n, row b): n*B*world + rank*B + b */
     uint64_t served;       /* synthetic: batches served */
 } train_source;
 
+/* B is the per-rank batch (the global one over world). */
 anneal_status train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
-                                       uint64_t seed, bool shuffle, bool prefetch);
-void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab);
+                                       uint64_t seed, bool shuffle, bool prefetch, int rank, int world);
+void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
+                                 int rank, int world);
 /* Fills ids and targets (B*T each). */
 anneal_status train_source_next(train_source *s, int32_t *ids, int32_t *targets);
 anneal_loader_cursor train_source_get_cursor(const train_source *s);
@@ -60,17 +63,34 @@ typedef struct trainer {
     double peak_gflops;
     const char *peak_source;
     char peak_source_buf[96];
+    char pin_desc[64];        /* --pin-threads: the CPUs in worker order ("0,1"), "" when off */
     int64_t *nan_steps;        /* test hook: 1-based steps whose loss is made NaN */
     int n_nan_steps;
     int64_t last_ckpt_step;    /* step of the newest checkpoint started (written or in flight) */
     bool ckpt_good;            /* that checkpoint has not failed (so far) */
     int ckpt_failures;
+    /* distributed (dist.c): comm NULL or world 1 without ZeRO = the single-process path */
+    anneal_comm *comm;
+    anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */
+    int rank, world;
+    int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
+    double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
+    /* mixed precision (precision.c) */
+    anneal_dtype dtype;              /* matmul precision of the run (the thread's setting while it runs) */
+    anneal_dtype prev_matmul_dtype;  /* the thread's setting before, restored by train_teardown */
+    bool matmul_dtype_set;
+    bool use_scaler;                 /* fp16: loss scaling */
+    anneal_loss_scaler scaler;
+    anneal_dtype resumed_dtype;      /* precision of the checkpoint resumed from */
+    bool scaler_restored;            /* the scaler state came from that checkpoint */
 } trainer;
 
 /* setup.c: everything before the first step (config resolution, run directory, data,
  * model, optimizer, resume). Errors are recorded; *usage says a setting is at fault. */
 anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage);
 void train_teardown(trainer *t);
+/* Creates the run directory and opens the logs (setup does it itself for one process). */
+anneal_status train_create_run_dir(trainer *t);
 
 /* evaluate.c: mean loss over the val split's first eval_batches batches. */
 anneal_status train_evaluate(trainer *t, double *val_loss);
@@ -82,6 +102,22 @@ anneal_status train_log_json(trainer *t, void *cjson_object); /* takes ownership
 /* Writes the "start" record. */
 void train_log_start(trainer *t);
 
+/* precision.c: --dtype, --loss-scale. Setup sets the thread's matmul dtype for the
+ * run (evaluation and samples included) and the fp16 loss scaler (restored from the
+ * checkpoint resumed when it scaled too); teardown restores the thread's setting. */
+anneal_status train_setup_precision(trainer *t, bool *usage);
+void train_teardown_precision(trainer *t);
+/* The start line's precision note ("precision: ..."). */
+void train_note_precision(trainer *t);
+/* fp16: obj * scale (the loss scaled before backward); otherwise obj itself. */
+anneal_tensor *train_scale_loss(trainer *t, anneal_tensor *obj);
+/* fp16, after backward (and the gradient all-reduce) and before the norm: gradients
+ * multiplied by 1/scale. With a dynamic scale and a finite loss, NaN/Inf gradients
+ * are an overflow (*overflow: the caller skips the update without counting a bad
+ * step); the scaler is updated (backoff or growth) and its state copied into t->st.
+ * *scale_used: the scale this step ran with (0 without a scaler). */
+anneal_status train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used);
+
 /* faults.c: the stop request and the test hooks. */
 bool train_stop_requested(int *signo);
 void train_stop_reset(void);
@@ -91,5 +127,37 @@ bool train_inject_nan(const trainer *t, int64_t step1);
 
 /* Milliseconds on the monotonic clock. */
 double train_now_ms(void);
+
+/* dist.c: the distributed side of a run. Every function is collective (every rank calls
+ * it at the same point) and a no-op on the single-process path unless said otherwise. */
+/* Agrees on the outcome of a setup phase: every rank learns whether any failed. A rank
+ * that failed keeps its own error; the others get one naming the failed ranks. */
+anneal_status train_dist_agree(trainer *t, anneal_status local, const char *phase);
+/* After a successful local setup: checks every rank runs the same anneal version and
+ * the same resolved settings, builds the gradient sync (ZeRO optimizer, broadcast of
+ * rank 0's parameters, re-sharded optimizer state on resume). */
+anneal_status train_dist_setup(trainer *t, bool *usage);
+/* True when the run uses the DDP/ZeRO path. */
+bool train_dist_active(const trainer *t);
+/* The mean over ranks of x (every rank gets the same value). */
+anneal_status train_dist_mean(trainer *t, double *x);
+/* True on every rank when any rank's flag is set. */
+anneal_status train_dist_any(trainer *t, bool *flag);
+/* Brackets a checkpoint snapshot: assembles the full ZeRO optimizer state on every
+ * rank (begin) and drops it again (end). */
+anneal_status train_dist_ckpt_begin(trainer *t);
+anneal_status train_dist_ckpt_end(trainer *t);
+/* Notes this rank's memory in the middle of a step (gradients synchronised, before the
+ * update: when it holds the most); not collective. */
+void train_dist_note_memory(trainer *t);
+/* Prints (rank 0) every rank's memory for parameters, gradients and optimizer state:
+ * now ("at start"), or the peak noted during the steps ("at end"). */
+anneal_status train_dist_report_memory(trainer *t, const char *when);
+/* Line for the header: world size, backend, ZeRO stage, buckets, per-rank batch. */
+void train_dist_print_header(trainer *t);
+void train_dist_teardown(trainer *t);
+/* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
+ * forever in a collective; returns st otherwise. */
+anneal_status train_dist_fatal(trainer *t, anneal_status st);
 
 #endif

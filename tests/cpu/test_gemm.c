@@ -1,5 +1,6 @@
 /* Tests of the CPU SGEMM (anneal_cpu_sgemm, anneal_cpu_sgemm_batched) against a naive
- * double-precision reference, on both the AVX-512 and the portable micro-kernels.
+ * double-precision reference, on every micro-kernel the CPU can run (portable, AVX2,
+ * AVX-512). bf16/f16 precision and the epilogue: test_gemm_precision.c.
  *
  * Tolerance: each element must satisfy
  *   |c - ref| <= 1e-5 * sqrt(K + 1) * (|alpha| * sum_k |a_ik * b_kj| + |beta * c0_ij|)
@@ -112,26 +113,32 @@ static int64_t check_one(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
     return bad;
 }
 
-/* The ISAs this CPU can run: portable always, AVX-512 when present. */
+/* The ISAs this CPU can run: portable always, AVX2 and AVX-512 when present. */
 static int isa_list(int *isas) {
     int n = 0;
     isas[n++] = ANNEAL_GEMM_ISA_PORTABLE;
+    if (anneal_cpu_has_avx2()) isas[n++] = ANNEAL_GEMM_ISA_AVX2;
     if (anneal_cpu_has_avx512()) isas[n++] = ANNEAL_GEMM_ISA_AVX512;
     return n;
 }
 
 /* ------------------------------------------------------------ tests */
 
-/* The automatic choice is AVX-512 exactly when the CPU has it, and the override works. */
+/* The automatic choice is the best ISA the CPU has (AVX-512, else AVX2, else portable)
+ * unless ANNEAL_CPU_ISA says otherwise, and the override works. */
 TEST(isa_dispatch) {
     REQUIRE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO) == 0);
     const char *env = getenv("ANNEAL_CPU_ISA");
-    bool forced_portable = env && strcmp(env, "portable") == 0;
-    CHECK(strcmp(anneal_cpu_sgemm_isa_name(),
-                 anneal_cpu_has_avx512() && !forced_portable ? "avx512" : "portable") == 0,
-          "auto ISA is %s", anneal_cpu_sgemm_isa_name());
+    const char *best = anneal_cpu_has_avx512() ? "avx512" : anneal_cpu_has_avx2() ? "avx2" : "portable";
+    if (env && strcmp(env, "portable") == 0) best = "portable";
+    if (env && strcmp(env, "avx2") == 0 && anneal_cpu_has_avx2()) best = "avx2";
+    CHECK(strcmp(anneal_cpu_sgemm_isa_name(), best) == 0, "auto ISA is %s, expected %s",
+          anneal_cpu_sgemm_isa_name(), best);
     CHECK_TRUE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_PORTABLE) == 0);
     CHECK(strcmp(anneal_cpu_sgemm_isa_name(), "portable") == 0, "%s", anneal_cpu_sgemm_isa_name());
+    CHECK_TRUE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AVX2) == (anneal_cpu_has_avx2() ? 0 : -1));
+    if (anneal_cpu_has_avx2())
+        CHECK(strcmp(anneal_cpu_sgemm_isa_name(), "avx2") == 0, "%s", anneal_cpu_sgemm_isa_name());
     CHECK_TRUE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AVX512) == (anneal_cpu_has_avx512() ? 0 : -1));
     CHECK_TRUE(anneal_cpu_sgemm_set_isa(42) == -1);
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
@@ -141,7 +148,7 @@ TEST(isa_dispatch) {
 TEST(small_and_edge_sizes) {
     static const int64_t edge[] = {0, 1, 2, 7, 13, 14, 15, 16, 17, 31, 32, 33, 47};
     const int ne = (int)(sizeof edge / sizeof edge[0]);
-    int isas[2], nisa = isa_list(isas);
+    int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
         int64_t bad = 0;
@@ -151,7 +158,8 @@ TEST(small_and_edge_sizes) {
                 for (int j = 0; j < ne; j += 3)
                     bad += check_one(ta, tb, edge[i], edge[j], edge[(i + j) % ne], 1.0f, 0.0f, 0,
                                      false);
-            for (int r = 0; r < 25; r++)
+            /* ASan (~10x slower): 8 random shapes per transpose instead of 25. */
+            for (int r = 0; r < (anneal_test_sanitized() ? 8 : 25); r++)
                 bad += check_one(ta, tb, irand(1, 90), irand(1, 90), irand(1, 90), 1.0f, 0.0f,
                                  irand(0, 3), false);
         }
@@ -160,13 +168,14 @@ TEST(small_and_edge_sizes) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
-/* Shapes larger than every block (AVX-512: mc 384, nc 3072, kc 256; portable: mc 256):
+/* Shapes larger than every block (AVX-512: mc 384, nc 3072, kc 256; AVX2: mc 168;
+ * portable: mc 256):
  * several row blocks, several column blocks, several depth blocks with ragged ends, with
  * padded leading dims. */
 TEST(larger_than_blocks) {
     static const int64_t shapes[][3] = {
         {400, 70, 600}, {2100, 40, 20}, {15, 3100, 270}, {97, 131, 513}, {29, 45, 1}};
-    int isas[2], nisa = isa_list(isas);
+    int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
         int64_t bad = 0;
@@ -184,7 +193,7 @@ TEST(larger_than_blocks) {
 TEST(alpha_beta) {
     static const float alphas[] = {1.0f, -0.5f, 2.5f};
     static const float betas[] = {0.0f, 1.0f, -1.5f, 0.25f};
-    int isas[2], nisa = isa_list(isas);
+    int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
         int64_t bad = 0;
@@ -230,7 +239,7 @@ TEST(batched) {
         /* batch, M, N, K, broadcast (0 none, 1 A, 2 B) */
         {48, 64, 64, 64, 0}, {6, 33, 17, 20, 1}, {5, 20, 31, 9, 2}, {3, 300, 200, 64, 0},
         {1, 5, 6, 7, 0}};
-    int isas[2], nisa = isa_list(isas);
+    int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
         for (int c = 0; c < 5; c++)
@@ -280,11 +289,13 @@ TEST(deterministic_across_threads) {
     static const int64_t shapes[][3] = {
         {300, 700, 530}, {700, 20, 300}, {64, 3100, 100}, {1, 20000, 300}};
     const int saved = omp_get_max_threads();
-    int isas[2], nisa = isa_list(isas);
+    int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        /* ASan: the M == 1 shape and the first one only. */
         for (int c = 0; c < 4; c++)
             for (int t = 0; t < 4; t++) {
+                if (anneal_test_sanitized() && c != 0 && c != 3) continue;
                 bool ta = t >> 1, tb = t & 1;
                 const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
                 const int64_t lda = ta ? M : K, ldb = tb ? K : N;

@@ -1,0 +1,666 @@
+/* Data-parallel gradient synchronisation.
+ *
+ * Layout. The flat parameter space is every parameter concatenated in registration
+ * order. Buckets are runs of consecutive parameters taken from the end (backward
+ * produces the last parameters' gradients first), each about bucket_bytes; bucket k's
+ * flat buffer holds its parameters in registration order, so it is one contiguous
+ * range [start, start + n) of the flat space.
+ *
+ * Stage 0 (DDP): each bucket buffer is all-reduced (mean) and copied back into .grad.
+ * Stages 1-2 (ZeRO): each bucket is padded to chunk * world elements (chunk =
+ * ceil(n / world)) and reduce-scattered: rank r owns bucket-local elements
+ * [r*chunk, (r+1)*chunk) that are real (the padding is zeros at the end of the last
+ * ranks' chunks). The rank's shard is the concatenation, in bucket order, of its real
+ * chunk elements; anneal_ddp_shard_pieces splits it at parameter boundaries. Stage 2
+ * frees each .grad as soon as it has been copied into its bucket, and bucket buffers
+ * of stages 1-2 live only while their collective is in flight.
+ *
+ * Overlap. With cfg.overlap, begin_backward(sync) installs the autograd grad-ready
+ * hook: when the last parameter of a bucket is ready, the bucket is copied and its
+ * non-blocking collective started. Collectives are started strictly in bucket order
+ * (a bucket that fills early waits for its predecessors), so every rank issues the
+ * same sequence even if backward's timing differs. OpenMPI's non-blocking collectives
+ * advance only inside MPI calls, so something must call MPI while backward computes:
+ *  - default (polling): every hook call (once per parameter) tests all in-flight
+ *    requests. No extra thread, MPI_THREAD_FUNNELED. With shared-memory single-copy
+ *    (vader + CMA, OpenMPI's default where ptrace is allowed) a few tests move a whole
+ *    message, so this hides most of the waiting; without it (copy-in/copy-out
+ *    fragments) progress is coarse.
+ *  - ANNEAL_DDP_PROGRESS=thread: a progress thread tests the requests every ~50 us
+ *    during backward (MPI_THREAD_MULTIPLE asked at init; all MPI calls made between
+ *    begin_backward and finish hold d->mu). It needs a spare core: with ranks x
+ *    threads = cores it steals time from backward.
+ * Either way the copies MPI does on the CPU still cost CPU time; only waiting is
+ * hidden. Figures: bench/bench_ddp.c. */
+#include "dist/ddp_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/comm_internal.h"
+
+#include "anneal/autograd.h"
+#include "anneal/backend.h"
+#include "anneal/optim.h"
+
+typedef struct ddp_bucket {
+    int lo, hi;          /* parameters lo..hi (inclusive, registration indices) */
+    int64_t start, n;    /* flat range */
+    int64_t chunk;       /* stages 1-2: elements per rank, ceil(n / world) */
+    int64_t shard_off, shard_len; /* this rank's real chunk elements inside the shard */
+    int pending;         /* parameters whose gradient is not ready yet (this backward) */
+    bool launched, completed;
+    float *buf;          /* stage 0: n (kept); stages 1-2: chunk * world (while in flight) */
+    float *recv;         /* stages 1-2: chunk */
+    anneal_comm_request *req;
+} ddp_bucket;
+
+typedef struct ptr_index {
+    const anneal_tensor *t;
+    int i;
+} ptr_index;
+
+struct anneal_ddp {
+    anneal_comm *c;
+    anneal_params *ps;
+    anneal_ddp_config cfg;
+    int n;                /* parameters covered (registered when d was made) */
+    int64_t total;        /* flat elements */
+    int64_t *offset;      /* flat offset of each parameter */
+    int *bucket_of;
+    bool *ready;
+    ddp_bucket *b;
+    int nb;
+    int next_launch;      /* buckets < next_launch have been started */
+    ptr_index *lookup;    /* sorted by tensor address, for the hook */
+    anneal_ddp_piece *pieces;
+    int n_pieces;
+    int64_t shard_numel;
+    anneal_tensor *shard_grad; /* stages 1-2 */
+    bool armed;           /* hook installed for a synchronising backward */
+    bool synced;
+    anneal_status err;    /* first failure inside the hook, reported by finish */
+    int64_t bucket_live;  /* bytes of bucket buffers held now */
+    int64_t state_bytes;
+    /* ANNEAL_DDP_PROGRESS=thread: a thread tests the in-flight requests during backward
+     * instead of the hook; every MPI call between begin_backward and finish happens
+     * under mu (so MPI_THREAD_SERIALIZED is enough). */
+    bool use_thread, thread_on, thread_stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    char thread_msg[512]; /* the progress thread's error (errors are per thread) */
+};
+
+anneal_ddp_config anneal_ddp_defaults(void) {
+    anneal_ddp_config c = {.bucket_bytes = 25 << 20, .overlap = true, .zero_stage = 0};
+    return c;
+}
+
+static void stop_thread(anneal_ddp *d);
+
+static int cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)((const ptr_index *)a)->t, y = (uintptr_t)((const ptr_index *)b)->t;
+    return x < y ? -1 : x > y;
+}
+
+static int find_param(const anneal_ddp *d, const anneal_tensor *t) {
+    ptr_index key = {t, 0};
+    const ptr_index *hit = bsearch(&key, d->lookup, (size_t)d->n, sizeof key, cmp_ptr);
+    return hit ? hit->i : -1;
+}
+
+static int64_t numel_of(const anneal_ddp *d, int i) {
+    return (i + 1 < d->n ? d->offset[i + 1] : d->total) - d->offset[i];
+}
+
+static float *param_data(const anneal_ddp *d, int i) { return anneal_data(d->ps->items[i].tensor); }
+
+/* Buckets from the last parameter backwards; a bucket closes when the next parameter
+ * would take it past bucket_bytes (a larger parameter gets a bucket of its own). */
+static bool make_buckets(anneal_ddp *d) {
+    d->b = calloc((size_t)(d->n > 0 ? d->n : 1), sizeof *d->b);
+    if (!d->b) return false;
+    int world = anneal_comm_size(d->c), rank = anneal_comm_rank(d->c);
+    int64_t shard = 0;
+    for (int hi = d->n - 1; hi >= 0;) {
+        int lo = hi;
+        int64_t bytes = numel_of(d, hi) * 4;
+        while (lo > 0 && bytes + numel_of(d, lo - 1) * 4 <= d->cfg.bucket_bytes) bytes += numel_of(d, --lo) * 4;
+        ddp_bucket *b = &d->b[d->nb];
+        b->lo = lo;
+        b->hi = hi;
+        b->start = d->offset[lo];
+        b->n = d->offset[hi] + numel_of(d, hi) - b->start;
+        b->chunk = (b->n + world - 1) / world;
+        int64_t a = (int64_t)rank * b->chunk, e = a + b->chunk < b->n ? a + b->chunk : b->n;
+        b->shard_off = shard;
+        b->shard_len = e > a ? e - a : 0;
+        shard += b->shard_len;
+        for (int p = lo; p <= hi; p++) d->bucket_of[p] = d->nb;
+        d->nb++;
+        hi = lo - 1;
+    }
+    d->shard_numel = d->cfg.zero_stage > 0 ? shard : 0;
+    return true;
+}
+
+/* The pieces of this rank's shard: its chunk of every bucket cut at parameter
+ * boundaries, in shard order. */
+static bool make_pieces(anneal_ddp *d) {
+    if (d->cfg.zero_stage == 0) return true;
+    d->pieces = calloc((size_t)(d->n > 0 ? d->n : 1) + (size_t)d->nb, sizeof *d->pieces);
+    if (!d->pieces) return false;
+    int rank = anneal_comm_rank(d->c);
+    for (int k = 0; k < d->nb; k++) {
+        ddp_bucket *b = &d->b[k];
+        int64_t a = b->start + (int64_t)rank * b->chunk, e = a + b->shard_len;
+        for (int p = b->lo; p <= b->hi && a < e; p++) {
+            int64_t ps = d->offset[p], pe = ps + numel_of(d, p);
+            int64_t s = a > ps ? a : ps, t = e < pe ? e : pe;
+            if (t <= s) continue;
+            d->pieces[d->n_pieces++] = (anneal_ddp_piece){
+                .param = p, .offset = s - ps, .len = t - s, .shard_offset = b->shard_off + (s - (b->start + (int64_t)rank * b->chunk))};
+        }
+    }
+    return true;
+}
+
+void anneal_ddp_free(anneal_ddp *d) {
+    if (!d) return;
+    if (d->armed) anneal_set_grad_ready_hook(NULL, NULL);
+    stop_thread(d);
+    pthread_mutex_destroy(&d->mu);
+    for (int k = 0; k < d->nb; k++) {
+        anneal_comm_wait(d->b[k].req); /* never leave MPI writing into freed memory */
+        free(d->b[k].buf);
+        free(d->b[k].recv);
+    }
+    if (d->shard_grad) anneal_release(d->shard_grad);
+    free(d->b);
+    free(d->offset);
+    free(d->bucket_of);
+    free(d->ready);
+    free(d->lookup);
+    free(d->pieces);
+    free(d);
+}
+
+/* Checks the parameters (f32, contiguous, CPU: MPI moves host memory) and builds the
+ * buckets and this rank's shard. */
+anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config cfg) {
+    if (!c || !ps) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: NULL communicator or parameter set");
+        return NULL;
+    }
+    if (cfg.zero_stage < 0 || cfg.zero_stage > 2) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: zero stage %d (must be 0, 1 or 2)", cfg.zero_stage);
+        return NULL;
+    }
+    if (cfg.bucket_bytes <= 0) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: bucket size %lld bytes (must be > 0)",
+                         (long long)cfg.bucket_bytes);
+        return NULL;
+    }
+    for (int i = 0; i < ps->n; i++) {
+        const anneal_tensor *t = ps->items[i].tensor;
+        if (t->dtype != ANNEAL_F32 || !anneal_is_contiguous(t) || t->device != ANNEAL_CPU) {
+            anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: parameter '%s' must be a contiguous f32 CPU tensor",
+                             ps->items[i].name);
+            return NULL;
+        }
+    }
+    anneal_ddp *d = calloc(1, sizeof *d);
+    if (!d) goto oom;
+    pthread_mutex_init(&d->mu, NULL);
+    d->c = c;
+    d->ps = ps;
+    d->cfg = cfg;
+    const char *prog = getenv("ANNEAL_DDP_PROGRESS");
+    d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok_(c);
+    d->n = ps->n;
+    size_t n1 = (size_t)(d->n > 0 ? d->n : 1);
+    d->offset = calloc(n1, sizeof *d->offset);
+    d->bucket_of = calloc(n1, sizeof *d->bucket_of);
+    d->ready = calloc(n1, sizeof *d->ready);
+    d->lookup = calloc(n1, sizeof *d->lookup);
+    if (!d->offset || !d->bucket_of || !d->ready || !d->lookup) goto oom;
+    for (int i = 0; i < d->n; i++) {
+        d->offset[i] = d->total;
+        d->total += anneal_numel(ps->items[i].tensor);
+        d->lookup[i] = (ptr_index){ps->items[i].tensor, i};
+    }
+    qsort(d->lookup, (size_t)d->n, sizeof *d->lookup, cmp_ptr);
+    if (!make_buckets(d) || !make_pieces(d)) goto oom;
+    if (d->shard_numel > 0) {
+        anneal_scope_enter(NULL);
+        d->shard_grad = anneal_zeros(ANNEAL_F32, 1, &d->shard_numel);
+        anneal_scope_leave();
+        if (!d->shard_grad) {
+            anneal_ddp_free(d);
+            return NULL;
+        }
+    }
+    return d;
+oom:
+    anneal_ddp_free(d);
+    anneal_set_error(ANNEAL_ERR_OOM, "out of memory setting up gradient buckets");
+    return NULL;
+}
+
+/* Every parameter gets rank 0's values. */
+anneal_status anneal_ddp_broadcast_params(anneal_ddp *d) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_broadcast_params: NULL sync");
+    for (int i = 0; i < d->n; i++) {
+        anneal_status s = anneal_comm_broadcast(d->c, param_data(d, i), numel_of(d, i), ANNEAL_F32, 0);
+        if (s != ANNEAL_OK) return s;
+    }
+    return ANNEAL_OK;
+}
+
+static anneal_status note_err(anneal_ddp *d, anneal_status s) {
+    if (s != ANNEAL_OK && d->err == ANNEAL_OK) d->err = s;
+    return s;
+}
+
+/* Copies bucket k's gradients (missing ones as zeros) into its buffer and starts
+ * (overlap) or runs its collective. */
+static anneal_status launch(anneal_ddp *d, int k) {
+    ddp_bucket *b = &d->b[k];
+    int world = anneal_comm_size(d->c);
+    int64_t nbuf = d->cfg.zero_stage == 0 ? b->n : b->chunk * world;
+    if (!b->buf) {
+        b->buf = malloc((size_t)(nbuf > 0 ? nbuf : 1) * sizeof(float));
+        if (!b->buf) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for a %lld-element gradient bucket",
+                                             (long long)nbuf);
+        d->bucket_live += nbuf * 4;
+    }
+    for (int p = b->lo; p <= b->hi; p++) {
+        anneal_tensor *t = d->ps->items[p].tensor;
+        float *dst = b->buf + (d->offset[p] - b->start);
+        if (t->grad) {
+            anneal_status s = anneal_to_f32_buffer(t->grad, dst);
+            if (s != ANNEAL_OK) return s;
+            if (d->cfg.zero_stage == 2) anneal_grad_clear(t);
+        } else {
+            memset(dst, 0, (size_t)numel_of(d, p) * sizeof(float));
+        }
+    }
+    b->launched = true;
+    if (d->cfg.zero_stage == 0) {
+        if (d->cfg.overlap) return anneal_comm_allreduce_start(d->c, b->buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN, &b->req);
+        return anneal_comm_allreduce(d->c, b->buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
+    }
+    if (nbuf > b->n) memset(b->buf + b->n, 0, (size_t)(nbuf - b->n) * sizeof(float));
+    if (!b->recv && !(b->recv = malloc((size_t)(b->chunk > 0 ? b->chunk : 1) * sizeof(float))))
+        return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for a gradient shard");
+    d->bucket_live += b->chunk * 4;
+    if (d->cfg.overlap)
+        return anneal_comm_reduce_scatter_start(d->c, b->buf, b->recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN,
+                                                &b->req);
+    return anneal_comm_reduce_scatter(d->c, b->buf, b->recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
+}
+
+/* A new (caller-owned, tensor-owned) f32 gradient for parameter t, as the engine
+ * makes them. */
+static anneal_tensor *new_grad(anneal_tensor *t) {
+    anneal_scope_enter(NULL);
+    anneal_tensor *g = anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
+    anneal_scope_leave();
+    if (g) t->grad = g;
+    return g;
+}
+
+/* After bucket k's collective: stage 0 writes the mean back into .grad (creating
+ * missing ones); stages 1-2 keep the rank's real chunk in the shard and free the
+ * buffers. */
+static anneal_status complete(anneal_ddp *d, int k) {
+    ddp_bucket *b = &d->b[k];
+    b->completed = true;
+    if (d->cfg.zero_stage == 0) {
+        for (int p = b->lo; p <= b->hi; p++) {
+            anneal_tensor *t = d->ps->items[p].tensor;
+            const float *src = b->buf + (d->offset[p] - b->start);
+            if (!t->grad && !new_grad(t)) return anneal_last_status();
+            anneal_tensor *g = t->grad;
+            if (g->dtype == ANNEAL_F32 && anneal_is_contiguous(g)) {
+                memcpy(anneal_data(g), src, (size_t)numel_of(d, p) * sizeof(float));
+            } else {
+                anneal_scope_enter(NULL);
+                anneal_tensor *tmp = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, src);
+                anneal_scope_leave();
+                anneal_status s = tmp ? anneal_copy_(g, tmp) : anneal_last_status();
+                anneal_release(tmp);
+                if (s != ANNEAL_OK) return s;
+            }
+        }
+        return ANNEAL_OK;
+    }
+    if (b->shard_len > 0)
+        memcpy((float *)anneal_data(d->shard_grad) + b->shard_off, b->recv, (size_t)b->shard_len * sizeof(float));
+    d->bucket_live -= (b->chunk * anneal_comm_size(d->c) + b->chunk) * 4;
+    free(b->buf);
+    free(b->recv);
+    b->buf = b->recv = NULL;
+    return ANNEAL_OK;
+}
+
+/* Starts every bucket from next_launch on whose gradients are all ready, in order. */
+static void launch_ready(anneal_ddp *d) {
+    while (d->err == ANNEAL_OK && d->next_launch < d->nb && d->b[d->next_launch].pending == 0)
+        note_err(d, launch(d, d->next_launch++));
+}
+
+/* Drives MPI progress: tests each in-flight request and completes finished buckets. */
+static void poll(anneal_ddp *d) {
+    for (int k = 0; k < d->next_launch && d->err == ANNEAL_OK; k++) {
+        ddp_bucket *b = &d->b[k];
+        if (!b->req) continue;
+        bool done = false;
+        if (note_err(d, anneal_comm_test(b->req, &done)) != ANNEAL_OK || !done) continue;
+        anneal_comm_request *r = b->req;
+        b->req = NULL;
+        if (note_err(d, anneal_comm_wait(r)) == ANNEAL_OK) note_err(d, complete(d, k));
+    }
+}
+
+/* Progress thread: tests every started, unfinished request every ~50 us until told
+ * to stop (completion itself is left to anneal_ddp_finish on the caller's thread). */
+static void *progress_main(void *arg) {
+    anneal_ddp *d = arg;
+    const struct timespec nap = {0, 50000};
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        bool stop = d->thread_stop;
+        for (int k = 0; k < d->next_launch && !stop && d->err == ANNEAL_OK; k++) {
+            anneal_comm_request *r = d->b[k].req;
+            if (!r || anneal_comm_request_done_(r)) continue;
+            bool done = false;
+            anneal_status s = anneal_comm_test(r, &done);
+            if (s != ANNEAL_OK) {
+                snprintf(d->thread_msg, sizeof d->thread_msg, "%s", anneal_last_error());
+                d->err = s;
+            }
+        }
+        pthread_mutex_unlock(&d->mu);
+        if (stop) return NULL;
+        nanosleep(&nap, NULL);
+    }
+}
+
+static void stop_thread(anneal_ddp *d) {
+    if (!d->thread_on) return;
+    pthread_mutex_lock(&d->mu);
+    d->thread_stop = true;
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->thread, NULL);
+    d->thread_on = false;
+    if (d->err != ANNEAL_OK && d->thread_msg[0]) anneal_set_error(d->err, "%s", d->thread_msg);
+    d->thread_msg[0] = 0;
+}
+
+/* The grad-ready hook: marks the parameter, launches full buckets, polls (or, with
+ * the progress thread, leaves the testing to it). */
+static void on_grad_ready(anneal_tensor *leaf, void *user) {
+    anneal_ddp *d = user;
+    int i = find_param(d, leaf);
+    if (i < 0 || d->err != ANNEAL_OK) return;
+    if (d->ready[i]) {
+        note_err(d, anneal_set_error(ANNEAL_ERR_STATE,
+                                     "gradient sync: '%s' got a gradient after its bucket was sent (two backward "
+                                     "calls in one synchronising micro-step?)", d->ps->items[i].name));
+        return;
+    }
+    d->ready[i] = true;
+    d->b[d->bucket_of[i]].pending--;
+    if (d->thread_on) {
+        pthread_mutex_lock(&d->mu);
+        launch_ready(d);
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+    launch_ready(d);
+    poll(d);
+}
+
+/* Forgets the last synchronisation's per-bucket progress. */
+static void reset_progress(anneal_ddp *d) {
+    for (int k = 0; k < d->nb; k++) {
+        ddp_bucket *b = &d->b[k];
+        b->pending = b->hi - b->lo + 1;
+        b->launched = b->completed = false;
+    }
+    memset(d->ready, 0, (size_t)(d->n > 0 ? d->n : 1) * sizeof *d->ready);
+    d->next_launch = 0;
+    d->err = ANNEAL_OK;
+}
+
+anneal_status anneal_ddp_begin_backward(anneal_ddp *d, bool sync) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_begin_backward: NULL sync");
+    if (d->next_launch > 0)
+        return anneal_set_error(ANNEAL_ERR_STATE, "anneal_ddp_begin_backward: the previous synchronising "
+                                                  "backward was not finished (call anneal_ddp_finish)");
+    reset_progress(d);
+    d->synced = false;
+    d->armed = sync && d->cfg.overlap;
+    anneal_set_grad_ready_hook(d->armed ? on_grad_ready : NULL, d->armed ? d : NULL);
+    if (d->armed && d->use_thread) {
+        d->thread_stop = false;
+        d->thread_msg[0] = 0;
+        d->thread_on = pthread_create(&d->thread, NULL, progress_main, d) == 0; /* else: polling */
+    }
+    return ANNEAL_OK;
+}
+
+/* Launches what backward did not, waits for everything in bucket order, removes the
+ * hook. On failure the buckets are still drained so no collective is left writing. */
+anneal_status anneal_ddp_finish(anneal_ddp *d) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_finish: NULL sync");
+    if (d->armed) anneal_set_grad_ready_hook(NULL, NULL);
+    d->armed = false;
+    stop_thread(d);
+    for (int k = 0; k < d->nb; k++) d->b[k].pending = 0; /* missing gradients count as zeros */
+    launch_ready(d);
+    for (int k = 0; k < d->nb; k++) {
+        ddp_bucket *b = &d->b[k];
+        if (b->req) {
+            anneal_comm_request *r = b->req;
+            b->req = NULL;
+            if (note_err(d, anneal_comm_wait(r)) != ANNEAL_OK) continue;
+        }
+        if (b->launched && !b->completed && d->err == ANNEAL_OK) note_err(d, complete(d, k));
+    }
+    anneal_status s = d->err;
+    reset_progress(d);
+    if (s != ANNEAL_OK) return s;
+    d->synced = true;
+    return ANNEAL_OK;
+}
+
+/* sum of squares of the shard, combined across ranks in rank order (all-gather of the
+ * per-rank doubles, then a fixed-order sum: every rank gets the same bits). */
+static anneal_status shard_norm(anneal_ddp *d, float *norm) {
+    double ss = 0;
+    if (d->shard_grad) {
+        const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
+        if (!be) return anneal_last_status();
+        anneal_status s = be->sum_squares(d->shard_grad, &ss);
+        if (s != ANNEAL_OK) return s;
+    }
+    int world = anneal_comm_size(d->c);
+    double *all = malloc((size_t)world * sizeof *all);
+    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
+    /* 8-byte elements: the doubles travel as raw I64 bits. */
+    anneal_status s = anneal_comm_all_gather(d->c, &ss, all, 1, ANNEAL_I64);
+    double total = 0;
+    for (int r = 0; r < world && s == ANNEAL_OK; r++) total += all[r];
+    free(all);
+    *norm = (float)sqrt(total);
+    return s;
+}
+
+static anneal_status require_synced(const anneal_ddp *d, const char *what) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "%s: NULL sync", what);
+    if (!d->synced)
+        return anneal_set_error(ANNEAL_ERR_STATE, "%s: gradients are not synchronised (call anneal_ddp_finish)", what);
+    return ANNEAL_OK;
+}
+
+/* Multiplies n floats by s (an f32 multiply, as the backend's binary MUL does). */
+static void scale(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+anneal_status anneal_ddp_scale_grads(anneal_ddp *d, float s) {
+    anneal_status st = require_synced(d, "anneal_ddp_scale_grads");
+    if (st != ANNEAL_OK) return st;
+    if (d->cfg.zero_stage > 0) {
+        if (d->shard_grad) scale(anneal_data(d->shard_grad), d->shard_numel, s);
+        return ANNEAL_OK;
+    }
+    for (int i = 0; i < d->n; i++) {
+        anneal_tensor *g = d->ps->items[i].tensor->grad;
+        if (!g) continue;
+        if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "anneal_ddp_scale_grads: grad of '%s' is not contiguous f32",
+                                    d->ps->items[i].name);
+        scale(anneal_data(g), anneal_numel(g), s);
+    }
+    return ANNEAL_OK;
+}
+
+/* Stage 0: every rank holds identical mean gradients, so the single-process clip
+ * (anneal_clip_grad_norm, registration order) gives the same value everywhere.
+ * Stages 1-2: the norm of the shards combined by shard_norm, then PyTorch's
+ * coefficient max_norm / (norm + 1e-6) in f32, applied when < 1. */
+anneal_status anneal_ddp_clip_grad_norm(anneal_ddp *d, float max_norm, float *norm_out) {
+    anneal_status s = require_synced(d, "anneal_ddp_clip_grad_norm");
+    if (s != ANNEAL_OK) return s;
+    if (!(max_norm >= 0) && !(max_norm <= 0))
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_clip_grad_norm: invalid max_norm %g", (double)max_norm);
+    float norm = 0;
+    if (d->cfg.zero_stage == 0) {
+        s = max_norm > 0 ? anneal_clip_grad_norm(d->ps, max_norm, &norm) : anneal_grad_norm(d->ps, &norm);
+        if (s == ANNEAL_OK && norm_out) *norm_out = norm;
+        return s;
+    }
+    if ((s = shard_norm(d, &norm)) != ANNEAL_OK) return s;
+    if (norm_out) *norm_out = norm;
+    if (!isfinite(norm) || !(max_norm > 0)) return ANNEAL_OK;
+    float coef = max_norm / (norm + 1e-6f);
+    if (coef < 1.0f && d->shard_grad) scale(anneal_data(d->shard_grad), d->shard_numel, coef);
+    return ANNEAL_OK;
+}
+
+int64_t anneal_ddp_shard_numel(const anneal_ddp *d) { return d ? d->shard_numel : 0; }
+
+const anneal_ddp_piece *anneal_ddp_shard_pieces(const anneal_ddp *d, int *n) {
+    if (n) *n = d ? d->n_pieces : 0;
+    return d ? d->pieces : NULL;
+}
+
+float *anneal_ddp_shard_grad(anneal_ddp *d) { return d && d->shard_grad ? anneal_data(d->shard_grad) : NULL; }
+
+/* All-gathers in flight at once while gathering a shard: enough to overlap one
+ * bucket's unpacking with the next one's transfer, while the staging stays at two
+ * buckets instead of a full copy of the parameters. */
+#define GATHER_WINDOW 2
+
+/* Waits for bucket k's all-gather (if started) and unpacks it into dst. */
+static anneal_status gather_unpack(anneal_ddp *d, int k, anneal_comm_request **req, float **full, float **send,
+                                   float *const *dst, anneal_status s) {
+    anneal_status w = anneal_comm_wait(req[k]); /* wait even after an error: MPI is writing */
+    req[k] = NULL;
+    if (s == ANNEAL_OK) s = w;
+    ddp_bucket *b = &d->b[k];
+    if (s == ANNEAL_OK && full[k])
+        for (int p = b->lo; p <= b->hi; p++)
+            memcpy(dst[p], full[k] + (d->offset[p] - b->start), (size_t)numel_of(d, p) * sizeof(float));
+    free(full[k]);
+    free(send[k]);
+    full[k] = send[k] = NULL;
+    return s;
+}
+
+/* Gathers shard-layout data from every rank into full per-parameter arrays, bucket by
+ * bucket (in bucket order on every rank), GATHER_WINDOW buckets in flight. */
+anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const float *shard, float *const *dst) {
+    if (!d || d->cfg.zero_stage == 0)
+        return anneal_set_error(ANNEAL_ERR_STATE, "gathering a shard needs a ZeRO stage 1-2 sync");
+    int world = anneal_comm_size(d->c);
+    float **full = calloc((size_t)d->nb + 1, sizeof *full), **send = calloc((size_t)d->nb + 1, sizeof *send);
+    anneal_comm_request **req = calloc((size_t)d->nb + 1, sizeof *req);
+    if (!full || !send || !req) {
+        free(full), free(send), free(req);
+        return anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering a shard");
+    }
+    anneal_status s = ANNEAL_OK;
+    int next_wait = 0;
+    for (int k = 0; k < d->nb && s == ANNEAL_OK; k++) {
+        ddp_bucket *b = &d->b[k];
+        if (b->chunk > 0) {
+            full[k] = malloc((size_t)(b->chunk * world) * sizeof(float));
+            send[k] = calloc((size_t)b->chunk, sizeof(float));
+            if (!full[k] || !send[k]) {
+                s = anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering a shard");
+                break;
+            }
+            if (b->shard_len > 0) memcpy(send[k], shard + b->shard_off, (size_t)b->shard_len * sizeof(float));
+            s = anneal_comm_all_gather_start(d->c, send[k], full[k], b->chunk, ANNEAL_F32, &req[k]);
+        }
+        while (next_wait <= k - GATHER_WINDOW + 1) s = gather_unpack(d, next_wait++, req, full, send, dst, s);
+    }
+    while (next_wait < d->nb) s = gather_unpack(d, next_wait++, req, full, send, dst, s);
+    free(full);
+    free(send);
+    free(req);
+    return s;
+}
+
+/* Each rank's pieces are read from its parameters and gathered into everyone's. */
+anneal_status anneal_ddp_gather_params(anneal_ddp *d) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_gather_params: NULL sync");
+    if (d->cfg.zero_stage == 0) return ANNEAL_OK; /* every rank updated every parameter */
+    float *shard = malloc((size_t)(d->shard_numel > 0 ? d->shard_numel : 1) * sizeof(float));
+    float **dst = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *dst);
+    if (!shard || !dst) {
+        free(shard);
+        free(dst);
+        return anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering parameters");
+    }
+    for (int k = 0; k < d->n_pieces; k++) {
+        const anneal_ddp_piece *pc = &d->pieces[k];
+        memcpy(shard + pc->shard_offset, param_data(d, pc->param) + pc->offset, (size_t)pc->len * sizeof(float));
+    }
+    for (int i = 0; i < d->n; i++) dst[i] = param_data(d, i);
+    anneal_status s = anneal_ddp_gather_shard_(d, shard, dst);
+    free(shard);
+    free(dst);
+    return s;
+}
+
+anneal_ddp_memory anneal_ddp_memory_get(const anneal_ddp *d) {
+    anneal_ddp_memory m = {0};
+    if (!d) return m;
+    m.param_bytes = d->total * 4;
+    for (int i = 0; i < d->n; i++) {
+        const anneal_tensor *g = d->ps->items[i].tensor->grad;
+        if (g) m.grad_bytes += anneal_numel(g) * (int64_t)anneal_dtype_size(g->dtype);
+    }
+    m.grad_bytes += d->shard_numel * 4;
+    m.bucket_bytes = d->bucket_live; /* not included in grad_bytes */
+    m.state_bytes = d->state_bytes;
+    return m;
+}
+
+anneal_comm *anneal_ddp_comm(const anneal_ddp *d) { return d ? d->c : NULL; }
+int anneal_ddp_stage_(const anneal_ddp *d) { return d ? d->cfg.zero_stage : 0; }
+anneal_params *anneal_ddp_params_(const anneal_ddp *d) { return d ? d->ps : NULL; }
+anneal_tensor *anneal_ddp_shard_grad_tensor_(anneal_ddp *d) { return d ? d->shard_grad : NULL; }
+bool anneal_ddp_synced_(const anneal_ddp *d) { return d && d->synced; }
+void anneal_ddp_set_state_bytes_(anneal_ddp *d, int64_t bytes) {
+    if (d) d->state_bytes = bytes;
+}
