@@ -723,8 +723,10 @@ TEST(full_disk_fails_cleanly) {
 }
 
 /* A child saves checkpoints 1, 2, 3, ... (parameters all equal to the step) until it
- * is killed with SIGKILL at a varying moment; after each kill, latest must resolve to
- * a checkpoint that loads (with its optimizer) and holds its step's parameters. */
+ * is killed with SIGKILL at a varying moment after its first save of the round (it
+ * says so through a pipe, so a slow machine cannot make every kill land before any
+ * save); after each kill, latest must resolve to a checkpoint that loads (with its
+ * optimizer) and holds its step's parameters. */
 TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
     anneal_gpt2 *m = NULL;
     anneal_optimizer *opt = NULL;
@@ -732,10 +734,13 @@ TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
     const char *run = tmp_dir();
     int checked = 0, mid_save = 0;
     for (int round = 0; round < 8; round++) {
+        int fds[2];
+        REQUIRE(pipe(fds) == 0);
         fflush(NULL);
         pid_t pid = fork();
         REQUIRE(pid >= 0);
         if (pid == 0) {
+            close(fds[0]);
             for (int64_t step = 1 + 1000 * round;; step++) {
                 for (int i = 0; i < m->params->n; i++) {
                     anneal_tensor *t = m->params->items[i].tensor;
@@ -744,16 +749,23 @@ TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
                 }
                 anneal_train_state st = sample_state(step);
                 if (anneal_checkpoint_save(run, m, opt, &st, k_config, 2) != ANNEAL_OK) _exit(3);
+                if (step == 1 + 1000 * round && write(fds[1], "s", 1) != 1) _exit(4);
             }
         }
-        usleep((useconds_t)(20000 + 15000 * round));
+        close(fds[1]);
+        char byte;
+        ssize_t got_byte = read(fds[0], &byte, 1); /* the first save of this round is complete */
+        close(fds[0]);
+        CHECK(got_byte == 1, "round %d: the child died before its first save", round);
+        usleep((useconds_t)(2000 + 7000 * round));
         kill(pid, SIGKILL);
         int status = 0;
         waitpid(pid, &status, 0);
         CHECK(WIFSIGNALED(status), "round %d: child exited with %d", round, status);
         mid_save += count_prefix(run, ".tmp_ckpt") > 0; /* killed inside a save */
         char dir[1024];
-        if (anneal_checkpoint_resolve(run, dir, sizeof dir) != ANNEAL_OK) { /* killed before the first save */
+        if (anneal_checkpoint_resolve(run, dir, sizeof dir) != ANNEAL_OK) {
+            CHECK(false, "round %d: no checkpoint resolves after a complete save: %s", round, anneal_last_error());
             anneal_clear_error();
             continue;
         }
@@ -762,11 +774,13 @@ TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
         CHECK(s == ANNEAL_OK, "round %d: %s", round, anneal_last_error());
         anneal_clear_error();
         if (s != ANNEAL_OK) continue;
+        CHECK(got.step >= 1 + 1000 * round, "round %d: latest is step %lld, older than this round's first save",
+              round, (long long)got.step);
         CHECK(((float *)anneal_data(m->wte))[5] == (float)got.step && ((float *)anneal_data(m->ln_f_b))[0] == (float)got.step,
               "round %d: step %lld holds %g", round, (long long)got.step, (double)((float *)anneal_data(m->wte))[5]);
         checked++;
     }
-    CHECK(checked >= 4, "only %d rounds had a checkpoint", checked);
+    CHECK(checked == 8, "only %d of 8 rounds had a loadable checkpoint", checked);
     printf("  %d of 8 kills landed inside a save (timing dependent, not asserted)\n", mid_save);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
