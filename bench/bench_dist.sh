@@ -11,10 +11,11 @@
 # sync) and each process's peak RSS.
 # ROUNDS (default 2) repeats the five runs alternately and keeps each run's fastest
 # median, so load from other processes on the machine hits every configuration alike.
-#   bash bench/bench_dist.sh [batch] [seq] [steps]     (global batch; defaults 4 64 6)
+#   bash bench/bench_dist.sh [batch] [seq] [steps]     (global batch; defaults 8 256 5: the
+#   issue-5 shape, where compute, not the all-reduce, dominates a step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-B=${1:-4}; T=${2:-64}; STEPS=${3:-6}; ROUNDS=${ROUNDS:-2}
+B=${1:-8}; T=${2:-256}; STEPS=${3:-5}; ROUNDS=${ROUNDS:-2}
 BIN=${ANNEAL_BIN:-build/anneal}
 [ -x "$BIN" ] || { echo "bench_dist: build first (make build)" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "bench_dist: mpirun not found (apt-get install openmpi-bin)" >&2; exit 2; }
