@@ -31,6 +31,8 @@ int anneal_comm_rank(const anneal_comm *c);
 int anneal_comm_size(const anneal_comm *c);
 /* Rank among the processes on this host (for thread pinning / GPU choice). */
 int anneal_comm_local_rank(const anneal_comm *c);
+/* Number of ranks of this job on this host (1 for the single-process communicator). */
+int anneal_comm_local_size(const anneal_comm *c);
 /* "mpi" or "single". */
 const char *anneal_comm_backend(const anneal_comm *c);
 /* True when this build can talk MPI. */

@@ -80,6 +80,7 @@ bool anneal_comm_request_done_(const anneal_comm_request *r) { return !r || r->d
 int anneal_comm_rank(const anneal_comm *c) { return c ? c->rank : 0; }
 int anneal_comm_size(const anneal_comm *c) { return c ? c->size : 1; }
 int anneal_comm_local_rank(const anneal_comm *c) { return c ? c->local_rank : 0; }
+int anneal_comm_local_size(const anneal_comm *c) { return c && c->local_size > 0 ? c->local_size : 1; }
 const char *anneal_comm_backend(const anneal_comm *c) { return c && c->mpi ? "mpi" : "single"; }
 
 /* Common checks; `reduce` restricts dtypes to f32/bf16. MPI counts are ints: the

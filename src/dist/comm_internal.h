@@ -12,7 +12,7 @@
 
 struct anneal_comm {
     bool mpi;              /* false: the single-process stand-in */
-    int rank, size, local_rank;
+    int rank, size, local_rank, local_size;
     bool threads_ok;       /* MPI calls may come from a second thread, one at a time
                             * (ANNEAL_DDP_PROGRESS=thread asked for it at init) */
 #ifdef ANNEAL_HAVE_MPI

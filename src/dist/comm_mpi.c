@@ -94,10 +94,12 @@ anneal_comm *anneal_comm_mpi_init(void) {
     MPI_Comm node;
     if (MPI_Comm_split_type(c->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_rank(node, &c->local_rank);
+        MPI_Comm_size(node, &c->local_size);
         MPI_Comm_free(&node);
     } else {
-        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         c->local_rank = lr ? atoi(lr) : 0;
+        c->local_size = ls ? atoi(ls) : 1;
     }
     g_users++;
     return c;

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -433,6 +434,20 @@ static anneal_status build_model(trainer *t, bool *usage) {
     return ANNEAL_OK;
 }
 
+/* Threads of one rank when --threads is 0 (all cores) and OMP_NUM_THREADS is unset:
+ * the CPUs this process may run on, shared evenly by the job's ranks on this host when
+ * the launcher did not bind them (every rank sees every CPU), so `mpirun -np 2` on 2
+ * cores runs 2 x 1 threads instead of 2 x 2 fighting over the cores; a bound rank
+ * (mpirun's default --bind-to core) already sees only its own CPUs. */
+static int default_rank_threads(const anneal_comm *comm) {
+    cpu_set_t mine;
+    int online = (int)sysconf(_SC_NPROCESSORS_ONLN), allowed = online;
+    if (sched_getaffinity(0, sizeof mine, &mine) == 0) allowed = CPU_COUNT(&mine);
+    int local = anneal_comm_local_size(comm);
+    int n = allowed >= online && local > 1 ? allowed / local : allowed;
+    return n > 0 ? n : 1;
+}
+
 anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage) {
     anneal_comm *comm = t->comm; /* the one field the caller sets (dist.c) */
     memset(t, 0, sizeof *t);
@@ -456,6 +471,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
                      "split evenly over the ranks)", (long long)c->batch, t->world);
     t->local_batch = c->batch / t->world;
     if (c->threads > 0) anneal_set_num_threads((int)c->threads);
+    else if (t->comm && !getenv("OMP_NUM_THREADS")) anneal_set_num_threads(default_rank_threads(t->comm));
     if (c->pin_threads && anneal_set_thread_pinning(true, t->pin_desc, sizeof t->pin_desc) != ANNEAL_OK)
         return prefix_error("--pin-threads: ");
     absolutize(&c->data);

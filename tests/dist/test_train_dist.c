@@ -33,6 +33,7 @@
 #include "train/train_util.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 
 #define LOSS_RTOL 1e-6
@@ -230,6 +231,31 @@ TEST(ddp_matches_single_process) {
     CHECK(strstr(o, "per-rank batch 4 (global 8)") != NULL, "start line: %s", o);
     CHECK(strstr(o, "memory at start, rank 1:") != NULL, "memory report: %s", o);
     CHECK(tu_count_records(wpath("ddp/log.jsonl"), "step") == steps, "one step record per step");
+}
+
+/* Without --threads and OMP_NUM_THREADS, unbound ranks share the host's CPUs: each of
+ * 2 ranks on this host runs max(1, cpus / 2) threads, not all of them. */
+TEST(default_threads_share_the_host) {
+    NEED_MPI();
+    cpu_set_t mine;
+    int online = (int)sysconf(_SC_NPROCESSORS_ONLN), allowed = online;
+    if (sched_getaffinity(0, sizeof mine, &mine) == 0) allowed = CPU_COUNT(&mine);
+    int want = allowed >= online ? (allowed / 2 > 0 ? allowed / 2 : 1) : allowed;
+    char cmd[4096], opts[1024];
+    /* the common flags minus --threads 1 */
+    snprintf(opts, sizeof opts, "--synthetic --model tiny --batch 8 --seq 32 --steps 1 --dropout 0 --eval-batches 0 "
+             "--ckpt-every 0 --peak-gflops 10 --log-every 100");
+    snprintf(cmd, sizeof cmd,
+             "exec env -u OMP_NUM_THREADS mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none "
+             "--mca btl_vader_single_copy_mechanism none%s %s train %s --out %s",
+             anneal_test_sanitized() ? " -x ASAN_OPTIONS=detect_leaks=0" : "", bin, opts, wpath("threads"));
+    pid_t pid = sh_start(cmd, wpath("threads.out"));
+    int rc = sh_wait(pid, RUN_TIMEOUT_S, NULL);
+    const char *o = tu_slurp(wpath("threads.out"));
+    CHECK(rc == 0, "exit %d: %s", rc, o);
+    char expect[64];
+    snprintf(expect, sizeof expect, "%d thread%s per rank", want, want > 1 ? "s" : "");
+    CHECK(o && strstr(o, expect) != NULL, "expected \"%s\" in the start line: %s", expect, o ? o : "");
 }
 
 /* ZeRO-1 and ZeRO-2 end with DDP's parameters; the optimizer state per rank halves. */
@@ -565,6 +591,7 @@ int main(void) {
              steps);
     RUN(ddp_matches_single_process);
     RUN(zero_matches_ddp);
+    RUN(default_threads_share_the_host);
     RUN(elastic_resume);
     RUN(rank_killed);
     RUN(signal_to_one_rank_stops_all);
