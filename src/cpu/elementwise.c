@@ -238,11 +238,56 @@ static double sum_all(const anneal_tensor *x) {
     return s;
 }
 
+/* When x is contiguous and the reduced dims are exactly its leading ones (bias
+ * gradients: (B, T, C) -> C; position-embedding gradients: (B, T, C) -> (T, C)), writes
+ * *rows and *cols of the (rows, cols) matrix whose columns are summed and returns true. */
+static bool leading_reduction(const anneal_tensor *out, const anneal_tensor *x, int64_t *rows, int64_t *cols) {
+    int64_t expect = 1;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+        if (x->shape[d] != 1 && x->strides[d] != expect) return false;
+        expect *= x->shape[d];
+    }
+    int d = 0;
+    *rows = 1;
+    while (d < x->ndim && (out->shape[d] == 1 || x->shape[d] == 1)) *rows *= x->shape[d++];
+    *cols = 1;
+    for (; d < x->ndim; d++) {
+        if (out->shape[d] != x->shape[d]) return false;
+        *cols *= x->shape[d];
+    }
+    return true;
+}
+
+/* Column sums of a contiguous (rows, cols) matrix: the same arithmetic as the general
+ * path below (one double accumulator per output, rows added in order), so the same bits,
+ * but streaming rows through a block of accumulators instead of walking each column
+ * with a stride. Threads take disjoint column blocks. */
+static void column_sums(int64_t rows, int64_t cols, const float *p, float *o) {
+    enum { BLOCK = 256 };
+    int64_t n_blocks = (cols + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (rows * cols >= PAR_MIN_ELEMS)
+    for (int64_t b = 0; b < n_blocks; b++) {
+        int64_t c0 = b * BLOCK, w = cols - c0 < BLOCK ? cols - c0 : BLOCK;
+        double acc[BLOCK];
+        for (int64_t j = 0; j < w; j++) acc[j] = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = p + r * cols + c0;
+            for (int64_t j = 0; j < w; j++) acc[j] += row[j];
+        }
+        for (int64_t j = 0; j < w; j++) o[c0 + j] = (float)acc[j];
+    }
+}
+
 anneal_status anneal_cpu_reduce_sum(anneal_tensor *out, const anneal_tensor *x) {
     int64_t n_out = anneal_numel(out);
     float *o = anneal_data(out);
     if (n_out == 1) {
         o[0] = (float)sum_all(x);
+        return ANNEAL_OK;
+    }
+    int64_t rows, cols;
+    if (leading_reduction(out, x, &rows, &cols) && cols == n_out) {
+        column_sums(rows, cols, anneal_data(x), o);
         return ANNEAL_OK;
     }
     /* Kept dims index the output; reduced dims are walked in order for each output. */

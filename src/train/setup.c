@@ -528,7 +528,8 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     } else {
         const char *isa = "?";
         int th = anneal_get_num_threads();
-        t->peak_gflops = anneal_peak_gflops_measure(th, 0.05, &isa);
+        /* the ceiling of the run's matmul precision: bf16 products have their own rate */
+        t->peak_gflops = anneal_peak_gflops_measure_dtype(th, 0.05, t->dtype, &isa);
         snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "measured: %s microbenchmark, %d threads", isa, th);
         t->peak_source = t->peak_source_buf;
     }

@@ -125,6 +125,27 @@ TEST(reduce_values_and_gradients) {
     anneal_scope_close(s);
 }
 
+/* Summing leading dims of a contiguous tensor (the bias-gradient shape) takes a
+ * streaming path; it must give the bits of the general path, which a permuted copy
+ * (reduced dim last) takes, and match a double reference. */
+TEST(leading_reduction_matches_general_path) {
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *x = anneal_test_rand(3, (int64_t[]){37, 5, 300}, -1, 1, 11, false);
+    anneal_tensor *fast = anneal_sum_dim(x, 0, false);                                   /* (5, 300) */
+    anneal_tensor *xt = anneal_contiguous(anneal_permute(x, (int[]){1, 2, 0}));          /* (5, 300, 37) */
+    anneal_tensor *slow = anneal_sum_dim(xt, 2, false);
+    REQUIRE(fast && slow);
+    int64_t n = anneal_numel(fast);
+    CHECK(memcmp(anneal_data(fast), anneal_data(slow), (size_t)n * sizeof(float)) == 0,
+          "leading-dim sums differ from the general path");
+    for (int64_t k = 0; k < n; k += 97) {
+        double r = 0;
+        for (int64_t i = 0; i < 37; i++) r += anneal_item_at(x, i * n + k);
+        CHECK_NEAR(anneal_item_at(fast, k), r, 1e-5);
+    }
+    anneal_scope_close(s);
+}
+
 static anneal_tensor *f_views(void *c, anneal_tensor *const *x) {
     (void)c;
     anneal_tensor *parts[2];
@@ -231,6 +252,7 @@ int main(void) {
     RUN(noncontiguous_gradients);
     RUN(unary_gradients);
     RUN(reduce_values_and_gradients);
+    RUN(leading_reduction_matches_general_path);
     RUN(view_gradients);
     RUN(views_share_storage);
     RUN(cast_roundtrip);
