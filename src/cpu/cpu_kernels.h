@@ -15,7 +15,7 @@
  * op(A) is M x K, op(B) is K x N, C is M x N. lda/ldb/ldc are row strides in
  * elements of A, B, C as stored (A stored M x K when !trans_a, K x M when trans_a).
  * beta == 0 means C is not read (may hold NaN). Cache-blocked, packed, vectorised
- * (AVX-512 where the CPU has it, portable C otherwise), OpenMP over output blocks. */
+ * (AVX-512, AVX2 or portable micro-kernels, chosen at run time), OpenMP over output blocks. */
 void anneal_cpu_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                       float *C, int64_t ldc);
