@@ -89,22 +89,9 @@ anneal_tensor *anneal_linear_cross_entropy(anneal_tensor *h, anneal_tensor *w,
 
     /* Validate the targets on the host and count the kept rows. */
     void *owned_t;
-    const int32_t *t = anneal_ops_host_view(be, tc, sizeof(int32_t), &owned_t);
+    int64_t count;
+    const int32_t *t = anneal_ops_check_targets(op, be, tc, V, ignore_index, &count, &owned_t);
     if (!t) return NULL;
-    int64_t count = 0;
-    for (int64_t i = 0; i < N; i++) {
-        if (t[i] == ignore_index) continue;
-        if (t[i] < 0 || t[i] >= V) {
-            anneal_set_error(ANNEAL_ERR_ARG,
-                             "%s: target %d at position %s (flat index %lld) is outside [0, V) with "
-                             "V = %lld and is not ignore_index (%d)",
-                             op, (int)t[i], anneal_ops_index_str(targets, i, b1, sizeof b1),
-                             (long long)i, (long long)V, (int)ignore_index);
-            free(owned_t);
-            return NULL;
-        }
-        count++;
-    }
 
     bool grad = anneal_grad_enabled();
     bool want_h = grad && h->requires_grad, want_w = grad && w->requires_grad;

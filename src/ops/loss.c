@@ -54,22 +54,9 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
 
     /* Validate the targets on the host and count the kept rows. */
     void *owned_t;
-    const int32_t *t = anneal_ops_host_view(be, tc, sizeof(int32_t), &owned_t);
+    int64_t count;
+    const int32_t *t = anneal_ops_check_targets("cross_entropy", be, tc, V, ignore_index, &count, &owned_t);
     if (!t) return NULL;
-    int64_t count = 0;
-    for (int64_t i = 0; i < N; i++) {
-        if (t[i] == ignore_index) continue;
-        if (t[i] < 0 || t[i] >= V) {
-            anneal_set_error(ANNEAL_ERR_ARG,
-                             "cross_entropy: target %d at position %s (flat index %lld) is outside "
-                             "[0, V) with V = %lld and is not ignore_index (%d)",
-                             (int)t[i], anneal_ops_index_str(targets, i, b1, sizeof b1), (long long)i,
-                             (long long)V, (int)ignore_index);
-            free(owned_t);
-            return NULL;
-        }
-        count++;
-    }
 
     anneal_tensor *loss = anneal_empty_on(logits->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = loss ? anneal_empty_on(logits->device, ANNEAL_F32, 1, &N) : NULL;

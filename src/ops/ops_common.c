@@ -139,3 +139,27 @@ const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *
     *owned = p;
     return p;
 }
+
+const int32_t *anneal_ops_check_targets(const char *op, const anneal_backend *be, const anneal_tensor *tc,
+                                        int64_t V, int32_t ignore_index, int64_t *count, void **owned) {
+    const int32_t *t = anneal_ops_host_view(be, tc, sizeof(int32_t), owned);
+    if (!t) return NULL;
+    int64_t n = anneal_numel(tc), kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (t[i] == ignore_index) continue;
+        if (t[i] < 0 || t[i] >= V) {
+            char b[128];
+            anneal_set_error(ANNEAL_ERR_ARG,
+                             "%s: target %d at position %s (flat index %lld) is outside [0, V) with V = %lld and "
+                             "is not ignore_index (%d)",
+                             op, (int)t[i], anneal_ops_index_str(tc, i, b, sizeof b), (long long)i, (long long)V,
+                             (int)ignore_index);
+            free(*owned);
+            *owned = NULL;
+            return NULL;
+        }
+        kept++;
+    }
+    *count = kept;
+    return t;
+}

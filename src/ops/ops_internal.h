@@ -32,6 +32,12 @@ const char *anneal_ops_index_str(const anneal_tensor *t, int64_t pos, char *buf,
  * error on failure. */
 const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
                                  void **owned);
+/* The class targets of a loss (contiguous i32 tc) on the host, after checking each is
+ * ignore_index or in [0, V) (else NULL + an error naming op, the value and its
+ * position); *count = the targets that are not ignored. As anneal_ops_host_view, a copy
+ * may be stored in *owned for the caller to free. */
+const int32_t *anneal_ops_check_targets(const char *op, const anneal_backend *be, const anneal_tensor *tc,
+                                        int64_t V, int32_t ignore_index, int64_t *count, void **owned);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
 

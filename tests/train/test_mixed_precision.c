@@ -35,7 +35,7 @@
 /* The text: the whole KJV from `bible`, else the excerpt tu_corpus finds. Learns the
  * tokenizer and prepares dir/data; NULL (why set) when there is no text. */
 static const char *make_data(const char *dir, char *why, size_t why_n) {
-    static char corpus[512], tokdir[512], data[512];
+    static char corpus[512];
     snprintf(corpus, sizeof corpus, "%s/kjv_full.txt", dir);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "bible gen1:1-rev22:21 > '%s' 2>/dev/null", corpus);
@@ -45,27 +45,7 @@ static const char *make_data(const char *dir, char *why, size_t why_n) {
         snprintf(why, why_n, "no text: neither the bible program (Debian's bible-kjv) nor ../shared's KJV excerpt");
         return NULL;
     }
-    snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
-    snprintf(data, sizeof data, "%s/data", dir);
-    const char *files[1] = {text};
-    anneal_tokenizer *tok = NULL;
-    if (anneal_bpe_train(files, 1, 512, tokdir) != ANNEAL_OK || anneal_tokenizer_load(tokdir, &tok) != ANNEAL_OK) {
-        snprintf(why, why_n, "tokenizer: %s", anneal_last_error());
-        return NULL;
-    }
-    anneal_prepare_config pc = {.tok = tok, .tokenizer_spec = tokdir, .inputs = files, .n_inputs = 1,
-                                .out_dir = data, .val_fraction = 0.1, .shard_tokens = 1u << 30,
-                                .chunk_bytes = 1 << 20, .threads = 2, .progress = NULL};
-    anneal_prepare_result res;
-    memset(&res, 0, sizeof res);
-    anneal_status st = anneal_prepare_run(&pc, &res);
-    anneal_prepare_result_free(&res);
-    anneal_tokenizer_free(tok);
-    if (st != ANNEAL_OK) {
-        snprintf(why, why_n, "prepare: %s", anneal_last_error());
-        return NULL;
-    }
-    return data;
+    return tu_make_data_from(dir, text, 512, why, why_n);
 }
 
 /* One run's step records (index step-1). */

@@ -59,15 +59,11 @@ static inline const char *tu_corpus(const char *dir) {
     return NULL;
 }
 
-/* Learns a BPE tokenizer of `vocab` ids from the corpus into dir/tok and prepares
- * dir/data (train + 10% val). Returns dir/data, or NULL (with a reason in why). */
-static inline const char *tu_make_data(const char *dir, int vocab, char *why, size_t why_n) {
+/* Learns a BPE tokenizer of `vocab` ids from the text file `corpus` into dir/tok and
+ * prepares dir/data (train + 10% val). Returns dir/data, or NULL (with a reason in why). */
+static inline const char *tu_make_data_from(const char *dir, const char *corpus, int vocab, char *why,
+                                            size_t why_n) {
     static char data[512];
-    const char *corpus = tu_corpus(dir);
-    if (!corpus) {
-        snprintf(why, why_n, "no text: neither ../shared/data/tokenizer/kjv_head.txt nor the bible program");
-        return NULL;
-    }
     char tokdir[512];
     snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
     snprintf(data, sizeof data, "%s/data", dir);
@@ -90,6 +86,16 @@ static inline const char *tu_make_data(const char *dir, int vocab, char *why, si
         return NULL;
     }
     return data;
+}
+
+/* tu_make_data_from on the corpus tu_corpus finds. */
+static inline const char *tu_make_data(const char *dir, int vocab, char *why, size_t why_n) {
+    const char *corpus = tu_corpus(dir);
+    if (!corpus) {
+        snprintf(why, why_n, "no text: neither ../shared/data/tokenizer/kjv_head.txt nor the bible program");
+        return NULL;
+    }
+    return tu_make_data_from(dir, corpus, vocab, why, why_n);
 }
 
 /* Reads "type":"step" records of a log: losses[step-1] = loss (the last record of a
