@@ -10,6 +10,7 @@
  * gradients, and the model's error paths. */
 #include "anneal/anneal.h"
 #include "test.h"
+#include "gpt2_fixture.h"
 
 #include <stdlib.h>
 
@@ -41,26 +42,6 @@ static anneal_gpt2 *fixture_model(const anneal_safetensors *st, bool recompute) 
     return m;
 }
 
-/* Copies entry name as f32 into a malloc'd buffer (numel in *n). */
-static float *entry_f32(const anneal_safetensors *st, const char *name, int64_t *n) {
-    anneal_scope *s = anneal_scope_open();
-    anneal_tensor *t = anneal_safetensors_load(st, name, ANNEAL_F32);
-    float *out = NULL;
-    *n = 0;
-    if (t) {
-        *n = anneal_numel(t);
-        out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
-        anneal_to_f32_buffer(t, out);
-    }
-    anneal_scope_close(s);
-    return out;
-}
-
-static float *tensor_f32(const anneal_tensor *t) {
-    float *out = malloc((size_t)(anneal_numel(t) ? anneal_numel(t) : 1) * sizeof *out);
-    anneal_to_f32_buffer(t, out);
-    return out;
-}
 
 TEST(forward_and_gradients_match_pytorch) {
     anneal_safetensors *st = open_fixture();

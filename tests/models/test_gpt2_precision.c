@@ -41,6 +41,7 @@
  *    and attention to bf16): anneal's bf16 loss within 1e-4 relative (measured 1e-7). */
 #include "anneal/anneal.h"
 #include "test.h"
+#include "gpt2_fixture.h"
 
 #include <stdlib.h>
 
@@ -66,26 +67,6 @@ static double meta_double(const anneal_safetensors *st, const char *k) {
     return v ? atof(v) : NAN;
 }
 
-/* Copies entry name as f32 into a malloc'd buffer (numel in *n); NULL if absent. */
-static float *entry_f32(const anneal_safetensors *st, const char *name, int64_t *n) {
-    anneal_scope *s = anneal_scope_open();
-    anneal_tensor *t = anneal_safetensors_load(st, name, ANNEAL_F32);
-    float *out = NULL;
-    *n = 0;
-    if (t) {
-        *n = anneal_numel(t);
-        out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
-        anneal_to_f32_buffer(t, out);
-    }
-    anneal_scope_close(s);
-    return out;
-}
-
-static float *tensor_f32(const anneal_tensor *t) {
-    float *out = malloc((size_t)(anneal_numel(t) ? anneal_numel(t) : 1) * sizeof *out);
-    anneal_to_f32_buffer(t, out);
-    return out;
-}
 
 /* What one forward + backward at a matmul dtype produced. */
 typedef struct result {
