@@ -45,7 +45,6 @@
 
 #include "anneal/autograd.h"
 #include "anneal/backend.h"
-#include "anneal/optim.h"
 
 typedef struct ddp_bucket {
     int lo, hi;          /* parameters lo..hi (inclusive, registration indices) */
@@ -532,27 +531,43 @@ anneal_status anneal_ddp_scale_grads(anneal_ddp *d, float s) {
     return ANNEAL_OK;
 }
 
-/* Stage 0: every rank holds identical mean gradients, so the single-process clip
- * (anneal_clip_grad_norm, registration order) gives the same value everywhere.
- * Stages 1-2: the norm of the shards combined by shard_norm, then PyTorch's
- * coefficient max_norm / (norm + 1e-6) in f32, applied when < 1. */
+/* Stage 0: every rank holds identical mean gradients in .grad (contiguous f32, made
+ * by anneal_ddp_finish): the sum over parameters, in registration order and in double,
+ * of each one's sum of squares: the arithmetic of optim's anneal_grad_norm (dist sits
+ * above optim, so it does not call it), hence the same bits on every rank and as one
+ * process. */
+static anneal_status full_norm(anneal_ddp *d, float *norm) {
+    const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
+    if (!be) return anneal_last_status();
+    double total = 0;
+    for (int i = 0; i < d->n; i++) {
+        const anneal_tensor *g = d->ps->items[i].tensor->grad;
+        if (g && (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g)))
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "anneal_ddp_clip_grad_norm: grad of '%s' is not contiguous f32",
+                                    d->ps->items[i].name);
+        double ss = 0;
+        anneal_status s = g ? be->sum_squares(g, &ss) : ANNEAL_OK;
+        if (s != ANNEAL_OK) return s;
+        total += ss;
+    }
+    *norm = (float)sqrt(total);
+    return ANNEAL_OK;
+}
+
+/* The norm (full_norm at stage 0; the shards combined by shard_norm at stages 1-2),
+ * then PyTorch's coefficient max_norm / (norm + 1e-6) in f32, applied when < 1 (the
+ * same multiply as anneal_ddp_scale_grads). */
 anneal_status anneal_ddp_clip_grad_norm(anneal_ddp *d, float max_norm, float *norm_out) {
     anneal_status s = require_synced(d, "anneal_ddp_clip_grad_norm");
     if (s != ANNEAL_OK) return s;
     if (!(max_norm >= 0) && !(max_norm <= 0))
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_clip_grad_norm: invalid max_norm %g", (double)max_norm);
     float norm = 0;
-    if (d->cfg.zero_stage == 0) {
-        s = max_norm > 0 ? anneal_clip_grad_norm(d->ps, max_norm, &norm) : anneal_grad_norm(d->ps, &norm);
-        if (s == ANNEAL_OK && norm_out) *norm_out = norm;
-        return s;
-    }
-    if ((s = shard_norm(d, &norm)) != ANNEAL_OK) return s;
+    if ((s = d->cfg.zero_stage == 0 ? full_norm(d, &norm) : shard_norm(d, &norm)) != ANNEAL_OK) return s;
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm) || !(max_norm > 0)) return ANNEAL_OK;
     float coef = max_norm / (norm + 1e-6f);
-    if (coef < 1.0f && d->shard_grad) scale(anneal_data(d->shard_grad), d->shard_numel, coef);
-    return ANNEAL_OK;
+    return coef < 1.0f ? anneal_ddp_scale_grads(d, coef) : ANNEAL_OK;
 }
 
 int64_t anneal_ddp_shard_numel(const anneal_ddp *d) { return d ? d->shard_numel : 0; }
