@@ -10,7 +10,9 @@ every variant alike. Each process trains `--warmup` + `--steps` steps on the sam
 synthetic Markov-chain tokens; the warm-up steps are not timed.
 
 It prints, per config and variant, ms/step median and range over all timed steps of
-all rounds, tokens/s, MFU = (6N + 12·L·T·C) FLOPs/token × tokens/s / peak, where the
+all rounds, the median process CPU time per step (all threads: other processes holding
+the cores do not inflate it, so it shows whether a slow wall time was the machine's),
+tokens/s, MFU = (6N + 12·L·T·C) FLOPs/token × tokens/s / peak, where the
 peak is measured here by `anneal bench peak` (fp32 FMA and bf16 dot-product
 microbenchmarks, best of the measurements taken before each round), peak RSS (VmHWM
 of the process once step max(2, last-1) is done: the training's peak over at least
@@ -198,6 +200,7 @@ class Variant:
         self.name, self.impl, self.dtype, self.python, self.version = name, impl, dtype, python, version
         self.recompute, self.note = recompute, note
         self.ms, self.rss, self.rss_exit, self.tensor_peak, self.failures = [], [], [], [], []
+        self.cpu_ms = []  # process CPU time per step (all threads): not inflated by other processes
         self.load = []  # 1-minute load average at the end of each run
 
     def command(self, a, c, work, peaks, feats, tag):
@@ -241,6 +244,8 @@ class Variant:
             log("    %s: FAILED (%s)" % (self.name, self.failures[-1]))
             return
         self.ms += ms
+        self.cpu_ms += [r["cpu_ms"] for r in recs if r.get("type") == "step" and r.get("step", 0) > a.warmup
+                        and "cpu_ms" in r]
         self.rss.append(rss if rss is not None else rss_exit)
         self.rss_exit.append(rss_exit)
         for r in recs:
@@ -283,15 +288,17 @@ def report_config(name, c, variants, peaks, a):
         if v.recompute:
             continue
         if not v.ok():
-            rows.append([v.name, "n/a", "n/a", "n/a", "n/a", "n/a", v.note or "; ".join(v.failures) or "not run"])
+            rows.append([v.name, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", v.note or "; ".join(v.failures) or "not run"])
             continue
         tok = v.tok_s(c)
         peak = peaks.get(v.dtype)
         mfu = "%.1f%% of %s" % (100 * fpt * tok / (peak[0] * 1e9), v.dtype) if peak else "n/a"
-        rows.append([v.name, "%.1f" % v.median_ms(), "%.1f-%.1f" % (min(v.ms), max(v.ms)), "%.1f" % tok, mfu,
+        cpu = "%.0f" % statistics.median(v.cpu_ms) if v.cpu_ms else "n/a"
+        rows.append([v.name, "%.1f" % v.median_ms(), "%.1f-%.1f" % (min(v.ms), max(v.ms)), cpu, "%.1f" % tok, mfu,
                      fmt_bytes(v.peak_rss()), "%d steps, %d runs, load %.1f%s" % (
                          len(v.ms), len(v.rss), statistics.median(v.load), "; " + v.note if v.note else "")])
-    lines.append(table(rows, ["variant", "ms/step median", "range", "tok/s", "MFU", "peak RSS", "samples"]))
+    lines.append(table(rows, ["variant", "ms/step median", "range", "CPU ms/step", "tok/s", "MFU", "peak RSS",
+                              "samples"]))
     # ratios anneal / each PyTorch, same dtype
     by = {(v.impl, v.version, v.dtype): v for v in variants if not v.recompute}
     rrows, ratios = [], {}

@@ -17,7 +17,8 @@ The same model and step as `anneal train --synthetic`:
 
 Writes JSON lines (to --log, flushed per line, and to stdout):
   {"type":"start", "torch":..., "params":..., "dtype":..., "attention":..., "threads":...}
-  {"type":"step", "step":i, "ms":..., "loss":..., "tokens_per_s":...}   one per step
+  {"type":"step", "step":i, "ms":..., "cpu_ms":..., "loss":..., "tokens_per_s":...}   one per step
+  (cpu_ms: the process CPU time of the step, all threads)
   {"type":"summary", "peak_rss_bytes":..., "median_ms":...}  ru_maxrss of this process
 Batches are made before each step's clock starts (anneal's step time includes its
 batch, a few microseconds in C; the pure-Python Philox here would take ~50 ms).
@@ -195,6 +196,7 @@ def main():
     for step in range(1, a.steps + 1):
         idx, tgt = data.next()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = m(idx, tgt)
         loss.backward()
@@ -203,8 +205,9 @@ def main():
         opt.zero_grad(set_to_none=True)  # frees the gradients before the next forward
         lv = loss.item()
         ms = (time.perf_counter() - t0) * 1e3
+        cpu_ms = (time.process_time() - c0) * 1e3
         times.append(ms)
-        emit({"type": "step", "step": step, "ms": ms, "loss": lv, "tokens_per_s": a.batch * a.seq / (ms / 1e3)})
+        emit({"type": "step", "step": step, "ms": ms, "cpu_ms": cpu_ms, "loss": lv, "tokens_per_s": a.batch * a.seq / (ms / 1e3)})
     timed = sorted(times[1:] if len(times) > 1 else times)
     emit({"type": "summary", "median_ms": timed[len(timed) // 2],
           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})

@@ -37,6 +37,7 @@ typedef struct anneal_step_stats {
     double tokens_per_s;
     double mfu;            /* fraction of peak, NaN if unknown */
     double ms;             /* this step's time */
+    double cpu_ms;         /* this step's process CPU time, all threads */
     double eta_s;          /* seconds left, NaN if unknown */
     bool skipped;          /* non-finite: the update was skipped */
 } anneal_step_stats;

@@ -20,6 +20,12 @@ bool train_stop_requested(int *signo) {
 
 void train_stop_reset(void) { stop_signo = 0; }
 
+double train_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 double train_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

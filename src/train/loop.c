@@ -178,6 +178,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "tokens_per_s", ps->tokens_per_s);
     cJSON_AddNumberToObject(o, "mfu", ps->mfu);
     cJSON_AddNumberToObject(o, "ms", ps->ms);
+    cJSON_AddNumberToObject(o, "cpu_ms", ps->cpu_ms);
     cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     if (so->loss_scale > 0) { /* fp16 */
@@ -317,13 +318,13 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     int bad_in_row = 0, signo = 0;
     bool interrupted = false;
     for (int64_t step = t->st.step; step < t->total_steps; step++) {
-        double t0 = train_now_ms();
+        double t0 = train_now_ms(), c0 = train_cpu_ms();
         step_out so;
         if (run_step(t, step, &so) != ANNEAL_OK) {
             fail = train_dist_fatal(t, step_error(step + 1));
             break;
         }
-        double now = train_now_ms(), ms = now - t0;
+        double now = train_now_ms(), ms = now - t0, cpu_ms = train_cpu_ms() - c0;
         t->st.step = step + 1;
         t->st.tokens += t->tokens_per_step;
         t->st.rng = anneal_rng_get();
@@ -335,7 +336,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         last_loss = so.loss;
 
         anneal_step_stats ps = {.step = step + 1, .total = t->total_steps, .loss = so.loss, .lr = so.lr,
-                                .grad_norm = so.norm, .ms = ms, .skipped = so.skipped};
+                                .grad_norm = so.norm, .ms = ms, .cpu_ms = cpu_ms, .skipped = so.skipped};
         ps.tokens_per_s = (double)t->tokens_per_step / (ms / 1e3);
         ps.mfu = t->peak_gflops > 0 ? t->flops_per_token * ps.tokens_per_s / (t->peak_gflops * 1e9) : NAN;
         /* ETA from the average wall time per step since the first (which warms up) */

@@ -127,6 +127,9 @@ bool train_inject_nan(const trainer *t, int64_t step1);
 
 /* Milliseconds on the monotonic clock. */
 double train_now_ms(void);
+/* CPU time of the whole process (all threads), in ms: a step's cost that other processes
+ * holding the cores do not inflate. */
+double train_cpu_ms(void);
 
 /* dist.c: the distributed side of a run. Every function is collective (every rank calls
  * it at the same point) and a no-op on the single-process path unless said otherwise. */
