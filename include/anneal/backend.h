@@ -89,16 +89,20 @@ typedef struct anneal_backend {
                                  const anneal_tensor *dy, bool log);
 
     /* Attention on (B, H, T, D) tensors whose last dim has stride 1 (other strides
-     * free, so views into a fused qkv buffer work). lse (B, H, Tq) contiguous. */
+     * free, so views into a fused qkv buffer work). lse (B, H, Tq) contiguous.
+     * compute: ANNEAL_BF16 rounds the operands of every tile product to bf16 (f32
+     * accumulation; softmax statistics, lse and the normalisation in f32); ANNEAL_F32
+     * and ANNEAL_F16 run f32 attention (the same bits). */
     anneal_status (*attention_fwd)(anneal_tensor *o, anneal_tensor *lse, const anneal_tensor *q,
                                    const anneal_tensor *k, const anneal_tensor *v, bool causal,
-                                   float scale);
-    /* dq, dk, dv: same shape and strides as q, k, v; overwritten. */
+                                   float scale, anneal_dtype compute);
+    /* dq, dk, dv: same shape and strides as q, k, v; overwritten. compute: the
+     * forward's. */
     anneal_status (*attention_bwd)(anneal_tensor *dq, anneal_tensor *dk, anneal_tensor *dv,
                                    const anneal_tensor *q, const anneal_tensor *k,
                                    const anneal_tensor *v, const anneal_tensor *o,
                                    const anneal_tensor *dout, const anneal_tensor *lse,
-                                   bool causal, float scale);
+                                   bool causal, float scale, anneal_dtype compute);
 
     /* y (N, C) = w[ids]; ids i32 (N), validated by the op. */
     anneal_status (*embedding_fwd)(anneal_tensor *y, const anneal_tensor *ids,
@@ -142,6 +146,18 @@ typedef struct anneal_backend {
     anneal_status (*dense_gelu_fwd)(anneal_tensor *y, anneal_tensor *pre, const anneal_tensor *x,
                                     const anneal_tensor *w, const anneal_tensor *b,
                                     anneal_dtype compute);
+    /* c (M, N) = a (M, K) @ b (K, N) + bias (N, added to every row in the GEMM's epilogue
+     * instead of a broadcast pass before it); a, b 2-D with a unit stride in either dim,
+     * c contiguous, operands rounded to `compute` as for matmul. Optional (NULL: the ops
+     * broadcast the bias and call matmul with beta = 1). */
+    anneal_status (*matmul_bias)(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
+                                 const anneal_tensor *bias, anneal_dtype compute);
+    /* c = a @ b as matmul_bias without the bias, and bsum (N) = the column sums of b (f32
+     * additions over k in order), taken while the GEMM packs b: a dense layer's weight
+     * gradient x^T @ dy and bias gradient (column sums of dy) in one pass over dy.
+     * Optional (NULL: the ops sum separately). */
+    anneal_status (*matmul_bsum)(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
+                                 anneal_tensor *bsum, anneal_dtype compute);
     /* s = x + r and y = LayerNorm(s) (mean/rstd (N) written) in one pass; all (N, C). */
     anneal_status (*add_layer_norm_fwd)(anneal_tensor *s, anneal_tensor *y, anneal_tensor *mean,
                                         anneal_tensor *rstd, const anneal_tensor *x,

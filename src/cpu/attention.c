@@ -19,8 +19,13 @@
  * ISA: the small GEMMs and the exponentials have an AVX-512 intrinsics path (chosen at
  * run time with anneal_cpu_has_avx512) and a portable C path (auto-vectorised, cloned
  * per ISA by ANNEAL_VEC_CLONES). ANNEAL_CPU_ISA=portable in the environment, read at
- * every call, forces the portable path (the tests use it). */
-#include "cpu/cpu_kernels.h"
+ * every call, forces the portable path (the tests use it).
+ *
+ * Precision: this file is the f32 attention (f32 operands and accumulation), used for
+ * compute = ANNEAL_F32 and ANNEAL_F16 alike (f16 attention would bring no speed: f16
+ * GEMMs run the f32 kernel too). compute = ANNEAL_BF16 goes to attention_bf16.c. */
+#include "anneal/core.h"
+#include "cpu/attention_internal.h"
 #include "cpu/vec_math.h"
 
 #include <math.h>
@@ -35,22 +40,8 @@
 #define ATTN_HAVE_X86 0
 #endif
 
-enum { BQ = 64, BK = 64 }; /* query / key tile sizes */
-
-/* C[M x N] (= or +=) A[M x K] @ B[K x N]. A(i, k) = A[i*a_rs + k*a_cs] (so A may be a
- * transposed view); B rows have stride ldb, C rows ldc; the last dims are contiguous. */
-typedef void (*gemm_fn)(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_cs,
-                        const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
-/* x[j] = exp(a * x[j] - b) for j < n; returns the sum of the new x. */
-typedef float (*exp_fn)(float *x, int n, float a, float b);
-/* Largest of x[0..n), n >= 1 (NaN-ignoring like fmaxf). */
-typedef float (*max_fn)(const float *x, int n);
-
-typedef struct attn_isa {
-    gemm_fn gemm;
-    exp_fn exp_row;
-    max_fn row_max;
-} attn_isa;
+enum { BQ = ANNEAL_ATTN_BQ, BK = ANNEAL_ATTN_BK }; /* query / key tile sizes */
+typedef anneal_attn_isa attn_isa;
 
 /* ------------------------------------------------------------ portable path */
 
@@ -222,7 +213,7 @@ static const attn_isa isa_avx512 = {gemm_avx512, exp_row_avx512, row_max_avx512}
 #endif
 
 /* The kernels for this CPU; ANNEAL_CPU_ISA=portable forces portable C. */
-static const attn_isa *attn_pick_isa(void) {
+const anneal_attn_isa *anneal_attn_pick_isa(void) {
 #if ATTN_HAVE_X86
     const char *env = getenv("ANNEAL_CPU_ISA");
     if (!(env && strcmp(env, "portable") == 0) && anneal_cpu_has_avx512()) return &isa_avx512;
@@ -231,13 +222,6 @@ static const attn_isa *attn_pick_isa(void) {
 }
 
 /* ------------------------------------------------------------ shared helpers */
-
-/* Number of keys query row i may see: Tk, or i + (Tk - Tq) + 1 clamped to [0, Tk]. */
-static inline int64_t attn_visible(const anneal_cpu_attn_desc *d, int64_t i) {
-    if (!d->causal) return d->Tk;
-    int64_t n = i + (d->Tk - d->Tq) + 1;
-    return n < 0 ? 0 : n > d->Tk ? d->Tk : n;
-}
 
 /* dst[c][j] = src[j*ld + c] for j < n, c < D: a (D x BK) transposed copy of n rows. */
 static void attn_pack_t(const float *src, int64_t ld, int n, int64_t D, float *dst) {
@@ -255,7 +239,7 @@ static void ws_key_init(void) { pthread_key_create(&ws_key, free); }
 
 /* This thread's workspace of at least nfloats, kept between calls (like the GEMM
  * pack buffers) so a steady-state step does not allocate; NULL when out of memory. */
-static float *attn_alloc(size_t nfloats) {
+float *anneal_attn_alloc(size_t nfloats) {
     static _Thread_local float *buf;
     static _Thread_local size_t cap;
     size_t bytes = (nfloats * sizeof(float) + 63) & ~(size_t)63;
@@ -288,14 +272,14 @@ static void attn_fwd_tile(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     }
     memset(acc, 0, sizeof(float) * (size_t)(nq * D));
 
-    const int64_t kend = attn_visible(d, q0 + nq - 1); /* keys seen by the last row */
+    const int64_t kend = anneal_attn_visible(d, q0 + nq - 1); /* keys seen by the last row */
     for (int64_t k0 = 0; k0 < kend; k0 += BK) {
         const int nk = kend - k0 < BK ? (int)(kend - k0) : BK;
         attn_pack_t(k + k0 * d->k_st, d->k_st, nk, D, KT);
         isa->gemm(nq, nk, (int)D, Qs, D, 1, KT, BK, S, BK, false); /* S = Qs K^T */
         for (int i = 0; i < nq; i++) {
             float *s = S + i * BK;
-            int64_t nv64 = attn_visible(d, q0 + i) - k0;
+            int64_t nv64 = anneal_attn_visible(d, q0 + i) - k0;
             const int nv = nv64 < 0 ? 0 : nv64 > nk ? nk : (int)nv64;
             for (int j = nv; j < nk; j++) s[j] = 0.0f; /* masked: P = 0 */
             if (nv == 0) continue;
@@ -325,17 +309,32 @@ static void attn_fwd_tile(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     }
 }
 
+void anneal_attn_fail_fwd(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
+                          int nq) {
+    for (int i = 0; i < nq; i++) {
+        for (int64_t c = 0; c < d->D; c++) o[(q0 + i) * d->o_st + c] = NAN;
+        lse[q0 + i] = NAN;
+    }
+}
+
+/* compute == ANNEAL_BF16 runs the bf16 kernels (attention_bf16.c); anything else
+ * (f32, and f16, which would gain nothing here: f16 GEMMs run the f32 kernel) runs the
+ * f32 tiles below, whose results do not depend on compute. */
 void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
-                              const float *v, float *o, float *lse) {
+                              const float *v, float *o, float *lse, int compute) {
     const int64_t B = d->B, H = d->H, Tq = d->Tq, D = d->D;
     if (B <= 0 || H <= 0 || Tq <= 0 || D < 0) return;
-    const attn_isa *isa = attn_pick_isa();
+    if (compute == ANNEAL_BF16) {
+        anneal_attn_bf16_fwd(d, q, k, v, o, lse);
+        return;
+    }
+    const attn_isa *isa = anneal_attn_pick_isa();
     const int64_t ntiles = (Tq + BQ - 1) / BQ, ntasks = B * H * ntiles;
     const size_t ws_floats = (size_t)(2 * BQ * D + D * BK + BQ * BK + 2 * BQ);
 
 #pragma omp parallel
     {
-        float *ws = attn_alloc(ws_floats);
+        float *ws = anneal_attn_alloc(ws_floats);
         /* Tasks are (b, h, query tile); each output row is produced by one task in a
          * fixed order, so the bits do not depend on the schedule. Causal tiles differ
          * in cost, hence dynamic. */
@@ -347,10 +346,7 @@ void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, con
             float *ob = o + b * d->o_sb + h * d->o_sh;
             float *lb = lse + bh * Tq;
             if (!ws) {
-                for (int i = 0; i < nq; i++) {
-                    for (int64_t c = 0; c < D; c++) ob[(q0 + i) * d->o_st + c] = NAN;
-                    lb[q0 + i] = NAN;
-                }
+                anneal_attn_fail_fwd(d, ob, lb, q0, nq);
                 continue;
             }
             attn_fwd_tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
@@ -386,14 +382,14 @@ static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
 
         for (int64_t q0 = 0; q0 < Tq; q0 += BQ) {
             const int nq = Tq - q0 < BQ ? (int)(Tq - q0) : BQ;
-            if (attn_visible(d, q0 + nq - 1) <= k0) continue; /* tile fully masked */
+            if (anneal_attn_visible(d, q0 + nq - 1) <= k0) continue; /* tile fully masked */
             const float *qt = q + q0 * d->q_st, *dot = dout + q0 * d->o_st;
 
             /* P = exp(scale * Q K^T - lse), zero where masked. */
             isa->gemm(nq, nk, (int)D, qt, d->q_st, 1, KT, BK, P, BK, false);
             for (int i = 0; i < nq; i++) {
                 float *p = P + i * BK;
-                int64_t nv64 = attn_visible(d, q0 + i) - k0;
+                int64_t nv64 = anneal_attn_visible(d, q0 + i) - k0;
                 const int nv = nv64 < 0 ? 0 : nv64 > nk ? nk : (int)nv64;
                 if (nv > 0) isa->exp_row(p, nv, scale, lse[q0 + i]);
                 for (int j = nv; j < nk; j++) p[j] = 0.0f;
@@ -423,17 +419,32 @@ static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     }
 }
 
+void anneal_attn_fail_bwd(const anneal_cpu_attn_desc *d, float *dq, float *dk, float *dv) {
+    for (int64_t i = 0; i < d->Tq; i++)
+        for (int64_t c = 0; c < d->D; c++) dq[i * d->q_st + c] = NAN;
+    for (int64_t j = 0; j < d->Tk; j++)
+        for (int64_t c = 0; c < d->D; c++) {
+            dk[j * d->k_st + c] = NAN;
+            dv[j * d->v_st + c] = NAN;
+        }
+}
+
+/* compute as in anneal_cpu_attention_fwd (give the forward's). */
 void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                               const float *v, const float *o, const float *dout, const float *lse,
-                              float *dq, float *dk, float *dv) {
+                              float *dq, float *dk, float *dv, int compute) {
     const int64_t B = d->B, H = d->H, D = d->D;
     if (B <= 0 || H <= 0 || D < 0) return;
-    const attn_isa *isa = attn_pick_isa();
+    if (compute == ANNEAL_BF16) {
+        anneal_attn_bf16_bwd(d, q, k, v, o, dout, lse, dq, dk, dv);
+        return;
+    }
+    const attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_floats = (size_t)(2 * D * BK + 2 * BQ * BK + BQ);
 
 #pragma omp parallel
     {
-        float *ws = attn_alloc(ws_floats);
+        float *ws = anneal_attn_alloc(ws_floats);
         /* One task per (b, h): its dq, dk, dv rows are written only by it, in a fixed
          * tile order, so the bits do not depend on the thread count. */
 #pragma omp for schedule(dynamic, 1)
@@ -442,13 +453,7 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
             const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
             const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
             if (!ws) {
-                for (int64_t i = 0; i < d->Tq; i++)
-                    for (int64_t c = 0; c < D; c++) dq[qo + i * d->q_st + c] = NAN;
-                for (int64_t j = 0; j < d->Tk; j++)
-                    for (int64_t c = 0; c < D; c++) {
-                        dk[ko + j * d->k_st + c] = NAN;
-                        dv[vo + j * d->v_st + c] = NAN;
-                    }
+                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
                 continue;
             }
             attn_bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,

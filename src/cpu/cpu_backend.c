@@ -36,6 +36,34 @@ static bool gemm_operand(int64_t rows, int64_t cols, int64_t s_row, int64_t s_co
     return false;
 }
 
+/* c (M, N) = a @ b (2-D) with the epilogue ep (bias on C, or B's column sums). */
+static anneal_status cpu_matmul_2d(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
+                                   const anneal_gemm_epilogue *ep, anneal_dtype compute) {
+    int64_t M = c->shape[0], N = c->shape[1], K = a->shape[1];
+    bool ta, tb;
+    int64_t lda, ldb;
+    if (!gemm_operand(M, K, a->strides[0], a->strides[1], &ta, &lda) ||
+        !gemm_operand(K, N, b->strides[0], b->strides[1], &tb, &ldb))
+        return anneal_set_error(ANNEAL_ERR_ARG, "matmul operand needs a unit stride in its last two dims");
+    anneal_cpu_gemm((int)compute, ta, tb, M, N, K, 1.0f, anneal_data(a), lda, anneal_data(b), ldb,
+                    0.0f, anneal_data(c), N > 0 ? N : 1, ep);
+    return ANNEAL_OK;
+}
+
+/* c = a @ b + bias, the bias in the GEMM's epilogue (see the backend slot). */
+static anneal_status cpu_matmul_bias(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
+                                     const anneal_tensor *bias, anneal_dtype compute) {
+    anneal_gemm_epilogue ep = {.bias = anneal_data(bias)};
+    return cpu_matmul_2d(c, a, b, &ep, compute);
+}
+
+/* c = a @ b and bsum = column sums of b, taken while packing b (see the backend slot). */
+static anneal_status cpu_matmul_bsum(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
+                                     anneal_tensor *bsum, anneal_dtype compute) {
+    anneal_gemm_epilogue ep = {.b_colsum = anneal_data(bsum)};
+    return cpu_matmul_2d(c, a, b, &ep, compute);
+}
+
 static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
                                 float alpha, float beta, anneal_dtype compute) {
     int nd = c->ndim;
@@ -182,10 +210,10 @@ static void attn_desc(anneal_cpu_attn_desc *d, const anneal_tensor *q, const ann
 
 static anneal_status cpu_attention_fwd(anneal_tensor *o, anneal_tensor *lse, const anneal_tensor *q,
                                        const anneal_tensor *k, const anneal_tensor *v, bool causal,
-                                       float scale) {
+                                       float scale, anneal_dtype compute) {
     anneal_cpu_attn_desc d;
     attn_desc(&d, q, k, v, o, causal, scale);
-    anneal_cpu_attention_fwd(&d, F(q), F(k), F(v), F(o), F(lse));
+    anneal_cpu_attention_fwd(&d, F(q), F(k), F(v), F(o), F(lse), (int)compute);
     return ANNEAL_OK;
 }
 
@@ -193,10 +221,11 @@ static anneal_status cpu_attention_bwd(anneal_tensor *dq, anneal_tensor *dk, ann
                                        const anneal_tensor *q, const anneal_tensor *k,
                                        const anneal_tensor *v, const anneal_tensor *o,
                                        const anneal_tensor *dout, const anneal_tensor *lse,
-                                       bool causal, float scale) {
+                                       bool causal, float scale, anneal_dtype compute) {
     anneal_cpu_attn_desc d;
     attn_desc(&d, q, k, v, o, causal, scale);
-    anneal_cpu_attention_bwd(&d, F(q), F(k), F(v), F(o), F(dout), F(lse), F(dq), F(dk), F(dv));
+    anneal_cpu_attention_bwd(&d, F(q), F(k), F(v), F(o), F(dout), F(lse), F(dq), F(dk), F(dv),
+                             (int)compute);
     return ANNEAL_OK;
 }
 
@@ -286,6 +315,8 @@ static const anneal_backend k_cpu_backend = {
     .adamw_multi = cpu_adamw_multi,
     .sum_squares = cpu_sum_squares,
     .dense_gelu_fwd = anneal_cpu_dense_gelu_fwd,
+    .matmul_bias = cpu_matmul_bias,
+    .matmul_bsum = cpu_matmul_bsum,
     .add_layer_norm_fwd = anneal_cpu_add_layer_norm_fwd,
     .add_layer_norm_bwd = anneal_cpu_add_layer_norm_bwd,
     .linear_cross_entropy = anneal_cpu_linear_cross_entropy,

@@ -7,6 +7,7 @@
 #define ANNEAL_CPU_KERNELS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------------ GEMM */
@@ -30,11 +31,16 @@ void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t
 /* What a GEMM does to each finished element of C, after alpha*op(A)@op(B) + beta*C
  * (fused into the GEMM while the tile is in cache): add bias[j] (when bias is non-NULL),
  * then, when gelu_tanh, store the value so far in pre (same ldc; if pre is non-NULL) and
- * write gelu_tanh(value) to C. */
+ * write gelu_tanh(value) to C.
+ * And, when b_colsum is non-NULL, b_colsum[j] = the sum over k of op(B)[k, j] (the f32
+ * values as given, not rounded to the compute precision; f32 additions in ascending k):
+ * computed while op(B) is packed, when it is in cache anyway (a linear layer's bias
+ * gradient is the column sums of dy, the B operand of its weight gradient). */
 typedef struct anneal_gemm_epilogue {
     const float *bias; /* (N) or NULL */
     bool gelu_tanh;
     float *pre;        /* (M x N, row stride ldc) or NULL */
+    float *b_colsum;   /* (N) or NULL */
 } anneal_gemm_epilogue;
 
 /* anneal_cpu_sgemm with the operands rounded to `compute` (ANNEAL_F32: none;
@@ -44,6 +50,20 @@ typedef struct anneal_gemm_epilogue {
 void anneal_cpu_gemm(int compute, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                      float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep);
+/* Packing op(B) once for several products that share it (a weight used by several row
+ * chunks): anneal_cpu_gemm_packed_b_size gives the bytes of op(B) (K x N; op(B)[k, n] is
+ * B[k*ldb + n], or B[n*ldb + k] when trans_b) packed for products at precision `compute`,
+ * anneal_cpu_gemm_pack_b writes it to dst (64-byte aligned; uses threads), and
+ * anneal_cpu_gemm_packed computes C = alpha * op(A) @ op(B) + beta * C from it with the
+ * same bits as anneal_cpu_gemm on the unpacked B (except M == 1, which anneal_cpu_gemm
+ * runs unpacked). Pack and products must use the same compute, K and N, with no GEMM ISA
+ * change in between. The epilogue's b_colsum is not available there (B is not at hand). */
+size_t anneal_cpu_gemm_packed_b_size(int compute, int64_t K, int64_t N);
+void anneal_cpu_gemm_pack_b(int compute, bool trans_b, int64_t K, int64_t N, const float *B,
+                            int64_t ldb, void *dst);
+void anneal_cpu_gemm_packed(int compute, bool trans_a, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float *A, int64_t lda, const void *packed_b,
+                            float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep);
 /* anneal_cpu_sgemm_batched at precision `compute` (no epilogue). */
 void anneal_cpu_gemm_batched(int compute, int64_t batch, bool trans_a, bool trans_b, int64_t M,
                              int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -121,14 +141,18 @@ typedef struct anneal_cpu_attn_desc {
 
 /* Flash-style forward: tiles of queries against tiles of keys with an online
  * softmax; never materialises a Tq x Tk matrix. Writes o and lse (B*H*Tq, contiguous,
- * natural-log logsumexp of the scaled scores of each query row). */
+ * natural-log logsumexp of the scaled scores of each query row). compute (an
+ * anneal_dtype): ANNEAL_BF16 rounds the operands of every tile product to bf16 with f32
+ * accumulation (softmax statistics, lse and o = acc / l stay f32; attention_bf16.c);
+ * anything else is the f32 kernel (f16 included: same bits as ANNEAL_F32). */
 void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
-                              const float *v, float *o, float *lse);
+                              const float *v, float *o, float *lse, int compute);
 /* Tiled backward from (q, k, v, o, dout, lse): recomputes probabilities tile by tile.
- * Overwrites dq, dk, dv (strided like q, k, v). Deterministic: each (b, h) is one task. */
+ * Overwrites dq, dk, dv (strided like q, k, v). Deterministic: each (b, h) is one task.
+ * compute: the forward's (bf16: every tile product on bf16 operands, f32 accumulation). */
 void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                               const float *v, const float *o, const float *dout,
-                              const float *lse, float *dq, float *dk, float *dv);
+                              const float *lse, float *dq, float *dk, float *dv, int compute);
 
 /* ------------------------------------------------------------ optimizer */
 

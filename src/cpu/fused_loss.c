@@ -4,10 +4,17 @@
  * wanted the workspace is overwritten in place with dlogits = scale*(softmax - onehot)
  * and consumed right away: dh_chunk = dlogits @ w and dw += dlogits^T @ h_chunk. No
  * (N, V) logits or logits-gradient buffer exists. Chunks run in order and every GEMM
- * and row loop is deterministic, so results do not depend on timing. */
+ * and row loop is deterministic, so results do not depend on timing.
+ *
+ * With more than one chunk, w is packed for the GEMM kernel once per call (as w^T for the
+ * logits, and as w for dh) instead of once per chunk and GEMM: the packed copies (V x C
+ * each, at the compute precision's element size) live in a scope of their own and go back
+ * to the caching allocator at the end. The products give the same bits either way. */
 #include "cpu/fused.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/vec_math.h"
+
+#include "anneal/core.h"
 
 #include <string.h>
 
@@ -38,11 +45,30 @@ anneal_status anneal_cpu_linear_cross_entropy(anneal_tensor *loss, anneal_tensor
     int64_t ldc = C > 0 ? C : 1, ldv = V > 0 ? V : 1;
     if (pdw && (N == 0 || C == 0)) memset(pdw, 0, (size_t)(V * C) * sizeof *pdw);
     if (pdh && C == 0) return ANNEAL_OK;
+    /* w packed once for all chunks (wt: w^T for the logits, wn: w for dh), when it pays */
+    const void *wt = NULL, *wn = NULL;
+    anneal_scope *packs = NULL;
+    const bool clean = anneal_last_status() == ANNEAL_OK;
+    if (N > CH && V > 0 && C > 0 && (packs = anneal_scope_new()) != NULL) {
+        anneal_scope_enter(packs);
+        int64_t nt = (int64_t)((anneal_cpu_gemm_packed_b_size(cd, C, V) + 3) / 4);
+        anneal_tensor *t = anneal_empty_on(w->device, ANNEAL_F32, 1, &nt);
+        if (t) anneal_cpu_gemm_pack_b(cd, true, C, V, pw, ldc, anneal_data(t)), wt = anneal_data(t);
+        if (pdh) {
+            int64_t nn = (int64_t)((anneal_cpu_gemm_packed_b_size(cd, V, C) + 3) / 4);
+            anneal_tensor *u = anneal_empty_on(w->device, ANNEAL_F32, 1, &nn);
+            if (u) anneal_cpu_gemm_pack_b(cd, false, V, C, pw, ldc, anneal_data(u)), wn = anneal_data(u);
+        }
+        anneal_scope_leave();
+    }
+    if (clean && anneal_last_status() != ANNEAL_OK)
+        anneal_clear_error(); /* no room for a packed copy: the chunks pack w themselves */
     for (int64_t r0 = 0; r0 < N; r0 += CH) {
         int64_t n = N - r0 < CH ? N - r0 : CH;
         const float *hc = ph + r0 * C;
         /* logits (n, V) = h_chunk (n, C) @ w^T */
-        anneal_cpu_gemm(cd, false, true, n, V, C, 1.0f, hc, ldc, pw, ldc, 0.0f, buf, ldv, NULL);
+        if (wt) anneal_cpu_gemm_packed(cd, false, n, V, C, 1.0f, hc, ldc, wt, 0.0f, buf, ldv, NULL);
+        else anneal_cpu_gemm(cd, false, true, n, V, C, 1.0f, hc, ldc, pw, ldc, 0.0f, buf, ldv, NULL);
         if (!pdh && !pdw) {
             anneal_cpu_cross_entropy_fwd(n, V, buf, pt + r0, ignore_index, pl + r0, plse + r0);
             continue;
@@ -58,11 +84,14 @@ anneal_status anneal_cpu_linear_cross_entropy(anneal_tensor *loss, anneal_tensor
             else dlogits_row(V, row, pt[g], plse[g], scale);
         }
         /* dh_chunk (n, C) = dlogits (n, V) @ w (V, C) */
-        if (pdh) anneal_cpu_gemm(cd, false, false, n, C, V, 1.0f, buf, ldv, pw, ldc, 0.0f,
-                                 pdh + r0 * C, ldc, NULL);
+        if (pdh && wn) anneal_cpu_gemm_packed(cd, false, n, C, V, 1.0f, buf, ldv, wn, 0.0f,
+                                              pdh + r0 * C, ldc, NULL);
+        else if (pdh) anneal_cpu_gemm(cd, false, false, n, C, V, 1.0f, buf, ldv, pw, ldc, 0.0f,
+                                      pdh + r0 * C, ldc, NULL);
         /* dw (V, C) (+)= dlogits^T (V, n) @ h_chunk (n, C) */
         if (pdw && C > 0) anneal_cpu_gemm(cd, true, false, V, C, n, 1.0f, buf, ldv, hc, ldc,
                                           r0 == 0 ? 0.0f : 1.0f, pdw, ldc, NULL);
     }
+    anneal_scope_free(packs);
     return ANNEAL_OK;
 }

@@ -1,17 +1,21 @@
 /* CPU GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, GotoBLAS/BLIS style, at f32,
  * bf16 or f16 operand precision, with an optional fused epilogue.
  *
- * Blocking of one thread's product (kc, mc, nc and the mr x nr tile come from the ISA
- * descriptor; loops from outside in):
+ * Blocking (kc, mc, nc and the mr x nr tile come from the ISA descriptor; loops from
+ * outside in; see gemm_blocked):
  *
  *   for jc over N in steps of nc             one B block of columns
  *     for pc over K in steps of kc           one depth block
- *       pack op(B)[pc:+kc, jc:+nc] -> Bp     kc x nr micro-panels (kc x nc elements, in L3)
- *       for ic over M in steps of mc
- *         pack op(A)[ic:+mc, pc:+kc] -> Ap   mr x kc micro-panels (mc x kc elements, in L2)
+ *       pack op(B)[pc:+kc, jc:+nc] -> Bp     kc x nr micro-panels (kc x nc elements, in L3),
+ *                                            once, the threads sharing the work
+ *       for each row block (<= mc rows)      taken by the threads one at a time
+ *         pack op(A)[rows, pc:+kc] -> Ap     mr x kc micro-panels (<= mc x kc, in L2)
  *         for jr over nc in steps of nr      one B micro-panel (kc x nr, stays in L1)
- *           for ir over mc in steps of mr    micro-kernel: mr x nr tile of C += Ap @ Bp,
+ *           for ir over the rows by mr       micro-kernel: mr x nr tile of C += Ap @ Bp,
  *                                            then (last depth block) the epilogue on it
+ *
+ * A product may also take op(B) packed beforehand (anneal_cpu_gemm_pack_b), when several
+ * products share it: then work items of rows x columns run over all of K (gemm_prepacked).
  *
  * Packing copies the operands into contiguous, 64-byte aligned, zero-padded micro-panels,
  * so the micro-kernel sees unit-stride data whatever the transposes and leading dims are,
@@ -20,24 +24,25 @@
  * bf16/f16 values kept as f32 for the f32 kernels (f16 products are exact in f32, so the
  * f32 kernel over f16-rounded panels gives f16 numerics at f32 speed).
  *
- * Threads: C is cut into one block per thread along panel boundaries (thread_grid) and
- * each thread runs the loop nest above on its block, packing its own operands, with no
- * synchronisation until the end. Every C element is computed by exactly one thread,
- * accumulating over k in the same order (kc-blocks in order, k in order inside a block,
- * the kc split depending only on K and the kernel), so results are bit-identical for any
- * thread count, and the epilogue is elementwise.
+ * Threads: every C element is computed by exactly one work item, accumulating over k in
+ * the same order (kc-blocks in order, k in order inside a block, the kc split depending
+ * only on K and the kernel), so results are bit-identical for any thread count and any
+ * assignment of items to threads, and the epilogue is elementwise. op(B) is packed once
+ * per product and op(A) once per column block, however many threads share the product.
  *
  * Single-row products (M == 1, generation) skip packing altogether: see "one row" below.
  *
  * beta is applied by the first kc-block only (later blocks accumulate with beta = 1), so
- * beta == 0 never reads C. The per-thread pack buffers are cached thread-locally and grow
- * to the largest block seen ((kc x nc + mc x kc) elements, about 3.4 MiB with AVX-512). */
+ * beta == 0 never reads C. The pack buffers are cached thread-locally and grow to the
+ * largest block seen (the calling thread's op(B) block, kc x nc elements, shared with its
+ * team; each thread's op(A) block, mc x kc elements; about 3.4 MiB with AVX-512). */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
 #include "cpu/vec_math.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,13 +223,29 @@ void anneal_cpu_gemm_allow_bf16_kernel(bool allow) {
 /* ------------------------------------------------------------ pack buffers */
 
 /* Two growable 64-byte aligned buffers per thread (0: packed B, 1: packed A). Kept for the
- * thread's lifetime so steady-state calls neither allocate nor page-fault. */
+ * thread's lifetime so steady-state calls neither allocate nor page-fault, and freed when
+ * the thread exits (OpenMP retires threads when the team size shrinks). */
 static _Thread_local void *tl_buf[2];
 static _Thread_local size_t tl_cap[2];
+static pthread_key_t tl_key;
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static bool tl_key_ok;
+
+/* Thread exit: free this thread's buffers. */
+static void pack_buffers_free(void *unused) {
+    (void)unused;
+    for (int i = 0; i < 2; i++) free(tl_buf[i]), tl_buf[i] = NULL, tl_cap[i] = 0;
+}
+
+static void tl_key_init(void) { tl_key_ok = pthread_key_create(&tl_key, pack_buffers_free) == 0; }
 
 /* A buffer of at least `bytes` bytes, or NULL when out of memory. */
 static void *pack_buffer(int which, size_t bytes) {
     if (tl_cap[which] >= bytes) return tl_buf[which];
+    if (!tl_buf[0] && !tl_buf[1]) { /* this thread's first: have its exit free them */
+        pthread_once(&tl_once, tl_key_init);
+        if (tl_key_ok) pthread_setspecific(tl_key, (void *)1);
+    }
     free(tl_buf[which]);
     bytes = (bytes + 63) & ~(size_t)63;
     tl_buf[which] = aligned_alloc(64, bytes);
@@ -243,7 +264,8 @@ typedef struct gemm_ctx {
     int round;
     bool ta, tb;
     float alpha;
-    const anneal_gemm_epilogue *ep; /* NULL when it does nothing */
+    const anneal_gemm_epilogue *ep; /* NULL when it does nothing to C */
+    float *colsum;                  /* the epilogue's B column sums, or NULL */
 } gemm_ctx;
 
 /* C = beta * C over M x N (beta == 0 writes zeros without reading C). */
@@ -265,31 +287,6 @@ static int64_t block_depth(int64_t K, int64_t kc_max) {
     int64_t nblocks = ceil_div(K, kc_max);
     int64_t kc = ceil_div(K, nblocks);
     return min64(kc_max, (kc + 7) & ~(int64_t)7);
-}
-
-/* Splits T threads into a tm x tn grid over the pm x pn tiles (mr x nr each) of C,
- * minimising the time of the busiest thread: its share of the FMAs plus its packing, since
- * each thread packs all of A for its rows and all of B for its columns. Per unit of K,
- * a tile row x col block costs 2*rows*cols flops and packing (rows + cols) floats, and
- * packing a float takes about as long as pack_cost flops in the micro-kernel (PACK_COST
- * for the f32 kernels; twice that for bf16, whose flops are twice as fast). */
-#define PACK_COST 30
-static void thread_grid(int T, int64_t pm, int64_t pn, int mr, int nr, int pack_cost, int *tm,
-                        int *tn) {
-    double best = -1;
-    *tm = 1;
-    *tn = T;
-    for (int a = 1; a <= T; a++) {
-        if (T % a) continue;
-        const int b = T / a;
-        const double rows = (double)(ceil_div(pm, a) * mr), cols = (double)(ceil_div(pn, b) * nr);
-        const double cost = 2.0 * rows * cols + pack_cost * (rows + cols);
-        if (best < 0 || cost < best) {
-            best = cost;
-            *tm = a;
-            *tn = b;
-        }
-    }
 }
 
 /* Threads worth using for an M x N x K product: one per ~4 MFLOP so tiny products skip the
@@ -319,90 +316,231 @@ static void gemm_unpacked(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, co
     if (g->ep) anneal_gemm_epilogue_tile(g->ep, M, N, C, ldc, bias, pre);
 }
 
-/* The blocked product on the calling thread alone (M, N, K >= 1): the loop nest in the
- * comment at the top of this file, with this thread's own pack buffers. bias and pre
- * (when the epilogue uses them) are offset to this block's origin like C. */
-static void gemm_serial(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, const float *A,
-                        int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                        int64_t ldc, const float *bias, float *pre) {
-    const anneal_gemm_isa *isa = g->isa;
-    const int mr = isa->mr, nr = isa->nr, ks = isa->kstep;
+/* ------------------------------------------------------------ packing op(B) */
+
+#define PACK_GROUP 8 /* micro-panels per packing task */
+
+/* sum[c] (c in [c0, c0+n)) += op(B)[k, c] over k in [pc, pc+kc), in ascending k (set
+ * instead of added when pc == 0): the B column sums of anneal_gemm_epilogue, over a block
+ * just packed and still in cache. Each column is one sequential f32 sum, so the bits do
+ * not depend on the layout of B, the blocking or the threads. */
+ANNEAL_VEC_CLONES
+static void column_sums_block(bool tb, const float *B, int64_t ldb, int64_t pc, int64_t kc,
+                              int64_t c0, int64_t n, float *restrict sum) {
+    if (pc == 0)
+        for (int64_t c = c0; c < c0 + n; c++) sum[c] = 0.0f;
+    if (!tb) {
+        for (int64_t k = pc; k < pc + kc; k++) {
+            const float *restrict row = B + k * ldb;
+            for (int64_t c = c0; c < c0 + n; c++) sum[c] += row[c];
+        }
+    } else {
+        for (int64_t c = c0; c < c0 + n; c++) {
+            const float *restrict col = B + c * ldb;
+            float t = sum[c];
+            for (int64_t k = pc; k < pc + kc; k++) t += col[k];
+            sum[c] = t;
+        }
+    }
+}
+
+/* Packs the depth block [pc, pc+kc) of op(B)'s columns [c0, c0+n) (op(B)[k, c] is
+ * B[k*ldb + c], or B[c*ldb + k] when transposed) into dst as consecutive micro-panels,
+ * the tasks (groups of PACK_GROUP panels) dealt round robin to the threads of the
+ * enclosing parallel region (or all done by the caller outside one), then a barrier.
+ * (Work sharing is hand-made throughout this file: libgomp allocates memory for a dynamic
+ * `omp for` once a region has used a few, and a steady-state training step must not.) */
+static void pack_b_block(const anneal_gemm_isa *isa, int round, bool tb, const float *B,
+                         int64_t ldb, int64_t pc, int64_t kc, int64_t c0, int64_t n, char *dst,
+                         float *colsum) {
+    const int nr = isa->nr;
     const size_t es = (size_t)isa->esize;
-    const bool ta = g->ta, tb = g->tb;
+    const int64_t kcp = ceil_div(kc, isa->kstep) * isa->kstep;
+    const int64_t ngrp = ceil_div(ceil_div(n, nr), PACK_GROUP);
+    const int T = omp_get_num_threads(), tid = omp_get_thread_num();
+    for (int64_t grp = tid; grp < ngrp; grp += T) {
+        const int64_t g0 = c0 + grp * PACK_GROUP * nr;
+        const int64_t lanes = min64((int64_t)PACK_GROUP * nr, c0 + n - g0);
+        isa->pack(tb ? B + g0 * ldb + pc : B + pc * ldb + g0, ldb, !tb, lanes, nr, kc, round,
+                  dst + (size_t)(grp * PACK_GROUP * kcp * nr) * es);
+        if (colsum) column_sums_block(tb, B, ldb, pc, kc, g0, lanes, colsum);
+    }
+#pragma omp barrier
+}
+
+/* ------------------------------------------------------------ driver */
+
+/* Rows [r0, r0+m) x columns [c0, c0+n) of C (c0 a multiple of nr) over the depth block
+ * [pc, pc+kc): pack op(A) of the rows into ap, then run the micro-kernel over the tiles
+ * against the block's B micro-panels (bblk: panel p of the columns at p * kcp * nr
+ * elements, column 0 of the panels being C's column 0), the epilogue after the last block.
+ * Every C element gets the same arithmetic whichever thread computes it. */
+static void gemm_tile_block(const gemm_ctx *g, int64_t r0, int64_t m, int64_t c0, int64_t n,
+                            int64_t pc, int64_t kc, bool last, const float *A, int64_t lda,
+                            const char *bblk, float beta, float *C, int64_t ldc,
+                            const float *bias, float *pre, char *ap) {
+    const anneal_gemm_isa *isa = g->isa;
+    const int mr = isa->mr, nr = isa->nr;
+    const size_t es = (size_t)isa->esize;
+    const int64_t kcp = ceil_div(kc, isa->kstep) * isa->kstep; /* packed (zero-padded) depth */
+    const float beta_eff = pc == 0 ? beta : 1.0f;                 /* beta once, then accumulate */
+    /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
+    isa->pack(g->ta ? A + pc * lda + r0 : A + r0 * lda + pc, lda, g->ta, m, mr, kc, g->round, ap);
+    for (int64_t jr = c0; jr < c0 + n; jr += nr) {
+        const int nn = (int)min64(nr, c0 + n - jr);
+        const char *bpan = bblk + (size_t)(jr / nr * kcp * nr) * es;
+        for (int64_t ir = 0; ir < m; ir += mr) {
+            const int mm = (int)min64(mr, m - ir);
+            float *ct = C + (r0 + ir) * ldc + jr;
+            isa->kernel(kcp, ap + (size_t)(ir * kcp) * es, bpan, ct, ldc, mm, nn, g->alpha,
+                        beta_eff);
+            if (last && g->ep)
+                anneal_gemm_epilogue_tile(g->ep, mm, nn, ct, ldc, bias ? bias + jr : NULL,
+                                          pre ? pre + (r0 + ir) * ldc + jr : NULL);
+        }
+    }
+}
+
+/* Row blocks for nt threads: at least 2 per thread (so a thread slowed by another process
+ * hands work to the others), a multiple of nt (equal shares on a quiet machine), at most
+ * mc rows each, whole mr tiles. Returns the rows per block. */
+static int64_t row_block(const anneal_gemm_isa *isa, int nt, int64_t M) {
+    const int64_t tiles = ceil_div(M, isa->mr);
+    if (nt <= 1) return min64(isa->mc, tiles * isa->mr);
+    int64_t per = ceil_div(M, isa->mc * nt);
+    int64_t nb = nt * (per < 2 ? 2 : per);
+    if (nb > tiles) nb = tiles;
+    return ceil_div(ceil_div(M, nb), isa->mr) * isa->mr;
+}
+
+/* The blocked product on nt threads (M, N, K >= 1; nt == 1: the caller alone), op(B)
+ * packed here:
+ *   for each block of at most nc columns and each depth block (in order):
+ *     the threads pack op(B)'s block (kc x nc, shared), a barrier,
+ *     the threads take row blocks one at a time from a shared counter and run
+ *     gemm_tile_block on them, a barrier.
+ * So op(B) is packed once and op(A) once per column block whatever the thread count (a
+ * static grid packs the shared operand once per thread), and a thread slowed by another
+ * process simply takes fewer row blocks. bias and pre are at C's origin. */
+static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc, const float *bias, float *pre) {
+    const anneal_gemm_isa *isa = g->isa;
+    const size_t es = (size_t)isa->esize;
     const int64_t kc_full = block_depth(K, isa->kc);
-    const int64_t kcp_full = ceil_div(kc_full, ks) * ks;
-    const int64_t nc_max = min64(isa->nc, ceil_div(N, nr) * nr);
-    const int64_t mc_max = min64(isa->mc, ceil_div(M, mr) * mr);
-    char *bp = pack_buffer(0, (size_t)(kcp_full * nc_max) * es);
-    char *ap = pack_buffer(1, (size_t)(kcp_full * mc_max) * es);
-    if (!bp || !ap) {
+    const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
+    const int64_t nc = min64(isa->nc, ceil_div(N, isa->nr) * isa->nr);
+    const int64_t rows = row_block(isa, nt, M), ni = ceil_div(M, rows);
+    char *bp = pack_buffer(0, (size_t)(kcp_full * nc) * es);
+    if (!bp) {
         gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        if (g->colsum) column_sums_block(g->tb, B, ldb, 0, K, 0, N, g->colsum);
         return;
     }
-    for (int64_t jc = 0; jc < N; jc += isa->nc) {
-        const int64_t nc = min64(isa->nc, N - jc);
-        for (int64_t pc = 0; pc < K; pc += kc_full) {
-            const int64_t kc = min64(kc_full, K - pc);
-            const int64_t kcp = ceil_div(kc, ks) * ks; /* packed (zero-padded) depth */
-            const bool last = pc + kc >= K;
-            const float beta_eff = pc == 0 ? beta : 1.0f; /* beta once, then accumulate */
-            /* op(B)[k, c] is B[k*ldb + c], or B[c*ldb + k] when transposed. */
-            isa->pack(tb ? B + jc * ldb + pc : B + pc * ldb + jc, ldb, !tb, nc, nr, kc, g->round,
-                      bp);
-            for (int64_t ic = 0; ic < M; ic += isa->mc) {
-                const int64_t mc = min64(isa->mc, M - ic);
-                /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
-                isa->pack(ta ? A + pc * lda + ic : A + ic * lda + pc, lda, ta, mc, mr, kc,
-                          g->round, ap);
-                for (int64_t jr = 0; jr < nc; jr += nr) {
-                    const int n = (int)min64(nr, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += mr) {
-                        const int m = (int)min64(mr, mc - ir);
-                        float *ct = C + (ic + ir) * ldc + jc + jr;
-                        isa->kernel(kcp, ap + (size_t)(ir * kcp) * es,
-                                    bp + (size_t)(jr * kcp) * es, ct, ldc, m, n, g->alpha,
-                                    beta_eff);
-                        if (last && g->ep)
-                            anneal_gemm_epilogue_tile(
-                                g->ep, m, n, ct, ldc, bias ? bias + jc + jr : NULL,
-                                pre ? pre + (ic + ir) * ldc + jc + jr : NULL);
-                    }
+    const size_t a_bytes = (size_t)(rows * kcp_full) * es;
+    atomic_llong next[2] = {0, 0}; /* row-block counters of alternate passes */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *ap = pack_buffer(1, a_bytes);
+        const bool first = omp_get_thread_num() == 0;
+        int pass = 0;
+        for (int64_t jc = 0; jc < N; jc += nc) {
+            const int64_t n = min64(nc, N - jc);
+            for (int64_t pc = 0; pc < K; pc += kc_full, pass++) {
+                const int64_t kc = min64(kc_full, K - pc);
+                pack_b_block(isa, g->round, g->tb, B, ldb, pc, kc, jc, n, bp,
+                             g->colsum); /* + barrier */
+                /* the next pass's counter was last used before the barrier just passed */
+                if (first) atomic_store_explicit(&next[(pass + 1) & 1], 0, memory_order_relaxed);
+                for (;;) {
+                    const int64_t i = atomic_fetch_add_explicit(&next[pass & 1], 1,
+                                                                memory_order_relaxed);
+                    if (i >= ni) break;
+                    const int64_t r0 = i * rows, m = min64(rows, M - r0);
+                    if (ap)
+                        gemm_tile_block(g, r0, m, 0, n, pc, kc, pc + kc >= K, A, lda, bp, beta,
+                                        C + jc, ldc, bias ? bias + jc : NULL, pre ? pre + jc : NULL,
+                                        ap);
+                    else if (pc == 0) /* this thread's A buffer failed: plain loops, all of K */
+                        gemm_unpacked(g, m, n, K, g->ta ? A + r0 : A + r0 * lda, lda,
+                                      g->tb ? B + jc * ldb : B + jc, ldb, beta,
+                                      C + r0 * ldc + jc, ldc, bias ? bias + jc : NULL,
+                                      pre ? pre + r0 * ldc + jc : NULL);
                 }
+#pragma omp barrier
             }
         }
     }
 }
 
-/* The product with nt threads: C is cut into a tm x tn grid of blocks along mr-row and
- * nr-column panel boundaries, and each thread runs gemm_serial on its block with no
- * synchronisation until the end (no barriers: a thread held up by another process does
- * not stall the others at every block). The price is packing: A is packed by each of the
- * tn threads sharing its rows, B by each of the tm sharing its columns; thread_grid picks
- * the grid with the least compute + packing for the busiest thread. */
-static void gemm_parallel(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
-                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                          float *C, int64_t ldc, const float *bias, float *pre) {
-    if (nt <= 1) {
-        gemm_serial(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
-        return;
-    }
+/* The product from op(B) packed whole (anneal_cpu_gemm_pack_b's layout: depth block b,
+ * panel p at b * npan * kcp_full * nr + p * kcp_b * nr elements) on nt threads: work
+ * items of a row block x at most nc columns, each over all of K, taken one at a time; no
+ * barrier between depth blocks, as nothing is repacked. */
+static void gemm_prepacked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
+                           const float *A, int64_t lda, const char *packed, float beta, float *C,
+                           int64_t ldc, const float *bias, float *pre) {
     const anneal_gemm_isa *isa = g->isa;
-    const int64_t pm = ceil_div(M, isa->mr), pn = ceil_div(N, isa->nr);
-#pragma omp parallel num_threads(nt)
+    const int nr = isa->nr;
+    const size_t es = (size_t)isa->esize;
+    const int64_t kc_full = block_depth(K, isa->kc);
+    const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
+    const int64_t npan = ceil_div(N, nr), nc = min64(isa->nc, npan * nr);
+    const int64_t rows = row_block(isa, nt, M), ni = ceil_div(M, rows), nj = ceil_div(N, nc);
+    const size_t a_bytes = (size_t)(rows * kcp_full) * es;
+    bool oom = false;
+    atomic_llong next = 0; /* work-item counter */
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        const int T = omp_get_num_threads(), tid = omp_get_thread_num();
-        int tm, tn;
-        thread_grid(T, pm, pn, isa->mr, isa->nr, PACK_COST * 4 / isa->esize, &tm, &tn);
-        const int ti = tid / tn, tj = tid % tn;
-        const int64_t m0 = min64(M, pm * ti / tm * isa->mr);
-        const int64_t m1 = min64(M, pm * (ti + 1) / tm * isa->mr);
-        const int64_t n0 = min64(N, pn * tj / tn * isa->nr);
-        const int64_t n1 = min64(N, pn * (tj + 1) / tn * isa->nr);
-        if (m1 > m0 && n1 > n0)
-            gemm_serial(g, m1 - m0, n1 - n0, K, g->ta ? A + m0 : A + m0 * lda, lda,
-                        g->tb ? B + n0 * ldb : B + n0, ldb, beta, C + m0 * ldc + n0, ldc,
-                        bias ? bias + n0 : NULL, pre ? pre + m0 * ldc + n0 : NULL);
+        char *ap = pack_buffer(1, a_bytes);
+        if (!ap) oom = true; /* benign race: only ever set to true */
+        for (;;) {
+            const int64_t it = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
+            if (it >= ni * nj || !ap) break;
+            const int64_t r0 = it / nj * rows, m = min64(rows, M - r0);
+            const int64_t c0 = it % nj * nc, n = min64(nc, N - c0);
+            for (int64_t pc = 0, b = 0; pc < K; pc += kc_full, b++) {
+                const int64_t kc = min64(kc_full, K - pc);
+                const int64_t kcp = ceil_div(kc, isa->kstep) * isa->kstep;
+                const char *bblk = packed + (size_t)(b * npan * kcp_full * nr) * es +
+                                   (size_t)(c0 / nr * kcp * nr) * es;
+                gemm_tile_block(g, r0, m, 0, n, pc, kc, pc + kc >= K, A, lda, bblk, beta,
+                                C + c0, ldc, bias ? bias + c0 : NULL, pre ? pre + c0 : NULL, ap);
+            }
+        }
     }
+    if (oom) /* NaN, as errors propagate (the packed B cannot be multiplied unpacked) */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = __builtin_nanf("");
+}
+
+/* Bytes of op(B) (K x N) packed for products at precision `compute` (see cpu_kernels.h). */
+size_t anneal_cpu_gemm_packed_b_size(int compute, int64_t K, int64_t N) {
+    int round;
+    const anneal_gemm_isa *isa = gemm_select(compute, &round);
+    if (K <= 0 || N <= 0) return 0;
+    const int64_t kc_full = block_depth(K, isa->kc), nblk = ceil_div(K, kc_full);
+    const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
+    const int64_t kcp_last = ceil_div(K - (nblk - 1) * kc_full, isa->kstep) * isa->kstep;
+    return (size_t)(((nblk - 1) * kcp_full + kcp_last) * ceil_div(N, isa->nr) * isa->nr) *
+           (size_t)isa->esize;
+}
+
+/* Packs op(B) whole for products at precision `compute` (see cpu_kernels.h). */
+void anneal_cpu_gemm_pack_b(int compute, bool trans_b, int64_t K, int64_t N, const float *B,
+                            int64_t ldb, void *dst) {
+    int round;
+    const anneal_gemm_isa *isa = gemm_select(compute, &round);
+    if (K <= 0 || N <= 0) return;
+    const int64_t kc_full = block_depth(K, isa->kc);
+    const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
+    const int64_t npan = ceil_div(N, isa->nr);
+    const int nt = gemm_threads(K, N, 64); /* packing an element costs ~ 64 flops' time */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    for (int64_t pc = 0, b = 0; pc < K; pc += kc_full, b++)
+        pack_b_block(isa, round, trans_b, B, ldb, pc, min64(kc_full, K - pc), 0, N,
+                     (char *)dst + (size_t)(b * npan * kcp_full * isa->nr) * (size_t)isa->esize,
+                     NULL);
 }
 
 /* ------------------------------------------------------------ one row */
@@ -538,25 +676,34 @@ static void gemm_one_row(const gemm_ctx *g, int nt, int64_t N, int64_t K, const 
 
 /* ------------------------------------------------------------ entry points */
 
-/* The product at precision `compute` with epilogue ep (NULL: none) on nt threads. */
+/* The product at precision `compute` with epilogue ep (NULL: none) on nt threads. The B
+ * column sums come from gemm_blocked's packing, or (where B is not packed, or K is 0)
+ * from column_sums_block on the caller's thread, the same arithmetic. */
 static void gemm_run(int compute, int nt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                      float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
-    if (M <= 0 || N <= 0) return;
+    if (N <= 0) return;
+    float *colsum = ep ? ep->b_colsum : NULL;
     if (!anneal_gemm_epilogue_active(ep)) ep = NULL;
     const float *bias = ep ? ep->bias : NULL;
     float *pre = ep && ep->gelu_tanh ? ep->pre : NULL;
+    const bool packs = M > 1 && K > 0 && alpha != 0.0f; /* gemm_blocked below */
+    if (colsum && !packs) {
+        for (int64_t c = 0; c < N; c++) colsum[c] = 0.0f;
+        if (K > 0) column_sums_block(tb, B, ldb, 0, K, 0, N, colsum);
+    }
+    if (M <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         scale_c(M, N, beta, C, ldc);
         if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre);
         return;
     }
-    gemm_ctx g = {.ta = ta, .tb = tb, .alpha = alpha, .ep = ep};
+    gemm_ctx g = {.ta = ta, .tb = tb, .alpha = alpha, .ep = ep, .colsum = packs ? colsum : NULL};
     g.isa = gemm_select(compute, &g.round);
     if (M == 1)
         gemm_one_row(&g, nt, N, K, A, lda, B, ldb, beta, C, bias, pre);
     else
-        gemm_parallel(&g, nt, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        gemm_blocked(&g, nt, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C (see cpu_kernels.h). */
@@ -573,6 +720,24 @@ void anneal_cpu_gemm(int compute, bool trans_a, bool trans_b, int64_t M, int64_t
                      float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
     gemm_run(compute, gemm_threads(M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
              beta, C, ldc, ep);
+}
+
+/* The same with op(B) from anneal_cpu_gemm_pack_b (see cpu_kernels.h). */
+void anneal_cpu_gemm_packed(int compute, bool trans_a, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float *A, int64_t lda, const void *packed_b,
+                            float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
+    if (M <= 0 || N <= 0) return;
+    if (!anneal_gemm_epilogue_active(ep)) ep = NULL;
+    const float *bias = ep ? ep->bias : NULL;
+    float *pre = ep && ep->gelu_tanh ? ep->pre : NULL;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre);
+        return;
+    }
+    gemm_ctx g = {.ta = trans_a, .tb = false, .alpha = alpha, .ep = ep};
+    g.isa = gemm_select(compute, &g.round);
+    gemm_prepacked(&g, gemm_threads(M, N, K), M, N, K, A, lda, packed_b, beta, C, ldc, bias, pre);
 }
 
 /* `batch` independent GEMMs at precision `compute` (see cpu_kernels.h). Many small products

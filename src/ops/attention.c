@@ -70,7 +70,9 @@ static bool same_strides(const anneal_tensor *a, const anneal_tensor *b) {
 /* Recomputes the probabilities tile by tile (attention_bwd). The kernel writes dq, dk,
  * dv with the strides of q, k, v, so each gets a buffer with its input's layout when
  * that layout is dense, else input and gradient are both made contiguous; dout is
- * given o's layout. Saved: q, k, v (unit last stride), o, lse. */
+ * given o's layout. Saved: q, k, v (unit last stride), o, lse; ints[0] = causal,
+ * ints[1] = the forward's compute precision (the backward runs at it, whatever the
+ * thread's matmul precision is now, so it differentiates the forward that ran). */
 static anneal_status attention_backward(anneal_node *node, anneal_tensor *const *gout,
                                         anneal_tensor **gin) {
     anneal_tensor *o = node->saved[3], *lse = node->saved[4];
@@ -90,7 +92,8 @@ static anneal_status attention_backward(anneal_node *node, anneal_tensor *const 
         if (!g[i]) return anneal_last_status();
     }
     anneal_status s = be->attention_bwd(g[0], g[1], g[2], x[0], x[1], x[2], o, dout, lse,
-                                        node->ints[0] != 0, (float)node->scalars[0]);
+                                        node->ints[0] != 0, (float)node->scalars[0],
+                                        (anneal_dtype)node->ints[1]);
     if (s != ANNEAL_OK) return s;
     for (int i = 0; i < 3; i++)
         if (anneal_node_input_needs_grad(node, i)) gin[i] = g[i];
@@ -136,12 +139,16 @@ anneal_tensor *anneal_attention(anneal_tensor *q, anneal_tensor *k, anneal_tenso
     anneal_scope_enter(tmp); /* lse and copies die with tmp unless saved */
     anneal_tensor *qc = unit_last(q), *kc = unit_last(k), *vc = unit_last(v);
     anneal_tensor *lse = anneal_empty_on(q->device, ANNEAL_F32, 3, (int64_t[]){B, H, Tq});
-    anneal_status s = (qc && kc && vc && lse) ? be->attention_fwd(out, lse, qc, kc, vc, causal, scale)
-                                              : anneal_last_status();
+    /* The thread's matmul precision: bf16 rounds the tile products' operands. */
+    const anneal_dtype compute = anneal_get_matmul_dtype();
+    anneal_status s = (qc && kc && vc && lse)
+                          ? be->attention_fwd(out, lse, qc, kc, vc, causal, scale, compute)
+                          : anneal_last_status();
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record("attention", attention_backward, 3, in, 1, &out);
         if (node) {
             node->ints[0] = causal;
+            node->ints[1] = compute;
             node->scalars[0] = scale;
             anneal_node_save(node, qc);
             anneal_node_save(node, kc);
@@ -166,7 +173,8 @@ static anneal_tensor *heads(const anneal_tensor *t, int64_t H, int64_t D, int64_
 
 /* The gradient of qkv in one fresh (B, T, 3C) buffer: dq, dk, dv are its three head
  * views and tile it, so the kernel (which overwrites them) leaves nothing unwritten.
- * Saved: qkv (contiguous), o (B, T, C), lse; ints[0] = n_head. */
+ * Saved: qkv (contiguous), o (B, T, C), lse; ints[0] = n_head, ints[1] = the forward's
+ * compute precision (the backward runs at it, as in attention_backward). */
 static anneal_status causal_attention_backward(anneal_node *node, anneal_tensor *const *gout,
                                                anneal_tensor **gin) {
     anneal_tensor *qkv = node->saved[0], *o = node->saved[1], *lse = node->saved[2];
@@ -181,7 +189,7 @@ static anneal_status causal_attention_backward(anneal_node *node, anneal_tensor 
     anneal_tensor *o4 = heads(o, H, D, 0), *do4 = heads(dout, H, D, 0);
     if (!q || !k || !v || !dq || !dk || !dv || !o4 || !do4) return anneal_last_status();
     anneal_status s = be->attention_bwd(dq, dk, dv, q, k, v, o4, do4, lse, true,
-                                        (float)node->scalars[0]);
+                                        (float)node->scalars[0], (anneal_dtype)node->ints[1]);
     if (s == ANNEAL_OK) gin[0] = dqkv;
     return s;
 }
@@ -223,12 +231,15 @@ anneal_tensor *anneal_causal_attention(anneal_tensor *qkv, int n_head) {
     anneal_tensor *lse = qc ? anneal_empty_on(qkv->device, ANNEAL_F32, 3, (int64_t[]){B, H, T}) : NULL;
     anneal_tensor *q = lse ? heads(qc, H, D, 0) : NULL, *k = q ? heads(qc, H, D, C) : NULL;
     anneal_tensor *v = k ? heads(qc, H, D, 2 * C) : NULL, *o4 = v ? heads(out, H, D, 0) : NULL;
-    anneal_status s = o4 ? be->attention_fwd(o4, lse, q, k, v, true, scale) : anneal_last_status();
+    const anneal_dtype compute = anneal_get_matmul_dtype(); /* bf16: rounded tile operands */
+    anneal_status s =
+        o4 ? be->attention_fwd(o4, lse, q, k, v, true, scale, compute) : anneal_last_status();
     if (s == ANNEAL_OK) {
         anneal_node *node =
             anneal_record("causal_attention", causal_attention_backward, 1, &qkv, 1, &out);
         if (node) {
             node->ints[0] = H;
+            node->ints[1] = compute;
             node->scalars[0] = scale;
             anneal_node_save(node, qc);
             anneal_node_save(node, out);

@@ -1,8 +1,8 @@
 /* conv1d + bias + tanh-GELU as one op (the GPT-2 MLP's first layer): the backend's
  * dense_gelu_fwd slot runs one GEMM whose epilogue adds the bias and applies the GELU,
  * storing the pre-activation for backward. Backward: dpre = dy * gelu'(pre), then the
- * conv1d rules dx = dpre @ w^T, dw = x^T @ dpre, db = column sums of dpre, with the
- * GEMMs at the matmul precision as anneal_conv1d's. */
+ * conv1d rules dx = dpre @ w^T, dw = x^T @ dpre, db = column sums of dpre (taken by the
+ * dw GEMM while it packs dpre), with the GEMMs at the matmul precision as anneal_conv1d's. */
 #include "ops_internal.h"
 
 #include <string.h>
@@ -29,15 +29,25 @@ static anneal_status conv1d_gelu_backward(anneal_node *node, anneal_tensor *cons
         if (R > 0 && be->matmul(dx2, dpre, wt, 1.0f, 0.0f, cd) != ANNEAL_OK) return anneal_last_status();
         gin[0] = dx;
     }
+    bool want_db = node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2);
     if (anneal_node_input_needs_grad(node, 1)) {
         anneal_tensor *dw = anneal_empty_on(pre->device, ANNEAL_F32, 2, w->shape);
         anneal_tensor *xt = anneal_alias(x2, 2, (int64_t[]){K, R}, (int64_t[]){1, K}, x2->offset);
         if (!dw || !xt) return anneal_last_status();
-        anneal_status s = R > 0 ? be->matmul(dw, xt, dpre, 1.0f, 0.0f, cd) : be->fill(dw, 0.0);
+        anneal_status s;
+        if (R > 0 && want_db && be->matmul_bsum) { /* db = column sums of dpre, with dW */
+            anneal_tensor *db = anneal_empty_on(pre->device, ANNEAL_F32, 1, &N);
+            if (!db) return anneal_last_status();
+            s = be->matmul_bsum(dw, xt, dpre, db, cd);
+            gin[2] = db;
+            want_db = false;
+        } else {
+            s = R > 0 ? be->matmul(dw, xt, dpre, 1.0f, 0.0f, cd) : be->fill(dw, 0.0);
+        }
         if (s != ANNEAL_OK) return s;
         gin[1] = dw;
     }
-    if (node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2)) {
+    if (want_db) {
         if (R == 0) {
             anneal_tensor *db = anneal_empty_on(pre->device, ANNEAL_F32, 1, &N);
             if (!db || be->fill(db, 0.0) != ANNEAL_OK) return anneal_last_status();

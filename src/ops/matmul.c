@@ -193,7 +193,8 @@ anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) {
 /* --------------------------------------------------------- linear, conv1d */
 
 /* dx = dy @ op(w)^T, dW in w's own layout (linear: dy^T x, conv1d: x^T dy),
- * db = column sums of dy. Saved: x as a (rows, in) matrix, w; ints[0]: w is (out, in). */
+ * db = column sums of dy (conv1d: taken by the dW GEMM while it packs dy, matmul_bsum).
+ * Saved: x as a (rows, in) matrix, w; ints[0]: w is (out, in). */
 static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gout,
                                     anneal_tensor **gin) {
     bool out_in = node->ints[0] != 0;
@@ -212,13 +213,26 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
             return anneal_last_status();
         gin[0] = dx;
     }
+    bool want_db = node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2);
     if (anneal_node_input_needs_grad(node, 1)) {
         anneal_tensor *dw = anneal_empty_on(dy->device, ANNEAL_F32, 2, w->shape);
         anneal_tensor *l = out_in ? mT(dy) : mT(x2), *r = out_in ? x2 : dy;
-        if (!dw || !l || be->matmul(dw, l, r, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return anneal_last_status();
+        if (!dw || !l) return anneal_last_status();
+        anneal_status s;
+        if (want_db && !out_in && R > 0 && be->matmul_bsum) {
+            /* conv1d: dy is the GEMM's right operand, so db = its column sums come with dW */
+            anneal_tensor *db = anneal_empty_on(dy->device, ANNEAL_F32, 1, &n_out);
+            if (!db) return anneal_last_status();
+            s = be->matmul_bsum(dw, l, r, db, anneal_get_matmul_dtype());
+            gin[2] = db;
+            want_db = false;
+        } else {
+            s = be->matmul(dw, l, r, 1.0f, 0.0f, anneal_get_matmul_dtype());
+        }
+        if (s != ANNEAL_OK) return anneal_last_status();
         gin[1] = dw;
     }
-    if (node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2)) {
+    if (want_db) {
         if (R == 0) {
             anneal_tensor *db = anneal_empty_on(dy->device, ANNEAL_F32, 1, &n_out);
             if (!db || be->fill(db, 0.0) != ANNEAL_OK) return anneal_last_status();
@@ -230,8 +244,9 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
     return anneal_last_status();
 }
 
-/* y (..., out) = x (..., in) @ op(w) + b: one GEMM over the flattened rows of x, with
- * the bias broadcast into y first and accumulated onto (beta = 1). */
+/* y (..., out) = x (..., in) @ op(w) + b: one GEMM over the flattened rows of x, the bias
+ * added in its epilogue (backends without matmul_bias: broadcast into y first and
+ * accumulated onto, beta = 1). */
 static anneal_tensor *dense(const char *name, anneal_tensor *x, anneal_tensor *w, anneal_tensor *b,
                             bool out_in) {
     anneal_tensor *in[3] = {x, w, b};
@@ -277,12 +292,16 @@ static anneal_tensor *dense(const char *name, anneal_tensor *x, anneal_tensor *w
     anneal_tensor *wop = out_in ? mT(wc) : wc; /* (in, out) */
     anneal_status s = (x2 && wop && y2) ? ANNEAL_OK : anneal_last_status();
     float beta = 0.0f;
-    if (s == ANNEAL_OK && b && R > 0) {
-        anneal_tensor *bx = anneal_ops_expand(b, 2, y2->shape); /* stride 0 over rows */
-        s = bx ? be->copy(y2, bx) : anneal_last_status();
-        beta = 1.0f;
+    if (s == ANNEAL_OK && b && R > 0 && be->matmul_bias) {
+        s = be->matmul_bias(y2, x2, wop, b, anneal_get_matmul_dtype()); /* bias in the epilogue */
+    } else {
+        if (s == ANNEAL_OK && b && R > 0) {
+            anneal_tensor *bx = anneal_ops_expand(b, 2, y2->shape); /* stride 0 over rows */
+            s = bx ? be->copy(y2, bx) : anneal_last_status();
+            beta = 1.0f;
+        }
+        if (s == ANNEAL_OK) s = be->matmul(y2, x2, wop, 1.0f, beta, anneal_get_matmul_dtype());
     }
-    if (s == ANNEAL_OK) s = be->matmul(y2, x2, wop, 1.0f, beta, anneal_get_matmul_dtype());
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record(name, dense_backward, n, in, 1, &y);
         if (node) {

@@ -13,7 +13,9 @@
  *   finite differences (central, eps 1e-3 in float): 5e-4 abs + 5e-3 rel */
 #include "test.h"
 
+#include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
 
 #include <omp.h>
 
@@ -51,6 +53,7 @@ typedef struct {
     float *dout_buf;
     int64_t n_dout;
     double *ro, *rlse, *rdq, *rdk, *rdv;
+    int compute; /* precision of the kernel runs (anneal_dtype; ANNEAL_F32 = 0 by default) */
 } attn_bufs;
 
 static float *alloc_fill(int64_t n, float val) {
@@ -227,10 +230,11 @@ static int64_t count_clobbered(const float *buf, int64_t n, const anneal_cpu_att
 }
 
 static void run_fwd(attn_bufs *s) {
-    anneal_cpu_attention_fwd(&s->d, s->q, s->k, s->v, s->o, s->lse);
+    anneal_cpu_attention_fwd(&s->d, s->q, s->k, s->v, s->o, s->lse, s->compute);
 }
 static void run_bwd(attn_bufs *s) {
-    anneal_cpu_attention_bwd(&s->d, s->q, s->k, s->v, s->o, s->dout, s->lse, s->dq, s->dk, s->dv);
+    anneal_cpu_attention_bwd(&s->d, s->q, s->k, s->v, s->o, s->dout, s->lse, s->dq, s->dk, s->dv,
+                             s->compute);
 }
 
 /* Runs forward + backward of one case and compares everything with the reference.
@@ -490,6 +494,401 @@ TEST(portable_path) {
     unsetenv("ANNEAL_CPU_ISA");
 }
 
+/* ------------------------------------------------------------------ bf16 path
+ *
+ * compute = ANNEAL_BF16 (attention_bf16.c): every tile product takes bf16-rounded
+ * operands and accumulates in f32; the probabilities P (forward: relative to the running
+ * max of their key tile, before normalisation; backward: normalised) and dS are rounded
+ * to bf16 inside the kernel. Reference: the double-precision attention of r(q), r(k),
+ * r(v), r(dout) (r = round to nearest even bf16), without rounding P or dS. With
+ * u = 2^-8 (bf16 has 8 significand bits; |r(x) - x| <= u |x|) and P, A the reference's
+ * probabilities and A_ic = sum_j P_ij |r(v)_jc|, the kernel's errors are bounded by
+ *   o_ic:   u A_ic                   (o = sum_j P_ij (1 + d_j) r(v)_jc with |d_j| <= u: each
+ *                                     rounded probability is off by at most u relative;
+ *                                     the online rescaling and l are f32)
+ *   lse:    none beyond f32          (l sums the unrounded p; q, k are rounded as in the
+ *                                     reference, so lse is checked at the f32 tolerance)
+ *   Dvec_i = dO_i . o_i uses the f32 dO and the kernel's o: off from the reference's
+ *           r(dO)_i . o_i by E_i = 2u(1+u) sum_c |dO_ic| A_ic,
+ *   so r(dS_ij) is off by F_ij = u |dS_ij| + (1+u) P_ij E_i, and
+ *   dv_jc:  u sum_i P_ij |r(dO)_ic|      dq_ic: scale sum_j F_ij |r(k)_jc|
+ *   dk_jc:  scale sum_i F_ij |r(q)_ic|
+ * plus the f32 kernel's own tolerances (FA/FR, GA/GR above) for the f32 arithmetic.
+ * These are worst-case (all roundings aligned); the observed errors are a fraction of
+ * them (printed as "worst ratio"). */
+#define U_BF16 0.00390625 /* 2^-8 */
+
+static double rb(float x) { return (double)anneal_gemm_round_bf16(x); }
+
+/* Double reference of the rounded inputs (into s->ro, rlse, rdq, rdk, rdv, compact) and
+ * the bounds above (bo, bdq, bdk, bdv, compact like the references). */
+static void reference_bf16(attn_bufs *s, double *bo, double *bdq, double *bdk, double *bdv) {
+    const anneal_cpu_attn_desc *d = &s->d;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const double u = U_BF16, sc = d->scale;
+    /* the rounded inputs, in the layouts of s->in and s->dout */
+    double *inr = malloc(sizeof(double) * (size_t)(s->n_in + 1)),
+           *gr_all = malloc(sizeof(double) * (size_t)(s->n_dout + 1));
+    for (int64_t i = 0; i < s->n_in; i++) inr[i] = rb(s->in[i]);
+    for (int64_t i = 0; i < s->n_dout; i++) gr_all[i] = rb(s->dout[i]);
+    double *P = malloc(sizeof(double) * (size_t)(Tk + 1)),
+           *dP = malloc(sizeof(double) * (size_t)(Tk + 1)),
+           *A = malloc(sizeof(double) * (size_t)(D + 1));
+    memset(s->rdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(s->rdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(bdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(bdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *q = s->q + b * d->q_sb + h * d->q_sh,
+                        *k = s->k + b * d->k_sb + h * d->k_sh;
+            const float *v = s->v + b * d->v_sb + h * d->v_sh;
+            const float *g = s->dout + b * d->o_sb + h * d->o_sh;
+            const double *qR = inr + (q - s->in), *kR = inr + (k - s->in), *vR = inr + (v - s->in);
+            const double *gR = gr_all + (g - s->dout);
+            const int64_t bh = b * H + h;
+            for (int64_t i = 0; i < Tq; i++) {
+                const int64_t nv = ref_visible(d, i), r = bh * Tq + i;
+                double *ro = s->ro + r * D, *rdq = s->rdq + r * D;
+                double *bo_i = bo + r * D, *bdq_i = bdq + r * D;
+                for (int64_t c = 0; c < D; c++) ro[c] = rdq[c] = bo_i[c] = bdq_i[c] = A[c] = 0.0;
+                if (nv == 0) {
+                    s->rlse[r] = -INFINITY;
+                    continue;
+                }
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < nv; j++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c < D; c++)
+                        acc += qR[i * d->q_st + c] * kR[j * d->k_st + c];
+                    P[j] = sc * acc;
+                    if (P[j] > mx) mx = P[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < nv; j++) sum += exp(P[j] - mx);
+                const double lse = mx + log(sum);
+                s->rlse[r] = lse;
+                for (int64_t j = 0; j < nv; j++) P[j] = exp(P[j] - lse);
+                for (int64_t j = 0; j < nv; j++)
+                    for (int64_t c = 0; c < D; c++) {
+                        const double vr = vR[j * d->v_st + c];
+                        ro[c] += P[j] * vr;
+                        A[c] += P[j] * fabs(vr);
+                    }
+                double dsum = 0, E = 0; /* sum_j P dP; the Dvec error bound */
+                for (int64_t c = 0; c < D; c++) {
+                    bo_i[c] = u * A[c];
+                    E += fabs(g[i * d->o_st + c]) * A[c];
+                }
+                E *= 2 * u * (1 + u);
+                for (int64_t j = 0; j < nv; j++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c < D; c++)
+                        acc += gR[i * d->o_st + c] * vR[j * d->v_st + c];
+                    dP[j] = acc;
+                    dsum += P[j] * acc;
+                }
+                for (int64_t j = 0; j < nv; j++) {
+                    const double ds = P[j] * (dP[j] - dsum), F = u * fabs(ds) + (1 + u) * P[j] * E;
+                    double *rdk = s->rdk + (bh * Tk + j) * D, *rdv = s->rdv + (bh * Tk + j) * D;
+                    double *bdk_j = bdk + (bh * Tk + j) * D, *bdv_j = bdv + (bh * Tk + j) * D;
+                    for (int64_t c = 0; c < D; c++) {
+                        const double kr = kR[j * d->k_st + c], qr = qR[i * d->q_st + c];
+                        const double gr = gR[i * d->o_st + c];
+                        rdq[c] += sc * ds * kr;
+                        rdk[c] += sc * ds * qr;
+                        rdv[c] += P[j] * gr;
+                        bdq_i[c] += sc * F * fabs(kr);
+                        bdk_j[c] += sc * F * fabs(qr);
+                        bdv_j[c] += u * P[j] * fabs(gr);
+                    }
+                }
+            }
+        }
+    free(P), free(dP), free(A), free(inr), free(gr_all);
+}
+
+/* |got - ref| <= bound + fa + fr |ref| for all n; returns the worst |got - ref| / (that). */
+static double check_bounded(const char *what, const float *got, const double *ref,
+                            const double *bound, int64_t n, double fa, double fr) {
+    double worst = 0;
+    int64_t wi = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const double t = bound[i] + fa + fr * fabs(ref[i]);
+        const double e = fabs((double)got[i] - ref[i]) / t;
+        if (!(e <= worst)) worst = e, wi = i; /* NaN counts as worst */
+    }
+    CHECK(!(worst > 1.0), "%s: index %lld: %.9g vs reference %.9g (bound %.3g + %.2g + %.2g rel)",
+          what, (long long)wi, wi >= 0 ? got[wi] : 0.0, wi >= 0 ? ref[wi] : 0.0,
+          wi >= 0 ? bound[wi] : 0.0, fa, fr);
+    return worst;
+}
+
+/* Normwise ||a - b|| / ||b|| in double. */
+static double relnorm(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = (double)a[i] - (double)b[i];
+        num += e * e;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The outputs of one run, gathered compact: o, lse, dq, dk, dv. */
+typedef struct {
+    float *o, *lse, *dq, *dk, *dv;
+    int64_t no, nl, nq, nk;
+} attn_out;
+
+static void out_take(attn_out *r, const attn_bufs *s) {
+    const anneal_cpu_attn_desc *d = &s->d;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    r->no = r->nq = B * H * Tq * D, r->nk = B * H * Tk * D, r->nl = B * H * Tq;
+    r->o = gather(s->o, B, H, Tq, D, d->o_sb, d->o_sh, d->o_st);
+    r->dq = gather(s->dq, B, H, Tq, D, d->q_sb, d->q_sh, d->q_st);
+    r->dk = gather(s->dk, B, H, Tk, D, d->k_sb, d->k_sh, d->k_st);
+    r->dv = gather(s->dv, B, H, Tk, D, d->v_sb, d->v_sh, d->v_st);
+    r->lse = alloc_fill(r->nl, 0.0f);
+    memcpy(r->lse, s->lse, sizeof(float) * (size_t)r->nl);
+}
+static void out_free(attn_out *r) {
+    free(r->o), free(r->lse), free(r->dq), free(r->dk), free(r->dv);
+}
+
+/* Forward + backward of c at compute, with ANNEAL_CPU_ISA = isa (NULL: unset). */
+static void seed_case(const attn_case *c) {
+    rng_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(c->Tq * 131 + c->Tk * 7 + c->D);
+}
+
+static void run_case(const attn_case *c, int compute, const char *isa, attn_out *r) {
+    seed_case(c);
+    if (isa) setenv("ANNEAL_CPU_ISA", isa, 1);
+    attn_bufs s;
+    bufs_make(&s, c);
+    s.compute = compute;
+    run_fwd(&s);
+    run_bwd(&s);
+    out_take(r, &s);
+    bufs_free(&s);
+    if (isa) unsetenv("ANNEAL_CPU_ISA");
+}
+
+/* The bf16 kernel (with ANNEAL_CPU_ISA = isa) against the rounded reference within the
+ * bounds above; nothing outside the views written; -inf rows of lse kept. Returns the
+ * number of failed checks. */
+static int check_bf16_case(const attn_case *c, const char *isa, double fa, double fr, double ga,
+                           double gr) {
+    const int before = anneal_test_failures;
+    seed_case(c);
+    if (isa) setenv("ANNEAL_CPU_ISA", isa, 1);
+    attn_bufs s;
+    bufs_make(&s, c);
+    s.compute = ANNEAL_BF16;
+    const anneal_cpu_attn_desc *d = &s.d;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    run_fwd(&s);
+    run_bwd(&s);
+    if (isa) unsetenv("ANNEAL_CPU_ISA");
+    double *bo = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
+    double *bdq = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
+    double *bdk = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+    double *bdv = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+    double *zero = calloc((size_t)(B * H * Tq + 1), sizeof(double));
+    reference_bf16(&s, bo, bdq, bdk, bdv);
+    attn_out r;
+    out_take(&r, &s);
+    int64_t inf_mismatch = 0;
+    double *rl = calloc((size_t)(B * H * Tq + 1), sizeof(double));
+    for (int64_t i = 0; i < r.nl; i++) {
+        const bool ri = isinf(s.rlse[i]), ki = isinf(r.lse[i]) && r.lse[i] < 0;
+        if (ri != ki) inf_mismatch++;
+        if (ki) r.lse[i] = 0.0f;
+        rl[i] = ri ? 0.0 : s.rlse[i];
+    }
+    CHECK(inf_mismatch == 0, "%lld lse rows disagree on -inf", (long long)inf_mismatch);
+    double w[5];
+    w[0] = check_bounded("o", r.o, s.ro, bo, r.no, fa, fr);
+    w[1] = check_bounded("lse", r.lse, rl, zero, r.nl, fa, fr < 1e-5 ? fr : 1e-5);
+    w[2] = check_bounded("dq", r.dq, s.rdq, bdq, r.nq, ga, gr);
+    w[3] = check_bounded("dk", r.dk, s.rdk, bdk, r.nk, ga, gr);
+    w[4] = check_bounded("dv", r.dv, s.rdv, bdv, r.nk, ga, gr);
+    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
+    const int64_t go[3] = {0, s.dk - s.grad, s.dv - s.grad}, gT[3] = {Tq, Tk, Tk};
+    const int64_t gs[3][3] = {
+        {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
+    CHECK(count_clobbered(s.out, s.n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
+    CHECK(count_clobbered(s.grad, s.n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+    printf("    bf16 %s B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d layout=%d: worst ratio "
+           "o %.2f lse %.2f dq %.2f dk %.2f dv %.2f\n",
+           isa ? isa : "auto", (long long)B, (long long)H, (long long)Tq, (long long)Tk,
+           (long long)D, c->causal, (int)c->layout, w[0], w[1], w[2], w[3], w[4]);
+    out_free(&r);
+    free(bo), free(bdq), free(bdk), free(bdv), free(zero), free(rl);
+    bufs_free(&s);
+    return anneal_test_failures - before;
+}
+
+static const attn_case bf16_cases[] = {
+    {2, 2, 1, 1, 8, true, 0, LAYOUT_CONTIG, 0},
+    {2, 2, 63, 63, 64, true, 0, LAYOUT_CONTIG, 0},
+    {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0},
+    {2, 2, 130, 130, 64, false, 0, LAYOUT_CONTIG, 0},
+    {2, 2, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0},
+    {1, 2, 64, 130, 64, false, 0, LAYOUT_CONTIG, 0},
+    {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0},
+    {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0},
+    {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0},
+    {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0},
+    {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0},
+    {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
+    {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0},
+    {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0},
+    {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0},
+    {1, 2, 131, 67, 33, true, 0, LAYOUT_GAPPED, 0},
+};
+#define NB16 (sizeof bf16_cases / sizeof bf16_cases[0])
+
+/* Under ASan (slow) the fallback and comparison tests take every third case. */
+static size_t case_step(void) { return anneal_test_sanitized() ? 3 : 1; }
+
+/* The bf16 kernel (the AVX512-BF16 one where the CPU has it) within the bounds above:
+ * causal and not, T across tile edges, Tq != Tk, rows without keys, strided views. */
+TEST(bf16_against_rounded_reference) {
+    printf("  AVX512-BF16 %s\n", anneal_cpu_has_avx512bf16()
+                                      ? "available: the fast path is checked"
+                                      : "not available: the fallback runs");
+    for (size_t i = 0; i < NB16; i++)
+        if (check_bf16_case(&bf16_cases[i], NULL, FA, FR, GA, GR)) return;
+    static const attn_case large[] = {
+        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f},
+        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f},
+    };
+    for (size_t i = 0; i < 2; i++)
+        if (check_bf16_case(&large[i], NULL, 1e-4, 1e-3, 1e-4, 1e-3)) return;
+}
+
+/* The fallback (bf16-rounded operands on the f32 tiles: AVX-512 ones with
+ * ANNEAL_CPU_ISA=avx2, portable C with portable) meets the same bounds. */
+TEST(bf16_fallback_against_rounded_reference) {
+    static const char *isas[] = {"avx2", "portable"};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < NB16; i += (1 + t) * case_step()) /* portable: every other case */
+            if (check_bf16_case(&bf16_cases[i], isas[t], FA, FR, GA, GR)) return;
+}
+
+/* The AVX512-BF16 kernel against the fallbacks. They round the same operands to the same
+ * bf16 values and differ only in the order of the f32 sums inside a tile product (a few
+ * f32 ulps, ~1e-7 relative), so a probability or dS rounds to a different bf16 value only
+ * when it lies within ~1e-6 relative of a rounding boundary (probability ~1e-6 / 2^-8 ~
+ * 3e-4 per element), moving by one bf16 spacing (2u). Normwise that is ~sqrt(3e-4) 2u ~
+ * u/30; asserted: <= u/8 for o, dq, dk, dv (a bf16 mistake on either side, e.g. a
+ * missing or extra rounding, is ~u/2 or more); lse, whose rounded operands and f32
+ * arithmetic agree, at the f32 tolerance. */
+TEST(bf16_fast_path_matches_fallback) {
+    if (!anneal_cpu_has_avx512bf16()) {
+        printf("  AVX512-BF16 not available: nothing to compare (both runs are the fallback)\n");
+        return;
+    }
+    static const char *isas[] = {"avx2", "portable"};
+    double worst = 0;
+    for (size_t i = 0; i < NB16; i += case_step())
+        for (int t = 0; t < 2; t++) {
+            attn_out a, b;
+            run_case(&bf16_cases[i], ANNEAL_BF16, NULL, &a);
+            run_case(&bf16_cases[i], ANNEAL_BF16, isas[t], &b);
+            const double e[4] = {relnorm(a.o, b.o, a.no), relnorm(a.dq, b.dq, a.nq),
+                                 relnorm(a.dk, b.dk, a.nk), relnorm(a.dv, b.dv, a.nk)};
+            for (int j = 0; j < 4; j++) {
+                CHECK(e[j] <= U_BF16 / 8,
+                      "case %zu vs %s: output %d (o, dq, dk, dv) normwise %.3g > u/8", i, isas[t], j,
+                      e[j]);
+                if (e[j] > worst) worst = e[j];
+            }
+            for (int64_t l = 0; l < a.nl; l++) {
+                const double dl = fabs((double)a.lse[l] - b.lse[l]);
+                const bool same = a.lse[l] == b.lse[l] || dl <= FA + 1e-5 * fabs((double)b.lse[l]);
+                if (!same) {
+                    CHECK(same, "case %zu vs %s: lse[%lld] %.9g vs %.9g", i, isas[t], (long long)l,
+                          a.lse[l], b.lse[l]);
+                    break;
+                }
+            }
+            out_free(&a), out_free(&b);
+        }
+    printf("  fast vs fallback: worst normwise difference %.3g u\n", worst / U_BF16);
+}
+
+/* The bf16 results against the f32 ones (the unrounded attention): their normwise
+ * distance must be bf16 rounding, between u/16 and 4u. Lower end (negative control): the
+ * bf16 path is taken (f32 rounding alone would be ~1e-7 = u/40000). Upper end: each
+ * tile product rounds its two operands (<= u relative each), P and dS are rounded once
+ * more, and these independent errors add in quadrature along the 2-3 products between
+ * an input and an output, with the softmax and dP - Dvec (cancellation) amplifying them
+ * a little: a few u at most; a product computed in bf16 arithmetic instead of f32
+ * accumulation (~sqrt(K) u), or a wrong operand rounded (f32-sized error in lse), falls
+ * outside. Also: f16 precision gives exactly the f32 bits (f16 attention is f32). */
+TEST(bf16_versus_f32_and_f16_is_f32) {
+    static const attn_case cases[] = {
+        {2, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
+        {1, 3, 70, 131, 16, false, 0.3f, LAYOUT_GAPPED, 0},
+        {2, 2, 5, 37, 64, true, 0, LAYOUT_CONTIG, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_out f, h, b;
+        run_case(&cases[i], ANNEAL_F32, NULL, &f);
+        run_case(&cases[i], ANNEAL_F16, NULL, &h);
+        run_case(&cases[i], ANNEAL_BF16, NULL, &b);
+        CHECK(memcmp(f.o, h.o, sizeof(float) * (size_t)f.no) == 0, "f16 o differs from f32");
+        CHECK(memcmp(f.lse, h.lse, sizeof(float) * (size_t)f.nl) == 0, "f16 lse differs from f32");
+        CHECK(memcmp(f.dq, h.dq, sizeof(float) * (size_t)f.nq) == 0, "f16 dq differs from f32");
+        CHECK(memcmp(f.dk, h.dk, sizeof(float) * (size_t)f.nk) == 0, "f16 dk differs from f32");
+        CHECK(memcmp(f.dv, h.dv, sizeof(float) * (size_t)f.nk) == 0, "f16 dv differs from f32");
+        const double e[4] = {relnorm(b.o, f.o, f.no), relnorm(b.dq, f.dq, f.nq),
+                             relnorm(b.dk, f.dk, f.nk), relnorm(b.dv, f.dv, f.nk)};
+        for (int j = 0; j < 4; j++)
+            CHECK(e[j] >= U_BF16 / 16 && e[j] <= 4 * U_BF16,
+                  "case %zu: output %d (o, dq, dk, dv): bf16 vs f32 normwise %.3g u, outside "
+                  "[1/16, 4] u",
+                  i, j, e[j] / U_BF16);
+        printf("  case %zu: bf16 vs f32 normwise o %.3g u, dq %.3g u, dk %.3g u, dv %.3g u, "
+               "lse %.3g u\n",
+               i, e[0] / U_BF16, e[1] / U_BF16, e[2] / U_BF16, e[3] / U_BF16,
+               relnorm(b.lse, f.lse, f.nl) / U_BF16);
+        out_free(&f), out_free(&h), out_free(&b);
+    }
+}
+
+/* bf16 results are bit-identical across runs and 1, 2, 3 threads, on both kernels. */
+TEST(bf16_determinism) {
+    static const attn_case c = {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0};
+    static const char *isas[] = {NULL, "avx2"};
+    const int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        attn_out r0 = {0};
+        static const int threads[] = {2, 2, 1, 3};
+        for (int r = 0; r < 4; r++) {
+            omp_set_num_threads(threads[r]);
+            attn_out x;
+            run_case(&c, ANNEAL_BF16, isas[t], &x);
+            if (r == 0) {
+                r0 = x;
+                continue;
+            }
+            CHECK(memcmp(r0.o, x.o, sizeof(float) * (size_t)x.no) == 0 &&
+                      memcmp(r0.lse, x.lse, sizeof(float) * (size_t)x.nl) == 0 &&
+                      memcmp(r0.dq, x.dq, sizeof(float) * (size_t)x.nq) == 0 &&
+                      memcmp(r0.dk, x.dk, sizeof(float) * (size_t)x.nk) == 0 &&
+                      memcmp(r0.dv, x.dv, sizeof(float) * (size_t)x.nk) == 0,
+                  "bf16 (%s) results differ on run %d (%d threads)", isas[t] ? isas[t] : "auto", r,
+                  threads[r]);
+            out_free(&x);
+        }
+        out_free(&r0);
+    }
+    omp_set_num_threads(saved);
+}
+
 int main(void) {
     RUN(grid_contiguous);
     RUN(gapped_layout_and_scale);
@@ -499,5 +898,10 @@ int main(void) {
     RUN(finite_differences);
     RUN(determinism);
     RUN(portable_path);
+    RUN(bf16_against_rounded_reference);
+    RUN(bf16_fallback_against_rounded_reference);
+    RUN(bf16_fast_path_matches_fallback);
+    RUN(bf16_versus_f32_and_f16_is_f32);
+    RUN(bf16_determinism);
     return anneal_test_summary();
 }

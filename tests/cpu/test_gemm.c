@@ -7,6 +7,7 @@
  * i.e. relative to the magnitude of the terms summed (the scale fp32 rounding errors grow
  * with), so sign cancellations cannot make a correct result look wrong, while a missing,
  * doubled or misplaced term (an error of order scale / K or more) still fails. */
+#include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
 #include "test.h"
@@ -282,9 +283,10 @@ TEST(batched) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
-/* Same bits with 1 and 2 threads (and the batched path equal to single calls), for shapes
- * that split over N, over M, over several depth blocks with ragged edges, and the
- * single-row (M == 1) path. */
+/* Same bits with 1, 2 and 3 threads (and the batched path equal to single calls), for
+ * shapes that split over N, over M, over several depth blocks with ragged edges, and the
+ * single-row (M == 1) path. Row blocks go to whichever thread asks first, so 3 threads on
+ * 2 cores also changes which thread computes what from run to run. */
 TEST(deterministic_across_threads) {
     static const int64_t shapes[][3] = {
         {300, 700, 530}, {700, 20, 300}, {64, 3100, 100}, {1, 20000, 300}};
@@ -302,19 +304,25 @@ TEST(deterministic_across_threads) {
                 float *A = rand_buf(M * K, false), *B = rand_buf(K * N, false);
                 float *C1 = rand_buf(M * N, false);
                 float *C2 = malloc(sizeof(float) * (size_t)(M * N));
+                float *C3 = malloc(sizeof(float) * (size_t)(M * N));
                 memcpy(C2, C1, sizeof(float) * (size_t)(M * N));
+                memcpy(C3, C1, sizeof(float) * (size_t)(M * N));
                 omp_set_num_threads(1);
                 anneal_cpu_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.5f, C1, N);
                 omp_set_num_threads(2);
                 anneal_cpu_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.5f, C2, N);
-                CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0,
-                      "%s %c%c %lldx%lldx%lld differs between 1 and 2 threads",
+                omp_set_num_threads(3);
+                anneal_cpu_sgemm(ta, tb, M, N, K, 1.5f, A, lda, B, ldb, 0.5f, C3, N);
+                CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0 &&
+                          memcmp(C1, C3, sizeof(float) * (size_t)(M * N)) == 0,
+                      "%s %c%c %lldx%lldx%lld differs between 1, 2 and 3 threads",
                       anneal_cpu_sgemm_isa_name(), ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)M,
                       (long long)N, (long long)K);
                 free(A);
                 free(B);
                 free(C1);
                 free(C2);
+                free(C3);
             }
         /* 8 small products across threads equal the same products one by one. */
         const int64_t batch = 8, M = 70, N = 50, K = 300;
@@ -339,6 +347,125 @@ TEST(deterministic_across_threads) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
+/* A right operand packed once (anneal_cpu_gemm_pack_b) gives the same bits as the
+ * unpacked product, at every compute precision and ISA, both transposes of each operand,
+ * with beta and the bias + GELU epilogue, on 1 and 2 threads, for shapes with ragged
+ * edges and several depth blocks (K > kc) and column blocks (N > nc). */
+TEST(prepacked_b_matches_unpacked) {
+    static const int64_t shapes[][3] = {{37, 70, 45}, {100, 3300, 600}, {300, 40, 1100}};
+    static const int computes[] = {ANNEAL_F32, ANNEAL_BF16, ANNEAL_F16};
+    const int saved = omp_get_max_threads();
+    int isas[3], nisa = isa_list(isas);
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        for (int c = 0; c < 3; c++) {
+            if (anneal_test_sanitized() && c == 1) continue; /* ASan: the small shapes */
+            const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+            for (int p = 0; p < 3; p++)
+                for (int t = 0; t < 4; t++) {
+                    const bool ta = t >> 1, tb = t & 1;
+                    const int cd = computes[p];
+                    const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+                    float *A = rand_buf(M * K, false), *B = rand_buf(K * N, false);
+                    float *bias = rand_buf(N, false), *C0 = rand_buf(M * N, false);
+                    float *C1 = malloc(sizeof(float) * (size_t)(M * N));
+                    float *C2 = malloc(sizeof(float) * (size_t)(M * N));
+                    float *P1 = malloc(sizeof(float) * (size_t)(M * N));
+                    float *P2 = malloc(sizeof(float) * (size_t)(M * N));
+                    const size_t bytes = anneal_cpu_gemm_packed_b_size(cd, K, N);
+                    void *pb = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+                    REQUIRE(pb != NULL);
+                    anneal_gemm_epilogue ep = {.bias = bias, .gelu_tanh = (t & 1) != 0};
+                    const float beta = (t & 1) ? 0.0f : 0.5f; /* the epilogue, or beta */
+                    for (int threads = 1; threads <= 2; threads++) {
+                        omp_set_num_threads(threads);
+                        memcpy(C1, C0, sizeof(float) * (size_t)(M * N));
+                        memcpy(C2, C0, sizeof(float) * (size_t)(M * N));
+                        ep.pre = P1;
+                        anneal_cpu_gemm(cd, ta, tb, M, N, K, 1.25f, A, lda, B, ldb, beta, C1, N,
+                                        beta == 0.0f ? &ep : NULL);
+                        memset(pb, 0xff, bytes); /* NaN everywhere: any lane not packed shows */
+                        anneal_cpu_gemm_pack_b(cd, tb, K, N, B, ldb, pb);
+                        ep.pre = P2;
+                        anneal_cpu_gemm_packed(cd, ta, M, N, K, 1.25f, A, lda, pb, beta, C2, N,
+                                               beta == 0.0f ? &ep : NULL);
+                        CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0 &&
+                                  (beta != 0.0f ||
+                                   memcmp(P1, P2, sizeof(float) * (size_t)(M * N)) == 0),
+                              "%s compute %d %c%c %lldx%lldx%lld, %d threads: packed B differs",
+                              anneal_cpu_sgemm_isa_name(), cd, ta ? 'T' : 'N', tb ? 'T' : 'N',
+                              (long long)M, (long long)N, (long long)K, threads);
+                    }
+                    free(A);
+                    free(B);
+                    free(bias);
+                    free(C0);
+                    free(C1);
+                    free(C2);
+                    free(P1);
+                    free(P2);
+                    free(pb);
+                }
+        }
+    }
+    CHECK(anneal_cpu_gemm_packed_b_size(ANNEAL_F32, 0, 10) == 0 &&
+              anneal_cpu_gemm_packed_b_size(ANNEAL_BF16, 10, 0) == 0,
+          "an empty operand packs to 0 bytes");
+    omp_set_num_threads(saved);
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* The epilogue's B column sums: b_colsum[j] = sum over k of op(B)[k, j], one sequential
+ * f32 sum per column (so the bits equal that loop), from the packing path (several depth
+ * and column blocks, both layouts of B, 1-3 threads, with and without an epilogue on C),
+ * the single-row path, K == 0 and alpha == 0; C itself is unchanged by asking for them. */
+TEST(b_column_sums) {
+    static const int64_t shapes[][3] = {{50, 70, 30}, {100, 3300, 1100}, {1, 500, 700},
+                                        {20, 30, 0}};
+    const int saved = omp_get_max_threads();
+    for (int c = 0; c < 4; c++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int threads = 1; threads <= 3; threads++) {
+                const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+                if (anneal_test_sanitized() && c == 1 && threads != 2) continue;
+                const int64_t ldb = tb ? (K > 0 ? K : 1) : N;
+                float *A = rand_buf(M * (K > 0 ? K : 1), false);
+                float *B = rand_buf((tb ? N : (K > 0 ? K : 1)) * ldb, false);
+                float *bias = rand_buf(N, false);
+                float *C1 = malloc(sizeof(float) * (size_t)(M * N));
+                float *C2 = malloc(sizeof(float) * (size_t)(M * N));
+                float *sum = rand_buf(N, true), *ref = malloc(sizeof(float) * (size_t)N);
+                for (int64_t j = 0; j < N; j++) {
+                    float t = 0.0f;
+                    for (int64_t k = 0; k < K; k++) t += tb ? B[j * ldb + k] : B[k * ldb + j];
+                    ref[j] = t;
+                }
+                omp_set_num_threads(threads);
+                const float alpha = c == 0 && tb ? 0.0f : 1.0f;
+                anneal_gemm_epilogue e1 = {.bias = c == 1 ? bias : NULL}, e2 = e1;
+                e2.b_colsum = sum;
+                anneal_cpu_gemm(ANNEAL_BF16, false, tb, M, N, K, alpha, A, K > 0 ? K : 1, B, ldb,
+                                0.0f, C1, N, &e1);
+                anneal_cpu_gemm(ANNEAL_BF16, false, tb, M, N, K, alpha, A, K > 0 ? K : 1, B, ldb,
+                                0.0f, C2, N, &e2);
+                CHECK(memcmp(sum, ref, sizeof(float) * (size_t)N) == 0,
+                      "%lldx%lldx%lld tb=%d alpha=%g, %d threads: column sums differ from the "
+                      "sequential sums", (long long)M, (long long)N, (long long)K, tb, alpha,
+                      threads);
+                CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0,
+                      "%lldx%lldx%lld: asking for the column sums changed C", (long long)M,
+                      (long long)N, (long long)K);
+                free(A);
+                free(B);
+                free(bias);
+                free(C1);
+                free(C2);
+                free(sum);
+                free(ref);
+            }
+    omp_set_num_threads(saved);
+}
+
 int main(void) {
     RUN(isa_dispatch);
     RUN(small_and_edge_sizes);
@@ -347,5 +474,7 @@ int main(void) {
     RUN(degenerate);
     RUN(batched);
     RUN(deterministic_across_threads);
+    RUN(prepacked_b_matches_unpacked);
+    RUN(b_column_sums);
     return anneal_test_summary();
 }

@@ -1,7 +1,8 @@
 /* attention and causal_attention ops: values against naive double loops (causal and
  * not, Tq < Tk, strided and permuted inputs), the promised output layout, no copies
  * of head views, gradients against finite differences, causal_attention against
- * attention on explicit split/permute views, and error paths. */
+ * attention on explicit split/permute views, the compute precision (the thread's matmul
+ * precision at forward time, kept for the backward), and error paths. */
 #include "anneal/anneal.h"
 #include "gradcheck.h"
 #include "test.h"
@@ -261,6 +262,74 @@ TEST(causal_attention_gradients) {
     anneal_scope_close(s);
 }
 
+/* ------------------------------------------------------- compute precision */
+
+/* Forward of attention (which = 0) or causal_attention (1) on fresh inputs (seeded) at
+ * matmul precision fwd_dt, backward of sum(o * g) at bwd_dt; o and the input gradients
+ * (q, k, v or qkv, concatenated) come back as malloc'd floats. */
+static void run_at_precision(int which, anneal_dtype fwd_dt, anneal_dtype bwd_dt, float **o_out,
+                             float **g_out, int64_t *n_o, int64_t *n_g) {
+    anneal_scope *s = anneal_scope_open();
+    const int64_t B = 2, H = 2, T = 70, D = 16; /* T across a 64-key tile */
+    anneal_tensor *x[3] = {NULL, NULL, NULL}, *o = NULL;
+    REQUIRE(anneal_set_matmul_dtype(fwd_dt) == ANNEAL_OK);
+    if (which == 0) {
+        for (int i = 0; i < 3; i++) x[i] = rand4(B, H, T, D, 300 + i, true);
+        o = anneal_attention(x[0], x[1], x[2], true, 0.0f);
+    } else {
+        x[0] = anneal_test_rand(3, (int64_t[]){B, T, 3 * H * D}, -1, 1, 310, true);
+        o = anneal_causal_attention(x[0], (int)H);
+    }
+    REQUIRE(o);
+    REQUIRE(anneal_set_matmul_dtype(bwd_dt) == ANNEAL_OK);
+    anneal_tensor *g = anneal_test_rand(o->ndim, o->shape, -1, 1, 320, false);
+    REQUIRE(anneal_backward_grad(o, g) == ANNEAL_OK);
+    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    *o_out = values(o);
+    *n_o = anneal_numel(o);
+    const int nx = which == 0 ? 3 : 1;
+    *n_g = 0;
+    for (int i = 0; i < nx; i++) *n_g += anneal_numel(x[i]);
+    *g_out = malloc((size_t)*n_g * sizeof(float));
+    for (int i = 0, off = 0; i < nx; off += (int)anneal_numel(x[i]), i++) {
+        float *gi = values(x[i]->grad);
+        memcpy(*g_out + off, gi, (size_t)anneal_numel(x[i]) * sizeof(float));
+        free(gi);
+    }
+    anneal_scope_close(s);
+}
+
+/* The ops run attention at the thread's matmul precision (bf16: bf16 tile operands, see
+ * tests/cpu/test_attention.c for the numerics) and the backward at the precision the
+ * forward ran at, whatever the setting is when backward runs: a forward at bf16 gives
+ * the same gradient bits with backward at bf16 or f32, and likewise for f32; and bf16
+ * results differ from f32 ones (the setting reaches the kernel), by bf16 rounding
+ * (normwise below 4u = 2^-6). */
+TEST(precision_follows_the_forward) {
+    for (int which = 0; which < 2; which++) {
+        float *ob, *gbb, *ob2, *gbf, *of, *gff, *of2, *gfb;
+        int64_t no, ng;
+        run_at_precision(which, ANNEAL_BF16, ANNEAL_BF16, &ob, &gbb, &no, &ng);
+        run_at_precision(which, ANNEAL_BF16, ANNEAL_F32, &ob2, &gbf, &no, &ng);
+        run_at_precision(which, ANNEAL_F32, ANNEAL_F32, &of, &gff, &no, &ng);
+        run_at_precision(which, ANNEAL_F32, ANNEAL_BF16, &of2, &gfb, &no, &ng);
+        CHECK(memcmp(gbb, gbf, (size_t)ng * sizeof(float)) == 0,
+              "op %d: bf16 forward, f32 backward: gradients differ from an all-bf16 run", which);
+        CHECK(memcmp(gff, gfb, (size_t)ng * sizeof(float)) == 0,
+              "op %d: f32 forward, bf16 backward: gradients differ from an all-f32 run", which);
+        CHECK(memcmp(ob, ob2, (size_t)no * sizeof(float)) == 0 && memcmp(of, of2, (size_t)no * sizeof(float)) == 0,
+              "op %d: forward not deterministic", which);
+        double num = 0, den = 0, gnum = 0, gden = 0;
+        for (int64_t i = 0; i < no; i++) num += ((double)ob[i] - of[i]) * ((double)ob[i] - of[i]), den += (double)of[i] * of[i];
+        for (int64_t i = 0; i < ng; i++)
+            gnum += ((double)gbb[i] - gff[i]) * ((double)gbb[i] - gff[i]), gden += (double)gff[i] * gff[i];
+        const double eo = sqrt(num / den), eg = sqrt(gnum / gden);
+        CHECK(eo > 1e-5 && eo < 1.0 / 64, "op %d: bf16 output %.3g (normwise) from f32, want (1e-5, 2^-6)", which, eo);
+        CHECK(eg > 1e-5 && eg < 1.0 / 64, "op %d: bf16 gradients %.3g (normwise) from f32, want (1e-5, 2^-6)", which, eg);
+        free(ob), free(gbb), free(ob2), free(gbf), free(of), free(gff), free(of2), free(gfb);
+    }
+}
+
 /* ------------------------------------------------------------ errors */
 
 static void expect_error(anneal_tensor *r, anneal_status code, const char *substr, const char *what) {
@@ -309,6 +378,7 @@ int main(void) {
     RUN(attention_gradients);
     RUN(causal_attention_values);
     RUN(causal_attention_gradients);
+    RUN(precision_follows_the_forward);
     RUN(errors);
     return anneal_test_summary();
 }

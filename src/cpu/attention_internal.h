@@ -1,0 +1,77 @@
+/* Internals shared by the CPU attention kernels: attention.c (f32 tiles, dispatch),
+ * attention_bf16.c (bf16 operands on the f32 tile code) and attention_avx512bf16.c
+ * (bf16 operands on VDPBF16PS). Nothing here is part of the public API. */
+#ifndef ANNEAL_CPU_ATTENTION_INTERNAL_H
+#define ANNEAL_CPU_ATTENTION_INTERNAL_H
+
+#include <stddef.h>
+
+#include "cpu/cpu_kernels.h"
+
+enum { ANNEAL_ATTN_BQ = 64, ANNEAL_ATTN_BK = 64 }; /* query / key tile sizes */
+
+/* C[M x N] (= or +=) A[M x K] @ B[K x N]. A(i, k) = A[i*a_rs + k*a_cs] (so A may be a
+ * transposed view); B rows have stride ldb, C rows ldc; the last dims are contiguous. */
+typedef void (*anneal_attn_gemm_fn)(int M, int N, int K, const float *A, int64_t a_rs,
+                                    int64_t a_cs, const float *B, int64_t ldb, float *C,
+                                    int64_t ldc, bool accumulate);
+/* x[j] = exp(a * x[j] - b) for j < n; returns the sum of the new x. */
+typedef float (*anneal_attn_exp_fn)(float *x, int n, float a, float b);
+/* Largest of x[0..n), n >= 1 (NaN-ignoring like fmaxf). */
+typedef float (*anneal_attn_max_fn)(const float *x, int n);
+
+/* The f32 tile kernels of one instruction set. */
+typedef struct anneal_attn_isa {
+    anneal_attn_gemm_fn gemm;
+    anneal_attn_exp_fn exp_row;
+    anneal_attn_max_fn row_max;
+} anneal_attn_isa;
+
+/* The f32 tile kernels for this CPU: AVX-512 when available, portable C when not or
+ * when ANNEAL_CPU_ISA=portable (read at every call). */
+const anneal_attn_isa *anneal_attn_pick_isa(void);
+
+/* This thread's attention workspace of at least nfloats 4-byte words, 64-byte aligned,
+ * kept between calls (freed when the thread ends); NULL when out of memory. One buffer
+ * per thread, shared by all the attention kernels (never used by two at once). */
+float *anneal_attn_alloc(size_t nfloats);
+
+/* Number of keys query row i may see: Tk, or i + (Tk - Tq) + 1 clamped to [0, Tk]. */
+static inline int64_t anneal_attn_visible(const anneal_cpu_attn_desc *d, int64_t i) {
+    if (!d->causal) return d->Tk;
+    int64_t n = i + (d->Tk - d->Tq) + 1;
+    return n < 0 ? 0 : n > d->Tk ? d->Tk : n;
+}
+
+/* Columns of row i of a key tile starting at k0 with nk keys that the row sees. */
+static inline int anneal_attn_row_keys(const anneal_cpu_attn_desc *d, int64_t i, int64_t k0,
+                                       int nk) {
+    int64_t nv = anneal_attn_visible(d, i) - k0;
+    return nv < 0 ? 0 : nv > nk ? nk : (int)nv;
+}
+
+/* The bf16 attention (see attention_bf16.c for the arithmetic): same contract as
+ * anneal_cpu_attention_fwd / _bwd. They pick the AVX512-BF16 kernels below when the
+ * CPU has them and ANNEAL_CPU_ISA is not portable or avx2. */
+void anneal_attn_bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                          const float *v, float *o, float *lse);
+void anneal_attn_bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                          const float *v, const float *o, const float *dout, const float *lse,
+                          float *dq, float *dk, float *dv);
+
+/* The AVX512-BF16 versions (attention_avx512bf16.c); only call them when
+ * anneal_cpu_has_avx512bf16() and anneal_cpu_has_avx512(). */
+void anneal_attn_avx512bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                                const float *v, float *o, float *lse);
+void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
+                                const float *v, const float *o, const float *dout,
+                                const float *lse, float *dq, float *dk, float *dv);
+
+/* Scratch-allocation failure: the outputs of one forward task / one backward (b, h)
+ * task are filled with NaN (errors propagate like NaN; nothing aborts). Pointers are
+ * offset to the task's batch and head. */
+void anneal_attn_fail_fwd(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
+                          int nq);
+void anneal_attn_fail_bwd(const anneal_cpu_attn_desc *d, float *dq, float *dk, float *dv);
+
+#endif
