@@ -439,9 +439,11 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
     }
     const size_t a_bytes = (size_t)(rows * kcp_full) * es;
     atomic_llong next[2] = {0, 0}; /* row-block counters of alternate passes */
+    bool no_a = false;             /* some thread has no A buffer */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         char *ap = pack_buffer(1, a_bytes);
+        if (!ap) no_a = true; /* read by all only after the first barrier */
         const bool first = omp_get_thread_num() == 0;
         int pass = 0;
         for (int64_t jc = 0; jc < N; jc += nc) {
@@ -450,26 +452,26 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
                 const int64_t kc = min64(kc_full, K - pc);
                 pack_b_block(isa, g->round, g->tb, B, ldb, pc, kc, jc, n, bp,
                              g->colsum); /* + barrier */
+                if (no_a) break; /* every thread sees the same value here */
                 /* the next pass's counter was last used before the barrier just passed */
                 if (first) atomic_store_explicit(&next[(pass + 1) & 1], 0, memory_order_relaxed);
                 for (;;) {
                     const int64_t i = atomic_fetch_add_explicit(&next[pass & 1], 1,
                                                                 memory_order_relaxed);
                     if (i >= ni) break;
-                    const int64_t r0 = i * rows, m = min64(rows, M - r0);
-                    if (ap)
-                        gemm_tile_block(g, r0, m, 0, n, pc, kc, pc + kc >= K, A, lda, bp, beta,
-                                        C + jc, ldc, bias ? bias + jc : NULL, pre ? pre + jc : NULL,
-                                        ap);
-                    else if (pc == 0) /* this thread's A buffer failed: plain loops, all of K */
-                        gemm_unpacked(g, m, n, K, g->ta ? A + r0 : A + r0 * lda, lda,
-                                      g->tb ? B + jc * ldb : B + jc, ldb, beta,
-                                      C + r0 * ldc + jc, ldc, bias ? bias + jc : NULL,
-                                      pre ? pre + r0 * ldc + jc : NULL);
+                    const int64_t r0 = i * rows;
+                    gemm_tile_block(g, r0, min64(rows, M - r0), 0, n, pc, kc, pc + kc >= K, A,
+                                    lda, bp, beta, C + jc, ldc, bias ? bias + jc : NULL,
+                                    pre ? pre + jc : NULL, ap);
                 }
 #pragma omp barrier
             }
+            if (no_a) break;
         }
+    }
+    if (no_a) { /* out of memory for an A block: plain loops (C untouched so far) */
+        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        if (g->colsum) column_sums_block(g->tb, B, ldb, 0, K, 0, N, g->colsum);
     }
 }
 
