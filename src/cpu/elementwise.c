@@ -58,7 +58,21 @@ anneal_status anneal_cpu_copy(anneal_tensor *dst, const anneal_tensor *src) {
     if (n == 0) return ANNEAL_OK;
     size_t esz = anneal_dtype_size(dst->dtype);
     if (dst->dtype == src->dtype && anneal_is_contiguous(dst) && anneal_is_contiguous(src)) {
-        memmove(anneal_data(dst), anneal_data(src), (size_t)n * esz);
+        /* Large copies between disjoint buffers (a gradient landing in a parameter's .grad:
+         * the whole model per step) in pieces on all threads; else one memmove. */
+        char *d = anneal_data(dst);
+        const char *s = anneal_data(src);
+        const size_t bytes = (size_t)n * esz, piece = (size_t)1 << 18;
+        if (bytes >= 8 * piece && (d + bytes <= s || s + bytes <= d) && !omp_in_parallel()) {
+            const int64_t np = (int64_t)((bytes + piece - 1) / piece);
+#pragma omp parallel for schedule(static)
+            for (int64_t p = 0; p < np; p++) {
+                const size_t o = (size_t)p * piece;
+                memcpy(d + o, s + o, bytes - o < piece ? bytes - o : piece);
+            }
+        } else {
+            memmove(d, s, bytes);
+        }
         return ANNEAL_OK;
     }
     const int64_t *st[2] = {dst->strides, src->strides};

@@ -204,6 +204,28 @@ TEST(cast_roundtrip) {
     anneal_scope_close(s);
 }
 
+/* A large contiguous copy (several MiB: the piecewise multithreaded path, as a gradient
+ * landing in a parameter's .grad takes) gives exactly the source, every piece and the
+ * ragged last one included, and a leaf's first gradient equals the gradient. */
+TEST(large_contiguous_copy) {
+    anneal_scope *s = anneal_scope_open();
+    const int64_t n = 3 * (1 << 20) + 12345; /* not a whole number of 256 KiB pieces */
+    float *v = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(i % 9973) * 0.5f - 7.0f;
+    anneal_tensor *x = anneal_from_data(ANNEAL_F32, 1, &n, v);
+    anneal_tensor *y = anneal_clone(x);
+    REQUIRE(y != NULL);
+    CHECK(memcmp(anneal_data(y), v, sizeof(float) * (size_t)n) == 0, "clone differs from its source");
+    anneal_tensor *w = anneal_from_data(ANNEAL_F32, 1, &n, v);
+    anneal_set_requires_grad(w, true);
+    anneal_tensor *loss = anneal_sum(anneal_mul(w, x));
+    REQUIRE(loss != NULL && anneal_backward(loss) == ANNEAL_OK);
+    REQUIRE(w->grad != NULL);
+    CHECK(memcmp(anneal_data(w->grad), v, sizeof(float) * (size_t)n) == 0, "d(sum(w*x))/dw != x");
+    free(v);
+    anneal_scope_close(s);
+}
+
 TEST(dropout_deterministic) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *x = anneal_full(ANNEAL_F32, 1, (int64_t[]){100000}, 1.0);
@@ -256,6 +278,7 @@ int main(void) {
     RUN(view_gradients);
     RUN(views_share_storage);
     RUN(cast_roundtrip);
+    RUN(large_contiguous_copy);
     RUN(dropout_deterministic);
     RUN(dropout_gradient);
     return anneal_test_summary();
