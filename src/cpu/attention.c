@@ -296,6 +296,38 @@ static void attn_fwd_tile(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
         isa->gemm(nq, (int)D, nk, S, BK, 1, v + k0 * d->v_st, d->v_st, acc, D, true);
     }
 
+    anneal_attn_finish_rows(d, o, lse, q0, nq, acc, m, l);
+}
+
+void anneal_attn_run_bwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                         const float *q, const float *k, const float *v, const float *o,
+                         const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                         size_t ws_floats, anneal_attn_bwd_head_fn head) {
+    const int64_t B = d->B, H = d->H;
+#pragma omp parallel
+    {
+        float *ws = anneal_attn_alloc(ws_floats);
+        /* One task per (b, h): its dq, dk, dv rows are written only by it, in a fixed
+         * tile order, so the bits do not depend on the thread count. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            const int64_t b = bh / H, h = bh % H;
+            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
+            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
+            if (!ws) {
+                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
+                continue;
+            }
+            head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq, dq + qo,
+                 dk + ko, dv + vo, ws);
+        }
+        /* ws stays cached for the next call */
+    }
+}
+
+void anneal_attn_finish_rows(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
+                             int nq, const float *acc, const float *m, const float *l) {
+    const int64_t D = d->D;
     for (int i = 0; i < nq; i++) {
         float *oi = o + (q0 + i) * d->o_st;
         if (l[i] > 0.0f || l[i] != l[i]) {
@@ -328,10 +360,15 @@ void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, con
         anneal_attn_bf16_fwd(d, q, k, v, o, lse);
         return;
     }
-    const attn_isa *isa = anneal_attn_pick_isa();
-    const int64_t ntiles = (Tq + BQ - 1) / BQ, ntasks = B * H * ntiles;
     const size_t ws_floats = (size_t)(2 * BQ * D + D * BK + BQ * BK + 2 * BQ);
+    anneal_attn_run_fwd(d, anneal_attn_pick_isa(), q, k, v, o, lse, ws_floats, attn_fwd_tile);
+}
 
+void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                         const float *q, const float *k, const float *v, float *o, float *lse,
+                         size_t ws_floats, anneal_attn_fwd_tile_fn tile) {
+    const int64_t B = d->B, H = d->H, Tq = d->Tq;
+    const int64_t ntiles = (Tq + BQ - 1) / BQ, ntasks = B * H * ntiles;
 #pragma omp parallel
     {
         float *ws = anneal_attn_alloc(ws_floats);
@@ -349,8 +386,8 @@ void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, con
                 anneal_attn_fail_fwd(d, ob, lb, q0, nq);
                 continue;
             }
-            attn_fwd_tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
-                          v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
+            tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
+                 v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
         }
         /* ws stays cached for the next call */
     }
@@ -441,24 +478,5 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
     }
     const attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_floats = (size_t)(2 * D * BK + 2 * BQ * BK + BQ);
-
-#pragma omp parallel
-    {
-        float *ws = anneal_attn_alloc(ws_floats);
-        /* One task per (b, h): its dq, dk, dv rows are written only by it, in a fixed
-         * tile order, so the bits do not depend on the thread count. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++) {
-            const int64_t b = bh / H, h = bh % H;
-            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
-            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
-            if (!ws) {
-                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
-                continue;
-            }
-            attn_bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,
-                          dq + qo, dk + ko, dv + vo, ws);
-        }
-        /* ws stays cached for the next call */
-    }
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, attn_bwd_head);
 }

@@ -265,36 +265,13 @@ BF_TARGET static void fwd_tile(const anneal_cpu_attn_desc *d, const anneal_attn_
         const int32_t *KTw, *Vv;
         kv_get(c, d, k, v, k0 / BK, nk, &KTw, &Vv);
         gemm_qk(d, q0, nq, k0, nk, Dw, Qn, Dw, KTw, BK, S, BK); /* S = r(Q) r(K)^T */
-        for (int i = 0; i < nq; i++) {
-            float *s = S + i * BK;
-            const int nv = anneal_attn_row_keys(d, q0 + i, k0, nk);
-            for (int j = nv; j < nk; j++) s[j] = 0.0f; /* masked: P = 0 */
-            if (nv == 0) continue;
-            const float mnew = fmaxf(m[i], d->scale * isa->row_max(s, nv));
-            const float alpha = expf(m[i] - mnew); /* 0 on the first tile (m = -inf) */
-            l[i] = l[i] * alpha + isa->exp_row(s, nv, d->scale, mnew);
-            m[i] = mnew;
-            if (alpha != 1.0f) {
-                float *a = acc + i * D;
-                for (int64_t cc = 0; cc < D; cc++) a[cc] *= alpha;
-            }
-        }
+        anneal_attn_bf16_online_softmax(d, isa, S, q0, nq, k0, nk, m, l, acc);
         to_natural(S, BK, nq, nk, Pn, BK / 2);
         /* acc += r(P) r(V) */
         gemm_q_keys(d, q0, nq, k0, nk, (int)D, Pn, BK / 2, Vv, lanes_padded(D), acc, D);
     }
 
-    for (int i = 0; i < nq; i++) {
-        float *oi = o + (q0 + i) * d->o_st;
-        if (l[i] > 0.0f || l[i] != l[i]) {
-            const float inv = 1.0f / l[i];
-            for (int64_t cc = 0; cc < D; cc++) oi[cc] = acc[i * D + cc] * inv;
-            lse[q0 + i] = m[i] + logf(l[i]);
-        } else { /* no visible key */
-            for (int64_t cc = 0; cc < D; cc++) oi[cc] = 0.0f;
-            lse[q0 + i] = -INFINITY;
-        }
-    }
+    anneal_attn_finish_rows(d, o, lse, q0, nq, acc, m, l);
 }
 
 /* Tasks: with many heads (B*H >= 4 threads), one per (b, h), walking its query tiles with
@@ -425,25 +402,7 @@ BF_TARGET static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_
 void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                                 const float *v, const float *o, const float *dout,
                                 const float *lse, float *dq, float *dk, float *dv) {
-    const int64_t B = d->B, H = d->H;
     const anneal_attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_words = bwd_ws_words(d->Tq, d->D);
-
-#pragma omp parallel
-    {
-        float *ws = anneal_attn_alloc(ws_words);
-        /* One task per (b, h), fixed tile order: bits independent of the thread count. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++) {
-            const int64_t b = bh / H, h = bh % H;
-            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
-            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
-            if (!ws) {
-                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
-                continue;
-            }
-            bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,
-                     dq + qo, dk + ko, dv + vo, ws);
-        }
-    }
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_words, bwd_head);
 }

@@ -82,34 +82,32 @@ static void fwd_tile(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa, 
         const int nk = kend - k0 < BK ? (int)(kend - k0) : BK;
         round_pack_t(k + k0 * d->k_st, d->k_st, nk, D, KT);
         isa->gemm(nq, nk, (int)D, Qr, D, 1, KT, BK, S, BK, false); /* S = r(Q) r(K)^T */
-        for (int i = 0; i < nq; i++) {
-            float *s = S + i * BK;
-            const int nv = anneal_attn_row_keys(d, q0 + i, k0, nk);
-            for (int j = nv; j < nk; j++) s[j] = 0.0f; /* masked: P = 0 */
-            if (nv == 0) continue;
-            const float mnew = fmaxf(m[i], d->scale * isa->row_max(s, nv));
-            const float alpha = expf(m[i] - mnew); /* 0 on the first tile (m = -inf) */
-            l[i] = l[i] * alpha + isa->exp_row(s, nv, d->scale, mnew);
-            m[i] = mnew;
-            if (alpha != 1.0f) {
-                float *a = acc + i * D;
-                for (int64_t c = 0; c < D; c++) a[c] *= alpha;
-            }
-            anneal_gemm_round_array(nv, s, s, ANNEAL_GEMM_ROUND_BF16); /* r(p) */
-        }
+        anneal_attn_bf16_online_softmax(d, isa, S, q0, nq, k0, nk, m, l, acc);
+        for (int i = 0; i < nq; i++) /* r(p); masked keys are 0 and stay 0 */
+            anneal_gemm_round_array(nk, S + i * BK, S + i * BK, ANNEAL_GEMM_ROUND_BF16);
         round_rows(v + k0 * d->v_st, d->v_st, nk, D, Vr, D);
         isa->gemm(nq, (int)D, nk, S, BK, 1, Vr, D, acc, D, true); /* acc += r(P) r(V) */
     }
 
+    anneal_attn_finish_rows(d, o, lse, q0, nq, acc, m, l);
+}
+
+void anneal_attn_bf16_online_softmax(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                                     float *S, int64_t q0, int nq, int64_t k0, int nk, float *m,
+                                     float *l, float *acc) {
+    const int64_t D = d->D;
     for (int i = 0; i < nq; i++) {
-        float *oi = o + (q0 + i) * d->o_st;
-        if (l[i] > 0.0f || l[i] != l[i]) {
-            const float inv = 1.0f / l[i];
-            for (int64_t c = 0; c < D; c++) oi[c] = acc[i * D + c] * inv;
-            lse[q0 + i] = m[i] + logf(l[i]);
-        } else { /* no visible key */
-            for (int64_t c = 0; c < D; c++) oi[c] = 0.0f;
-            lse[q0 + i] = -INFINITY;
+        float *s = S + i * BK;
+        const int nv = anneal_attn_row_keys(d, q0 + i, k0, nk);
+        for (int j = nv; j < nk; j++) s[j] = 0.0f; /* masked: P = 0 */
+        if (nv == 0) continue;
+        const float mnew = fmaxf(m[i], d->scale * isa->row_max(s, nv));
+        const float alpha = expf(m[i] - mnew); /* 0 on the first tile (m = -inf) */
+        l[i] = l[i] * alpha + isa->exp_row(s, nv, d->scale, mnew);
+        m[i] = mnew;
+        if (alpha != 1.0f) {
+            float *a = acc + i * D;
+            for (int64_t c = 0; c < D; c++) a[c] *= alpha;
         }
     }
 }
@@ -122,28 +120,9 @@ void anneal_attn_bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const f
         anneal_attn_avx512bf16_fwd(d, q, k, v, o, lse);
         return;
     }
-    const anneal_attn_isa *isa = anneal_attn_pick_isa();
-    const int64_t ntiles = (Tq + BQ - 1) / BQ, ntasks = B * H * ntiles;
+    /* as the f32 kernel: (b, h, query tile) tasks, each row produced by one task */
     const size_t ws_floats = (size_t)(2 * BQ * D + 2 * D * BK + BQ * BK + 2 * BQ);
-
-#pragma omp parallel
-    {
-        float *ws = anneal_attn_alloc(ws_floats);
-        /* As the f32 kernel: (b, h, query tile) tasks, each row produced by one task. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < ntasks; t++) {
-            const int64_t bh = t / ntiles, b = bh / H, h = bh % H;
-            const int64_t q0 = (t % ntiles) * BQ;
-            const int nq = Tq - q0 < BQ ? (int)(Tq - q0) : BQ;
-            float *ob = o + b * d->o_sb + h * d->o_sh, *lb = lse + bh * Tq;
-            if (!ws) {
-                anneal_attn_fail_fwd(d, ob, lb, q0, nq);
-                continue;
-            }
-            fwd_tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
-                     v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
-        }
-    }
+    anneal_attn_run_fwd(d, anneal_attn_pick_isa(), q, k, v, o, lse, ws_floats, fwd_tile);
 }
 
 /* ------------------------------------------------------------------- backward */
@@ -225,22 +204,5 @@ void anneal_attn_bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const f
     }
     const anneal_attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_floats = (size_t)(3 * D * BK + 2 * BQ * D + 2 * BQ * BK + BQ);
-
-#pragma omp parallel
-    {
-        float *ws = anneal_attn_alloc(ws_floats);
-        /* One task per (b, h), fixed tile order: bits independent of the thread count. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++) {
-            const int64_t b = bh / H, h = bh % H;
-            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
-            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
-            if (!ws) {
-                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
-                continue;
-            }
-            bwd_head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq,
-                     dq + qo, dk + ko, dv + vo, ws);
-        }
-    }
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, bwd_head);
 }

@@ -59,6 +59,15 @@ void anneal_attn_bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const f
                           const float *v, const float *o, const float *dout, const float *lse,
                           float *dq, float *dk, float *dv);
 
+/* The online-softmax step of a bf16 forward over one key tile (attention_bf16.c): for
+ * each of the nq query rows (from q0) of S (raw scores r(q) . r(k), row stride
+ * ANNEAL_ATTN_BK, nk keys from k0), zeroes the keys the row may not see, updates its
+ * running max m and sum l, rescales its accumulator row (acc, D wide) and leaves
+ * p = exp(scale * s - m) in S (unrounded). */
+void anneal_attn_bf16_online_softmax(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                                     float *S, int64_t q0, int nq, int64_t k0, int nk, float *m,
+                                     float *l, float *acc);
+
 /* The AVX512-BF16 versions (attention_avx512bf16.c); only call them when
  * anneal_cpu_has_avx512bf16() and anneal_cpu_has_avx512(). */
 void anneal_attn_avx512bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
@@ -66,6 +75,39 @@ void anneal_attn_avx512bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, c
 void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                                 const float *v, const float *o, const float *dout,
                                 const float *lse, float *dq, float *dk, float *dv);
+
+/* One forward task: query rows q0..q0+nq-1 of one (b, h) (pointers offset to it). */
+typedef void (*anneal_attn_fwd_tile_fn)(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                                        const float *q, const float *k, const float *v, float *o,
+                                        float *lse, int64_t q0, int nq, float *ws);
+/* Runs tile over every (b, h, query tile) of a forward on the threads (dynamic schedule:
+ * causal tiles differ in cost; each row is produced by one task, so the bits do not
+ * depend on the schedule), with a workspace of ws_floats per thread; a thread without one
+ * fills its tasks' outputs with NaN. */
+void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                         const float *q, const float *k, const float *v, float *o, float *lse,
+                         size_t ws_floats, anneal_attn_fwd_tile_fn tile);
+
+/* One (b, h) of a backward: pointers offset to its batch and head, ws its thread's
+ * workspace. */
+typedef void (*anneal_attn_bwd_head_fn)(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                                        const float *q, const float *k, const float *v,
+                                        const float *o, const float *dout, const float *lse,
+                                        float *dq, float *dk, float *dv, float *ws);
+/* Runs head over every (b, h) of a backward, one task each on the threads (dynamic
+ * schedule; each task writes only its own rows, in a fixed order, so the bits do not
+ * depend on the thread count), with a workspace of ws_floats per thread; a thread
+ * without one fills its tasks' gradients with NaN. */
+void anneal_attn_run_bwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
+                         const float *q, const float *k, const float *v, const float *o,
+                         const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                         size_t ws_floats, anneal_attn_bwd_head_fn head);
+
+/* The end of a forward task: o = acc / l and lse = m + log(l) for query rows
+ * q0..q0+nq-1 of one (b, h) (o and lse offset to it; acc (nq, D), m and l (nq) the online
+ * softmax state), or o = 0 and lse = -inf for a row that saw no key. */
+void anneal_attn_finish_rows(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
+                             int nq, const float *acc, const float *m, const float *l);
 
 /* Scratch-allocation failure: the outputs of one forward task / one backward (b, h)
  * task are filled with NaN (errors propagate like NaN; nothing aborts). Pointers are

@@ -229,6 +229,18 @@ static int64_t count_clobbered(const float *buf, int64_t n, const anneal_cpu_att
     return bad;
 }
 
+/* Nothing outside the views of o and of dq, dk, dv was written. */
+static void check_views_only(const attn_bufs *s) {
+    const anneal_cpu_attn_desc *d = &s->d;
+    const int64_t Tq = d->Tq, Tk = d->Tk;
+    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
+    const int64_t go[3] = {0, s->dk - s->grad, s->dv - s->grad}, gT[3] = {Tq, Tk, Tk};
+    const int64_t gs[3][3] = {
+        {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
+    CHECK(count_clobbered(s->out, s->n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
+    CHECK(count_clobbered(s->grad, s->n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+}
+
 static void run_fwd(attn_bufs *s) {
     anneal_cpu_attention_fwd(&s->d, s->q, s->k, s->v, s->o, s->lse, s->compute);
 }
@@ -272,12 +284,7 @@ static int check_case(const attn_case *c, double fa, double fr, double ga, doubl
     CHECK_ALLCLOSE(dv, rdv, B * H * Tk * D, ga, gr);
 
     /* Nothing outside the views is written. */
-    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
-    const int64_t go[3] = {0, s.dk - s.grad, s.dv - s.grad}, gT[3] = {Tq, Tk, Tk};
-    const int64_t gs[3][3] = {
-        {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
-    CHECK(count_clobbered(s.out, s.n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
-    CHECK(count_clobbered(s.grad, s.n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+    check_views_only(&s);
 
     if (anneal_test_failures != before)
         fprintf(stderr,
@@ -713,12 +720,7 @@ static int check_bf16_case(const attn_case *c, const char *isa, double fa, doubl
     w[2] = check_bounded("dq", r.dq, s.rdq, bdq, r.nq, ga, gr);
     w[3] = check_bounded("dk", r.dk, s.rdk, bdk, r.nk, ga, gr);
     w[4] = check_bounded("dv", r.dv, s.rdv, bdv, r.nk, ga, gr);
-    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
-    const int64_t go[3] = {0, s.dk - s.grad, s.dv - s.grad}, gT[3] = {Tq, Tk, Tk};
-    const int64_t gs[3][3] = {
-        {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
-    CHECK(count_clobbered(s.out, s.n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
-    CHECK(count_clobbered(s.grad, s.n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+    check_views_only(&s);
     printf("    bf16 %s B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d layout=%d: worst ratio "
            "o %.2f lse %.2f dq %.2f dk %.2f dv %.2f\n",
            isa ? isa : "auto", (long long)B, (long long)H, (long long)Tq, (long long)Tk,
