@@ -21,6 +21,7 @@
  * Compiled with a target attribute; attention_bf16.c calls this only after checking
  * anneal_cpu_has_avx512bf16(). */
 #include "cpu/attention_internal.h"
+#include "cpu/gemm_avx512_tile.h"
 #include "cpu/gemm_internal.h"
 
 #include <immintrin.h>
@@ -35,10 +36,6 @@ enum { BQ = ANNEAL_ATTN_BQ, BK = ANNEAL_ATTN_BK };
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"), always_inline))    \
     static inline
 
-/* Lane mask of the first n lanes (clamped to 0..16). */
-BF_INLINE __mmask16 lanes16(int64_t n) {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
-}
 
 /* Words in the natural layout of a row of n values; columns of a pairs layout of n
  * lanes (a multiple of 16, as the packing routine wants). */
@@ -53,10 +50,10 @@ BF_TARGET static void to_natural(const float *src, int64_t lds, int n, int64_t D
         const float *s = src + (int64_t)i * lds;
         int32_t *t = dst + (int64_t)i * ldw;
         for (int64_t c0 = 0; c0 < D; c0 += 32) {
-            const __m512 lo = _mm512_maskz_loadu_ps(lanes16(D - c0), s + c0);
-            const __m512 hi = _mm512_maskz_loadu_ps(lanes16(D - c0 - 16), s + c0 + 16);
+            const __m512 lo = _mm512_maskz_loadu_ps(anneal_a512_first_lanes(D - c0), s + c0);
+            const __m512 hi = _mm512_maskz_loadu_ps(anneal_a512_first_lanes(D - c0 - 16), s + c0 + 16);
             const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-            _mm512_mask_storeu_epi32(t + c0 / 2, lanes16(words(D - c0)), w);
+            _mm512_mask_storeu_epi32(t + c0 / 2, anneal_a512_first_lanes(words(D - c0)), w);
         }
     }
 }
@@ -118,7 +115,7 @@ BF_TARGET static void bf_gemm(int M, int N, int64_t kq, const int32_t *A, int64_
                               bool accumulate) {
     for (int j0 = 0; j0 < N; j0 += 32) {
         const int nc = N - j0 < 32 ? N - j0 : 32;
-        const __mmask16 m0 = lanes16(nc), m1 = lanes16(nc - 16);
+        const __mmask16 m0 = anneal_a512_first_lanes(nc), m1 = anneal_a512_first_lanes(nc - 16);
         const int nv = nc > 16 ? 2 : 1;
         for (int i0 = 0; i0 < M; i0 += 8) {
             const int mr = M - i0 < 8 ? M - i0 : 8;

@@ -10,23 +10,19 @@
  *
  * Compiled with a target attribute so the rest of the library needs no -mavx512f;
  * gemm.c only calls these after checking anneal_cpu_has_avx512(). */
+#include "cpu/gemm_avx512_tile.h"
 #include "cpu/gemm_internal.h"
 
 #include <immintrin.h>
 
-#define A512_MR 8
+#define A512_MR ANNEAL_A512_MR
 #define A512_NR 32
 #define A512_KC 256  /* B micro-panel kc x 32 = 32 KiB in L1 with the 8 KiB A micro-panel */
 #define A512_MC 384  /* A block 384 x 256 floats = 384 KiB in L2 (1 MiB) */
 #define A512_NC 3072 /* B block 256 x 3072 floats = 3 MiB per thread in L3 */
 #define PACK_KB 16   /* source rows per block in the copy case of pack_avx512 */
 
-#define A512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-
-/* Lane mask of the first n (0..16) lanes. */
-A512_TARGET static inline __mmask16 first_lanes(int n) {
-    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n < 0 ? 0 : n)) - 1u);
-}
+#define A512_TARGET ANNEAL_A512_TARGET
 
 /* C[0:m, 0:n] = alpha * (ap @ bp) + beta * C for an 8 x 32 tile (see gemm_internal.h).
  * Edge tiles use masked loads/stores with the same arithmetic as full tiles. */
@@ -35,16 +31,7 @@ A512_TARGET static void kernel_8x32(int64_t kc, const void *ap_, const void *bp_
                                     float beta) {
     const float *restrict ap = ap_, *restrict bp = bp_;
     __m512 acc[A512_MR][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < A512_MR; i++) {
-        acc[i][0] = _mm512_setzero_ps();
-        acc[i][1] = _mm512_setzero_ps();
-        /* The tile of C is touched once at the end; start pulling it in now. */
-        if (i < m) {
-            _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
-        }
-    }
+    anneal_a512_tile_start(acc, c, ldc, m);
 
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
@@ -60,56 +47,7 @@ A512_TARGET static void kernel_8x32(int64_t kc, const void *ap_, const void *bp_
         bp += A512_NR;
     }
 
-    const __mmask16 m0 = first_lanes(n), m1 = first_lanes(n - 16);
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    /* Fully unrolled with constant indices so acc stays in registers. */
-#pragma GCC unroll 8
-    for (int i = 0; i < A512_MR; i++) {
-        if (i < m) {
-            float *row = c + i * ldc;
-            __m512 r0 = _mm512_mul_ps(va, acc[i][0]);
-            __m512 r1 = _mm512_mul_ps(va, acc[i][1]);
-            if (beta != 0.0f) {
-                r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
-                r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
-            }
-            _mm512_mask_storeu_ps(row, m0, r0);
-            _mm512_mask_storeu_ps(row + 16, m1, r1);
-        }
-    }
-}
-
-/* In-register transpose of a 16 x 16 block: r[i] holds row i on entry, column i on exit.
- * Three rounds: 32-bit interleave, 64-bit interleave, then two rounds of 128-bit lane
- * shuffles. */
-A512_TARGET static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    /* r[i] now holds, in each 128-bit lane q, the 4-row column group of rows 4*(i/4)..+3. */
-#pragma GCC unroll 2
-    for (int h = 0; h < 16; h += 8) {
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
+    anneal_a512_tile_store(acc, c, ldc, m, n, alpha, beta);
 }
 
 /* round(v) for one ANNEAL_GEMM_ROUND_* mode, lane-wise, bit-identical to
@@ -137,7 +75,7 @@ A512_TARGET static inline void copy_lanes(float *d, const float *s, int64_t n, i
     if (n >= w)
         v = w == 16 ? _mm512_loadu_ps(s) : _mm512_castps256_ps512(_mm256_loadu_ps(s));
     else
-        v = _mm512_maskz_loadu_ps(first_lanes((int)(n < 0 ? 0 : n)), s);
+        v = _mm512_maskz_loadu_ps(anneal_a512_first_lanes(n), s);
     v = round_vec(v, round);
     if (w == 16)
         _mm512_storeu_ps(d, v);
@@ -173,7 +111,7 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
                 for (int64_t k = k0; k < k1; k++) {
                     const float *s = src + k * stride + l0;
                     __m512 v = nl >= 16 ? _mm512_loadu_ps(s)
-                                        : _mm512_maskz_loadu_ps(first_lanes((int)(nl < 0 ? 0 : nl)), s);
+                                        : _mm512_maskz_loadu_ps(anneal_a512_first_lanes(nl), s);
                     v = round_vec(v, round);
                     _mm256_storeu_ps(d0 + k * 8, _mm512_castps512_ps256(v));
                     if (second) _mm256_storeu_ps(d1 + k * 8, _mm512_extractf32x8_ps(v, 1));
@@ -206,14 +144,14 @@ A512_TARGET static void pack_avx512(const float *src, int64_t stride, bool lanes
         const bool second = width == 8 && l0 + 8 < padded;
         for (int64_t k0 = 0; k0 < kc; k0 += 16) {
             const int nk = kc - k0 < 16 ? (int)(kc - k0) : 16;
-            const __mmask16 kmask = first_lanes(nk);
+            const __mmask16 kmask = anneal_a512_first_lanes(nk);
             __m512 r[16];
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
                 r[i] = i < nl ? round_vec(_mm512_maskz_loadu_ps(kmask, src + (l0 + i) * stride + k0),
                                           round)
                               : _mm512_setzero_ps();
-            transpose16(r);
+            anneal_a512_transpose16(r);
             if (width == 8) {
                 for (int i = 0; i < nk; i++) {
                     _mm256_storeu_ps(d0 + (k0 + i) * 8, _mm512_castps512_ps256(r[i]));

@@ -31,11 +31,12 @@
  *
  * Compiled with a target attribute; gemm.c only calls this after checking
  * anneal_cpu_has_avx512bf16(). */
+#include "cpu/gemm_avx512_tile.h"
 #include "cpu/gemm_internal.h"
 
 #include <immintrin.h>
 
-#define BF_MR 8
+#define BF_MR ANNEAL_A512_MR
 #define BF_NR 32
 #define BF_KC 512  /* depths: B micro-panel 512 x 32 bf16 = 32 KiB in L1, A 8 KiB */
 #define BF_MC 384  /* A block 384 x 512 bf16 = 384 KiB in L2 */
@@ -44,11 +45,6 @@
 
 #define BF_TARGET \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
-
-/* Lane mask of the first n (0..16) lanes. */
-BF_TARGET static inline __mmask16 first_lanes16(int64_t n) {
-    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n < 0 ? 0 : n)) - 1u);
-}
 
 /* The bf16 values of 32 floats (lo: the first 16, hi: the next 16) as 16 words holding
  * consecutive pairs: VCVTNE2PS2BF16 rounds to nearest even (NaN made quiet) and, like the
@@ -73,15 +69,7 @@ BF_TARGET static void kernel_bf16_8x32(int64_t kc, const void *ap_, const void *
     const int32_t *restrict ap = ap_;
     const __m512i *restrict bp = bp_;
     __m512 acc[BF_MR][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < BF_MR; i++) {
-        acc[i][0] = _mm512_setzero_ps();
-        acc[i][1] = _mm512_setzero_ps();
-        if (i < m) {
-            _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
-        }
-    }
+    anneal_a512_tile_start(acc, c, ldc, m);
     const int64_t kq = kc / 2;
 #pragma GCC unroll 4
     for (int64_t q = 0; q < kq; q++) {
@@ -97,52 +85,7 @@ BF_TARGET static void kernel_bf16_8x32(int64_t kc, const void *ap_, const void *
         bp += 2;
     }
 
-    const __mmask16 m0 = first_lanes16(n), m1 = first_lanes16(n - 16);
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 8
-    for (int i = 0; i < BF_MR; i++) {
-        if (i < m) {
-            float *row = c + i * ldc;
-            __m512 r0 = _mm512_mul_ps(va, acc[i][0]);
-            __m512 r1 = _mm512_mul_ps(va, acc[i][1]);
-            if (beta != 0.0f) {
-                r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
-                r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
-            }
-            _mm512_mask_storeu_ps(row, m0, r0);
-            _mm512_mask_storeu_ps(row + 16, m1, r1);
-        }
-    }
-}
-
-/* In-register transpose of a 16 x 16 block of 32-bit words (as in gemm_avx512.c). */
-BF_TARGET static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < 16; h += 8) {
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
+    anneal_a512_tile_store(acc, c, ldc, m, n, alpha, beta);
 }
 
 /* Packs whole micro-panels of depth-pair words (layout at the top of the file; width 8 or
@@ -165,7 +108,7 @@ BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_con
         for (int64_t q0 = 0; q0 < kq; q0 += PACK_QB) {
             const int64_t q1 = q0 + PACK_QB < kq ? q0 + PACK_QB : kq;
             for (int64_t l0 = 0; l0 < padded; l0 += 16) {
-                const __mmask16 mk = first_lanes16(lanes - l0);
+                const __mmask16 mk = anneal_a512_first_lanes(lanes - l0);
                 int32_t *d0 = dst + (l0 / width) * kq * width + l0 % width;
                 int32_t *d1 = d0 + kq * width;
                 const bool second = width == 8 && l0 + 8 < padded;
@@ -196,7 +139,7 @@ BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_con
         for (int64_t k0 = 0; k0 < kc; k0 += 32) {
             const int64_t nk = kc - k0 < 32 ? kc - k0 : 32;
             const int nq = (int)((nk + 1) / 2);
-            const __mmask16 ka = first_lanes16(nk), kb = first_lanes16(nk - 16);
+            const __mmask16 ka = anneal_a512_first_lanes(nk), kb = anneal_a512_first_lanes(nk - 16);
             __m512 r[16];
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
@@ -208,7 +151,7 @@ BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_con
                     r[i] = _mm512_setzero_ps();
                 }
             }
-            transpose16(r);
+            anneal_a512_transpose16(r);
             const int64_t qb = k0 / 2;
             if (width == 8) {
                 for (int i = 0; i < nq; i++) {
