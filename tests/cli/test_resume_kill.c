@@ -82,14 +82,7 @@ static bool start_and_kill(const char *common, const char *run, trigger how, int
 
 TEST(kill_at_many_moments_then_resume_equals_straight) {
     if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
-    const char *dir = tu_mkdtemp("kill");
-    REQUIRE(dir);
-    char why[512];
-    const char *data = tu_make_data(dir, 512, why, sizeof why);
-    if (!data) {
-        tu_rmrf(dir);
-        SKIP("%s", why);
-    }
+    TU_DIR_AND_DATA(dir, data, "kill");
     char common[2048], out[600], straight[600], run[600];
     enum { STEPS = 24 };
     snprintf(common, sizeof common,

@@ -17,14 +17,7 @@ static int losses_of(const char *run, double *l, int n) {
 
 TEST(twenty_steps_equal_ten_plus_resume_ten) {
     if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
-    const char *dir = tu_mkdtemp("resume");
-    REQUIRE(dir);
-    char why[512];
-    const char *data = tu_make_data(dir, 512, why, sizeof why);
-    if (!data) {
-        tu_rmrf(dir);
-        SKIP("%s", why);
-    }
+    TU_DIR_AND_DATA(dir, data, "resume");
     char out[600];
     snprintf(out, sizeof out, "%s/out.txt", dir);
     const char *common = "train --model tiny --steps 20 --batch 4 --seq 32 --lr 3e-3 --warmup 3 --schedule cosine "

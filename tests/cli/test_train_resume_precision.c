@@ -14,31 +14,13 @@
 
 static char args[4096];
 
-/* Each step's loss and (fp16) loss scale from a run directory's log; the last record
- * of a step wins. Returns the highest step. */
+/* Each step's loss and (fp16) loss scale (0 when not logged) from a run directory's log;
+ * the last record of a step wins. Returns the highest step. */
 static int read_run(const char *run, double *loss, double *scale, int n) {
     char p[700];
     snprintf(p, sizeof p, "%s/log.jsonl", run);
-    FILE *f = fopen(p, "r");
-    if (!f) return 0;
-    static char line[1 << 16];
-    int hi = 0;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step")) {
-            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "loss"), *sc = cJSON_GetObjectItemCaseSensitive(o, "loss_scale");
-            if (s >= 1 && s <= n) {
-                loss[s - 1] = cJSON_IsNumber(l) ? l->valuedouble : NAN;
-                scale[s - 1] = cJSON_IsNumber(sc) ? sc->valuedouble : 0;
-                if (s > hi) hi = s;
-            }
-        }
-        cJSON_Delete(o);
-    }
-    fclose(f);
-    return hi;
+    const int hi = tu_read_losses(p, loss, NULL, n);
+    return tu_read_step_values(p, "loss_scale", 0.0, scale, n) == hi ? hi : 0;
 }
 
 /* Straight vs stopped + resumed at one dtype; extra: more flags for both. */
@@ -102,14 +84,7 @@ static void straight_vs_resumed(const char *dir, const char *data, const char *d
 
 TEST(bf16_and_fp16_resume_exactly) {
     if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
-    const char *dir = tu_mkdtemp("resumeprec");
-    REQUIRE(dir);
-    char why[512];
-    const char *data = tu_make_data(dir, 512, why, sizeof why);
-    if (!data) {
-        tu_rmrf(dir);
-        SKIP("%s", why);
-    }
+    TU_DIR_AND_DATA(dir, data, "resumeprec");
     straight_vs_resumed(dir, data, "bf16", "");
     straight_vs_resumed(dir, data, "fp16", "--loss-scale-init 67108864 --scale-growth-interval 3");
 

@@ -10,14 +10,7 @@
 #include <math.h>
 
 TEST(tiny_learns_kjv) {
-    const char *dir = tu_mkdtemp("realtext");
-    REQUIRE(dir);
-    char why[512];
-    const char *data = tu_make_data(dir, 512, why, sizeof why);
-    if (!data) {
-        tu_rmrf(dir);
-        SKIP("%s", why);
-    }
+    TU_DIR_AND_DATA(dir, data, "realtext");
     char out[300];
     snprintf(out, sizeof out, "%s/run", dir);
     anneal_train_config c;

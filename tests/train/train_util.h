@@ -123,6 +123,45 @@ static inline int tu_read_losses(const char *log_path, double *losses, bool *ski
     return hi;
 }
 
+/* Reads one numeric field of the "type":"step" records of a log: vals[step-1] = the
+ * field, or `missing` where a record lacks it (the last record of a step wins); returns
+ * the highest step seen. */
+static inline int tu_read_step_values(const char *log_path, const char *key, double missing,
+                                      double *vals, int max_steps) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return 0;
+    static char line[1 << 16];
+    int hi = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step")) {
+            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+            if (s >= 1 && s <= max_steps) {
+                vals[s - 1] = cJSON_IsNumber(v) ? v->valuedouble : missing;
+                if (s > hi) hi = s;
+            }
+        }
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return hi;
+}
+
+/* In a TEST: declares `dir` (a fresh temporary directory named after tag) and `data`
+ * (token shards of real text in it, tu_make_data), or skips the test, saying why (and
+ * removing dir) when there is no text. */
+#define TU_DIR_AND_DATA(dir, data, tag)                                      \
+    const char *dir = tu_mkdtemp(tag);                                       \
+    REQUIRE(dir);                                                            \
+    char dir##_why[512];                                                     \
+    const char *data = tu_make_data(dir, 512, dir##_why, sizeof dir##_why); \
+    if (!data) {                                                             \
+        tu_rmrf(dir);                                                        \
+        SKIP("%s", dir##_why);                                               \
+    }
+
 /* Counts the records of a type in a log. */
 static inline int tu_count_records(const char *log_path, const char *type) {
     FILE *f = fopen(log_path, "r");
