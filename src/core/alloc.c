@@ -12,14 +12,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 /* Size classes: multiples of 64 bytes up to 4 KiB (64 classes), then 8 steps per
  * doubling (a block is at most 12.5% larger than the request) up to 2^48 bytes. */

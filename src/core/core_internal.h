@@ -1,4 +1,4 @@
-/* Core-internal helpers shared by tensor.c, scope.c and alloc.c. */
+/* Core-internal helpers shared by tensor.c, scope.c, alloc.c and pool.c. */
 #ifndef ANNEAL_CORE_INTERNAL_H
 #define ANNEAL_CORE_INTERNAL_H
 
@@ -32,5 +32,17 @@ void anneal_scope_forget(anneal_tensor *t);
 
 /* Autograd hook from tensor release: drop a reference to a node (set by autograd). */
 extern void (*anneal_core_node_release_hook)(struct anneal_node *n);
+
+/* Marks a cached block unusable (POISON) or usable again (UNPOISON) for AddressSanitizer,
+ * so a use after release into the allocator's or the pool's cache is reported; no-ops in
+ * other builds. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 #endif

@@ -608,11 +608,9 @@ static void axpy_bf16(int64_t n, float ak, const float *restrict b, float *restr
     for (int64_t j = 0; j < n; j++) {
         uint32_t u;
         memcpy(&u, b + j, 4);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        uint32_t q = (u | 0x00400000u) & 0xffff0000u;
-        r = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+        u = anneal_gemm_round_bf16_bits(u);
         float v;
-        memcpy(&v, &r, 4);
+        memcpy(&v, &u, 4);
         acc[j] += ak * v;
     }
 }

@@ -90,14 +90,20 @@ extern const anneal_gemm_isa anneal_gemm_isa_avx512;
 extern const anneal_gemm_isa anneal_gemm_isa_avx512bf16;
 extern const anneal_gemm_isa anneal_gemm_isa_avx2;
 
+/* The bits of bf16(x) (as an f32) from the bits u of x: nearest even, overflow to inf; a
+ * NaN is made quiet, keeping its sign and top payload. Branch-free, so loops over it
+ * vectorise. */
+static inline uint32_t anneal_gemm_round_bf16_bits(uint32_t u) {
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t q = (u | 0x00400000u) & 0xffff0000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+}
+
 /* Scalar operand rounding (the reference the vector packers match bit for bit). */
 static inline float anneal_gemm_round_bf16(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        u = (u | 0x00400000u) & 0xffff0000u; /* NaN: quiet, keep sign and top payload */
-    else
-        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* nearest even; overflow: inf */
+    u = anneal_gemm_round_bf16_bits(u);
     memcpy(&x, &u, 4);
     return x;
 }

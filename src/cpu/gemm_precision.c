@@ -19,10 +19,8 @@ static void round_bf16_block(int64_t n, const float *src, float *dst) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, src + i, 4);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        uint32_t q = (u | 0x00400000u) & 0xffff0000u;
-        r = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-        memcpy(dst + i, &r, 4);
+        u = anneal_gemm_round_bf16_bits(u);
+        memcpy(dst + i, &u, 4);
     }
 }
 
