@@ -23,6 +23,14 @@ anneal_tensor *anneal_test_rand(int ndim, const int64_t *shape, float lo, float 
     return t;
 }
 
+void anneal_test_set_grad(anneal_tensor *t, const float *vals) {
+    anneal_scope_enter(NULL);
+    anneal_tensor *g = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, vals);
+    anneal_scope_leave();
+    anneal_grad_clear(t);
+    t->grad = g;
+}
+
 /* L = sum(out * R) in double; R from a fixed seed. */
 static double eval_loss(anneal_gc_fn f, void *ctx, int n, anneal_tensor *const *inputs, bool *ok) {
     anneal_scope *s = anneal_scope_open();

@@ -21,6 +21,10 @@ bool anneal_gradcheck(anneal_gc_fn f, void *ctx, int n, anneal_tensor *const *in
 anneal_tensor *anneal_test_rand(int ndim, const int64_t *shape, float lo, float hi, uint64_t seed,
                                 bool requires_grad);
 
+/* Gives t a caller-owned contiguous gradient holding vals (numel of t floats), as the
+ * autograd engine does, replacing any it had. */
+void anneal_test_set_grad(anneal_tensor *t, const float *vals);
+
 #define CHECK_GRAD(f, ctx, n, inputs, eps, atol, rtol) do { char _m[512]; \
     if (!anneal_gradcheck((f), (ctx), (n), (inputs), (eps), (atol), (rtol), _m, sizeof _m)) \
         anneal_test_fail(__FILE__, __LINE__, "gradcheck %s: %s", #f, _m); } while (0)

@@ -2,16 +2,8 @@
  * numel, zero_grad, and the initialisers (normal statistics, seeding, the shared
  * RNG stream with anneal_randn, strided and bf16 targets, fill, error paths). */
 #include "anneal/anneal.h"
+#include "gradcheck.h"
 #include "test.h"
-
-/* Gives t a caller-owned gradient holding `vals` (as the autograd engine does). */
-static void set_grad(anneal_tensor *t, const float *vals) {
-    anneal_scope_enter(NULL);
-    anneal_tensor *g = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, vals);
-    anneal_scope_leave();
-    anneal_grad_clear(t);
-    t->grad = g;
-}
 
 TEST(create_find_numel) {
     anneal_scope *outer = anneal_scope_open(); /* parameters must not land here */
@@ -91,8 +83,8 @@ TEST(zero_grad_and_free_with_grads) {
     anneal_tensor *a = anneal_params_create(ps, "a", 1, (int64_t[]){3}, true);
     anneal_tensor *b = anneal_params_create(ps, "b", 2, (int64_t[]){2, 2}, false);
     REQUIRE(a && b);
-    set_grad(a, (float[]){1, 2, 3});
-    set_grad(b, (float[]){4, 5, 6, 7});
+    anneal_test_set_grad(a, (float[]){1, 2, 3});
+    anneal_test_set_grad(b, (float[]){4, 5, 6, 7});
     CHECK_TRUE(a->grad && anneal_item_at(a->grad, 2) == 3.0 && b->grad);
     anneal_params_zero_grad(ps);
     CHECK_TRUE(a->grad == NULL && b->grad == NULL);
@@ -102,7 +94,7 @@ TEST(zero_grad_and_free_with_grads) {
     REQUIRE(loss && anneal_backward(loss) == ANNEAL_OK);
     anneal_scope_close(step);
     CHECK_TRUE(a->grad != NULL && b->grad == NULL);
-    set_grad(b, (float[]){1, 1, 1, 1});
+    anneal_test_set_grad(b, (float[]){1, 1, 1, 1});
     anneal_params_free(ps); /* frees tensors and their grads */
     anneal_memory_stats after = anneal_memory_stats_get(ANNEAL_CPU);
     CHECK(after.live_bytes == before.live_bytes, "live bytes %lld -> %lld", (long long)before.live_bytes,

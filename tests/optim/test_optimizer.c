@@ -6,6 +6,7 @@
  * and a replay of a PyTorch 1.13 AdamW + clip_grad_norm_ run
  * (optim_fixture.safetensors, written by gen_optim_fixture.py). */
 #include "anneal/anneal.h"
+#include "gradcheck.h"
 #include "test.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -15,15 +16,6 @@ static uint64_t g_lcg = 88172645463325252ull;
 static float frand(void) {
     g_lcg = g_lcg * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((double)(g_lcg >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
-
-/* Gives t a caller-owned contiguous gradient holding vals (as the engine does). */
-static void set_grad(anneal_tensor *t, const float *vals) {
-    anneal_scope_enter(NULL);
-    anneal_tensor *g = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, vals);
-    anneal_scope_leave();
-    anneal_grad_clear(t);
-    t->grad = g;
 }
 
 /* Gives a 2-D t (R, C) a non-contiguous gradient: a transposed view of a (C, R)
@@ -106,11 +98,11 @@ TEST(adamw_matches_reference) {
         float g[NP][16], before_b[7];
         for (int k = 0; k < NP; k++)
             for (int i = 0; i < k_numel[k]; i++) g[k][i] = frand() * (k == 1 ? 0.01f : 1.0f);
-        set_grad(P[0], g[0]);
+        anneal_test_set_grad(P[0], g[0]);
         if (step == 2) anneal_grad_clear(P[1]); /* b has no grad: skipped */
-        else set_grad(P[1], g[1]);
+        else anneal_test_set_grad(P[1], g[1]);
         if (step == 4) set_grad_strided(P[2], g[2]);
-        else set_grad(P[2], g[2]);
+        else anneal_test_set_grad(P[2], g[2]);
         memcpy(before_b, anneal_data(P[1]), sizeof before_b);
         REQUIRE(anneal_optimizer_step(o, lrs[step]) == ANNEAL_OK);
         for (int k = 0; k < NP; k++) {
@@ -168,7 +160,7 @@ TEST(adamw_late_param_and_no_grads) {
     CHECK_TRUE(anneal_item_at(a, 3) == 4.0 && anneal_optimizer_state(o, 0, "exp_avg") == NULL);
     float ga[4] = {0.5f, -1, 2, 0};
     ref_adam ra = {.p = {1, 2, 3, 4}};
-    set_grad(a, ga);
+    anneal_test_set_grad(a, ga);
     REQUIRE(anneal_optimizer_step(o, 0.1f) == ANNEAL_OK);
     ref_adamw_step(&ra, 4, ga, 0.1f, cfg.beta1, cfg.beta2, cfg.eps, 0);
     anneal_tensor *b = anneal_params_create(ps, "b", 1, (int64_t[]){3}, false);
@@ -176,7 +168,7 @@ TEST(adamw_late_param_and_no_grads) {
     set_data(b, (float[]){-1, 0, 1});
     float gb[3] = {1, -2, 3e-3f};
     ref_adam rb = {.p = {-1, 0, 1}};
-    set_grad(b, gb);
+    anneal_test_set_grad(b, gb);
     REQUIRE(anneal_optimizer_step(o, 0.1f) == ANNEAL_OK);
     ref_adamw_step(&ra, 4, ga, 0.1f, cfg.beta1, cfg.beta2, cfg.eps, 0);
     ref_adamw_step(&rb, 3, gb, 0.1f, cfg.beta1, cfg.beta2, cfg.eps, 0);
@@ -242,11 +234,11 @@ static void run_sgd_case(float momentum, bool nesterov, float wd) {
         float g[NP][16];
         for (int k = 0; k < NP; k++)
             for (int i = 0; i < k_numel[k]; i++) g[k][i] = frand();
-        set_grad(P[0], g[0]);
+        anneal_test_set_grad(P[0], g[0]);
         if (step == 0 || step == 2) anneal_grad_clear(P[1]); /* b's first step is step 1 */
-        else set_grad(P[1], g[1]);
+        else anneal_test_set_grad(P[1], g[1]);
         if (step == 3) set_grad_strided(P[2], g[2]);
-        else set_grad(P[2], g[2]);
+        else anneal_test_set_grad(P[2], g[2]);
         REQUIRE(anneal_optimizer_step(o, lrs[step]) == ANNEAL_OK);
         for (int k = 0; k < NP; k++) {
             if (k == 1 && (step == 0 || step == 2)) continue;
@@ -323,7 +315,7 @@ TEST(optimizer_errors) {
     anneal_optimizer *o = anneal_optimizer_new(ps, cfg);
     REQUIRE(o);
     set_data(a, (float[]){1, 2, 3, 4});
-    set_grad(a, (float[]){1, 1, 1, 1});
+    anneal_test_set_grad(a, (float[]){1, 1, 1, 1});
     CHECK_TRUE(anneal_optimizer_step(o, NAN) == ANNEAL_ERR_ARG);
     anneal_clear_error();
     CHECK_TRUE(anneal_optimizer_step(o, -1e-3f) == ANNEAL_ERR_ARG);
@@ -381,9 +373,9 @@ static anneal_params *clip_set(float scale, double *norm_ref) {
     }
     gd[0] = scale;
     ss += (double)gd[0] * gd[0];
-    set_grad(a, ga);
+    anneal_test_set_grad(a, ga);
     set_grad_strided(c, gc);
-    set_grad(d, gd);
+    anneal_test_set_grad(d, gd);
     *norm_ref = sqrt(ss);
     return ps;
 }
@@ -457,8 +449,8 @@ TEST(clip_non_finite_and_edges) {
     CHECK(memcmp(before, after, (size_t)n * sizeof(float)) == 0, "grads changed on an Inf norm");
     /* finite grads whose squares overflow f32 are summed in double: no overflow */
     anneal_params_zero_grad(ps);
-    set_grad(ps->items[3].tensor, (float[]){3e30f});
-    set_grad(ps->items[1].tensor, (float[]){4e30f, 0, 0, 0, 0});
+    anneal_test_set_grad(ps->items[3].tensor, (float[]){3e30f});
+    anneal_test_set_grad(ps->items[1].tensor, (float[]){4e30f, 0, 0, 0, 0});
     REQUIRE(anneal_grad_norm(ps, &norm) == ANNEAL_OK);
     CHECK_NEAR(norm, 5e30, 5e30 * 1e-6);
     REQUIRE(anneal_clip_grad_norm(ps, 1.0f, &norm) == ANNEAL_OK);
@@ -494,12 +486,12 @@ TEST(grad_norm_deterministic) {
         g[i] = frand();
         ss += (double)g[i] * g[i];
     }
-    set_grad(a, g);
+    anneal_test_set_grad(a, g);
     for (int i = 0; i < 777; i++) {
         g[i] = frand() * 3;
         ss += (double)g[i] * g[i];
     }
-    set_grad(b, g);
+    anneal_test_set_grad(b, g);
     free(g);
     float n1, n2, n4;
     int saved = anneal_get_num_threads();
@@ -556,9 +548,9 @@ TEST(pytorch_adamw_clip_replay) {
     for (int k = 0; k < 5; k++) {
         snprintf(name, sizeof name, "grad.%d.w", k);
         REQUIRE(fixture_floats(st, name, buf, 24));
-        set_grad(w, buf);
+        anneal_test_set_grad(w, buf);
         snprintf(name, sizeof name, "grad.%d.b", k);
-        if (fixture_floats(st, name, buf, 6)) set_grad(b, buf);
+        if (fixture_floats(st, name, buf, 6)) anneal_test_set_grad(b, buf);
         else anneal_grad_clear(b);
         CHECK_TRUE((b->grad == NULL) == (k == 2));
         float norm;

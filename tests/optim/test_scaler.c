@@ -10,6 +10,7 @@
  *     holds an Inf.
  * The expected sequences below are written out by hand from those rules. */
 #include "anneal/anneal.h"
+#include "gradcheck.h"
 #include "test.h"
 
 #include <float.h>
@@ -117,15 +118,6 @@ TEST(config_and_state_errors) {
     CHECK_TRUE(s.scale == 65536.0f && s.growth_tracker == 0); /* refused states change nothing */
 }
 
-/* Gives t a caller-owned gradient holding vals (as the engine does). */
-static void set_grad(anneal_tensor *t, const float *vals) {
-    anneal_scope_enter(NULL);
-    anneal_tensor *g = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, vals);
-    anneal_scope_leave();
-    anneal_grad_clear(t);
-    t->grad = g;
-}
-
 TEST(unscale_multiplies_by_the_f32_inverse_and_finds_inf) {
     anneal_params *ps = anneal_params_new();
     REQUIRE(ps);
@@ -138,8 +130,8 @@ TEST(unscale_multiplies_by_the_f32_inverse_and_finds_inf) {
     anneal_loss_scaler_config cfg = anneal_loss_scaler_defaults();
     cfg.init_scale = 3.0; /* not a power of two: the inverse is rounded */
     REQUIRE(anneal_loss_scaler_init(&s, cfg) == ANNEAL_OK);
-    set_grad(a, ga);
-    set_grad(b, gb);
+    anneal_test_set_grad(a, ga);
+    anneal_test_set_grad(b, gb);
     bool inf = true;
     REQUIRE(anneal_loss_scaler_unscale(&s, ps, &inf) == ANNEAL_OK);
     CHECK_TRUE(!inf);
@@ -152,22 +144,22 @@ TEST(unscale_multiplies_by_the_f32_inverse_and_finds_inf) {
     /* an Inf in the first grad: found, and the other grads are still unscaled */
     const float ga2[6] = {1.0f, INFINITY, 2.0f, 4.0f, 8.0f, 16.0f};
     REQUIRE(anneal_loss_scaler_set_state(&s, 65536.0f, 0) == ANNEAL_OK);
-    set_grad(a, ga2);
-    set_grad(b, gb);
+    anneal_test_set_grad(a, ga2);
+    anneal_test_set_grad(b, gb);
     REQUIRE(anneal_loss_scaler_unscale(&s, ps, &inf) == ANNEAL_OK);
     CHECK_TRUE(inf);
     rb = anneal_data(b->grad);
     CHECK_TRUE(rb[0] == 2.0f / 65536.0f && rb[3] == 3.0f / 65536.0f);
     /* a NaN in the last grad */
     const float gb2[4] = {1.0f, NAN, 0.0f, 0.0f};
-    set_grad(a, ga);
-    set_grad(b, gb2);
+    anneal_test_set_grad(a, ga);
+    anneal_test_set_grad(b, gb2);
     REQUIRE(anneal_loss_scaler_unscale(&s, ps, &inf) == ANNEAL_OK);
     CHECK_TRUE(inf);
     /* a scale of 1 leaves the values alone */
     REQUIRE(anneal_loss_scaler_set_state(&s, 1.0f, 0) == ANNEAL_OK);
-    set_grad(a, ga);
-    set_grad(b, gb);
+    anneal_test_set_grad(a, ga);
+    anneal_test_set_grad(b, gb);
     REQUIRE(anneal_loss_scaler_unscale(&s, ps, &inf) == ANNEAL_OK);
     CHECK_TRUE(!inf && memcmp(anneal_data(a->grad), ga, sizeof ga) == 0);
     anneal_params_free(ps);
