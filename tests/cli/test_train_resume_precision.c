@@ -20,7 +20,7 @@ static int read_run(const char *run, double *loss, double *scale, int n) {
     char p[700];
     snprintf(p, sizeof p, "%s/log.jsonl", run);
     const int hi = tu_read_losses(p, loss, NULL, n);
-    return tu_read_step_values(p, "loss_scale", 0.0, scale, n) == hi ? hi : 0;
+    return tu_read_steps(p, "loss_scale", 0.0, scale, NULL, NULL, n) == hi ? hi : 0;
 }
 
 /* Straight vs stopped + resumed at one dtype; extra: more flags for both. */

@@ -98,36 +98,12 @@ static inline const char *tu_make_data(const char *dir, int vocab, char *why, si
     return tu_make_data_from(dir, corpus, vocab, why, why_n);
 }
 
-/* Reads "type":"step" records of a log: losses[step-1] = loss (the last record of a
- * step wins, as after a resume); returns the highest step seen. skipped may be NULL. */
-static inline int tu_read_losses(const char *log_path, double *losses, bool *skipped, int max_steps) {
-    FILE *f = fopen(log_path, "r");
-    if (!f) return 0;
-    static char line[1 << 16];
-    int hi = 0;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step")) {
-            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "loss");
-            if (s >= 1 && s <= max_steps) {
-                losses[s - 1] = cJSON_IsNumber(l) ? l->valuedouble : NAN;
-                if (skipped) skipped[s - 1] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "skipped"));
-                if (s > hi) hi = s;
-            }
-        }
-        cJSON_Delete(o);
-    }
-    fclose(f);
-    return hi;
-}
-
-/* Reads one numeric field of the "type":"step" records of a log: vals[step-1] = the
- * field, or `missing` where a record lacks it (the last record of a step wins); returns
- * the highest step seen. */
-static inline int tu_read_step_values(const char *log_path, const char *key, double missing,
-                                      double *vals, int max_steps) {
+/* Reads "type":"step" records of a log (the last record of a step wins, as after a
+ * resume): vals[step-1] = the numeric field key, or `missing` where a record lacks it,
+ * and (when flags is non-NULL) flags[step-1] = whether the field flag_key is true.
+ * Returns the highest step seen. */
+static inline int tu_read_steps(const char *log_path, const char *key, double missing,
+                                double *vals, const char *flag_key, bool *flags, int max_steps) {
     FILE *f = fopen(log_path, "r");
     if (!f) return 0;
     static char line[1 << 16];
@@ -140,6 +116,7 @@ static inline int tu_read_step_values(const char *log_path, const char *key, dou
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
             if (s >= 1 && s <= max_steps) {
                 vals[s - 1] = cJSON_IsNumber(v) ? v->valuedouble : missing;
+                if (flags) flags[s - 1] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, flag_key));
                 if (s > hi) hi = s;
             }
         }
@@ -147,6 +124,12 @@ static inline int tu_read_step_values(const char *log_path, const char *key, dou
     }
     fclose(f);
     return hi;
+}
+
+/* losses[step-1] = each step's loss (NaN where not logged), and skipped[step-1] =
+ * whether it was skipped (skipped may be NULL); returns the highest step seen. */
+static inline int tu_read_losses(const char *log_path, double *losses, bool *skipped, int max_steps) {
+    return tu_read_steps(log_path, "loss", NAN, losses, "skipped", skipped, max_steps);
 }
 
 /* In a TEST: declares `dir` (a fresh temporary directory named after tag) and `data`
