@@ -438,26 +438,25 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
         return;
     }
     const size_t a_bytes = (size_t)(rows * kcp_full) * es;
-    atomic_llong next[2] = {0, 0}; /* row-block counters of alternate passes */
+    atomic_llong next = 0;         /* row-block counter of the current pass */
     bool no_a = false;             /* some thread has no A buffer */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         char *ap = pack_buffer(1, a_bytes);
         if (!ap) no_a = true; /* read by all only after the first barrier */
         const bool first = omp_get_thread_num() == 0;
-        int pass = 0;
         for (int64_t jc = 0; jc < N; jc += nc) {
             const int64_t n = min64(nc, N - jc);
-            for (int64_t pc = 0; pc < K; pc += kc_full, pass++) {
+            for (int64_t pc = 0; pc < K; pc += kc_full) {
                 const int64_t kc = min64(kc_full, K - pc);
+                /* the last pass's claims ended at its closing barrier, and none of this
+                 * pass's start before the packing barrier below */
+                if (first) atomic_store_explicit(&next, 0, memory_order_relaxed);
                 pack_b_block(isa, g->round, g->tb, B, ldb, pc, kc, jc, n, bp,
                              g->colsum); /* + barrier */
                 if (no_a) break; /* every thread sees the same value here */
-                /* the next pass's counter was last used before the barrier just passed */
-                if (first) atomic_store_explicit(&next[(pass + 1) & 1], 0, memory_order_relaxed);
                 for (;;) {
-                    const int64_t i = atomic_fetch_add_explicit(&next[pass & 1], 1,
-                                                                memory_order_relaxed);
+                    const int64_t i = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
                     if (i >= ni) break;
                     const int64_t r0 = i * rows;
                     gemm_tile_block(g, r0, min64(rows, M - r0), 0, n, pc, kc, pc + kc >= K, A,
