@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "anneal/anneal.h"
-#include "anneal/dist.h"
+#include "anneal/parallel.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -8,7 +8,7 @@
 #include "anneal/ops.h"
 #include "anneal/io.h"
 #include "anneal/nn.h"
-#include "anneal/dist.h"
+#include "anneal/parallel.h"
 #include "anneal/optim.h"
 #include "anneal/models.h"
 #include "anneal/data.h"

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "anneal/backend.h"
-#include "dist/ddp_internal.h"
+#include "parallel/ddp_internal.h"
 #include "optim/optim_internal.h"
 
 struct anneal_zero {

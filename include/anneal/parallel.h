@@ -1,11 +1,11 @@
-/* anneal dist: processes working on one training run. A communicator over MPI (CPU
+/* anneal parallel: processes working on one training run. A communicator over MPI (CPU
  * processes launched by mpirun/srun) or a single-process stand-in when MPI is absent
  * (same calls, world size 1), and data-parallel gradient synchronisation: buckets of
  * gradients hung on the autograd engine's grad-ready hook, all-reduced (DDP) or
  * reduce-scattered to their owner rank (ZeRO), overlapping the rest of backward.
  * The NCCL communicator of the CUDA backend will implement the same interface. */
-#ifndef ANNEAL_DIST_H
-#define ANNEAL_DIST_H
+#ifndef ANNEAL_PARALLEL_H
+#define ANNEAL_PARALLEL_H
 
 #include "anneal/nn.h"
 

@@ -9,7 +9,7 @@
 #define ANNEAL_TESTS_DIST_TEST_H
 
 #include "anneal/anneal.h"
-#include "anneal/dist.h"
+#include "anneal/parallel.h"
 #include "test.h"
 
 #include <stdio.h>

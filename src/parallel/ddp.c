@@ -32,7 +32,7 @@
  *    threads = cores it steals time from backward.
  * Either way the copies MPI does on the CPU still cost CPU time; only waiting is
  * hidden. Figures: bench/bench_ddp.c. */
-#include "dist/ddp_internal.h"
+#include "parallel/ddp_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -41,7 +41,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/comm_internal.h"
+#include "parallel/comm_internal.h"
 
 #include "anneal/autograd.h"
 #include "anneal/backend.h"

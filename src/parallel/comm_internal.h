@@ -4,7 +4,7 @@
 #ifndef ANNEAL_DIST_COMM_INTERNAL_H
 #define ANNEAL_DIST_COMM_INTERNAL_H
 
-#include "anneal/dist.h"
+#include "anneal/parallel.h"
 
 #ifdef ANNEAL_HAVE_MPI
 #include <mpi.h>

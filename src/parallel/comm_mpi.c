@@ -6,7 +6,7 @@
  * after every pairwise add). MPI_ERRORS_RETURN turns transport failures into
  * ANNEAL_ERR_IO with MPI's own message instead of killing the process. */
 #ifdef ANNEAL_HAVE_MPI
-#include "dist/comm_internal.h"
+#include "parallel/comm_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * launcher's environment, checks every collective's arguments the same way for both,
  * and dispatches. Requests carry a post step (mean division, bf16 rounding) that runs
  * once their transport is done, so blocking and non-blocking calls give the same bits. */
-#include "dist/comm_internal.h"
+#include "parallel/comm_internal.h"
 
 #include <limits.h>
 #include <stdio.h>

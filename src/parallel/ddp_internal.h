@@ -4,7 +4,7 @@
 #ifndef ANNEAL_DIST_DDP_INTERNAL_H
 #define ANNEAL_DIST_DDP_INTERNAL_H
 
-#include "anneal/dist.h"
+#include "anneal/parallel.h"
 
 /* The ZeRO stage d was made with. */
 int anneal_ddp_stage_(const anneal_ddp *d);
