@@ -22,6 +22,27 @@ typedef enum anneal_unary_op {
     ANNEAL_UNARY_SILU,
 } anneal_unary_op;
 
+/* Rotary position embedding (RoPE) as Hugging Face's Llama applies it: the rotated
+ * dims are split in halves (rotate_half), dim i < D/2 pairs with i + D/2; the angle of
+ * position p and pair i is p * inv_freq[i], inv_freq[i] = theta^(-2i/D) in f32,
+ * adjusted by the scaling: LINEAR divides positions by factor; LLAMA3 rescales inv_freq
+ * by wavelength (low_freq_factor, high_freq_factor, original_max_pos, factor) as
+ * transformers' _compute_llama3_parameters. cos and sin are computed in f32 as
+ * transformers does. */
+typedef enum anneal_rope_scaling {
+    ANNEAL_ROPE_SCALING_NONE = 0,
+    ANNEAL_ROPE_SCALING_LINEAR,
+    ANNEAL_ROPE_SCALING_LLAMA3,
+} anneal_rope_scaling;
+
+typedef struct anneal_rope_desc {
+    float theta;                 /* base, e.g. 10000 or 500000; > 0 */
+    anneal_rope_scaling scaling;
+    float factor;                /* LINEAR, LLAMA3 */
+    float low_freq_factor, high_freq_factor; /* LLAMA3 */
+    int64_t original_max_pos;    /* LLAMA3 */
+} anneal_rope_desc;
+
 /* One parameter of a multi-tensor AdamW step: contiguous f32 arrays of numel
  * elements on the backend's device, with that parameter's weight decay and bias
  * corrections bc = 1 - beta^t (t its own step count). */

@@ -53,6 +53,7 @@ typedef enum anneal_dtype {
     ANNEAL_U16,
     ANNEAL_U8,
     ANNEAL_I8,
+    ANNEAL_F64,             /* device-side accumulators (norm pieces); not a tensor math dtype */
     ANNEAL_DTYPE_COUNT
 } anneal_dtype;
 
@@ -62,6 +63,14 @@ size_t anneal_dtype_size(anneal_dtype dt);
 const char *anneal_dtype_name(anneal_dtype dt);
 /* True for f32, bf16, f16. */
 bool anneal_dtype_is_float(anneal_dtype dt);
+/* The one parser of dtype names: "f32" / "fp32" / "float32" / "float", "bf16" /
+ * "bfloat16", "f16" / "fp16" / "float16" / "half", "f64" / "fp64" / "float64" / "double",
+ * "i32" / "int32", "i64" / "int64", "u16" / "uint16", "u8" / "uint8", "i8" / "int8".
+ * False (nothing written) for anything else. */
+bool anneal_dtype_parse(const char *name, anneal_dtype *out);
+/* The name of a float dtype as a precision setting spells it ("fp32", "bf16", "fp16",
+ * "fp64"); anneal_dtype_name for the others. */
+const char *anneal_precision_name(anneal_dtype dt);
 
 /* bf16 <-> f32. f32 -> bf16 rounds to nearest even; NaN stays NaN. */
 float anneal_bf16_to_f32(uint16_t h);
@@ -72,12 +81,16 @@ uint16_t anneal_f32_to_f16(float f);
 
 /* --------------------------------------------------------------- devices */
 
+/* Where a tensor's memory lives. CPU and CUDA are the library's own; ids from
+ * ANNEAL_DEVICE_EXT on are for backends registered from outside the library. */
 typedef enum anneal_device {
     ANNEAL_CPU = 0,
     ANNEAL_CUDA = 1,
-    ANNEAL_DEVICE_COUNT
+    ANNEAL_DEVICE_EXT = 2,
+    ANNEAL_DEVICE_COUNT = 8
 } anneal_device;
 
+/* "cpu", "cuda", or the registered backend's name ("device<N>" when none). */
 const char *anneal_device_name(anneal_device d);
 
 /* ------------------------------------------------------------- allocator */
@@ -175,6 +188,11 @@ anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape);
 anneal_tensor *anneal_zeros_like(const anneal_tensor *like);
 /* Tensor holding a copy of `data` (ndim/shape, contiguous, of dtype dt) on the CPU. */
 anneal_tensor *anneal_from_data(anneal_dtype dt, int ndim, const int64_t *shape, const void *data);
+/* The same on device dev: the host data is handed to the device's backend (a queued
+ * copy, finished by the next synchronize; data may be reused once this returns only
+ * on the CPU, so callers on other devices keep it until they synchronize). */
+anneal_tensor *anneal_from_data_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape,
+                                   const void *data);
 /* 0-dim f32 scalar. */
 anneal_tensor *anneal_scalar(float v);
 

@@ -9,6 +9,14 @@
 extern "C" {
 #endif
 
+/* What the forward passes of a model's blocks run with: the matrix-product precision
+ * (see anneal_dense) and whether dropout is on. Models hold one and hand it to their
+ * blocks; there is no global or thread-local setting. */
+typedef struct anneal_nn_ctx {
+    anneal_dtype compute; /* ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_F16 */
+    bool training;        /* dropout on */
+} anneal_nn_ctx;
+
 /* One trainable tensor with its hierarchical name ("transformer.h.0.ln_1.weight"). */
 typedef struct anneal_param {
     char *name;

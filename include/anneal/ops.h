@@ -7,7 +7,7 @@
 #ifndef ANNEAL_OPS_H
 #define ANNEAL_OPS_H
 
-#include "anneal/core.h"
+#include "anneal/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -130,6 +130,84 @@ anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_
  * each chunk's softmax - onehot is turned into dh and dw at once. A 0-dim mean loss. */
 anneal_tensor *anneal_linear_cross_entropy(anneal_tensor *h, anneal_tensor *w,
                                            anneal_tensor *targets, int32_t ignore_index);
+
+/* ------------------------------------------------- precision and fusion */
+
+/* Every op that runs matrix products takes its compute precision as a value
+ * (`compute`: ANNEAL_F32, ANNEAL_BF16 or ANNEAL_F16, like torch.autocast's dtype): the
+ * GEMM operands are rounded to it (nearest even; f16 overflows to inf) and the products
+ * accumulate in f32; results are f32 tensors. The precision is recorded on the autograd
+ * node, so backward runs at the forward's. The plain functions above are f32. */
+
+/* anneal_matmul at `compute`. */
+anneal_tensor *anneal_matmul_ex(anneal_tensor *a, anneal_tensor *b, anneal_dtype compute);
+
+/* Layout of a dense layer's weight. */
+typedef enum anneal_weight_layout {
+    ANNEAL_WEIGHT_OUT_IN = 0, /* (out, in), as torch.nn.Linear */
+    ANNEAL_WEIGHT_IN_OUT = 1, /* (in, out), as Hugging Face's Conv1D (GPT-2) */
+} anneal_weight_layout;
+
+/* What a dense layer applies to x @ W + b, fused into the GEMM's epilogue. */
+typedef enum anneal_activation {
+    ANNEAL_ACT_NONE = 0,
+    ANNEAL_ACT_GELU_TANH, /* gelu_tanh(x @ W + b) (the pre-activation kept for backward) */
+    ANNEAL_ACT_SILU_MUL,  /* silu(x @ W + b) * mul: the SwiGLU gate times the up projection */
+} anneal_activation;
+
+typedef struct anneal_dense_opts {
+    anneal_weight_layout layout;
+    anneal_activation act;
+    anneal_tensor *mul;   /* ANNEAL_ACT_SILU_MUL: the multiplier, the output's shape */
+    anneal_dtype compute; /* 0 = ANNEAL_F32 */
+} anneal_dense_opts;
+
+/* A dense layer x (..., in) with weight w (layout per opts), bias b (out) or NULL, and
+ * the activation fused into one GEMM (opts NULL: linear, f32, no activation).
+ * anneal_linear, anneal_conv1d and anneal_conv1d_gelu are this op at f32. */
+anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b,
+                            const anneal_dense_opts *opts);
+
+/* anneal_linear_cross_entropy at `compute`. */
+anneal_tensor *anneal_linear_cross_entropy_ex(anneal_tensor *h, anneal_tensor *w,
+                                              anneal_tensor *targets, int32_t ignore_index,
+                                              anneal_dtype compute);
+
+/* Attention settings. */
+typedef struct anneal_attention_opts {
+    bool causal;                 /* query i sees key j <= i + (Tk - Tq) */
+    float scale;                 /* <= 0: 1/sqrt(D) */
+    anneal_dtype compute;        /* 0 = ANNEAL_F32; BF16: bf16 tile products */
+    const anneal_rope_desc *rope; /* NULL: none; else q and k are rotated first, key row j at
+                                    position rope_pos0 + j and query row i at rope_pos0 +
+                                    (Tk - Tq) + i */
+    int64_t rope_pos0;
+} anneal_attention_opts;
+
+/* Scaled dot-product attention of q (B, Hq, Tq, D) against k, v (B, Hkv, Tk, D), Hq a
+ * multiple of Hkv (grouped-query; Hkv == 1 is multi-query): flash-style, no Tq x Tk
+ * matrix kept. Returns (B, Hq, Tq, D) as a view of (B, Tq, Hq, D) storage, so
+ * transposing dims 1 and 2 and reshaping to (B, Tq, Hq*D) costs nothing. */
+anneal_tensor *anneal_attention_ex(anneal_tensor *q, anneal_tensor *k, anneal_tensor *v,
+                                   const anneal_attention_opts *opts);
+/* Self-attention from one packed projection qkv (B, T, (n_head + 2 * n_kv_head) * D):
+ * the first n_head * D columns are the queries, then the keys, then the values, each
+ * head's D columns together (GPT-2's c_attn output, or Llama's q/k/v projections in one
+ * GEMM). Returns (B, T, n_head * D); the gradient lands in one buffer of qkv's shape. */
+anneal_tensor *anneal_attention_packed(anneal_tensor *qkv, int n_head, int n_kv_head,
+                                       const anneal_attention_opts *opts);
+/* Rotary embedding of x (B, H, T, D) (row t at position pos0 + t): a new tensor;
+ * differentiable (the backward rotates back). */
+anneal_tensor *anneal_rope(anneal_tensor *x, const anneal_rope_desc *rope, int64_t pos0);
+
+/* ---------------------------------------------------------------- devices */
+
+/* i32 tensor [start, start + n) on device dev (position ids). */
+anneal_tensor *anneal_arange(anneal_device dev, int64_t start, int64_t n);
+/* A copy of t on device dev (t itself, retained into the scope, when it is there
+ * already); not differentiable. Moving a model or a batch between devices is this,
+ * explicitly. */
+anneal_tensor *anneal_to_device(anneal_tensor *t, anneal_device dev);
 
 #ifdef __cplusplus
 }

@@ -25,10 +25,10 @@ typedef struct {
     int64_t n_allocs, n_system, limit;
 } device_pool;
 
-static device_pool g_pool[ANNEAL_DEVICE_COUNT] = {
-    {.lock = PTHREAD_MUTEX_INITIALIZER},
-    {.lock = PTHREAD_MUTEX_INITIALIZER},
-};
+#define POOL {.lock = PTHREAD_MUTEX_INITIALIZER}
+_Static_assert(ANNEAL_DEVICE_COUNT == 8, "one pool initializer per device id");
+static device_pool g_pool[ANNEAL_DEVICE_COUNT] = {POOL, POOL, POOL, POOL, POOL, POOL, POOL, POOL};
+#undef POOL
 
 /* Class index of a request and the block size that class hands out. */
 static int size_class(size_t n, size_t *block) {

@@ -3,9 +3,9 @@
 
 #include <string.h>
 
-static const size_t k_sizes[ANNEAL_DTYPE_COUNT] = {4, 2, 2, 4, 8, 2, 1, 1};
+static const size_t k_sizes[ANNEAL_DTYPE_COUNT] = {4, 2, 2, 4, 8, 2, 1, 1, 8};
 static const char *const k_names[ANNEAL_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32",
-                                                         "i64", "u16",  "u8",  "i8"};
+                                                         "i64", "u16",  "u8",  "i8", "f64"};
 
 size_t anneal_dtype_size(anneal_dtype dt) {
     return (unsigned)dt < ANNEAL_DTYPE_COUNT ? k_sizes[dt] : 0;
@@ -17,6 +17,37 @@ const char *anneal_dtype_name(anneal_dtype dt) {
 
 bool anneal_dtype_is_float(anneal_dtype dt) {
     return dt == ANNEAL_F32 || dt == ANNEAL_BF16 || dt == ANNEAL_F16;
+}
+
+bool anneal_dtype_parse(const char *name, anneal_dtype *out) {
+    static const struct {
+        const char *name;
+        anneal_dtype dt;
+    } names[] = {
+        {"f32", ANNEAL_F32},   {"fp32", ANNEAL_F32},    {"float32", ANNEAL_F32}, {"float", ANNEAL_F32},
+        {"bf16", ANNEAL_BF16}, {"bfloat16", ANNEAL_BF16},
+        {"f16", ANNEAL_F16},   {"fp16", ANNEAL_F16},    {"float16", ANNEAL_F16}, {"half", ANNEAL_F16},
+        {"f64", ANNEAL_F64},   {"fp64", ANNEAL_F64},    {"float64", ANNEAL_F64}, {"double", ANNEAL_F64},
+        {"i32", ANNEAL_I32},   {"int32", ANNEAL_I32},   {"i64", ANNEAL_I64},     {"int64", ANNEAL_I64},
+        {"u16", ANNEAL_U16},   {"uint16", ANNEAL_U16},  {"u8", ANNEAL_U8},       {"uint8", ANNEAL_U8},
+        {"i8", ANNEAL_I8},     {"int8", ANNEAL_I8},
+    };
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i].name)) {
+            *out = names[i].dt;
+            return true;
+        }
+    return false;
+}
+
+const char *anneal_precision_name(anneal_dtype dt) {
+    switch (dt) {
+    case ANNEAL_F32: return "fp32";
+    case ANNEAL_BF16: return "bf16";
+    case ANNEAL_F16: return "fp16";
+    case ANNEAL_F64: return "fp64";
+    default: return anneal_dtype_name(dt);
+    }
 }
 
 static uint32_t f32_bits(float f) {
@@ -74,9 +105,7 @@ uint16_t anneal_f32_to_f16(float f) {
 }
 
 const char *anneal_device_name(anneal_device d) {
-    switch (d) {
-    case ANNEAL_CPU: return "cpu";
-    case ANNEAL_CUDA: return "cuda";
-    default: return "?";
-    }
+    static const char *const names[ANNEAL_DEVICE_COUNT] = {"cpu", "cuda", "device2", "device3",
+                                                           "device4", "device5", "device6", "device7"};
+    return (unsigned)d < ANNEAL_DEVICE_COUNT ? names[d] : "?";
 }

@@ -152,6 +152,21 @@ anneal_tensor *anneal_from_data(anneal_dtype dt, int ndim, const int64_t *shape,
     return t;
 }
 
+anneal_tensor *anneal_from_data_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape,
+                                   const void *data) {
+    if (dev == ANNEAL_CPU) return anneal_from_data(dt, ndim, shape, data);
+    anneal_tensor *t = anneal_empty_on(dev, dt, ndim, shape);
+    if (!t) return NULL;
+    if (!data && t->storage->nbytes) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_from_data_on: NULL data");
+        return NULL;
+    }
+    const anneal_backend *be = anneal_backend_get(dev);
+    if (!be || (t->storage->nbytes && be->from_host(t->storage->data, data, t->storage->nbytes) != ANNEAL_OK))
+        return NULL;
+    return t;
+}
+
 anneal_tensor *anneal_scalar(float v) { return anneal_from_data(ANNEAL_F32, 0, NULL, &v); }
 
 anneal_tensor *anneal_alias(const anneal_tensor *src, int ndim, const int64_t *shape,

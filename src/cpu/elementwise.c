@@ -22,6 +22,7 @@ static double load_as_double(const void *base, anneal_dtype dt, int64_t i) {
     case ANNEAL_U16: return ((const uint16_t *)base)[i];
     case ANNEAL_U8: return ((const uint8_t *)base)[i];
     case ANNEAL_I8: return ((const int8_t *)base)[i];
+    case ANNEAL_F64: return ((const double *)base)[i];
     default: return 0;
     }
 }
@@ -37,11 +38,12 @@ static void store_double(void *base, anneal_dtype dt, int64_t i, double v) {
     case ANNEAL_U16: ((uint16_t *)base)[i] = (uint16_t)v; break;
     case ANNEAL_U8: ((uint8_t *)base)[i] = (uint8_t)v; break;
     case ANNEAL_I8: ((int8_t *)base)[i] = (int8_t)v; break;
+    case ANNEAL_F64: ((double *)base)[i] = v; break;
     default: break;
     }
 }
 
-static bool is_int(anneal_dtype dt) { return !anneal_dtype_is_float(dt); }
+static bool is_int(anneal_dtype dt) { return !anneal_dtype_is_float(dt) && dt != ANNEAL_F64; }
 
 static int64_t load_as_i64(const void *base, anneal_dtype dt, int64_t i) {
     if (dt == ANNEAL_I64) return ((const int64_t *)base)[i];

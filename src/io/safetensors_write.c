@@ -18,6 +18,7 @@
 static const char *const st_dtype_str[ANNEAL_DTYPE_COUNT] = {
     [ANNEAL_F32] = "F32", [ANNEAL_BF16] = "BF16", [ANNEAL_F16] = "F16", [ANNEAL_I32] = "I32",
     [ANNEAL_I64] = "I64", [ANNEAL_U16] = "U16",   [ANNEAL_U8] = "U8",   [ANNEAL_I8] = "I8",
+    [ANNEAL_F64] = "F64",
 };
 
 /* A growable byte buffer for the header; `failed` latches an allocation failure. */

@@ -1,0 +1,231 @@
+/* The model interface. A model architecture (GPT-2, later Llama) is one
+ * anneal_model_arch, registered once (src/models/registry.c, one line each); a model
+ * is an anneal_model whose ops table the architecture fills. The trainer, eval,
+ * generate, checkpoints and the command line use only this interface, so a new
+ * architecture is a file in src/models/ plus its registration line.
+ *
+ * Hyperparameters live in one anneal_model_config shared by the decoder-only
+ * families (as llama.cpp's hparams): each architecture reads the fields it uses and
+ * checks the rest are at their defaults. Parameters carry Hugging Face names, so a
+ * checkpoint's model.safetensors + config.json is a Hugging Face model directory. */
+#ifndef ANNEAL_MODEL_H
+#define ANNEAL_MODEL_H
+
+#include "anneal/backend.h"
+#include "anneal/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Activation recomputation (checkpointing): what backward recomputes instead of
+ * keeping from the forward pass. BLOCK is 1 so that `recompute = true` means it. */
+typedef enum anneal_recompute_mode {
+    ANNEAL_RECOMPUTE_NONE = 0,  /* keep every saved activation */
+    ANNEAL_RECOMPUTE_BLOCK = 1, /* keep only each block's input; replay the whole block */
+    ANNEAL_RECOMPUTE_ATTN = 2,  /* replay the qkv projection and attention of each block
+                                   (drops qkv and the attention statistics) */
+} anneal_recompute_mode;
+
+/* "none", "attn", "block" (and "on" = block, "off" = none); false for anything else. */
+bool anneal_recompute_parse(const char *s, anneal_recompute_mode *out);
+/* The canonical name of a mode ("none", "attn", "block"; "?" if invalid). */
+const char *anneal_recompute_name(anneal_recompute_mode m);
+
+#define ANNEAL_ARCH_NAME_MAX 32
+
+/* Hyperparameters of a decoder-only language model. Zero means "the architecture's
+ * default" for the optional fields. */
+typedef struct anneal_model_config {
+    char arch[ANNEAL_ARCH_NAME_MAX]; /* registered architecture: "gpt2" */
+    int n_layer, n_head, n_embd;
+    int n_kv_head;       /* key/value heads (GQA); 0: n_head */
+    int n_ff;            /* MLP hidden width; 0: the architecture's (GPT-2: 4 * n_embd) */
+    int vocab_size;      /* rows of the token embedding */
+    int n_ctx;           /* longest sequence (GPT-2: rows of wpe) */
+    float norm_eps;      /* LayerNorm / RMSNorm epsilon */
+    float dropout;       /* dropout probability while training */
+    float rope_theta;    /* rotary base (architectures with RoPE) */
+    anneal_rope_desc rope; /* rotary scaling (architectures with RoPE) */
+    bool tie_embeddings; /* lm head shares the token embedding */
+    anneal_recompute_mode recompute;
+} anneal_model_config;
+
+typedef struct anneal_model anneal_model;
+typedef struct anneal_model_arch anneal_model_arch;
+
+/* The key/value cache of generation: per layer, the keys and values of every position
+ * seen so far, so each new token costs one position of attention. Architectures use
+ * anneal_kv_cache from nn.h or their own; the interface sees it as opaque. */
+typedef struct anneal_kv_cache anneal_kv_cache;
+
+/* Where Hugging Face import reads tensors from (io implements it over safetensors
+ * files, sharded or not). get returns the tensor named `name` converted to f32 on the
+ * CPU in the current scope, or NULL without an error when there is none (errors
+ * otherwise); names lists every tensor present (n of them) for unknown-key checks. */
+typedef struct anneal_tensor_source {
+    void *ctx;
+    const char *what; /* names the source in errors ("model.safetensors") */
+    anneal_tensor *(*get)(void *ctx, const char *name);
+    int n;
+    const char *const *names;
+} anneal_tensor_source;
+
+/* Where Hugging Face export writes tensors to (io implements it): put stores a
+ * contiguous tensor under name (the data is copied or written before put returns). */
+typedef struct anneal_tensor_sink {
+    void *ctx;
+    anneal_status (*put)(void *ctx, const char *name, const anneal_tensor *t);
+} anneal_tensor_sink;
+
+/* What every model does; filled by its architecture. */
+typedef struct anneal_model_ops {
+    void (*free)(anneal_model *m);
+    /* The architecture's initialisation, drawing from the global generator after
+     * anneal_manual_seed(seed). */
+    anneal_status (*init)(anneal_model *m, uint64_t seed);
+    /* Mean next-token cross-entropy of ids (B, T) against targets (B, T) (i32, -100
+     * ignored): a 0-dim tensor on the model's device. */
+    anneal_tensor *(*loss)(anneal_model *m, anneal_tensor *ids, anneal_tensor *targets);
+    /* Logits (B, T, vocab) of ids (B, T). */
+    anneal_tensor *(*logits)(anneal_model *m, anneal_tensor *ids);
+    /* A cache for `batch` sequences of up to max_len (<= n_ctx) positions. */
+    anneal_kv_cache *(*kv_cache_new)(anneal_model *m, int64_t batch, int64_t max_len);
+    /* Logits (B, T_new, vocab) of ids (B, T_new) placed after the cached positions,
+     * which then include them; equal to the last T_new rows of logits() on the whole
+     * sequence. No autograd. */
+    anneal_tensor *(*forward_cached)(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids);
+    /* Training FLOPs per token at sequence length T (forward + backward). */
+    double (*flops_per_token)(const anneal_model *m, int64_t T);
+    /* Copies the weights of a Hugging Face checkpoint of this architecture into m:
+     * every parameter must be found (shapes equal, f32 conversion of float dtypes),
+     * tied or absent tensors handled as transformers does, unknown tensors refused; m
+     * is only written once everything checks out. */
+    anneal_status (*hf_import)(anneal_model *m, const anneal_tensor_source *src);
+    /* Writes the weights under their Hugging Face names (what transformers'
+     * save_pretrained writes for this architecture). */
+    anneal_status (*hf_export)(const anneal_model *m, const anneal_tensor_sink *sink);
+} anneal_model_ops;
+
+/* A model: the fields every architecture has. Architectures embed it first in their
+ * own struct. */
+struct anneal_model {
+    const anneal_model_arch *arch;
+    const anneal_model_ops *ops;
+    anneal_model_config cfg;
+    anneal_params *params; /* Hugging Face names, registration order */
+    anneal_nn_ctx ctx;     /* precision and training mode the forward passes run with */
+};
+
+/* An architecture: how to make its models and translate its configs. */
+struct anneal_model_arch {
+    const char *name;                     /* "gpt2" */
+    const char *const *hf_model_types;    /* config.json "model_type" values it reads (NULL-ended) */
+    const char *hf_architecture;          /* what config.json's "architectures" gets on export */
+    /* Fills *out with a named preset of this architecture; false if it has none by that name. */
+    bool (*preset)(const char *name, anneal_model_config *out);
+    /* Checks a config (ANNEAL_ERR_ARG naming the field). */
+    anneal_status (*config_check)(const anneal_model_config *c);
+    /* Reads a Hugging Face config.json text into *out (source names it in errors):
+     * ANNEAL_ERR_FORMAT for a malformed field, ANNEAL_ERR_UNSUPPORTED for a setting this
+     * architecture does not implement. */
+    anneal_status (*config_from_hf)(const char *json, const char *source, anneal_model_config *out);
+    /* The Hugging Face config.json text of c (malloc'd). */
+    char *(*config_to_hf)(const anneal_model_config *c);
+    /* A model with zero-filled parameters on device dev (NULL + error). */
+    anneal_model *(*create)(const anneal_model_config *c, anneal_device dev);
+};
+
+/* ------------------------------------------------------------ the registry */
+
+/* Adds an architecture (the library's own are registered on first use). Fails on a
+ * duplicate name. */
+anneal_status anneal_model_arch_register(const anneal_model_arch *a);
+/* The architecture called name, or NULL (no error recorded). */
+const anneal_model_arch *anneal_model_arch_find(const char *name);
+/* The architecture that reads Hugging Face model_type mt, or NULL. */
+const anneal_model_arch *anneal_model_arch_for_hf(const char *model_type);
+/* The registered architectures (n set to their count), in registration order. */
+const anneal_model_arch *const *anneal_model_archs(int *n);
+
+/* A preset of any architecture ("tiny", "124M", ...): false for an unknown name. */
+bool anneal_model_preset(const char *name, anneal_model_config *out);
+/* Reads a Hugging Face config.json (its "model_type" picks the architecture; a config
+ * without one is GPT-2's): errors name the file. */
+anneal_status anneal_model_config_from_hf_file(const char *path, anneal_model_config *out);
+/* The same from the JSON text (source names it in errors). */
+anneal_status anneal_model_config_from_hf_json(const char *json, const char *source,
+                                               anneal_model_config *out);
+/* The config.json text of cfg (malloc'd; NULL + error). */
+char *anneal_model_config_to_hf_json(const anneal_model_config *cfg);
+/* Checks cfg with its architecture's rules (an unknown arch is ANNEAL_ERR_ARG). */
+anneal_status anneal_model_config_check(const anneal_model_config *cfg);
+
+/* ------------------------------------------------------------- a model */
+
+/* A new model of cfg's architecture on device dev with zero parameters. */
+anneal_model *anneal_model_new(const anneal_model_config *cfg, anneal_device dev);
+void anneal_model_free(anneal_model *m);
+anneal_status anneal_model_init(anneal_model *m, uint64_t seed);
+anneal_tensor *anneal_model_loss(anneal_model *m, anneal_tensor *ids, anneal_tensor *targets);
+anneal_tensor *anneal_model_logits(anneal_model *m, anneal_tensor *ids);
+/* Number of parameters (a tied embedding counted once). */
+int64_t anneal_model_num_params(const anneal_model *m);
+double anneal_model_flops_per_token(const anneal_model *m, int64_t T);
+/* The device the parameters live on. */
+anneal_device anneal_model_device(const anneal_model *m);
+/* Matrix-product precision of the forward passes (F32, BF16 or F16), recorded on each
+ * autograd node so backward runs at the forward's. ANNEAL_ERR_ARG otherwise. */
+anneal_status anneal_model_set_compute(anneal_model *m, anneal_dtype compute);
+/* Dropout on (training) or off. */
+void anneal_model_set_training(anneal_model *m, bool training);
+anneal_status anneal_model_hf_import(anneal_model *m, const anneal_tensor_source *src);
+anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_sink *sink);
+
+anneal_kv_cache *anneal_model_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len);
+anneal_tensor *anneal_model_forward_cached(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids);
+
+/* ------------------------------------------------------- loss over batches */
+
+/* Fills ids and targets (host buffers of batch * seq i32 each) with batch number i of
+ * an evaluation; *rows = how many rows are real (the rest are ignored). */
+typedef anneal_status (*anneal_batch_fn)(void *user, int64_t i, int32_t *ids, int32_t *targets,
+                                         int64_t *rows);
+
+/* The mean next-token loss over n batches of (batch, seq) from next(): with dropout off
+ * and no autograd, rows past *rows of a batch ignored (a last, partial batch), every
+ * real target weighted equally. *tokens = the targets counted. One shared definition
+ * for the trainer's validation, `anneal eval` and benchmarks. */
+anneal_status anneal_model_evaluate(anneal_model *m, int64_t batch, int64_t seq, int64_t n,
+                                    anneal_batch_fn next, void *user, double *loss,
+                                    int64_t *tokens);
+
+/* ------------------------------------------------------------ generation */
+
+typedef struct anneal_sampler_config {
+    float temperature; /* <= 0: greedy (argmax) */
+    int top_k;         /* keep the k most likely (0 = all) */
+    float top_p;       /* keep the smallest set with probability >= top_p (1 = all) */
+    uint64_t seed;     /* with the token position, picks the random number: reproducible */
+} anneal_sampler_config;
+
+/* Picks an id from V logits: temperature, then top-k, then top-p (nucleus), then a
+ * draw with Philox(seed, position). Deterministic for equal inputs. */
+int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sampler_config *cfg,
+                             uint64_t position);
+
+/* Called with each generated id; return false to stop. */
+typedef bool (*anneal_token_fn)(int32_t id, void *user);
+
+/* Generates up to max_new ids after the prompt with a KV cache, calling on_token for
+ * each; stops early at stop_id (if >= 0; not passed to on_token) or when on_token
+ * returns false. When the sequence reaches n_ctx, the cache is rebuilt from the last
+ * n_ctx/2 tokens and generation continues. Runs under no-grad with dropout off. */
+anneal_status anneal_model_generate(anneal_model *m, const int32_t *prompt, int64_t n_prompt,
+                                    int64_t max_new, const anneal_sampler_config *cfg,
+                                    int32_t stop_id, anneal_token_fn on_token, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
