@@ -4,7 +4,7 @@
  *   bible gen1:1-rev22:21 > /tmp/kjv.txt
  *   gcc -std=c11 -O3 -D_GNU_SOURCE -DANNEAL_VERSION='"0.1.0"' -fopenmp -Iinclude -Isrc \
  *       bench/bench_bpe_train.c src/data/bpe_train.c src/data/bpe_train_count.c \
- *       src/data/pretokenize.c src/data/tokenizer.c src/io/fsutil.c src/core/status.c \
+ *       src/data/pretokenize.c src/data/tokenizer.c src/core/fs.c src/core/status.c \
  *       src/core/threads.c -lcjson -lpcre2-8 -lm -o /tmp/bench_bpe_train
  *   /tmp/bench_bpe_train /tmp/kjv.txt 4096 8192
  * (if tokenizer.c needs more of the library, link build/libanneal.a instead). */

@@ -90,6 +90,8 @@ def check_includes(src_root):
                         errors.append(f"{where}: layer {layer} includes a header of the higher "
                                       f"layer {hl}")
                 elif "/" in inc:
+                    if inc.startswith("../"):
+                        inc = os.path.normpath(os.path.join(folder, inc))
                     other = inc.split("/")[0]
                     if other != folder:
                         errors.append(f"{where}: a private header of another folder "
@@ -111,8 +113,9 @@ def check_includes(src_root):
     return errors
 
 
-def object_symbols(obj_root):
-    """{object path relative to obj_root: (folder, defined set, undefined set)}."""
+def object_symbols(src_root, obj_root):
+    """{object path relative to obj_root/src: (folder, defined set, undefined set)} for the
+    objects whose source file still exists (a build directory keeps stale ones)."""
     objs = {}
     src = os.path.join(obj_root, "src")
     for folder in sorted(os.listdir(src)):
@@ -121,6 +124,8 @@ def object_symbols(obj_root):
                 if not f.endswith(".o"):
                     continue
                 p = os.path.join(dirpath, f)
+                if not os.path.exists(os.path.join(src_root, "src", os.path.relpath(p, src)[:-2])):
+                    continue
                 out = subprocess.run(["nm", "-P", p], capture_output=True, text=True,
                                      check=True).stdout
                 defined, undefined = set(), set()
@@ -137,9 +142,9 @@ def object_symbols(obj_root):
     return objs
 
 
-def check_symbols(obj_root):
+def check_symbols(src_root, obj_root):
     errors = []
-    objs = object_symbols(obj_root)
+    objs = object_symbols(src_root, obj_root)
     owner = {}
     for name, (folder, defined, _) in objs.items():
         for s in defined:
@@ -172,7 +177,7 @@ def main():
         return 2
     errors = check_includes(sys.argv[1])
     if len(sys.argv) > 2:
-        errors += check_symbols(sys.argv[2])
+        errors += check_symbols(sys.argv[1], sys.argv[2])
     for e in errors:
         print("layers:", e)
     print(f"check_layers: {len(errors)} violation(s)")

@@ -4,6 +4,7 @@
 
 #include "anneal/loader.h"
 #include "anneal/shard.h"
+#include "anneal/prepare.h"
 #include "anneal/tokenizer.h"
 
 #endif

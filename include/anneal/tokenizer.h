@@ -85,6 +85,36 @@ size_t anneal_stream_decoder_flush(anneal_stream_decoder *d, char *out, size_t o
 anneal_status anneal_bpe_train(const char *const *files, int n_files, int32_t vocab_size,
                                const char *out_dir);
 
+/* Progress of a training run (also its final summary). */
+typedef struct anneal_bpe_train_stats {
+    int phase;               /* 0: corpus counted, 1: merging, 2: files written */
+    uint64_t total_bytes;    /* corpus size */
+    uint64_t total_pieces;   /* pre-tokenised pieces, with multiplicity */
+    size_t distinct_pieces;  /* words the merges run over */
+    int32_t n_merges;        /* merges learned so far */
+    int32_t vocab_size;      /* 256 + n_merges + 1 ("<|endoftext|>") */
+    int64_t last_count;      /* occurrences of the last merged pair */
+    double count_seconds;    /* reading + pre-tokenising + counting */
+    double merge_seconds;    /* the merge loop */
+    double write_seconds;    /* writing the three files */
+} anneal_bpe_train_stats;
+
+typedef struct anneal_bpe_train_opts {
+    int n_threads;  /* threads for counting (<= 0: anneal_get_num_threads()) */
+    /* Called after counting, every progress_every merges (0: never) and at the end. */
+    void (*progress)(const anneal_bpe_train_stats *s, void *user);
+    void *user;
+    int32_t progress_every;
+} anneal_bpe_train_opts;
+
+/* anneal_bpe_train with options (NULL: defaults) and the run's statistics (may be
+ * NULL). vocab_size < 257 is ANNEAL_ERR_ARG; a corpus with no bytes at all is
+ * ANNEAL_ERR_ARG ("no text"); a corpus whose merges run out before vocab_size gives a
+ * smaller, still valid vocabulary (stats->vocab_size says how large). */
+anneal_status anneal_bpe_train_ex(const char *const *files, int n_files, int32_t vocab_size,
+                                  const char *out_dir, const anneal_bpe_train_opts *opts,
+                                  anneal_bpe_train_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

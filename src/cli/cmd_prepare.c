@@ -4,7 +4,6 @@
 #include "anneal/data.h"
 #include "args.h"
 #include "commands.h"
-#include "data/prepare.h"
 
 #include <errno.h>
 #include <stdio.h>

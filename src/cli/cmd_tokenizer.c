@@ -3,7 +3,6 @@
 #include "anneal/anneal.h"
 #include "args.h"
 #include "commands.h"
-#include "data/bpe_train.h"
 
 #include <stdio.h>
 #include <stdlib.h>

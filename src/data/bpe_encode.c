@@ -79,11 +79,11 @@ static void cache_destroy(void *p) {
     free(c);
 }
 
-void tok_caches_init(anneal_tokenizer *t) {
+void anneal_tok_caches_init(anneal_tokenizer *t) {
     t->key_ok = pthread_key_create(&t->key, cache_destroy) == 0;
 }
 
-void tok_caches_free(anneal_tokenizer *t) {
+void anneal_tok_caches_free(anneal_tokenizer *t) {
     if (t->key_ok) pthread_key_delete(t->key); /* no destructor runs after this */
     t->key_ok = false;
     pthread_mutex_lock(&t->mu);
@@ -355,7 +355,7 @@ static bool encode_piece(const char *p, size_t n, void *user) {
     }
     int32_t *ids = c->ids;
     size_t k;
-    int32_t whole = t->ignore_merges ? tok_lookup(t, p, n) : -1;
+    int32_t whole = t->ignore_merges ? anneal_tok_lookup(t, p, n) : -1;
     if (whole >= 0 && !t->is_special[whole]) {
         ids[0] = whole;
         k = 1;

@@ -25,7 +25,7 @@
  * 256 + r comes from merge r, and no two tokens have the same bytes — which is what
  * GPT-2-style loaders (encoder.json keys, tiktoken's rank check) require. */
 #include "bpe_train.h"
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 #include "tokenizer_internal.h"
 
 #include <errno.h>

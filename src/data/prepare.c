@@ -7,10 +7,10 @@
  *      shard sink.
  * Chunk boundaries and the train/val split depend only on the input bytes, so the
  * shards are identical for any thread count; memory is K chunks whatever the input size. */
-#include "prepare.h"
+#include "anneal/prepare.h"
 
 #include "anneal/shard.h"
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

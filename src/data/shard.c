@@ -3,7 +3,7 @@
  * the writer streams ids into a temporary and publishes it atomically. */
 #include "anneal/shard.h"
 
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 #include <errno.h>
 #include <fcntl.h>

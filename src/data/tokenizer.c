@@ -3,7 +3,7 @@
  * writer of encoder.json / vocab.bpe / tokenizer.json. */
 #include "tokenizer_impl.h"
 
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -192,7 +192,7 @@ void anneal_strbuf_free(anneal_strbuf *b) {
 
 /* ---------------------------------------------------------------- building */
 
-anneal_tokenizer *tok_new(void) {
+anneal_tokenizer *anneal_tok_new(void) {
     anneal_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->vmap_mask = 1023;
@@ -217,18 +217,6 @@ anneal_tokenizer *tok_new(void) {
     return t;
 }
 
-int32_t tok_lookup(const anneal_tokenizer *t, const char *s, size_t n) {
-    uint64_t i = tok_hash(s, n) & t->vmap_mask;
-    for (;;) {
-        int32_t id = t->vmap[i];
-        if (id < 0) return -1;
-        size_t len;
-        const char *b = tok_bytes(t, id, &len);
-        if (len == n && memcmp(b, s, n) == 0) return id;
-        i = (i + 1) & t->vmap_mask;
-    }
-}
-
 /* Places id in the vocab map (no duplicate check). */
 static void vmap_place(int32_t *map, uint64_t mask, const anneal_tokenizer *t, int32_t id) {
     size_t len;
@@ -238,10 +226,10 @@ static void vmap_place(int32_t *map, uint64_t mask, const anneal_tokenizer *t, i
     map[i] = id;
 }
 
-anneal_status tok_add_token(anneal_tokenizer *t, const char *bytes, size_t n, int32_t *dup) {
+anneal_status anneal_tok_add_token(anneal_tokenizer *t, const char *bytes, size_t n, int32_t *dup) {
     *dup = -1;
     if (t->n_vocab == INT32_MAX - 1) return anneal_set_error(ANNEAL_ERR_FORMAT, "too many tokens");
-    int32_t prev = tok_lookup(t, bytes, n);
+    int32_t prev = anneal_tok_lookup(t, bytes, n);
     if (prev >= 0) {
         *dup = prev;
         return ANNEAL_ERR_FORMAT;
@@ -291,7 +279,7 @@ static void pairs_place(tok_pair_slot *map, uint64_t mask, uint64_t key, int32_t
     map[i].merged = merged;
 }
 
-anneal_status tok_add_merge(anneal_tokenizer *t, int32_t left, int32_t right, int32_t *merged,
+anneal_status anneal_tok_add_merge(anneal_tokenizer *t, int32_t left, int32_t right, int32_t *merged,
                             int *why) {
     *why = 0;
     size_t la, lb;
@@ -302,7 +290,7 @@ anneal_status tok_add_merge(anneal_tokenizer *t, int32_t left, int32_t right, in
     if (!cat) return anneal_set_error(ANNEAL_ERR_OOM, "tokenizer: out of memory");
     memcpy(cat, a, la);
     memcpy(cat + la, b, lb);
-    int32_t m = tok_lookup(t, cat, la + lb);
+    int32_t m = anneal_tok_lookup(t, cat, la + lb);
     if (cat != small) free(cat);
     if (m < 0) {
         *why = 1;
@@ -376,7 +364,7 @@ static uint64_t tok_fingerprint(const anneal_tokenizer *t) {
     return h;
 }
 
-static const anneal_tokenizer *g_sort_tok; /* only during tok_finish's qsort */
+static const anneal_tokenizer *g_sort_tok; /* only during anneal_tok_finish's qsort */
 
 /* Longer specials first, so that at one position the longest wins. */
 static int special_cmp(const void *pa, const void *pb) {
@@ -387,7 +375,7 @@ static int special_cmp(const void *pa, const void *pb) {
     return *(const int32_t *)pa - *(const int32_t *)pb;
 }
 
-anneal_status tok_finish(anneal_tokenizer *t, const int32_t *special, int n_special,
+anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int n_special,
                          const char *what) {
     for (int b = 0; b < 256; b++)
         if (t->byte_id[b] < 0)
@@ -405,7 +393,7 @@ anneal_status tok_finish(anneal_tokenizer *t, const int32_t *special, int n_spec
         t->is_special[id] = 1;
         t->special[t->n_special++] = id;
     }
-    /* qsort with a global: tok_finish runs while loading, before anyone shares t */
+    /* qsort with a global: anneal_tok_finish runs while loading, before anyone shares t */
     static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&sort_mu);
     g_sort_tok = t;
@@ -415,13 +403,13 @@ anneal_status tok_finish(anneal_tokenizer *t, const int32_t *special, int n_spec
     static const char *const eot_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
     t->eot = -1;
     for (size_t k = 0; k < sizeof eot_names / sizeof *eot_names && t->eot < 0; k++) {
-        int32_t id = tok_lookup(t, eot_names[k], strlen(eot_names[k]));
+        int32_t id = anneal_tok_lookup(t, eot_names[k], strlen(eot_names[k]));
         if (id >= 0 && t->is_special[id]) t->eot = id;
     }
     t->fingerprint = tok_fingerprint(t);
     t->pre = anneal_pretokenizer_new();
     if (!t->pre) return anneal_last_status() ? anneal_last_status() : ANNEAL_ERR_UNSUPPORTED;
-    tok_caches_init(t);
+    anneal_tok_caches_init(t);
     return ANNEAL_OK;
 }
 
@@ -429,7 +417,7 @@ anneal_status tok_finish(anneal_tokenizer *t, const int32_t *special, int n_spec
 
 void anneal_tokenizer_free(anneal_tokenizer *tok) {
     if (!tok) return;
-    tok_caches_free(tok);
+    anneal_tok_caches_free(tok);
     pthread_mutex_destroy(&tok->mu);
     anneal_pretokenizer_free(tok->pre);
     free(tok->bytes);

@@ -85,7 +85,17 @@ static inline const char *tok_bytes(const anneal_tokenizer *t, int32_t id, size_
 }
 
 /* Id of the token whose bytes are s[0..n), -1 if none. */
-int32_t tok_lookup(const anneal_tokenizer *t, const char *s, size_t n);
+static inline int32_t anneal_tok_lookup(const anneal_tokenizer *t, const char *s, size_t n) {
+    uint64_t i = tok_hash(s, n) & t->vmap_mask;
+    for (;;) {
+        int32_t id = t->vmap[i];
+        if (id < 0) return -1;
+        size_t len;
+        const char *b = tok_bytes(t, id, &len);
+        if (len == n && memcmp(b, s, n) == 0) return id;
+        i = (i + 1) & t->vmap_mask;
+    }
+}
 
 /* Merge (rank, merged id) of the pair (left, right); rank -1 if there is none. */
 static inline int32_t tok_pair_rank(const anneal_tokenizer *t, int32_t left, int32_t right,
@@ -104,24 +114,24 @@ static inline int32_t tok_pair_rank(const anneal_tokenizer *t, int32_t left, int
 }
 
 /* Building, in three steps (each failure recorded with a message naming `what`):
- * tok_new with an empty vocabulary; tok_add_token for ids 0, 1, ... in order;
- * tok_add_merge in rank order (both sides and their concatenation must be tokens);
- * tok_finish marks the specials and builds the pair map, fingerprint and
- * pre-tokenizer. tok_add_token returns the id that already has these bytes through
+ * anneal_tok_new with an empty vocabulary; anneal_tok_add_token for ids 0, 1, ... in order;
+ * anneal_tok_add_merge in rank order (both sides and their concatenation must be tokens);
+ * anneal_tok_finish marks the specials and builds the pair map, fingerprint and
+ * pre-tokenizer. anneal_tok_add_token returns the id that already has these bytes through
  * *dup (else -1) with ANNEAL_ERR_FORMAT. */
-anneal_tokenizer *tok_new(void);
-anneal_status tok_add_token(anneal_tokenizer *t, const char *bytes, size_t n, int32_t *dup);
+anneal_tokenizer *anneal_tok_new(void);
+anneal_status anneal_tok_add_token(anneal_tokenizer *t, const char *bytes, size_t n, int32_t *dup);
 /* Adds merge (left, right); *merged set. Fails (ANNEAL_ERR_FORMAT, no message: the
  * loader words it) with *why = 1 if left+right is no token, 2 if the pair repeats an
  * earlier merge (its rank in *merged). */
-anneal_status tok_add_merge(anneal_tokenizer *t, int32_t left, int32_t right, int32_t *merged,
+anneal_status anneal_tok_add_merge(anneal_tokenizer *t, int32_t left, int32_t right, int32_t *merged,
                             int *why);
-anneal_status tok_finish(anneal_tokenizer *t, const int32_t *special, int n_special,
+anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int n_special,
                          const char *what);
 
-/* bpe_encode.c: the per-thread caches' key (tok_caches_init, from tok_finish; without
+/* bpe_encode.c: the per-thread caches' key (anneal_tok_caches_init, from anneal_tok_finish; without
  * a key encode still works, with a cache per call) and their release. */
-void tok_caches_init(anneal_tokenizer *t);
-void tok_caches_free(anneal_tokenizer *t);
+void anneal_tok_caches_init(anneal_tokenizer *t);
+void anneal_tok_caches_free(anneal_tokenizer *t);
 
 #endif

@@ -106,7 +106,7 @@ static anneal_status add_key(anneal_tokenizer *t, const char *path, const char *
     }
     if (n == 0) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token id %d is empty", path, (int)id);
     int32_t dup;
-    anneal_status s = tok_add_token(t, bytes, n, &dup);
+    anneal_status s = anneal_tok_add_token(t, bytes, n, &dup);
     if (s && dup >= 0)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokens %d and %d have the same bytes (\"%.60s\")", path,
                                 (int)dup, (int)id, key);
@@ -117,7 +117,7 @@ static anneal_status add_key(anneal_tokenizer *t, const char *path, const char *
 static anneal_status merge_side(anneal_tokenizer *t, const char *s, size_t n, char *scratch,
                                 const char *where, const char *vocab_path, int32_t *id) {
     size_t bn;
-    if (!anneal_bpe_str_to_bytes(s, n, scratch, &bn) || (*id = tok_lookup(t, scratch, bn)) < 0)
+    if (!anneal_bpe_str_to_bytes(s, n, scratch, &bn) || (*id = anneal_tok_lookup(t, scratch, bn)) < 0)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"%.*s\" is not a token of %s", where,
                                 (int)(n > 60 ? 60 : n), s, vocab_path);
     return ANNEAL_OK;
@@ -132,7 +132,7 @@ static anneal_status add_merge_str(anneal_tokenizer *t, const char *a, size_t an
     anneal_status s = merge_side(t, a, an, scratch, where, vocab_path, &l);
     if (!s) s = merge_side(t, b, bn, scratch, where, vocab_path, &r);
     if (s) return s;
-    s = tok_add_merge(t, l, r, &m, &why);
+    s = anneal_tok_add_merge(t, l, r, &m, &why);
     if (s && why == 1)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the merged token \"%.*s%.*s\" is not in %s", where,
                                 (int)(an > 60 ? 60 : an), a, (int)(bn > 60 ? 60 : bn), b, vocab_path);
@@ -171,7 +171,7 @@ anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *v
         produced = calloc((size_t)n, 1);
         cand = malloc((size_t)n * sizeof *cand);
         scratch = malloc(elen + vlen + 16);
-        t = tok_new();
+        t = anneal_tok_new();
         if (!by_id || !seen || !produced || !cand || !scratch || !t)
             s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", encoder_json);
     }
@@ -244,7 +244,7 @@ anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *v
                                  "from another tokenizer?)",
                                  vocab_bpe, key_or(by_id[id]->string), (int)id, encoder_json, vocab_bpe);
     }
-    if (!s) s = tok_finish(t, cand, n_special, encoder_json);
+    if (!s) s = anneal_tok_finish(t, cand, n_special, encoder_json);
     cJSON_Delete(root);
     free(ebuf);
     free(vbuf);
@@ -383,7 +383,7 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
         seen = calloc((size_t)n, 1);
         special = malloc((size_t)n * sizeof *special);
         scratch = malloc(len + 16);
-        t = tok_new();
+        t = anneal_tok_new();
         if (!by_id || !literal || !seen || !special || !scratch || !t)
             s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     }
@@ -438,7 +438,7 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
     if (!s) {
         t->ignore_merges = ignore_merges;
         t->add_prefix_space = prefix;
-        s = tok_finish(t, special, n_special, path);
+        s = anneal_tok_finish(t, special, n_special, path);
     }
     cJSON_Delete(root);
     free(buf);

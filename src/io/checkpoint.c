@@ -5,7 +5,7 @@
  * both produce the same bytes.
  *
  * Crash safety: every file goes into "<run_dir>/.tmp_ckpt_<step>_<pid>" (each written
- * to a temporary, fsync'ed and renamed by io/fsutil), the directory is fsync'ed and
+ * to a temporary, fsync'ed and renamed by core/fs.c), the directory is fsync'ed and
  * renamed to its final name, run_dir is fsync'ed, and only then is "latest" replaced
  * atomically. A crash before that rename leaves a stale temporary directory (removed
  * by the next save) and the previous checkpoint in place; a crash after it leaves a
@@ -25,7 +25,7 @@
 
 #include "anneal/backend.h"
 #include "anneal/io.h"
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 /* ------------------------------------------------------------------ snapshot */
 

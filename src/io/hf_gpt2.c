@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "anneal/io.h"
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 /* ------------------------------------------------------------------ config */
 

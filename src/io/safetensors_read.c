@@ -34,7 +34,7 @@ static const struct {
     anneal_dtype dtype;
 } st_dtypes[] = {
     {"F32", ANNEAL_F32}, {"BF16", ANNEAL_BF16}, {"F16", ANNEAL_F16}, {"I32", ANNEAL_I32},
-    {"I64", ANNEAL_I64}, {"U16", ANNEAL_U16},   {"U8", ANNEAL_U8},   {"I8", ANNEAL_I8},   {"F64", ANNEAL_F64},
+    {"I64", ANNEAL_I64}, {"U16", ANNEAL_U16},   {"U8", ANNEAL_U8},   {"I8", ANNEAL_I8},
 };
 
 /* Duplicates s, or NULL when out of memory. */

@@ -1,6 +1,6 @@
 /* safetensors writer: validates the entries, lays the data out in the order given,
  * emits the JSON header (padded with spaces so the data section starts at a
- * multiple of 8 bytes) and writes the file atomically through io/fsutil. */
+ * multiple of 8 bytes) and writes the file atomically through core/fs.c. */
 #include "anneal/io.h"
 
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "anneal's safetensors writer assumes a little-endian host"
@@ -18,7 +18,6 @@
 static const char *const st_dtype_str[ANNEAL_DTYPE_COUNT] = {
     [ANNEAL_F32] = "F32", [ANNEAL_BF16] = "BF16", [ANNEAL_F16] = "F16", [ANNEAL_I32] = "I32",
     [ANNEAL_I64] = "I64", [ANNEAL_U16] = "U16",   [ANNEAL_U8] = "U8",   [ANNEAL_I8] = "I8",
-    [ANNEAL_F64] = "F64",
 };
 
 /* A growable byte buffer for the header; `failed` latches an allocation failure. */
@@ -115,9 +114,9 @@ static anneal_status check_entry(const char *path, int i, const anneal_st_write_
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry %d: name is NULL or not UTF-8", path, i);
     if (strcmp(e->name, "__metadata__") == 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry %d: '__metadata__' is reserved", path, i);
-    if ((int)e->dtype < 0 || e->dtype >= ANNEAL_DTYPE_COUNT)
-        return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry '%s': invalid dtype %d", path, e->name,
-                                (int)e->dtype);
+    if ((int)e->dtype < 0 || e->dtype >= ANNEAL_DTYPE_COUNT || !st_dtype_str[e->dtype])
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry '%s': invalid dtype %d (%s) for safetensors",
+                                path, e->name, (int)e->dtype, anneal_dtype_name(e->dtype));
     if (e->ndim < 0 || e->ndim > ANNEAL_MAX_DIMS || (e->ndim > 0 && !e->shape))
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry '%s': bad ndim %d or NULL shape", path,
                                 e->name, e->ndim);

@@ -8,7 +8,7 @@
  * - flag errors exit 2 naming the flag, missing inputs exit 1 naming the file;
  * - inspect: header fields, --ids, --head, foreign/corrupted files. */
 #include "anneal/data.h"
-#include "data/prepare.h"
+#include "anneal/prepare.h"
 #include "test.h"
 
 #include <cjson/cJSON.h>

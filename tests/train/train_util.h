@@ -6,7 +6,7 @@
 #define ANNEAL_TESTS_TRAIN_UTIL_H
 
 #include "anneal/anneal.h"
-#include "data/prepare.h"
+#include "anneal/prepare.h"
 #include "test.h"
 
 #include <cjson/cJSON.h>

@@ -2,8 +2,8 @@
  * rules in docs/FORMATS.md). Input is cut into chunks at points where GPT-2
  * pre-tokenisation always splits, the chunks are encoded in parallel and written in
  * order, so the shards do not depend on the thread count and memory stays bounded. */
-#ifndef ANNEAL_DATA_PREPARE_H
-#define ANNEAL_DATA_PREPARE_H
+#ifndef ANNEAL_PREPARE_H
+#define ANNEAL_PREPARE_H
 
 #include "anneal/tokenizer.h"
 

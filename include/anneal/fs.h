@@ -1,10 +1,11 @@
-/* File-system helpers for the io layer: complete writes that survive EINTR and
- * short writes, and atomic replacement of a file (write "<path>.tmp.<pid>",
- * fsync, rename over <path>, fsync the directory) so that a crash or an error
- * leaves either the old file or the new one, never a torn mix. Every failure is
- * recorded with anneal_set_error(ANNEAL_ERR_IO, "<path>: ...") and returned. */
-#ifndef ANNEAL_IO_FSUTIL_H
-#define ANNEAL_IO_FSUTIL_H
+/* File-system helpers of core (the data and io layers write their files through
+ * them): complete writes that survive EINTR and short writes, and atomic replacement
+ * of a file (write "<path>.tmp.<pid>", fsync, rename over <path>, fsync the
+ * directory) so that a crash or an error leaves either the old file or the new one,
+ * never a torn mix. Every failure is recorded with
+ * anneal_set_error(ANNEAL_ERR_IO, "<path>: ...") and returned. */
+#ifndef ANNEAL_FS_H
+#define ANNEAL_FS_H
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
 /* Complete writes and atomic file replacement (temp + fsync + rename + dir fsync). */
-#include "io/fsutil.h"
+#include "anneal/fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
