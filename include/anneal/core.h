@@ -221,6 +221,25 @@ anneal_status anneal_set_requires_grad(anneal_tensor *t, bool on);
 /* Sets a copy of name on t; returns t. */
 anneal_tensor *anneal_set_name(anneal_tensor *t, const char *name);
 
+/* ---------------------------------------------- bookkeeping for the layers above */
+
+/* The small-object pool: zero-filled objects of up to 1 MiB from size-class
+ * free lists, for the bookkeeping a training step makes every step (tensor headers,
+ * storage records, scopes, tape nodes and their arrays, op contexts). Free with
+ * anneal_pool_free only (it can stand in for free() as a ctx_free). NULL when out of
+ * memory (no error recorded: callers name what they were allocating). */
+void *anneal_pool_alloc(size_t n);
+void *anneal_pool_calloc(size_t count, size_t size);
+void anneal_pool_free(void *p);
+/* Objects the pool has taken from malloc since start. */
+int64_t anneal_pool_system_allocs(void);
+/* Frees the pool's cached objects; returns the bytes given back. */
+int64_t anneal_pool_release(void);
+
+/* What releasing a tensor does with its grad_fn: the autograd layer installs
+ * anneal_node_release here when it records its first node (core knows no nodes). */
+void anneal_set_node_release_hook(void (*fn)(struct anneal_node *n));
+
 /* ---------------------------------------------------------------- scopes */
 
 /* A scope owns the tensors created while it is the current one. Closing a scope

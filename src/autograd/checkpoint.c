@@ -4,7 +4,6 @@
  * backpropagates through the replay with a nested engine call. */
 #include "anneal/autograd.h"
 #include "autograd_internal.h"
-#include "../core/core_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,6 @@
  * tensors it saves; reference counting that frees the graph when the last tensor
  * produced by it goes away. Grad mode (no-grad scopes) lives here too. */
 #include "anneal/autograd.h"
-#include "../core/core_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +52,7 @@ static void release_hook(struct anneal_node *n) { anneal_node_release(n); }
 anneal_node *anneal_record(const char *name, anneal_backward_fn fn, int n_in,
                            anneal_tensor *const *inputs, int n_out, anneal_tensor *const *outputs) {
     if (!anneal_any_requires_grad(n_in, inputs)) return NULL;
-    anneal_core_node_release_hook = release_hook;
+    anneal_set_node_release_hook(release_hook);
     /* From the small-object pool: a steady-state step reuses last step's nodes. */
     anneal_node *node = anneal_pool_alloc(sizeof *node);
     anneal_edge *edges = anneal_pool_calloc((size_t)(n_in ? n_in : 1), sizeof *edges);

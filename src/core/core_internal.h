@@ -9,19 +9,6 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes);
 void anneal_storage_retain(anneal_storage *s);
 void anneal_storage_release(anneal_storage *s);
 
-/* The small-object pool (pool.c): zero-filled objects of up to 1 MiB from size-class
- * free lists, for the bookkeeping a training step makes every step (tensor headers,
- * storage records, scopes, tape nodes and their arrays, op contexts). Free with
- * anneal_pool_free only (it can stand in for free() as a ctx_free). NULL when out of
- * memory (no error recorded: callers name what they were allocating). */
-void *anneal_pool_alloc(size_t n);
-void *anneal_pool_calloc(size_t count, size_t size);
-void anneal_pool_free(void *p);
-/* Objects the pool has taken from malloc since start. */
-int64_t anneal_pool_system_allocs(void);
-/* Frees the pool's cached objects; returns the bytes given back. */
-int64_t anneal_pool_release(void);
-
 /* Frees the scopes kept for reuse (scope.c). */
 void anneal_scope_release_cache(void);
 
@@ -30,8 +17,6 @@ void anneal_scope_register(anneal_tensor *t);
 /* Called when a tensor held by a scope is released by something else. */
 void anneal_scope_forget(anneal_tensor *t);
 
-/* Autograd hook from tensor release: drop a reference to a node (set by autograd). */
-extern void (*anneal_core_node_release_hook)(struct anneal_node *n);
 
 /* Marks a cached block unusable (POISON) or usable again (UNPOISON) for AddressSanitizer,
  * so a use after release into the allocator's or the pool's cache is reported; no-ops in

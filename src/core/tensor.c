@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-void (*anneal_core_node_release_hook)(struct anneal_node *n);
+static void (*node_release_hook)(struct anneal_node *n);
+
+void anneal_set_node_release_hook(void (*fn)(struct anneal_node *n)) { node_release_hook = fn; }
 
 int64_t anneal_numel(const anneal_tensor *t) {
     if (!t) return 0;
@@ -283,7 +285,7 @@ void anneal_release(anneal_tensor *t) {
     }
     if (t->_scope) anneal_scope_forget(t);
     if (t->grad) anneal_release(t->grad);
-    if (t->grad_fn && anneal_core_node_release_hook) anneal_core_node_release_hook(t->grad_fn);
+    if (t->grad_fn && node_release_hook) node_release_hook(t->grad_fn);
     anneal_storage_release(t->storage);
     free(t->name);
     anneal_pool_free(t);
