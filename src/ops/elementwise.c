@@ -47,7 +47,7 @@ static anneal_tensor *binary(anneal_binary_op op, anneal_tensor *a, anneal_tenso
     anneal_scope_enter(NULL);
     anneal_tensor *xa = anneal_ops_expand(a, nd, shape), *xb = anneal_ops_expand(b, nd, shape);
     anneal_scope_leave();
-    anneal_status s = (xa && xb) ? be->binary(op, out, xa, xb) : anneal_last_status();
+    anneal_status s = (xa && xb) ? be->binary(be->ctx, op, out, xa, xb) : anneal_last_status();
     anneal_release(xa);
     anneal_release(xb);
     if (s != ANNEAL_OK) return NULL;
@@ -89,7 +89,7 @@ static anneal_status unary_backward(anneal_node *node, anneal_tensor *const *gou
     anneal_tensor *dx = anneal_ops_new_like(dy);
     const anneal_backend *be = anneal_backend_get(dy->device);
     if (!dx || !be) return anneal_last_status();
-    anneal_status s = be->unary_bwd(op, dx, node->n_saved ? node->saved[0] : NULL, dy,
+    anneal_status s = be->unary_bwd(be->ctx, op, dx, node->n_saved ? node->saved[0] : NULL, dy,
                                     (float)node->scalars[0]);
     gin[0] = dx;
     return s;
@@ -101,7 +101,7 @@ static anneal_tensor *unary(anneal_unary_op op, anneal_tensor *x, float alpha) {
     if (!be || !anneal_ops_require_f32(name, "x", x)) return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
-    if (!out || be->unary(op, out, xc, alpha) != ANNEAL_OK) return NULL;
+    if (!out || be->unary(be->ctx, op, out, xc, alpha) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(name, unary_backward, 1, &x, 1, &out);
     if (node) {
         node->ints[0] = op;
@@ -130,7 +130,7 @@ static anneal_status dropout_backward(anneal_node *node, anneal_tensor *const *g
     const anneal_backend *be = dx ? anneal_backend_get(dx->device) : NULL;
     if (!be) return anneal_last_status();
     gin[0] = dx;
-    return be->dropout_bwd(dx, node->saved[0], dy, (float)node->scalars[0]);
+    return be->dropout_bwd(be->ctx, dx, node->saved[0], dy, (float)node->scalars[0]);
 }
 
 anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
@@ -148,7 +148,7 @@ anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
     if (!mask) return NULL;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve((uint64_t)anneal_numel(x));
-    if (be->dropout_fwd(out, mask, xc, p, rs.seed, offset) != ANNEAL_OK) return NULL;
+    if (be->dropout_fwd(be->ctx, out, mask, xc, p, rs.seed, offset) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record("dropout", dropout_backward, 1, &x, 1, &out);
     if (node) {
         node->scalars[0] = p;
