@@ -38,7 +38,9 @@ static anneal_tensor *binary(anneal_binary_op op, anneal_tensor *a, anneal_tenso
     anneal_tensor *in[2] = {a, b};
     const anneal_backend *be = anneal_ops_backend(name, 2, in);
     if (!be) return NULL;
-    if (!anneal_ops_require_f32(name, "a", a) || !anneal_ops_require_f32(name, "b", b)) return NULL;
+    if (!anneal_ops_require_f32(name, "a", a) || !anneal_ops_require_f32(name, "b", b) ||
+        !anneal_ops_kernel(name, be, ANNEAL_OP_BINARY, ANNEAL_F32))
+        return NULL;
     int nd;
     int64_t shape[ANNEAL_MAX_DIMS];
     if (!anneal_ops_broadcast_shape(name, a, b, &nd, shape)) return NULL;
@@ -98,7 +100,8 @@ static anneal_status unary_backward(anneal_node *node, anneal_tensor *const *gou
 static anneal_tensor *unary(anneal_unary_op op, anneal_tensor *x, float alpha) {
     const char *name = unary_name(op);
     const anneal_backend *be = anneal_ops_backend(name, 1, &x);
-    if (!be || !anneal_ops_require_f32(name, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(name, "x", x) || !anneal_ops_kernel(name, be, ANNEAL_OP_UNARY, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
     if (!out || be->unary(be->ctx, op, out, xc, alpha) != ANNEAL_OK) return NULL;
@@ -141,7 +144,8 @@ anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
         return NULL;
     }
     if (!training || p == 0.0f) return x;
-    if (!anneal_ops_require_f32("dropout", "x", x)) return NULL;
+    if (!anneal_ops_require_f32("dropout", "x", x) || !anneal_ops_kernel("dropout", be, ANNEAL_OP_DROPOUT, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
     anneal_tensor *mask = out ? anneal_empty_on(x->device, ANNEAL_U8, x->ndim, x->shape) : NULL;

@@ -60,7 +60,9 @@ anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_
     if (w) given[n_given++] = w;
     if (b) given[n_given++] = b;
     const anneal_backend *be = anneal_ops_backend(op, n_given, given);
-    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_require_f32(op, "r", r)) return NULL;
+    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_require_f32(op, "r", r) ||
+        !anneal_ops_kernel(op, be, ANNEAL_OP_ADD_LAYER_NORM, ANNEAL_F32))
+        return NULL;
     char b1[128], b2[128];
     if (x->ndim < 1 || !anneal_same_shape(x, r)) {
         anneal_set_error(ANNEAL_ERR_SHAPE,

@@ -70,7 +70,7 @@ anneal_tensor *anneal_layer_norm(anneal_tensor *x, anneal_tensor *w, anneal_tens
     if (b) given[n_given++] = b;
     const anneal_backend *be = anneal_ops_backend(op, n_given, given);
     int64_t N, C;
-    if (!be || !check_x(op, x, &N, &C)) return NULL;
+    if (!be || !check_x(op, x, &N, &C) || !anneal_ops_kernel(op, be, ANNEAL_OP_LAYER_NORM, ANNEAL_F32)) return NULL;
     if ((w && !check_param(op, "weight", w, C)) || (b && !check_param(op, "bias", b, C))) return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *wc = xc ? weight_or_ones(be, w, x->device, C) : NULL;
@@ -116,7 +116,7 @@ anneal_tensor *anneal_rms_norm(anneal_tensor *x, anneal_tensor *w, float eps) {
     anneal_tensor *given[2] = {x, w};
     const anneal_backend *be = anneal_ops_backend(op, w ? 2 : 1, given);
     int64_t N, C;
-    if (!be || !check_x(op, x, &N, &C)) return NULL;
+    if (!be || !check_x(op, x, &N, &C) || !anneal_ops_kernel(op, be, ANNEAL_OP_RMS_NORM, ANNEAL_F32)) return NULL;
     if (w && !check_param(op, "weight", w, C)) return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *wc = xc ? weight_or_ones(be, w, x->device, C) : NULL;

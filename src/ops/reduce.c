@@ -28,7 +28,8 @@ static anneal_status sum_backward(anneal_node *node, anneal_tensor *const *gout,
 
 static anneal_tensor *reduce(const char *name, anneal_tensor *x, int dim, bool keepdim, bool mean) {
     const anneal_backend *be = anneal_ops_backend(name, 1, &x);
-    if (!be || !anneal_ops_require_f32(name, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(name, "x", x) || !anneal_ops_kernel(name, be, ANNEAL_OP_REDUCE_SUM, ANNEAL_F32))
+        return NULL;
     int d = -1;
     int64_t kshape[ANNEAL_MAX_DIMS];
     int64_t count;

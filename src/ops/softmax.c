@@ -18,7 +18,8 @@ static anneal_status softmax_backward(anneal_node *node, anneal_tensor *const *g
  * row of one element). */
 static anneal_tensor *softmax(const char *op, anneal_tensor *x, bool log) {
     const anneal_backend *be = anneal_ops_backend(op, 1, &x);
-    if (!be || !anneal_ops_require_f32(op, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_kernel(op, be, ANNEAL_OP_SOFTMAX, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *y = xc ? anneal_ops_new_like(x) : NULL;
     if (!y || be->softmax_fwd(be->ctx, y, xc, log) != ANNEAL_OK) return NULL;
