@@ -138,8 +138,8 @@ bool anneal_ops_supported(const char *op, const anneal_backend *be, const anneal
         snprintf(what + n, sizeof what - (size_t)n, " (%lld query heads over %lld key/value heads, compute %s%s)",
                  (long long)q->attention->Hq, (long long)q->attention->Hkv, anneal_dtype_name(q->attention->compute),
                  q->rope ? ", rotary embedding" : "");
-    anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: device %s (backend '%s') has no %s", op,
-                     anneal_device_name(be->device), be->name, what);
+    anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: the %s backend (device %d) has no %s", op, be->name,
+                     (int)be->device, what);
     return false;
 }
 
