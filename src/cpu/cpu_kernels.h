@@ -172,6 +172,38 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
                               const float *v, const float *o, const float *dout,
                               const float *lse, float *dq, float *dk, float *dv, int compute);
 
+/* ----------------------------------------------------- rotary embedding */
+
+/* Scaling of the rotary frequencies (transformers' rope_type). */
+enum {
+    ANNEAL_CPU_ROPE_NONE = 0,   /* "default" */
+    ANNEAL_CPU_ROPE_LINEAR = 1, /* "linear": inv_freq / factor (positions / factor) */
+    ANNEAL_CPU_ROPE_LLAMA3 = 2, /* "llama3": wavelength-dependent, see rope.c */
+};
+
+/* Rotary position embedding of a strided (B, H, T, D) view with unit last stride: row t
+ * is at position pos0 + t. Hugging Face Llama semantics (rotate_half: dim i < D/2 pairs
+ * with i + D/2); inv_freq[i] = 1 / theta^(2i/D) in f32, scaled as `scaling` says
+ * (factor; for llama3 also low_freq_factor, high_freq_factor, original_max_pos, as
+ * transformers' _compute_llama3_parameters); see rope.c for the float arithmetic and
+ * what matches PyTorch bit for bit. D must be even and > 0 (otherwise nothing is done). */
+typedef struct anneal_cpu_rope_desc {
+    int64_t B, H, T, D;
+    int64_t sb, sh, st; /* element strides of x for batch, head, time */
+    float theta;        /* base, e.g. 10000 or 500000; > 0 */
+    int scaling;        /* ANNEAL_CPU_ROPE_* */
+    float factor;                            /* LINEAR, LLAMA3 */
+    float low_freq_factor, high_freq_factor; /* LLAMA3 */
+    int64_t original_max_pos;                /* LLAMA3 */
+} anneal_cpu_rope_desc;
+
+/* In place: x = rope(x), or with inverse the rotation by the negative angles (the
+ * backward of the forward, and exactly its transpose). OpenMP over (position, pair
+ * chunk) items; the bits do not depend on the thread count. */
+void anneal_cpu_rope(const anneal_cpu_rope_desc *d, float *x, int64_t pos0, bool inverse);
+/* The D/2 rotary frequencies of d (after scaling) into inv_freq. */
+void anneal_cpu_rope_inv_freq(const anneal_cpu_rope_desc *d, float *inv_freq);
+
 /* ------------------------------------------------------------ optimizer */
 
 /* One AdamW step over n elements (PyTorch semantics): p -= lr*wd*p; m = b1*m + (1-b1)*g;
