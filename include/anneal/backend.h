@@ -377,9 +377,12 @@ struct anneal_backend {
  * that added it). */
 #define ANNEAL_BACKEND_SLOT(b, field, since) ((b)->version >= (since) && (b)->field != NULL)
 
-/* Installs the table for its device, replacing any earlier one. ANNEAL_ERR_ARG for a
- * table without the version 1 essentials (alloc, free, copies, synchronize, copy,
- * fill) or of a newer version than this build knows. The table must outlive its use. */
+/* Installs the table for its device, replacing any earlier one (the built-in tables
+ * are registered before the first caller's, so a caller's table replaces a built-in
+ * one, never the other way round). ANNEAL_ERR_ARG, with a message naming what is
+ * wrong, for a table without the version 1 essentials (name, alloc, free, copies,
+ * synchronize, copy, fill), of a newer version than this build knows, or with a device
+ * id outside [0, ANNEAL_DEVICE_COUNT). The table must outlive its use. */
 anneal_status anneal_backend_register(const anneal_backend *b);
 /* The backend for device d: the built-in ones are registered on first use (through
  * src/backends/registry.c). NULL with ANNEAL_ERR_DEVICE set when this build has none. */

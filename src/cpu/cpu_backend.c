@@ -37,8 +37,8 @@ static int64_t scalar_i64(const anneal_tensor *c) { return *(const int64_t *)ann
 
 /* What the CPU kernels cannot do: storage other than f32 outside copies and fills, a
  * matmul epilogue over a batch (the GEMM's epilogue is per product), a compute
- * precision other than f32/bf16/f16, SiLU-times-multiplier epilogues, grouped-query
- * attention and rotary embeddings (not wired to kernels yet). */
+ * precision other than f32/bf16/f16, a key/value head count that does not divide the
+ * query heads, an unknown rotary scaling. */
 static bool cpu_supports_op(void *ctx, const anneal_op_query *q) {
     switch (q->kind) {
     case ANNEAL_OP_COPY:
@@ -50,14 +50,14 @@ static bool cpu_supports_op(void *ctx, const anneal_op_query *q) {
     if (q->kind == ANNEAL_OP_MATMUL && q->matmul) {
         const anneal_matmul_desc *d = q->matmul;
         if (d->compute != ANNEAL_F32 && d->compute != ANNEAL_BF16 && d->compute != ANNEAL_F16) return false;
-        if ((unsigned)d->epilogue >= ANNEAL_EPILOGUE_COUNT || d->epilogue == ANNEAL_EPILOGUE_SILU_MUL) return false;
+        if ((unsigned)d->epilogue >= ANNEAL_EPILOGUE_COUNT) return false;
         if (d->epilogue != ANNEAL_EPILOGUE_NONE && d->batch > 1) return false;
     }
     if (q->kind == ANNEAL_OP_ATTENTION && q->attention) {
         const anneal_attention_desc *d = q->attention;
-        if (d->Hq != d->Hkv) return false;
+        if (d->Hkv <= 0 || d->Hq % d->Hkv) return false;
     }
-    if (q->kind == ANNEAL_OP_ATTENTION && q->rope) return false;
+    if (q->rope && (unsigned)q->rope->scaling > ANNEAL_ROPE_SCALING_LLAMA3) return false;
     return true;
 }
 
@@ -124,7 +124,11 @@ static anneal_status gemm_epilogue(const anneal_matmul_desc *d, anneal_gemm_epil
         ep->b_colsum = F(d->bsum);
         return ANNEAL_OK;
     case ANNEAL_EPILOGUE_SILU_MUL:
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cpu matmul: the SiLU-times-multiplier epilogue is not wired");
+        if (!d->aux_in) break;
+        ep->bias = F(d->bias);
+        ep->silu_mul = F(d->aux_in);
+        ep->pre = F(d->aux_out);
+        return ANNEAL_OK;
     default: break;
     }
     return anneal_set_error(ANNEAL_ERR_ARG, "cpu matmul: epilogue %d without its operand", (int)d->epilogue);
@@ -221,13 +225,13 @@ static anneal_status cpu_softmax_bwd(void *ctx, anneal_tensor *dx, const anneal_
 
 /* ---------------------------------------------------------- attention */
 
-/* The kernel's descriptor from the op's (same strides; one head count). */
+/* The kernel's descriptor from the op's (the same strides and head counts). */
 static anneal_status attn_desc(anneal_cpu_attn_desc *c, const anneal_attention_desc *d) {
-    if (d->Hq != d->Hkv)
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cpu attention: %lld query heads over %lld key/value heads "
-                                "(grouped-query attention is not wired)", (long long)d->Hq, (long long)d->Hkv);
+    if (d->Hkv <= 0 || d->Hq % d->Hkv)
+        return anneal_set_error(ANNEAL_ERR_ARG, "cpu attention: %lld query heads over %lld key/value heads",
+                                (long long)d->Hq, (long long)d->Hkv);
     *c = (anneal_cpu_attn_desc){
-        .B = d->B, .H = d->Hq, .Tq = d->Tq, .Tk = d->Tk, .D = d->D,
+        .B = d->B, .H = d->Hq, .Hkv = d->Hkv, .Tq = d->Tq, .Tk = d->Tk, .D = d->D,
         .q_sb = d->q_sb, .q_sh = d->q_sh, .q_st = d->q_st,
         .k_sb = d->k_sb, .k_sh = d->k_sh, .k_st = d->k_st,
         .v_sb = d->v_sb, .v_sh = d->v_sh, .v_st = d->v_st,
@@ -254,6 +258,22 @@ static anneal_status cpu_attention_bwd(void *ctx, const anneal_attention_desc *d
     anneal_status s = attn_desc(&c, d);
     if (s != ANNEAL_OK) return s;
     anneal_cpu_attention_bwd(&c, F(q), F(k), F(v), F(o), F(dout), F(lse), F(dq), F(dk), F(dv), (int)d->compute);
+    return ANNEAL_OK;
+}
+
+/* x (B, H, T, D; unit last stride) rotated in place: the kernel's descriptor from
+ * x's shape and strides and the op's rotary settings. */
+static anneal_status cpu_rope(void *ctx, const anneal_rope_desc *r, anneal_tensor *x, int64_t pos0, bool inverse) {
+    static const int scaling[] = {ANNEAL_CPU_ROPE_NONE, ANNEAL_CPU_ROPE_LINEAR, ANNEAL_CPU_ROPE_LLAMA3};
+    if ((unsigned)r->scaling > ANNEAL_ROPE_SCALING_LLAMA3 || x->ndim != 4 || (x->shape[3] > 1 && x->strides[3] != 1))
+        return anneal_set_error(ANNEAL_ERR_ARG, "cpu rope: needs a (B, H, T, D) view with a unit last stride and a "
+                                "known scaling");
+    anneal_cpu_rope_desc d = {.B = x->shape[0], .H = x->shape[1], .T = x->shape[2], .D = x->shape[3],
+                              .sb = x->strides[0], .sh = x->strides[1], .st = x->strides[2], .theta = r->theta,
+                              .scaling = scaling[r->scaling], .factor = r->factor,
+                              .low_freq_factor = r->low_freq_factor, .high_freq_factor = r->high_freq_factor,
+                              .original_max_pos = r->original_max_pos};
+    anneal_cpu_rope(&d, F(x), pos0, inverse);
     return ANNEAL_OK;
 }
 
@@ -413,7 +433,7 @@ static const anneal_backend k_cpu_backend = {
     .softmax_bwd = cpu_softmax_bwd,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
-    .rope = NULL,
+    .rope = cpu_rope,
     .check_index = cpu_check_index,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,

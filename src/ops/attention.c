@@ -239,9 +239,10 @@ static anneal_tensor *heads(const anneal_tensor *t, int64_t H, int64_t D, int64_
 
 /* The gradient of qkv in one fresh buffer of its shape: dq, dk, dv are its three head
  * views and tile it, so the kernel (which overwrites them) leaves nothing unwritten;
- * with RoPE dq and dk are rotated back in place. Saved: qkv (contiguous), o (B, T,
- * Hq*D), lse, and with RoPE the rotated q and k; ints[6]: Hq, ints[7]: Hkv; settings
- * as save_settings. */
+ * with RoPE dq and dk are rotated back in place. Saved: qkv (contiguous; with RoPE a
+ * copy whose q and k columns are rotated: the kernel addresses q and dq, k and dk with
+ * the same strides), o (B, T, Hq*D), lse; ints[6]: Hq, ints[7]: Hkv; settings as
+ * save_settings. */
 static anneal_status packed_backward(anneal_node *node, anneal_tensor *const *gout, anneal_tensor **gin) {
     anneal_tensor *qkv = node->saved[0], *o = node->saved[1], *lse = node->saved[2];
     const anneal_backend *be = anneal_backend_get(qkv->device);
@@ -250,8 +251,7 @@ static anneal_status packed_backward(anneal_node *node, anneal_tensor *const *go
     if (!dqkv) return anneal_last_status();
     int64_t Hq = node->ints[6], Hkv = node->ints[7], D = o->shape[2] / Hq;
     bool rope = node->ints[2] != 0;
-    anneal_tensor *q = rope ? node->saved[3] : heads(qkv, Hq, D, 0);
-    anneal_tensor *k = rope ? node->saved[4] : heads(qkv, Hkv, D, Hq * D);
+    anneal_tensor *q = heads(qkv, Hq, D, 0), *k = heads(qkv, Hkv, D, Hq * D);
     anneal_tensor *v = heads(qkv, Hkv, D, (Hq + Hkv) * D);
     anneal_tensor *dq = heads(dqkv, Hq, D, 0), *dk = heads(dqkv, Hkv, D, Hq * D);
     anneal_tensor *dv = heads(dqkv, Hkv, D, (Hq + Hkv) * D);
@@ -335,11 +335,16 @@ anneal_tensor *anneal_attention_packed(anneal_tensor *qkv, int n_head, int n_kv_
         d = layout(q, k, v, o4, o.causal, scale, o.compute);
         if (!supported(op, be, &d, o.rope)) s = anneal_last_status();
     }
-    if (s == ANNEAL_OK && o.rope) { /* self-attention: queries and keys at the same positions */
-        q = anneal_ops_rope_copy(op, be, q, o.rope, o.rope_pos0);
-        k = q ? anneal_ops_rope_copy(op, be, k, o.rope, o.rope_pos0) : NULL;
-        if (!k) s = anneal_last_status();
-        else d = layout(q, k, v, o4, o.causal, scale, o.compute);
+    if (s == ANNEAL_OK && o.rope) {
+        /* a copy of the projection with its q and k columns rotated (the input stays as
+         * it is; self-attention: queries and keys at the same positions) */
+        qc = anneal_ops_new_like(qkv);
+        s = qc ? be->copy(be->ctx, qc, qkv) : anneal_last_status();
+        q = s == ANNEAL_OK ? heads(qc, Hq, D, 0) : NULL, k = q ? heads(qc, Hkv, D, C) : NULL;
+        v = k ? heads(qc, Hkv, D, C + Hkv * D) : NULL;
+        if (!v) s = anneal_last_status();
+        if (s == ANNEAL_OK) s = anneal_ops_rope_apply(op, be, q, o.rope, o.rope_pos0, false);
+        if (s == ANNEAL_OK) s = anneal_ops_rope_apply(op, be, k, o.rope, o.rope_pos0, false);
     }
     if (s == ANNEAL_OK) s = be->attention_fwd(be->ctx, &d, o4, lse, q, k, v);
     if (s == ANNEAL_OK) {
@@ -351,10 +356,6 @@ anneal_tensor *anneal_attention_packed(anneal_tensor *qkv, int n_head, int n_kv_
             anneal_node_save(node, qc);
             anneal_node_save(node, out);
             anneal_node_save(node, lse);
-            if (o.rope) {
-                anneal_node_save(node, q);
-                anneal_node_save(node, k);
-            }
         }
     }
     anneal_scope_leave();

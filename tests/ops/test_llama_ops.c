@@ -200,6 +200,53 @@ TEST(rope_matches_pytorch) {
     anneal_scope_close(s);
 }
 
+/* The op on h1b's kernel fixture (tests/fixtures/rope.safetensors, every scaling,
+ * positions up to 100003): its values and its gradient are the backend's rope slot bit
+ * for bit (the forward rotation of x, the inverse rotation of the upstream gradient),
+ * which tests/cpu/test_rope.c checks against PyTorch. */
+TEST(rope_op_is_the_kernel_on_its_fixture) {
+    anneal_safetensors *st = NULL;
+    REQUIRE(anneal_safetensors_open(anneal_test_path("tests/fixtures/rope.safetensors"), &st) == ANNEAL_OK);
+    const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
+    const char *ncases = anneal_safetensors_meta(st, "cases");
+    int n = ncases ? atoi(ncases) : 0;
+    CHECK(n >= 6, "only %d cases", n);
+    for (int k = 0; k < n; k++) {
+        anneal_scope *s = anneal_scope_open();
+        char key[64];
+#define META(field) (snprintf(key, sizeof key, "c%d." field, k), anneal_safetensors_meta(st, key))
+        const char *sc = META("scaling");
+        REQUIRE(sc && META("theta") && META("pos0"));
+        anneal_rope_desc r = {.theta = (float)atof(META("theta")),
+                              .scaling = !strcmp(sc, "linear")   ? ANNEAL_ROPE_SCALING_LINEAR
+                                         : !strcmp(sc, "llama3") ? ANNEAL_ROPE_SCALING_LLAMA3
+                                                                 : ANNEAL_ROPE_SCALING_NONE,
+                              .factor = (float)atof(META("factor")),
+                              .low_freq_factor = (float)atof(META("low_freq_factor")),
+                              .high_freq_factor = (float)atof(META("high_freq_factor")),
+                              .original_max_pos = atoll(META("original_max_pos"))};
+        int64_t pos0 = atoll(META("pos0"));
+#undef META
+        snprintf(key, sizeof key, "c%d.x", k);
+        anneal_tensor *x = anneal_safetensors_load(st, key, ANNEAL_F32);
+        snprintf(key, sizeof key, "c%d.g", k);
+        anneal_tensor *g = anneal_safetensors_load(st, key, ANNEAL_F32);
+        REQUIRE(x && g && anneal_set_requires_grad(x, true) == ANNEAL_OK);
+        anneal_tensor *y = anneal_rope(x, &r, pos0);
+        anneal_tensor *L = anneal_sum(anneal_mul(y, g));
+        REQUIRE(y && L && anneal_backward(L) == ANNEAL_OK);
+        anneal_tensor *yk = anneal_clone(anneal_detach(x)), *gk = anneal_clone(g);
+        REQUIRE(be->rope(be->ctx, &r, yk, pos0, false) == ANNEAL_OK && be->rope(be->ctx, &r, gk, pos0, true) == ANNEAL_OK);
+        float *a = host(y), *b = host(yk), *ga = host(x->grad), *gb = host(gk);
+        size_t bytes = (size_t)anneal_numel(x) * sizeof(float);
+        CHECK(!memcmp(a, b, bytes), "case %d (%s): the op's rotation is not the kernel's", k, sc);
+        CHECK(!memcmp(ga, gb, bytes), "case %d (%s): the op's gradient is not the kernel's inverse", k, sc);
+        free(a), free(b), free(ga), free(gb);
+        anneal_scope_close(s);
+    }
+    anneal_safetensors_close(st);
+}
+
 static anneal_tensor *f_rope(void *ctx, anneal_tensor *const *in) {
     return anneal_rope(in[0], ctx, 7);
 }
@@ -258,6 +305,7 @@ int main(void) {
     RUN(gqa_equals_repeated_heads_and_gradients);
     RUN(rope_matches_pytorch);
     RUN(rope_gradients);
+    RUN(rope_op_is_the_kernel_on_its_fixture);
     RUN(attention_with_rope_matches_pytorch);
     RUN(packed_gqa_with_rope_matches_pytorch);
     anneal_safetensors_close(g_st);

@@ -4,8 +4,8 @@
  * batch strides (broadcast operands at stride 0), one call per batch element otherwise;
  * transposed views handed over in place (trans flags and leading dims, no copy); values
  * against a double reference; and each epilogue of the dense layer against the unfused
- * ops: BIAS and BIAS_GELU against a backend that declines epilogues (close), the
- * pre-activation bit-identical to the BIAS product, BSUM's column sums bit-identical to
+ * ops: BIAS, BIAS_GELU and SILU_MUL against a backend that declines epilogues (close;
+ * SILU_MUL bit-identical), the pre-activation bit-identical to the BIAS product, BSUM's column sums bit-identical to
  * f32 additions in ascending k and its product bit-identical to the plain one. */
 #include "anneal/anneal.h"
 #include "gradcheck.h"
@@ -185,11 +185,11 @@ typedef struct {
 } dense_out;
 
 static dense_out run_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, anneal_tensor *G,
-                           anneal_activation act, anneal_weight_layout lay) {
+                           anneal_activation act, anneal_weight_layout lay, anneal_tensor *mul) {
     dense_out o = {0};
     anneal_grad_clear(x), anneal_grad_clear(w), anneal_grad_clear(b);
     anneal_scope *s = anneal_scope_open();
-    anneal_dense_opts opts = {.layout = lay, .act = act};
+    anneal_dense_opts opts = {.layout = lay, .act = act, .mul = act == ANNEAL_ACT_SILU_MUL ? mul : NULL};
     anneal_tensor *y = anneal_dense(x, w, b, &opts);
     anneal_tensor *L = anneal_sum(anneal_mul(y, G));
     if (L && anneal_backward(L) == ANNEAL_OK) o.y = host(y), o.gx = host(x->grad), o.gw = host(w->grad), o.gb = host(b->grad);
@@ -211,24 +211,30 @@ TEST(epilogues_against_unfused_ops) {
     anneal_scope *s = anneal_scope_open();
     const int64_t R = 37, K = 24, N = 40;
     anneal_tensor *x = leaf(2, (int64_t[]){R, K}, 20), *b = leaf(1, &N, 22);
-    anneal_tensor *G = rnd(2, (int64_t[]){R, N}, 23);
+    anneal_tensor *G = rnd(2, (int64_t[]){R, N}, 23), *mul = rnd(2, (int64_t[]){R, N}, 24);
     for (int lay = 0; lay < 2; lay++) {
         anneal_tensor *w = lay == ANNEAL_WEIGHT_OUT_IN ? leaf(2, (int64_t[]){N, K}, 21) : leaf(2, (int64_t[]){K, N}, 21);
-        for (int act = 0; act < 2; act++) {
+        for (int act = 0; act < 3; act++) {
             g_no_epilogues = false;
             g_n_seen = 0;
-            dense_out f = run_dense(x, w, b, G, (anneal_activation)act, (anneal_weight_layout)lay);
+            dense_out f = run_dense(x, w, b, G, (anneal_activation)act, (anneal_weight_layout)lay, mul);
             REQUIRE(f.y && g_n_seen >= 1);
-            anneal_epilogue want = act ? ANNEAL_EPILOGUE_BIAS_GELU : ANNEAL_EPILOGUE_BIAS;
+            static const anneal_epilogue wants[3] = {ANNEAL_EPILOGUE_BIAS, ANNEAL_EPILOGUE_BIAS_GELU,
+                                                     ANNEAL_EPILOGUE_SILU_MUL};
+            anneal_epilogue want = wants[act];
             CHECK(g_seen[0].epilogue == want, "layout %d act %d: forward epilogue %d", lay, act, g_seen[0].epilogue);
             bool bsum = false;
             for (int i = 1; i < g_n_seen; i++) bsum |= g_seen[i].epilogue == ANNEAL_EPILOGUE_BSUM;
             CHECK(bsum == (lay == ANNEAL_WEIGHT_IN_OUT), "layout %d: column sums with dW %d", lay, bsum);
             g_no_epilogues = true; /* the same op, unfused: bias broadcast, GEMM, activation, separate sums */
             g_n_seen = 0;
-            dense_out u = run_dense(x, w, b, G, (anneal_activation)act, (anneal_weight_layout)lay);
+            dense_out u = run_dense(x, w, b, G, (anneal_activation)act, (anneal_weight_layout)lay, mul);
             REQUIRE(u.y);
             for (int i = 0; i < g_n_seen; i++) CHECK_TRUE(g_seen[i].epilogue == ANNEAL_EPILOGUE_NONE);
+            if (act == ANNEAL_ACT_SILU_MUL) /* the epilogue is the SiLU kernel then a multiply: the same bits */
+                CHECK(!memcmp(f.y, u.y, (size_t)(R * N) * sizeof(float)) &&
+                          !memcmp(f.gx, u.gx, (size_t)(R * K) * sizeof(float)),
+                      "layout %d: SILU_MUL epilogue differs from silu then mul", lay);
             CHECK_ALLCLOSE(f.y, u.y, R * N, 1e-6, 1e-5);
             CHECK_ALLCLOSE(f.gx, u.gx, R * K, 1e-5, 1e-4);
             CHECK_ALLCLOSE(f.gw, u.gw, K * N, 1e-5, 1e-4);
