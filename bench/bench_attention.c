@@ -104,7 +104,8 @@ int main(int argc, char **argv) {
                               .o_sh = D,
                               .o_st = C,
                               .scale = 1.0f / sqrtf((float)D),
-                              .causal = true};
+                              .causal = true,
+                              .Hkv = 0 /* = H: multi-head */};
     const double pairs = (double)B * H * T * (T + 1) / 2.0;
     team_setup();
     printf("attention B=%lld H=%lld T=%lld D=%lld causal, %d threads (median of %d; ms per call)\n",

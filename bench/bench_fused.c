@@ -19,6 +19,17 @@
 #include <string.h>
 #include <time.h>
 
+/* The compute precision every GEMM op below runs at (a value handed to each op). */
+static anneal_dtype g_dt = ANNEAL_F32;
+
+/* x @ w (+ b) with w (in, out) (conv1d) or (out, in) (linear), + tanh-GELU when gelu,
+ * at g_dt. */
+static anneal_tensor *dense_at(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, bool out_in, bool gelu) {
+    anneal_dense_opts o = {.layout = out_in ? ANNEAL_WEIGHT_OUT_IN : ANNEAL_WEIGHT_IN_OUT,
+                           .act = gelu ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE, .compute = g_dt};
+    return anneal_dense(x, w, b, &o);
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -42,12 +53,13 @@ static int cmp_double(const void *a, const void *b) {
 static anneal_tensor *unfused_block(const anneal_gpt2_block *b, anneal_tensor *x) {
     const anneal_gpt2_config *cfg = &b->model->cfg;
     anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
-    anneal_tensor *qkv = anneal_conv1d(h, b->c_attn_w, b->c_attn_b);
-    anneal_tensor *att = anneal_causal_attention(qkv, cfg->n_head);
-    x = anneal_add(x, anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b));
+    anneal_tensor *qkv = dense_at(h, b->c_attn_w, b->c_attn_b, false, false);
+    anneal_attention_opts ao = {.causal = true, .compute = g_dt};
+    anneal_tensor *att = anneal_attention_packed(qkv, cfg->n_head, cfg->n_head, &ao);
+    x = anneal_add(x, dense_at(att, b->attn_proj_w, b->attn_proj_b, false, false));
     h = anneal_layer_norm(x, b->ln_2_w, b->ln_2_b, cfg->ln_eps);
-    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->c_fc_w, b->c_fc_b), true);
-    return anneal_add(x, anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b));
+    anneal_tensor *f = anneal_gelu(dense_at(h, b->c_fc_w, b->c_fc_b, false, false), true);
+    return anneal_add(x, dense_at(f, b->mlp_proj_w, b->mlp_proj_b, false, false));
 }
 
 static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *pos,
@@ -55,7 +67,7 @@ static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_te
     anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
     for (int l = 0; l < m->cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
     x = anneal_layer_norm(x, m->ln_f_w, m->ln_f_b, m->cfg.ln_eps);
-    return anneal_cross_entropy(anneal_linear(x, m->wte, NULL), targets, -100);
+    return anneal_cross_entropy(dense_at(x, m->wte, NULL, true, false), targets, -100);
 }
 
 /* One training step; returns wall seconds (or -1 on error), the CPU seconds in *cpu
@@ -89,7 +101,7 @@ static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
         return;
     }
     m->training = true;
-    anneal_set_matmul_dtype(dt);
+    m->compute = g_dt = dt;
     int64_t n = (int64_t)B * T;
     int32_t *idv = malloc((size_t)n * sizeof *idv), *tv = malloc((size_t)n * sizeof *tv),
             *pv = malloc((size_t)T * sizeof *pv);
@@ -125,7 +137,7 @@ static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
     free(idv), free(tv), free(pv);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
-    anneal_set_matmul_dtype(ANNEAL_F32);
+    g_dt = ANNEAL_F32;
 }
 
 /* ------------------------------------------------- per-op forward + backward */
@@ -141,8 +153,8 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *L = NULL;
     if (which == 0) {
-        anneal_tensor *y = fused ? anneal_conv1d_gelu(d->x, d->w, d->b)
-                                 : anneal_gelu(anneal_conv1d(d->x, d->w, d->b), true);
+        anneal_tensor *y = fused ? dense_at(d->x, d->w, d->b, false, true)
+                                 : anneal_gelu(dense_at(d->x, d->w, d->b, false, false), true);
         L = anneal_sum(y);
     } else if (which == 1) {
         anneal_tensor *sum = NULL, *y;
@@ -154,8 +166,8 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
         }
         L = anneal_add(anneal_sum(y), anneal_sum(sum));
     } else {
-        L = fused ? anneal_linear_cross_entropy(d->x, d->wte, d->tg, -100)
-                  : anneal_cross_entropy(anneal_linear(d->x, d->wte, NULL), d->tg, -100);
+        L = fused ? anneal_linear_cross_entropy_ex(d->x, d->wte, d->tg, -100, g_dt)
+                  : anneal_cross_entropy(dense_at(d->x, d->wte, NULL, true, false), d->tg, -100);
     }
     bool ok = L && anneal_backward(L) == ANNEAL_OK;
     anneal_scope_close(s);
@@ -167,7 +179,7 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
 /* d6 shapes (B*T = 2048 rows, C = 384, 4C MLP, V = 50257), alternating A/B. */
 static void run_ops(int reps, anneal_dtype dt) {
     int64_t N = 2048, C = 384, V = 50257;
-    anneal_set_matmul_dtype(dt);
+    g_dt = dt;
     anneal_scope *s = anneal_scope_open();
     op_data d;
     d.x = anneal_randn(ANNEAL_F32, 2, (int64_t[]){N, C}, 0, 1);
@@ -202,7 +214,7 @@ static void run_ops(int reps, anneal_dtype dt) {
         fflush(stdout);
     }
     anneal_scope_close(s);
-    anneal_set_matmul_dtype(ANNEAL_F32);
+    g_dt = ANNEAL_F32;
 }
 
 int main(int argc, char **argv) {

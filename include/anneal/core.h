@@ -183,7 +183,7 @@ anneal_tensor *anneal_empty(anneal_dtype dt, int ndim, const int64_t *shape);
 anneal_tensor *anneal_empty_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape);
 /* New tensor with the shape, dtype and device of `like`. */
 anneal_tensor *anneal_empty_like(const anneal_tensor *like);
-/* Zero-filled tensor (host memset for CPU, backend fill elsewhere). */
+/* Zero-filled tensor (the device backend's fill). */
 anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape);
 anneal_tensor *anneal_zeros_like(const anneal_tensor *like);
 /* Tensor holding a copy of `data` (ndim/shape, contiguous, of dtype dt) on the CPU. */
@@ -204,7 +204,8 @@ anneal_tensor *anneal_alias(const anneal_tensor *t, int ndim, const int64_t *sha
 anneal_tensor *anneal_detach(const anneal_tensor *t);
 
 /* Copies `src` into `dst` elementwise (any strides, converting dtype). Shapes must match.
- * Goes through the backend of the device; no autograd. */
+ * Goes through the backend of the device; between two devices the elements travel
+ * through host memory (both backends' copies, each device synchronised). No autograd. */
 anneal_status anneal_copy_(anneal_tensor *dst, const anneal_tensor *src);
 /* Copies the elements of t as f32 into out[numel] (row-major order), converting. */
 anneal_status anneal_to_f32_buffer(const anneal_tensor *t, float *out);
@@ -302,17 +303,6 @@ int anneal_get_num_threads(void);
  * gets the CPUs in worker order ("0,1") or "off". ANNEAL_ERR_UNSUPPORTED when the
  * system refuses. */
 anneal_status anneal_set_thread_pinning(bool on, char *desc, size_t desc_len);
-
-/* ------------------------------------------------------ matmul precision */
-
-/* Precision of the inputs of matrix products on this thread, like torch.autocast:
- * ANNEAL_F32 (the default), ANNEAL_BF16 or ANNEAL_F16. Every GEMM an op runs (matmul,
- * linear/conv1d, the fused lm-head loss) rounds its operands to this dtype (round to
- * nearest even; f16 overflows to inf like real half precision) while packing them,
- * accumulates in f32 and returns f32 tensors. Norms, softmax, losses and the
- * optimizer stay f32 whatever is set. ANNEAL_ERR_ARG for any other dtype. */
-anneal_status anneal_set_matmul_dtype(anneal_dtype dt);
-anneal_dtype anneal_get_matmul_dtype(void);
 
 /* Library version string, e.g. "0.1.0". */
 const char *anneal_version(void);

@@ -57,6 +57,7 @@ typedef struct anneal_gpt2 {
     anneal_tensor *wte, *wpe, *ln_f_w, *ln_f_b;
     anneal_gpt2_block *blocks;
     bool training;         /* dropout on when true */
+    anneal_dtype compute;  /* GEMM and attention precision of every op (0 = ANNEAL_F32) */
 } anneal_gpt2;
 
 /* Allocates a model with zero parameters (NULL + error on a bad config or OOM). */

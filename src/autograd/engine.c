@@ -106,7 +106,7 @@ static anneal_tensor *add_grads(anneal_tensor *acc, anneal_tensor *g) {
     anneal_tensor *sum = anneal_empty_on(acc->device, acc->dtype, acc->ndim, acc->shape);
     anneal_scope_leave();
     if (!sum) return NULL;
-    if (be->binary(ANNEAL_ADD, sum, acc, g) != ANNEAL_OK) {
+    if (be->binary(be->ctx, ANNEAL_ADD, sum, acc, g) != ANNEAL_OK) {
         anneal_release(sum);
         return NULL;
     }
@@ -122,7 +122,7 @@ static anneal_status accumulate_leaf(anneal_tensor *leaf, anneal_tensor *g) {
         anneal_tensor *buf = anneal_empty_on(leaf->device, leaf->dtype, leaf->ndim, leaf->shape);
         anneal_scope_leave();
         if (!buf) return anneal_last_status();
-        anneal_status s = be->copy(buf, g);
+        anneal_status s = be->copy(be->ctx, buf, g);
         if (s != ANNEAL_OK) {
             anneal_release(buf);
             return s;
@@ -136,12 +136,12 @@ static anneal_status accumulate_leaf(anneal_tensor *leaf, anneal_tensor *g) {
         anneal_tensor *c = anneal_empty_on(leaf->device, leaf->grad->dtype, g->ndim, g->shape);
         anneal_scope_leave();
         if (!c) return anneal_last_status();
-        anneal_status s = be->copy(c, g);
-        if (s == ANNEAL_OK) s = be->binary(ANNEAL_ADD, leaf->grad, leaf->grad, c);
+        anneal_status s = be->copy(be->ctx, c, g);
+        if (s == ANNEAL_OK) s = be->binary(be->ctx, ANNEAL_ADD, leaf->grad, leaf->grad, c);
         anneal_release(c);
         return s;
     }
-    return be->binary(ANNEAL_ADD, leaf->grad, leaf->grad, g);
+    return be->binary(be->ctx, ANNEAL_ADD, leaf->grad, leaf->grad, g);
 }
 
 /* Counts down a leaf's expected contributions (outermost backward only: a nested
@@ -315,7 +315,7 @@ anneal_status anneal_backward(anneal_tensor *loss) {
     anneal_scope_leave();
     if (!one) return anneal_last_status();
     const anneal_backend *be = anneal_backend_get(loss->device);
-    anneal_status s = be ? be->fill(one, 1.0) : anneal_last_status();
+    anneal_status s = be ? be->fill(be->ctx, one, 1.0) : anneal_last_status();
     if (s == ANNEAL_OK) s = anneal_backward_internal(loss, one, false);
     anneal_release(one);
     return s;

@@ -90,13 +90,15 @@ int anneal_cmd_eval(int argc, char **argv) {
     if (max_batches < 0) return USAGE_ERR("--max-batches: %lld must be >= 0", (long long)max_batches);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
     if (threads > 0) anneal_set_num_threads((int)threads);
-    if (anneal_cli_set_dtype("eval", dtype)) return 2;
+    anneal_dtype compute;
+    if (anneal_cli_parse_dtype("eval", dtype, &compute)) return 2;
 
     anneal_gpt2 *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL;
     int rc = anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text);
     if (rc) return rc;
+    m->compute = compute;
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
     int64_t n_ctx = m->cfg.n_ctx;

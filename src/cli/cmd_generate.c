@@ -38,15 +38,15 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **m
     return 0;
 }
 
-int anneal_cli_set_dtype(const char *cmd, const char *name) {
-    anneal_dtype dt = ANNEAL_F32;
-    if (!strcmp(name, "bf16")) dt = ANNEAL_BF16;
-    else if (!strcmp(name, "fp16")) dt = ANNEAL_F16;
+int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out) {
+    *out = ANNEAL_F32;
+    if (!strcmp(name, "bf16")) *out = ANNEAL_BF16;
+    else if (!strcmp(name, "fp16")) *out = ANNEAL_F16;
     else if (strcmp(name, "fp32")) {
         fprintf(stderr, "anneal %s: --dtype: unknown precision '%s' (fp32, bf16, fp16)\n", cmd, name);
         return 2;
     }
-    return anneal_set_matmul_dtype(dt) == ANNEAL_OK ? 0 : 2;
+    return 0;
 }
 
 /* Loads a Hugging Face GPT-2 model: config.json + safetensors weights. */
@@ -174,13 +174,15 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (seed < 0) return USAGE_ERR("--seed: %lld must be >= 0", (long long)seed);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
     if (threads > 0) anneal_set_num_threads((int)threads);
-    if (anneal_cli_set_dtype("generate", dtype)) return 2;
+    anneal_dtype compute;
+    if (anneal_cli_parse_dtype("generate", dtype, &compute)) return 2;
 
     anneal_gpt2 *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL;
     int rc = ckpt ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text) : load_hf(hf_model, hf_config, &m);
     if (rc) return rc;
+    m->compute = compute;
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
     char *run_tok = tok_spec ? NULL : run_tokenizer(config);

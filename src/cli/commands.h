@@ -20,8 +20,8 @@ struct anneal_train_state;
  * (malloc'd, may be NULL). Prints the error naming --ckpt and returns 1 on failure. */
 int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_gpt2 **model,
                                struct anneal_train_state *st, char **config_json);
-/* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 as the thread's matmul
- * precision. Prints the error and returns 2 for another name, else 0. */
-int anneal_cli_set_dtype(const char *cmd, const char *name);
+/* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 as the model's compute
+ * precision (*out). Prints the error and returns 2 for another name, else 0. */
+int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out);
 
 #endif

@@ -46,6 +46,11 @@ static int size_class(size_t n, size_t *block) {
     return idx < N_CLASSES ? idx : -1;
 }
 
+/* Host memory (the CPU's) is poisoned for AddressSanitizer while cached; other
+ * devices' addresses are not the host's to poison. */
+#define HOST_POISON(d, p, n) do { if ((d) == ANNEAL_CPU) POISON(p, n); } while (0)
+#define HOST_UNPOISON(d, p, n) do { if ((d) == ANNEAL_CPU) UNPOISON(p, n); } while (0)
+
 /* Frees every cached block of pool `dp` (lock held); returns the bytes given back. */
 static int64_t drain_locked(device_pool *dp, const anneal_backend *be) {
     int64_t freed = 0;
@@ -53,8 +58,8 @@ static int64_t drain_locked(device_pool *dp, const anneal_backend *be) {
         while (dp->free_list[c]) {
             anneal_storage *st = dp->free_list[c];
             dp->free_list[c] = st->_next_free;
-            UNPOISON(st->data, st->_block);
-            if (be) be->free(st->data);
+            HOST_UNPOISON(st->device, st->data, st->_block);
+            if (be) be->free(be->ctx, st->data);
             freed += (int64_t)st->_block;
             free(st);
         }
@@ -87,19 +92,19 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     if (st) {
         dp->free_list[cls] = st->_next_free;
         dp->cached -= (int64_t)block;
-        UNPOISON(st->data, block);
+        HOST_UNPOISON(d, st->data, block);
     } else {
         /* A miss: keep the reserved bytes under the cap, then ask the system (and on
          * refusal, empty the cache and ask once more). */
         if (dp->limit > 0 && dp->reserved + (int64_t)block > dp->limit) drain_locked(dp, be);
-        void *p = be->alloc(block);
+        void *p = be->alloc(be->ctx, block);
         if (!p && dp->cached) {
             drain_locked(dp, be);
-            p = be->alloc(block);
+            p = be->alloc(be->ctx, block);
         }
         st = p ? malloc(sizeof *st) : NULL;
         if (!st) {
-            if (p) be->free(p);
+            if (p) be->free(be->ctx, p);
             pthread_mutex_unlock(&dp->lock);
             anneal_set_error(ANNEAL_ERR_OOM, "out of memory allocating %zu bytes on %s", nbytes,
                              anneal_device_name(d));
@@ -135,7 +140,7 @@ void anneal_storage_release(anneal_storage *s) {
     s->_next_free = dp->free_list[s->_class];
     dp->free_list[s->_class] = s;
     dp->cached += (int64_t)s->_block;
-    POISON(s->data, s->_block);
+    HOST_POISON(s->device, s->data, s->_block);
     pthread_mutex_unlock(&dp->lock);
 }
 

@@ -104,8 +104,3 @@ uint16_t anneal_f32_to_f16(float f) {
     return sign | (uint16_t)((r - (112u << 23)) >> 13);
 }
 
-const char *anneal_device_name(anneal_device d) {
-    static const char *const names[ANNEAL_DEVICE_COUNT] = {"cpu", "cuda", "device2", "device3",
-                                                           "device4", "device5", "device6", "device7"};
-    return (unsigned)d < ANNEAL_DEVICE_COUNT ? names[d] : "?";
-}

@@ -125,47 +125,35 @@ anneal_tensor *anneal_empty_like(const anneal_tensor *like) {
     return anneal_empty_on(like->device, like->dtype, like->ndim, like->shape);
 }
 
-anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape) {
-    anneal_tensor *t = anneal_empty(dt, ndim, shape);
-    if (t) memset(t->storage->data, 0, t->storage->nbytes);
+/* t (fresh, contiguous) filled with zeros by its device's backend; NULL on failure. */
+static anneal_tensor *fill_zero(anneal_tensor *t) {
+    if (!t) return NULL;
+    const anneal_backend *be = anneal_backend_get(t->device);
+    if (!be || be->fill(be->ctx, t, 0.0) != ANNEAL_OK) return NULL;
     return t;
 }
 
-anneal_tensor *anneal_zeros_like(const anneal_tensor *like) {
-    anneal_tensor *t = anneal_empty_like(like);
-    if (!t) return NULL;
-    if (t->device == ANNEAL_CPU) {
-        memset(t->storage->data, 0, t->storage->nbytes);
-    } else {
-        const anneal_backend *be = anneal_backend_get(t->device);
-        if (!be || be->fill(t, 0.0) != ANNEAL_OK) return NULL;
-    }
-    return t;
+anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape) {
+    return fill_zero(anneal_empty(dt, ndim, shape));
 }
+
+anneal_tensor *anneal_zeros_like(const anneal_tensor *like) { return fill_zero(anneal_empty_like(like)); }
 
 anneal_tensor *anneal_from_data(anneal_dtype dt, int ndim, const int64_t *shape, const void *data) {
-    anneal_tensor *t = anneal_empty(dt, ndim, shape);
-    if (!t) return NULL;
-    if (!data && t->storage->nbytes) {
-        anneal_set_error(ANNEAL_ERR_ARG, "anneal_from_data: NULL data");
-        return NULL;
-    }
-    if (t->storage->nbytes) memcpy(t->storage->data, data, t->storage->nbytes);
-    return t;
+    return anneal_from_data_on(ANNEAL_CPU, dt, ndim, shape, data);
 }
 
 anneal_tensor *anneal_from_data_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape,
                                    const void *data) {
-    if (dev == ANNEAL_CPU) return anneal_from_data(dt, ndim, shape, data);
     anneal_tensor *t = anneal_empty_on(dev, dt, ndim, shape);
     if (!t) return NULL;
-    if (!data && t->storage->nbytes) {
+    size_t n = t->storage->nbytes;
+    if (!data && n) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_from_data_on: NULL data");
         return NULL;
     }
     const anneal_backend *be = anneal_backend_get(dev);
-    if (!be || (t->storage->nbytes && be->from_host(t->storage->data, data, t->storage->nbytes) != ANNEAL_OK))
-        return NULL;
+    if (!be || (n && be->copy_from_host(be->ctx, t->storage->data, data, n) != ANNEAL_OK)) return NULL;
     return t;
 }
 
@@ -212,6 +200,40 @@ anneal_tensor *anneal_detach(const anneal_tensor *t) {
     return anneal_alias(t, t->ndim, t->shape, t->strides, t->offset);
 }
 
+/* A caller-owned contiguous tensor of src's shape and dtype on device dev. */
+static anneal_tensor *staging(anneal_device dev, const anneal_tensor *src) {
+    anneal_scope_enter(NULL);
+    anneal_tensor *t = anneal_empty_on(dev, src->dtype, src->ndim, src->shape);
+    anneal_scope_leave();
+    return t;
+}
+
+/* dst = src across devices through host memory: src's elements are made contiguous on
+ * its device, copied to a host buffer, copied to a contiguous tensor on dst's device
+ * and converted into dst there. Two synchronisations (the host buffer is freed after). */
+static anneal_status copy_across(anneal_tensor *dst, const anneal_tensor *src) {
+    const anneal_backend *bs = anneal_backend_get(src->device), *bd = anneal_backend_get(dst->device);
+    if (!bs || !bd) return anneal_last_status();
+    size_t nbytes = (size_t)anneal_numel(src) * anneal_dtype_size(src->dtype);
+    anneal_tensor *a = staging(src->device, src), *b = a ? staging(dst->device, src) : NULL;
+    void *host = b ? malloc(nbytes ? nbytes : 1) : NULL;
+    anneal_status s = host ? ANNEAL_OK
+                           : a && b ? anneal_set_error(ANNEAL_ERR_OOM, "copy from %s to %s: out of memory for %zu bytes",
+                                                       anneal_device_name(src->device),
+                                                       anneal_device_name(dst->device), nbytes)
+                                    : anneal_last_status();
+    if (s == ANNEAL_OK) s = bs->copy(bs->ctx, a, src);
+    if (s == ANNEAL_OK && nbytes) s = bs->copy_to_host(bs->ctx, host, anneal_data(a), nbytes);
+    if (s == ANNEAL_OK) s = bs->synchronize(bs->ctx);
+    if (s == ANNEAL_OK && nbytes) s = bd->copy_from_host(bd->ctx, anneal_data(b), host, nbytes);
+    if (s == ANNEAL_OK) s = bd->copy(bd->ctx, dst, b);
+    if (s == ANNEAL_OK) s = bd->synchronize(bd->ctx);
+    free(host);
+    anneal_release(a);
+    anneal_release(b);
+    return s;
+}
+
 anneal_status anneal_copy_(anneal_tensor *dst, const anneal_tensor *src) {
     if (!dst || !src) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_copy_: NULL tensor");
     if (!anneal_same_shape(dst, src)) {
@@ -219,25 +241,24 @@ anneal_status anneal_copy_(anneal_tensor *dst, const anneal_tensor *src) {
         return anneal_set_error(ANNEAL_ERR_SHAPE, "copy: shape %s into %s",
                                 anneal_shape_str(src, a, sizeof a), anneal_shape_str(dst, b, sizeof b));
     }
-    if (dst->device != src->device)
-        return anneal_set_error(ANNEAL_ERR_DEVICE, "copy between %s and %s is not supported yet",
-                                anneal_device_name(src->device), anneal_device_name(dst->device));
+    if (dst->device != src->device) return copy_across(dst, src);
     const anneal_backend *be = anneal_backend_get(dst->device);
     if (!be) return anneal_last_status();
-    return be->copy(dst, src);
+    return be->copy(be->ctx, dst, src);
 }
 
 anneal_status anneal_to_f32_buffer(const anneal_tensor *t, float *out) {
     if (!t || !out) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_to_f32_buffer: NULL argument");
+    const anneal_backend *be = anneal_backend_get(t->device);
+    if (!be) return anneal_last_status();
     anneal_scope_enter(NULL);
     anneal_tensor *dst = anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
     anneal_scope_leave();
     if (!dst) return anneal_last_status();
-    anneal_status s = anneal_copy_(dst, t);
-    if (s == ANNEAL_OK) {
-        const anneal_backend *be = anneal_backend_get(t->device);
-        s = be->to_host(out, anneal_data(dst), (size_t)anneal_numel(t) * sizeof(float));
-    }
+    size_t nbytes = (size_t)anneal_numel(t) * sizeof(float);
+    anneal_status s = be->copy(be->ctx, dst, t);
+    if (s == ANNEAL_OK && nbytes) s = be->copy_to_host(be->ctx, out, anneal_data(dst), nbytes);
+    if (s == ANNEAL_OK) s = be->synchronize(be->ctx);
     anneal_release(dst);
     return s;
 }
@@ -256,7 +277,9 @@ double anneal_item_at(const anneal_tensor *t, int64_t linear) {
     unsigned char raw[8];
     const anneal_backend *be = anneal_backend_get(t->device);
     if (!be) return 0.0;
-    be->to_host(raw, (char *)t->storage->data + off * (int64_t)esz, esz);
+    if (be->copy_to_host(be->ctx, raw, (char *)t->storage->data + off * (int64_t)esz, esz) != ANNEAL_OK ||
+        be->synchronize(be->ctx) != ANNEAL_OK)
+        return 0.0;
     switch (t->dtype) {
     case ANNEAL_F32: { float v; memcpy(&v, raw, 4); return v; }
     case ANNEAL_BF16: { uint16_t v; memcpy(&v, raw, 2); return anneal_bf16_to_f32(v); }
@@ -266,6 +289,7 @@ double anneal_item_at(const anneal_tensor *t, int64_t linear) {
     case ANNEAL_U16: { uint16_t v; memcpy(&v, raw, 2); return v; }
     case ANNEAL_U8: return raw[0];
     case ANNEAL_I8: return (int8_t)raw[0];
+    case ANNEAL_F64: { double v; memcpy(&v, raw, 8); return v; }
     default: return 0.0;
     }
 }

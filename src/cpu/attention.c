@@ -6,11 +6,19 @@
  * rescaling the output accumulator) and accumulate P @ V. At the end o = acc / l and
  * lse = m + log(l). Nothing larger than a tile is ever allocated.
  *
- * Backward (FlashAttention-2 style): one task per (b, h). For each key tile and each
- * query tile that sees it, recompute S = scale * Q K^T, P = exp(S - lse), then
+ * Backward (FlashAttention-2 style): one task per (b, key/value head), which walks the
+ * query heads of its group in ascending order (one query head when Hkv == H). For each
+ * query head, key tile and query tile that sees it, recompute S = scale * Q K^T,
+ * P = exp(S - lse), then
  *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Dvec),  dQ += scale dS K,  dK += scale dS^T Q
  * with Dvec_i = dO_i . o_i. dq, dk, dv are accumulated in place (zeroed first) in a
- * fixed order, so results do not depend on the thread count.
+ * fixed order, so results do not depend on the thread count; dk and dv of a key/value
+ * head sum the contributions of its query heads in that order (no atomics).
+ *
+ * Grouped-query attention (Hkv < H): query head h reads key/value head h / (H / Hkv);
+ * the forward's tasks are unchanged (each query head's rows are computed exactly as
+ * with that key/value head repeated), so its bits equal those of multi-head attention
+ * on the repeated k and v.
  *
  * Rows that see no key at all (causal with Tq > Tk, or Tk == 0) get o = 0 and
  * lse = -inf, and zero gradients. If per-thread scratch cannot be allocated the
@@ -299,27 +307,45 @@ static void attn_fwd_tile(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     anneal_attn_finish_rows(d, o, lse, q0, nq, acc, m, l);
 }
 
+/* n rows of D floats, row stride st, set to x. */
+static void fill_rows(float *p, int64_t n, int64_t st, int64_t D, float x) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < D; c++) p[i * st + c] = x;
+}
+
 void anneal_attn_run_bwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
                          const float *q, const float *k, const float *v, const float *o,
                          const float *dout, const float *lse, float *dq, float *dk, float *dv,
-                         size_t ws_floats, anneal_attn_bwd_head_fn head) {
-    const int64_t B = d->B, H = d->H;
+                         size_t ws_floats, anneal_attn_bwd_head_fn head, bool scale_dk) {
+    const int64_t B = d->B, H = d->H, Hkv = anneal_attn_kv_heads(d), G = H / Hkv;
+    const int64_t Tq = d->Tq, Tk = d->Tk, D = d->D;
 #pragma omp parallel
     {
         float *ws = anneal_attn_alloc(ws_floats);
-        /* One task per (b, h): its dq, dk, dv rows are written only by it, in a fixed
-         * tile order, so the bits do not depend on the thread count. */
+        /* One task per (b, key/value head): its dk, dv rows and the dq rows of its query
+         * heads are written only by it, in a fixed order (query heads ascending, then
+         * tiles), so the bits do not depend on the thread count. */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t bh = 0; bh < B * H; bh++) {
-            const int64_t b = bh / H, h = bh % H;
-            const int64_t qo = b * d->q_sb + h * d->q_sh, ko = b * d->k_sb + h * d->k_sh;
-            const int64_t vo = b * d->v_sb + h * d->v_sh, oo = b * d->o_sb + h * d->o_sh;
+        for (int64_t bg = 0; bg < B * Hkv; bg++) {
+            const int64_t b = bg / Hkv, g = bg % Hkv;
+            const int64_t ko = b * d->k_sb + g * d->k_sh, vo = b * d->v_sb + g * d->v_sh;
             if (!ws) {
-                anneal_attn_fail_bwd(d, dq + qo, dk + ko, dv + vo);
+                for (int64_t h = g * G; h < (g + 1) * G; h++)
+                    fill_rows(dq + b * d->q_sb + h * d->q_sh, Tq, d->q_st, D, NAN);
+                fill_rows(dk + ko, Tk, d->k_st, D, NAN);
+                fill_rows(dv + vo, Tk, d->v_st, D, NAN);
                 continue;
             }
-            head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + bh * d->Tq, dq + qo,
-                 dk + ko, dv + vo, ws);
+            fill_rows(dk + ko, Tk, d->k_st, D, 0.0f);
+            fill_rows(dv + vo, Tk, d->v_st, D, 0.0f);
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {
+                const int64_t qo = b * d->q_sb + h * d->q_sh, oo = b * d->o_sb + h * d->o_sh;
+                head(d, isa, q + qo, k + ko, v + vo, o + oo, dout + oo, lse + (b * H + h) * Tq,
+                     dq + qo, dk + ko, dv + vo, ws);
+            }
+            if (scale_dk)
+                for (int64_t j = 0; j < Tk; j++)
+                    for (int64_t c = 0; c < D; c++) dk[ko + j * d->k_st + c] *= d->scale;
         }
         /* ws stays cached for the next call */
     }
@@ -386,8 +412,9 @@ void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *i
                 anneal_attn_fail_fwd(d, ob, lb, q0, nq);
                 continue;
             }
-            tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + h * d->k_sh,
-                 v + b * d->v_sb + h * d->v_sh, ob, lb, q0, nq, ws);
+            const int64_t g = anneal_attn_kv_head(d, h);
+            tile(d, isa, q + b * d->q_sb + h * d->q_sh, k + b * d->k_sb + g * d->k_sh,
+                 v + b * d->v_sb + g * d->v_sh, ob, lb, q0, nq, ws);
         }
         /* ws stays cached for the next call */
     }
@@ -395,8 +422,9 @@ void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *i
 
 /* ------------------------------------------------------------------- backward */
 
-/* One (b, h): pointers already offset to this batch and head. ws holds KT, VT
- * (D x BK each), P, dS (BQ x BK each), Dvec (BQ). */
+/* One query head (b, h): pointers already offset to this batch and head (k, v, dk, dv
+ * to its key/value head); overwrites dq, adds to dk and dv. ws holds KT, VT (D x BK
+ * each), P, dS (BQ x BK each), Dvec (BQ). */
 static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, const float *q,
                           const float *k, const float *v, const float *o, const float *dout,
                           const float *lse, float *dq, float *dk, float *dv, float *ws) {
@@ -409,11 +437,7 @@ static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     for (int64_t k0 = 0; k0 < Tk; k0 += BK) {
         const int nk = Tk - k0 < BK ? (int)(Tk - k0) : BK;
         const float *kt = k + k0 * d->k_st, *vt = v + k0 * d->v_st;
-        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st;
-        for (int j = 0; j < nk; j++) {
-            memset(dkt + j * d->k_st, 0, sizeof(float) * (size_t)D);
-            memset(dvt + j * d->v_st, 0, sizeof(float) * (size_t)D);
-        }
+        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st; /* zeroed by the caller */
         attn_pack_t(kt, d->k_st, nk, D, KT);
         attn_pack_t(vt, d->v_st, nk, D, VT);
 
@@ -456,16 +480,6 @@ static void attn_bwd_head(const anneal_cpu_attn_desc *d, const attn_isa *isa, co
     }
 }
 
-void anneal_attn_fail_bwd(const anneal_cpu_attn_desc *d, float *dq, float *dk, float *dv) {
-    for (int64_t i = 0; i < d->Tq; i++)
-        for (int64_t c = 0; c < d->D; c++) dq[i * d->q_st + c] = NAN;
-    for (int64_t j = 0; j < d->Tk; j++)
-        for (int64_t c = 0; c < d->D; c++) {
-            dk[j * d->k_st + c] = NAN;
-            dv[j * d->v_st + c] = NAN;
-        }
-}
-
 /* compute as in anneal_cpu_attention_fwd (give the forward's). */
 void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                               const float *v, const float *o, const float *dout, const float *lse,
@@ -478,5 +492,6 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
     }
     const attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_floats = (size_t)(2 * D * BK + 2 * BQ * BK + BQ);
-    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, attn_bwd_head);
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, attn_bwd_head,
+                        false);
 }

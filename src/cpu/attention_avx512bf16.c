@@ -13,9 +13,10 @@
  * Forward task (b, h), or (b, h, query tile) when there are few heads: each Q tile
  * natural; each key tile's K as words^T and V as pairs once per task; P natural as
  * produced.
- * Backward task (b, h): Q and dO natural and as pairs once per task (they meet every key
- * tile); per key tile K, V as words^T and K as pairs; P, dS as pairs and dS natural as
- * produced. Conversions round to nearest even (VCVTNE2PS2BF16) and are done with the
+ * Backward, per query head (anneal_attn_run_bwd's tasks are (b, key/value head), walking
+ * the query heads of the group): Q and dO natural and as pairs once per query head (they
+ * meet every key tile); per key tile K, V as words^T and K as pairs; P, dS as pairs and
+ * dS natural as produced. Conversions round to nearest even (VCVTNE2PS2BF16) and are done with the
  * GEMM's packing routine (anneal_gemm_isa_avx512bf16.pack) or to_natural below.
  *
  * Compiled with a target attribute; attention_bf16.c calls this only after checking
@@ -214,22 +215,30 @@ BF_TARGET static void gemm_kq(const anneal_cpu_attn_desc *d, int64_t q0, int nq,
 /* -------------------------------------------------------------------- forward */
 
 /* The converted key tiles of one (b, h): tile t's K as words^T at kt + t*Dw*BK and V as
- * pairs at vv + t*(BK/2)*Dp, the first `done` of them filled. With cap == 1 the one slot
- * is refilled for every tile (a task of one query tile uses each key tile once). */
+ * pairs at vv + t*(BK/2)*Dp, the first `done` of them filled, the last one with its first
+ * last_nk keys. With cap == 1 the one slot is refilled for every tile (a task of one query
+ * tile uses each key tile once). */
 typedef struct kv_tiles {
     int32_t *kt, *vv;
     int64_t cap, done;
+    int last_nk;
 } kv_tiles;
 
-/* Key tile t (keys [t*BK, t*BK + nk)) of c, converted now if not yet. */
+/* Key tile t (keys [t*BK, t*BK + nk)) of c, converted now if not yet with those nk keys.
+ * Tiles are first used in order, and a query tile sees every key of each tile before its
+ * last one (whole tiles), so only the last converted tile can have been converted with
+ * fewer keys than a later query tile sees (causal, Tk - Tq not a multiple of BK): it is
+ * converted again with the new nk. So the conversion is always that of exactly nk keys
+ * (zero beyond, in particular in the pad of an odd nk), whichever query tile asked first:
+ * the bits of the one-query-tile tasks. */
 static void kv_get(kv_tiles *c, const anneal_cpu_attn_desc *d, const float *k, const float *v,
                    int64_t t, int nk, const int32_t **kt, const int32_t **vv) {
     const int64_t Dw = words(d->D), Dp = lanes_padded(d->D), slot = c->cap == 1 ? 0 : t;
     int32_t *kts = c->kt + slot * Dw * BK, *vvs = c->vv + slot * (BK / 2) * Dp;
-    if (c->cap == 1 || t >= c->done) {
+    if (c->cap == 1 || t >= c->done || (t == c->done - 1 && nk != c->last_nk)) {
         to_words_t(k + t * BK * d->k_st, d->k_st, nk, d->D, kts);
         to_pairs(v + t * BK * d->v_st, d->v_st, nk, d->D, (int)Dp, vvs);
-        if (c->cap != 1) c->done = t + 1; /* tiles are first used in order */
+        if (c->cap != 1) c->done = t + 1, c->last_nk = nk;
     }
     *kt = kts, *vv = vvs;
 }
@@ -293,11 +302,12 @@ void anneal_attn_avx512bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, c
         for (int64_t t = 0; t < ntasks; t++) {
             const int64_t t0 = t * per_task, bh = t0 / ntiles, b = bh / H, h = bh % H;
             float *ob = o + b * d->o_sb + h * d->o_sh, *lb = lse + bh * Tq;
-            const float *qb = q + b * d->q_sb + h * d->q_sh, *kb = k + b * d->k_sb + h * d->k_sh;
-            const float *vb = v + b * d->v_sb + h * d->v_sh;
+            const int64_t g = anneal_attn_kv_head(d, h); /* its key/value head */
+            const float *qb = q + b * d->q_sb + h * d->q_sh, *kb = k + b * d->k_sb + g * d->k_sh;
+            const float *vb = v + b * d->v_sb + g * d->v_sh;
             int32_t *tiles = ws ? (int32_t *)ws + BQ * words(D) + BQ * BK / 2 : NULL;
             kv_tiles c = {tiles, tiles ? tiles + (cap > 1 ? cap : 1) * words(D) * BK : NULL,
-                          cap > 1 ? cap : 1, 0};
+                          cap > 1 ? cap : 1, 0, 0};
             for (int64_t qt = t0 % ntiles; qt < t0 % ntiles + per_task; qt++) {
                 const int64_t q0 = qt * BQ;
                 const int nq = Tq - q0 < BQ ? (int)(Tq - q0) : BQ;
@@ -323,7 +333,9 @@ static size_t bwd_ws_words(int64_t Tq, int64_t D) {
                     R16(BK / 2 * Dp) + 3 * R16(BQ * BK / 2) + 2 * BQ * BK + R16(Tq));
 }
 
-/* One (b, h): pointers offset to this batch and head; the arithmetic of attention_bf16.c. */
+/* One query head (b, h): pointers offset to this batch and head (k, v, dk, dv to its
+ * key/value head); the arithmetic of attention_bf16.c. Overwrites dq, adds to dk
+ * (unscaled) and dv. */
 BF_TARGET static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
                                const float *q, const float *k, const float *v, const float *o,
                                const float *dout, const float *lse, float *dq, float *dk,
@@ -350,11 +362,7 @@ BF_TARGET static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_
     for (int64_t k0 = 0; k0 < Tk; k0 += BK) {
         const int nk = Tk - k0 < BK ? (int)(Tk - k0) : BK;
         const float *kt = k + k0 * d->k_st, *vt = v + k0 * d->v_st;
-        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st;
-        for (int j = 0; j < nk; j++) {
-            memset(dkt + j * d->k_st, 0, sizeof(float) * (size_t)D);
-            memset(dvt + j * d->v_st, 0, sizeof(float) * (size_t)D);
-        }
+        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st; /* zeroed by the caller */
         to_words_t(kt, d->k_st, nk, D, KTw);
         to_words_t(vt, d->v_st, nk, D, VTw);
         to_pairs(kt, d->k_st, nk, D, (int)Dp, Kv);
@@ -389,8 +397,6 @@ BF_TARGET static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_
             gemm_q_keys(d, q0, nq, k0, nk, (int)D, dSn, BK / 2, Kv, Dp, dq + q0 * d->q_st,
                         d->q_st);
         }
-        for (int j = 0; j < nk; j++)
-            for (int64_t c = 0; c < D; c++) dkt[j * d->k_st + c] *= d->scale;
     }
     for (int64_t i = 0; i < Tq; i++)
         for (int64_t c = 0; c < D; c++) dq[i * d->q_st + c] *= d->scale;
@@ -401,5 +407,5 @@ void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, c
                                 const float *lse, float *dq, float *dk, float *dv) {
     const anneal_attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_words = bwd_ws_words(d->Tq, d->D);
-    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_words, bwd_head);
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_words, bwd_head, true);
 }

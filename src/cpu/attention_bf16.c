@@ -17,7 +17,8 @@
  *     dP    = r(dO) . r(V)^T,  Dvec_i = dO_i . o_i  (Dvec in double, from f32 dO and o)
  *     dS    = P * (dP - Dvec)                       (f32, unscaled)
  *     dV   += r(P)^T . r(dO),  dQ += r(dS) . r(K),  dK += r(dS)^T . r(Q)
- *   and at the end dQ *= scale, dK *= scale (f32).
+ *   and at the end dQ *= scale, dK *= scale (f32; with grouped-query attention dK is
+ *   scaled once, after the sum over the query heads of its group).
  * Each tile product has one rounding per product added (exact bf16 products, f32 sums),
  * so against the exact product of the rounded operands its error is within the
  * recursive-summation bound depth * 2^-24 * sum |a b|; the bf16 roundings of p and dS
@@ -127,7 +128,8 @@ void anneal_attn_bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const f
 
 /* ------------------------------------------------------------------- backward */
 
-/* One (b, h) on the f32 tile kernels: pointers offset to this batch and head. ws holds
+/* One query head (b, h) on the f32 tile kernels: pointers offset to this batch and head
+ * (k, v, dk, dv to its key/value head); overwrites dq, adds to dk (unscaled) and dv. ws holds
  * KT, VT (D x BK each, rounded), Kr (BK x D), Qr, dOr (BQ x D each), P, dS (BQ x BK each),
  * Dvec (BQ). */
 static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa, const float *q,
@@ -142,11 +144,7 @@ static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa, 
     for (int64_t k0 = 0; k0 < Tk; k0 += BK) {
         const int nk = Tk - k0 < BK ? (int)(Tk - k0) : BK;
         const float *kt = k + k0 * d->k_st, *vt = v + k0 * d->v_st;
-        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st;
-        for (int j = 0; j < nk; j++) {
-            memset(dkt + j * d->k_st, 0, sizeof(float) * (size_t)D);
-            memset(dvt + j * d->v_st, 0, sizeof(float) * (size_t)D);
-        }
+        float *dkt = dk + k0 * d->k_st, *dvt = dv + k0 * d->v_st; /* zeroed by the caller */
         round_pack_t(kt, d->k_st, nk, D, KT);
         round_pack_t(vt, d->v_st, nk, D, VT);
         round_rows(kt, d->k_st, nk, D, Kr, D);
@@ -186,8 +184,6 @@ static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa, 
             isa->gemm(nq, (int)D, nk, dS, BK, 1, Kr, D, dq + q0 * d->q_st, d->q_st, true);
             isa->gemm(nk, (int)D, nq, dS, 1, BK, Qr, D, dkt, d->k_st, true);
         }
-        for (int j = 0; j < nk; j++)
-            for (int64_t c = 0; c < D; c++) dkt[j * d->k_st + c] *= d->scale;
     }
     for (int64_t i = 0; i < Tq; i++)
         for (int64_t c = 0; c < D; c++) dq[i * d->q_st + c] *= d->scale;
@@ -204,5 +200,5 @@ void anneal_attn_bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const f
     }
     const anneal_attn_isa *isa = anneal_attn_pick_isa();
     const size_t ws_floats = (size_t)(3 * D * BK + 2 * BQ * D + 2 * BQ * BK + BQ);
-    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, bwd_head);
+    anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, bwd_head, true);
 }

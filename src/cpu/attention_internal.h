@@ -36,6 +36,17 @@ const anneal_attn_isa *anneal_attn_pick_isa(void);
  * per thread, shared by all the attention kernels (never used by two at once). */
 float *anneal_attn_alloc(size_t nfloats);
 
+/* Key/value heads of d: Hkv, or H when Hkv is 0 (or, a caller error, does not divide H). */
+static inline int64_t anneal_attn_kv_heads(const anneal_cpu_attn_desc *d) {
+    const int64_t hkv = d->Hkv;
+    return hkv > 0 && hkv <= d->H && d->H % hkv == 0 ? hkv : d->H;
+}
+
+/* The key/value head query head h reads: h / (H / Hkv). */
+static inline int64_t anneal_attn_kv_head(const anneal_cpu_attn_desc *d, int64_t h) {
+    return h / (d->H / anneal_attn_kv_heads(d));
+}
+
 /* Number of keys query row i may see: Tk, or i + (Tk - Tq) + 1 clamped to [0, Tk]. */
 static inline int64_t anneal_attn_visible(const anneal_cpu_attn_desc *d, int64_t i) {
     if (!d->causal) return d->Tk;
@@ -76,7 +87,8 @@ void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, c
                                 const float *v, const float *o, const float *dout,
                                 const float *lse, float *dq, float *dk, float *dv);
 
-/* One forward task: query rows q0..q0+nq-1 of one (b, h) (pointers offset to it). */
+/* One forward task: query rows q0..q0+nq-1 of one (b, h) (pointers offset to it: q, o,
+ * lse to query head h, k and v to its key/value head). */
 typedef void (*anneal_attn_fwd_tile_fn)(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
                                         const float *q, const float *k, const float *v, float *o,
                                         float *lse, int64_t q0, int nq, float *ws);
@@ -88,20 +100,25 @@ void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *i
                          const float *q, const float *k, const float *v, float *o, float *lse,
                          size_t ws_floats, anneal_attn_fwd_tile_fn tile);
 
-/* One (b, h) of a backward: pointers offset to its batch and head, ws its thread's
- * workspace. */
+/* One query head (b, h) of a backward: pointers offset to its batch and head (q, o,
+ * dout, lse, dq to query head h; k, v, dk, dv to its key/value head), ws its thread's
+ * workspace. Overwrites dq; adds its contribution to dk and dv (zeroed by the caller
+ * before the first query head of the group), unscaled where the kernel's arithmetic
+ * scales dk at the end (see anneal_attn_run_bwd's scale_dk). */
 typedef void (*anneal_attn_bwd_head_fn)(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
                                         const float *q, const float *k, const float *v,
                                         const float *o, const float *dout, const float *lse,
                                         float *dq, float *dk, float *dv, float *ws);
-/* Runs head over every (b, h) of a backward, one task each on the threads (dynamic
- * schedule; each task writes only its own rows, in a fixed order, so the bits do not
- * depend on the thread count), with a workspace of ws_floats per thread; a thread
- * without one fills its tasks' gradients with NaN. */
+/* Runs a backward on the threads: one task per (b, key/value head) (dynamic schedule),
+ * which zeroes its dk and dv, runs head over the query heads of its group in ascending
+ * order, and then, when scale_dk, multiplies dk by d->scale. Each task writes only its
+ * own rows, in a fixed order, so the bits do not depend on the thread count; with
+ * Hkv == H this is the per-(b, h) backward it always was. ws_floats: workspace per
+ * thread; a thread without one fills its tasks' gradients with NaN. */
 void anneal_attn_run_bwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
                          const float *q, const float *k, const float *v, const float *o,
                          const float *dout, const float *lse, float *dq, float *dk, float *dv,
-                         size_t ws_floats, anneal_attn_bwd_head_fn head);
+                         size_t ws_floats, anneal_attn_bwd_head_fn head, bool scale_dk);
 
 /* The end of a forward task: o = acc / l and lse = m + log(l) for query rows
  * q0..q0+nq-1 of one (b, h) (o and lse offset to it; acc (nq, D), m and l (nq) the online
@@ -109,11 +126,10 @@ void anneal_attn_run_bwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *i
 void anneal_attn_finish_rows(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
                              int nq, const float *acc, const float *m, const float *l);
 
-/* Scratch-allocation failure: the outputs of one forward task / one backward (b, h)
- * task are filled with NaN (errors propagate like NaN; nothing aborts). Pointers are
- * offset to the task's batch and head. */
+/* Scratch-allocation failure: the outputs of one forward task are filled with NaN
+ * (errors propagate like NaN; nothing aborts). Pointers are offset to the task's batch
+ * and head. (A backward task's gradients likewise, inside anneal_attn_run_bwd.) */
 void anneal_attn_fail_fwd(const anneal_cpu_attn_desc *d, float *o, float *lse, int64_t q0,
                           int nq);
-void anneal_attn_fail_bwd(const anneal_cpu_attn_desc *d, float *dq, float *dk, float *dv);
 
 #endif

@@ -1,138 +1,159 @@
-/* The CPU backend table: adapts tensor arguments (shapes, strides) to the raw
- * kernels of cpu_kernels.h and registers itself with core. */
+/* The CPU backend table: maps the descriptors ops build (anneal_matmul_desc,
+ * anneal_attention_desc) and tensor arguments onto the raw kernels of cpu_kernels.h,
+ * and registers itself (anneal_cpu_backend_register, listed in
+ * src/backends/registry.c). Memory is host memory, so copies to and from the host are
+ * memcpy, every slot runs synchronously (synchronize has nothing to wait for and no
+ * deferred error), and the device-side scalars of the loss slots (counts, upstream
+ * gradients) are read directly. The CPU has no state: ctx is NULL. */
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
 #include "fused.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void *cpu_alloc(size_t n) {
+#define F(t) ((float *)((t) ? anneal_data(t) : NULL))
+
+/* ------------------------------------------------------ memory, streams */
+
+static void *cpu_alloc(void *ctx, size_t n) {
     size_t rounded = (n + 63) & ~(size_t)63;
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
-static void cpu_free(void *p) { free(p); }
+static void cpu_free(void *ctx, void *p) { free(p); }
 
-static anneal_status cpu_memcpy(void *dst, const void *src, size_t n) {
+static anneal_status cpu_memcpy(void *ctx, void *dst, const void *src, size_t n) {
     if (n) memcpy(dst, src, n);
     return ANNEAL_OK;
 }
 
-/* How a 2-D operand (rows x cols with strides) is handed to GEMM: untransposed
- * with row stride ld, or transposed (stored cols x rows) with ld. */
-static bool gemm_operand(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col, bool *trans,
-                         int64_t *ld) {
-    if ((s_col == 1 || cols == 1) && (rows == 1 || s_row >= cols)) {
-        *trans = false;
-        *ld = rows == 1 ? (cols > 0 ? cols : 1) : s_row;
-        return true;
+static anneal_status cpu_synchronize(void *ctx) { return ANNEAL_OK; }
+
+/* The value of a device scalar (0-dim) of the CPU: its first element. */
+static double scalar_f32(const anneal_tensor *s) { return s ? (double)*(const float *)anneal_data(s) : 1.0; }
+static int64_t scalar_i64(const anneal_tensor *c) { return *(const int64_t *)anneal_data(c); }
+
+/* What the CPU kernels cannot do: storage other than f32 outside copies and fills, a
+ * matmul epilogue over a batch (the GEMM's epilogue is per product), a compute
+ * precision other than f32/bf16/f16, a key/value head count that does not divide the
+ * query heads, an unknown rotary scaling. */
+static bool cpu_supports_op(void *ctx, const anneal_op_query *q) {
+    switch (q->kind) {
+    case ANNEAL_OP_COPY:
+    case ANNEAL_OP_FILL: return true;
+    case ANNEAL_OP_CHECK_INDEX: return q->dtype == ANNEAL_I32;
+    default: break;
     }
-    if ((s_row == 1 || rows == 1) && (cols == 1 || s_col >= rows)) {
-        *trans = true;
-        *ld = cols == 1 ? (rows > 0 ? rows : 1) : s_col;
-        return true;
+    if (q->dtype != ANNEAL_F32) return false;
+    if (q->kind == ANNEAL_OP_MATMUL && q->matmul) {
+        const anneal_matmul_desc *d = q->matmul;
+        if (d->compute != ANNEAL_F32 && d->compute != ANNEAL_BF16 && d->compute != ANNEAL_F16) return false;
+        if ((unsigned)d->epilogue >= ANNEAL_EPILOGUE_COUNT) return false;
+        if (d->epilogue != ANNEAL_EPILOGUE_NONE && d->batch > 1) return false;
     }
-    return false;
+    if (q->kind == ANNEAL_OP_ATTENTION && q->attention) {
+        const anneal_attention_desc *d = q->attention;
+        if (d->Hkv <= 0 || d->Hq % d->Hkv) return false;
+    }
+    if (q->rope && (unsigned)q->rope->scaling > ANNEAL_ROPE_SCALING_LLAMA3) return false;
+    return true;
 }
 
-/* c (M, N) = a @ b (2-D) with the epilogue ep (bias on C, or B's column sums). */
-static anneal_status cpu_matmul_2d(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                                   const anneal_gemm_epilogue *ep, anneal_dtype compute) {
-    int64_t M = c->shape[0], N = c->shape[1], K = a->shape[1];
-    bool ta, tb;
-    int64_t lda, ldb;
-    if (!gemm_operand(M, K, a->strides[0], a->strides[1], &ta, &lda) ||
-        !gemm_operand(K, N, b->strides[0], b->strides[1], &tb, &ldb))
-        return anneal_set_error(ANNEAL_ERR_ARG, "matmul operand needs a unit stride in its last two dims");
-    anneal_cpu_gemm((int)compute, ta, tb, M, N, K, 1.0f, anneal_data(a), lda, anneal_data(b), ldb,
-                    0.0f, anneal_data(c), N > 0 ? N : 1, ep);
+/* -------------------------------------------------------- elementwise */
+
+static anneal_status cpu_copy(void *ctx, anneal_tensor *dst, const anneal_tensor *src) {
+    return anneal_cpu_copy(dst, src);
+}
+
+static anneal_status cpu_fill(void *ctx, anneal_tensor *dst, double value) { return anneal_cpu_fill(dst, value); }
+
+static anneal_status cpu_binary(void *ctx, anneal_binary_op op, anneal_tensor *out, const anneal_tensor *a,
+                                const anneal_tensor *b) {
+    return anneal_cpu_binary(op, out, a, b);
+}
+
+static anneal_status cpu_unary(void *ctx, anneal_unary_op op, anneal_tensor *out, const anneal_tensor *x,
+                               float alpha) {
+    return anneal_cpu_unary(op, out, x, alpha);
+}
+
+static anneal_status cpu_unary_bwd(void *ctx, anneal_unary_op op, anneal_tensor *dx, const anneal_tensor *x,
+                                   const anneal_tensor *dy, float alpha) {
+    return anneal_cpu_unary_bwd(op, dx, x, dy, alpha);
+}
+
+/* x *= (float)(s * f) (see the slot): the SCALE kernel, an f32 multiply per element. */
+static anneal_status cpu_scale_by(void *ctx, anneal_tensor *x, const anneal_tensor *s,
+                                  const anneal_tensor *count, double factor) {
+    int64_t n = count ? scalar_i64(count) : 0;
+    double f = n ? factor / (double)n : factor;
+    float c = (float)(scalar_f32(s) * f);
+    if (c == 1.0f) return ANNEAL_OK;
+    return anneal_cpu_unary(ANNEAL_UNARY_SCALE, x, x, c);
+}
+
+static anneal_status cpu_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor *x) {
+    return anneal_cpu_reduce_sum(out, x);
+}
+
+static anneal_status cpu_sum_squares(void *ctx, anneal_tensor *out, int64_t index, const anneal_tensor *x) {
+    ((double *)anneal_data(out))[index] = anneal_cpu_sum_squares(anneal_numel(x), F(x));
     return ANNEAL_OK;
 }
 
-/* c = a @ b + bias, the bias in the GEMM's epilogue (see the backend slot). */
-static anneal_status cpu_matmul_bias(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                                     const anneal_tensor *bias, anneal_dtype compute) {
-    anneal_gemm_epilogue ep = {.bias = anneal_data(bias)};
-    return cpu_matmul_2d(c, a, b, &ep, compute);
+/* ------------------------------------------------------------- matmul */
+
+/* The descriptor's epilogue as the GEMM kernel's (batch 1). */
+static anneal_status gemm_epilogue(const anneal_matmul_desc *d, anneal_gemm_epilogue *ep) {
+    *ep = (anneal_gemm_epilogue){0};
+    switch (d->epilogue) {
+    case ANNEAL_EPILOGUE_NONE: return ANNEAL_OK;
+    case ANNEAL_EPILOGUE_BIAS:
+        if (!d->bias) break;
+        ep->bias = F(d->bias);
+        return ANNEAL_OK;
+    case ANNEAL_EPILOGUE_BIAS_GELU:
+        ep->bias = F(d->bias);
+        ep->gelu_tanh = true;
+        ep->pre = F(d->aux_out);
+        return ANNEAL_OK;
+    case ANNEAL_EPILOGUE_BSUM:
+        if (!d->bsum) break;
+        ep->b_colsum = F(d->bsum);
+        return ANNEAL_OK;
+    case ANNEAL_EPILOGUE_SILU_MUL:
+        if (!d->aux_in) break;
+        ep->bias = F(d->bias);
+        ep->silu_mul = F(d->aux_in);
+        ep->pre = F(d->aux_out);
+        return ANNEAL_OK;
+    default: break;
+    }
+    return anneal_set_error(ANNEAL_ERR_ARG, "cpu matmul: epilogue %d without its operand", (int)d->epilogue);
 }
 
-/* c = a @ b and bsum = column sums of b, taken while packing b (see the backend slot). */
-static anneal_status cpu_matmul_bsum(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                                     anneal_tensor *bsum, anneal_dtype compute) {
-    anneal_gemm_epilogue ep = {.b_colsum = anneal_data(bsum)};
-    return cpu_matmul_2d(c, a, b, &ep, compute);
-}
-
-static anneal_status cpu_matmul(anneal_tensor *c, const anneal_tensor *a, const anneal_tensor *b,
-                                float alpha, float beta, anneal_dtype compute) {
-    int nd = c->ndim;
-    int64_t M = c->shape[nd - 2], N = c->shape[nd - 1], K = a->shape[a->ndim - 1];
-    bool ta, tb;
-    int64_t lda, ldb;
-    if (!gemm_operand(M, K, a->strides[a->ndim - 2], a->strides[a->ndim - 1], &ta, &lda) ||
-        !gemm_operand(K, N, b->strides[b->ndim - 2], b->strides[b->ndim - 1], &tb, &ldb))
-        return anneal_set_error(ANNEAL_ERR_ARG, "matmul operand needs a unit stride in its last two dims");
-    const float *pa = anneal_data(a), *pb = anneal_data(b);
-    float *pc = anneal_data(c);
-    /* Batch dims of c (contiguous); a and b are broadcast to them (aligned from the right). */
-    int nb = nd - 2;
-    int64_t batch = 1, sa[ANNEAL_MAX_DIMS] = {0}, sb[ANNEAL_MAX_DIMS] = {0};
-    for (int d = 0; d < nb; d++) {
-        batch *= c->shape[d];
-        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
-        sa[d] = (da >= 0 && a->shape[da] != 1) ? a->strides[da] : 0;
-        sb[d] = (db >= 0 && b->shape[db] != 1) ? b->strides[db] : 0;
-    }
-    if (batch == 0 || M == 0 || N == 0) return ANNEAL_OK;
-    /* x (batch.., M, K) @ w (K, N): fold the batch into M when a's rows are evenly strided. */
-    bool b_shared = true, a_foldable = !ta;
-    int64_t expect = M * lda;
-    for (int d = nb - 1; d >= 0; d--) {
-        if (sb[d] != 0) b_shared = false;
-        if (c->shape[d] != 1 && sa[d] != expect) a_foldable = false;
-        expect *= c->shape[d];
-    }
-    if (b_shared && a_foldable && (M == 1 ? lda >= K : true)) {
-        anneal_cpu_gemm(compute, false, tb, batch * M, N, K, alpha, pa, lda, pb, ldb, beta, pc, N, NULL);
+/* One GEMM (batch 1, with its epilogue) or a batch of them (no epilogue). */
+static anneal_status cpu_matmul(void *ctx, const anneal_matmul_desc *d, anneal_tensor *c, const anneal_tensor *a,
+                                const anneal_tensor *b) {
+    if (d->batch == 1) {
+        anneal_gemm_epilogue ep;
+        anneal_status s = gemm_epilogue(d, &ep);
+        if (s != ANNEAL_OK) return s;
+        anneal_cpu_gemm((int)d->compute, d->trans_a, d->trans_b, d->M, d->N, d->K, d->alpha, F(a), d->lda, F(b),
+                        d->ldb, d->beta, F(c), d->ldc, d->epilogue == ANNEAL_EPILOGUE_NONE ? NULL : &ep);
         return ANNEAL_OK;
     }
-    /* One uniform stride per operand across the flattened batch -> batched call. */
-    int64_t ua = 0, ub = 0;
-    bool uniform = true;
-    {
-        int64_t ea = -1, eb = -1, span = 1;
-        for (int d = nb - 1; d >= 0; d--) {
-            if (c->shape[d] != 1) {
-                if (ea < 0) { ua = sa[d]; ub = sb[d]; ea = sa[d] * c->shape[d]; eb = sb[d] * c->shape[d]; }
-                else {
-                    if (sa[d] != ea || sb[d] != eb) uniform = false;
-                    ea = sa[d] * c->shape[d];
-                    eb = sb[d] * c->shape[d];
-                }
-            }
-            span *= c->shape[d];
-        }
-        (void)span;
-    }
-    if (uniform) {
-        anneal_cpu_gemm_batched(compute, batch, ta, tb, M, N, K, alpha, pa, lda, ua, pb, ldb, ub, beta,
-                                pc, N, M * N);
-        return ANNEAL_OK;
-    }
-    for (int64_t i = 0; i < batch; i++) {
-        int64_t oa = 0, ob = 0, r = i;
-        for (int d = nb - 1; d >= 0; d--) {
-            int64_t idx = r % c->shape[d];
-            r /= c->shape[d];
-            oa += idx * sa[d];
-            ob += idx * sb[d];
-        }
-        anneal_cpu_gemm(compute, ta, tb, M, N, K, alpha, pa + oa, lda, pb + ob, ldb, beta, pc + i * M * N, N,
-                        NULL);
-    }
+    if (d->epilogue != ANNEAL_EPILOGUE_NONE)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cpu matmul: epilogues apply to a single product, not a batch of %lld",
+                                (long long)d->batch);
+    anneal_cpu_gemm_batched((int)d->compute, d->batch, d->trans_a, d->trans_b, d->M, d->N, d->K, d->alpha, F(a), d->lda,
+                            d->stride_a, F(b), d->ldb, d->stride_b, d->beta, F(c), d->ldc, d->stride_c);
     return ANNEAL_OK;
 }
+
+/* ----------------------------------------------------------- row ops */
 
 /* Rows of the last dim: (N, C) view of a contiguous tensor. */
 static void rows_cols(const anneal_tensor *x, int64_t *N, int64_t *C) {
@@ -140,28 +161,38 @@ static void rows_cols(const anneal_tensor *x, int64_t *N, int64_t *C) {
     *N = *C ? anneal_numel(x) / *C : 0;
 }
 
-#define F(t) ((float *)((t) ? anneal_data(t) : NULL))
-
-static anneal_status cpu_layer_norm_fwd(anneal_tensor *y, anneal_tensor *mean, anneal_tensor *rstd,
-                                        const anneal_tensor *x, const anneal_tensor *w,
-                                        const anneal_tensor *b, float eps) {
+static anneal_status cpu_layer_norm_fwd(void *ctx, anneal_tensor *y, anneal_tensor *mean, anneal_tensor *rstd,
+                                        const anneal_tensor *x, const anneal_tensor *w, const anneal_tensor *b,
+                                        float eps) {
     int64_t N, C;
     rows_cols(x, &N, &C);
     anneal_cpu_layer_norm_fwd(N, C, F(x), F(w), F(b), eps, F(y), F(mean), F(rstd));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_layer_norm_bwd(anneal_tensor *dx, anneal_tensor *dw, anneal_tensor *db,
-                                        const anneal_tensor *x, const anneal_tensor *w,
-                                        const anneal_tensor *mean, const anneal_tensor *rstd,
-                                        const anneal_tensor *dy) {
+static anneal_status cpu_layer_norm_bwd(void *ctx, anneal_tensor *dx, anneal_tensor *dw, anneal_tensor *db,
+                                        const anneal_tensor *x, const anneal_tensor *w, const anneal_tensor *mean,
+                                        const anneal_tensor *rstd, const anneal_tensor *dy) {
     int64_t N, C;
     rows_cols(x, &N, &C);
     anneal_cpu_layer_norm_bwd(N, C, F(x), F(w), F(mean), F(rstd), F(dy), F(dx), F(dw), F(db));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_rms_norm_fwd(anneal_tensor *y, anneal_tensor *rstd, const anneal_tensor *x,
+static anneal_status cpu_add_layer_norm_fwd(void *ctx, anneal_tensor *s, anneal_tensor *y, anneal_tensor *mean,
+                                            anneal_tensor *rstd, const anneal_tensor *x, const anneal_tensor *r,
+                                            const anneal_tensor *w, const anneal_tensor *b, float eps) {
+    return anneal_cpu_add_layer_norm_fwd(s, y, mean, rstd, x, r, w, b, eps);
+}
+
+static anneal_status cpu_add_layer_norm_bwd(void *ctx, anneal_tensor *dx, anneal_tensor *dw, anneal_tensor *db,
+                                            const anneal_tensor *s, const anneal_tensor *w,
+                                            const anneal_tensor *mean, const anneal_tensor *rstd,
+                                            const anneal_tensor *dy, const anneal_tensor *ds) {
+    return anneal_cpu_add_layer_norm_bwd(dx, dw, db, s, w, mean, rstd, dy, ds);
+}
+
+static anneal_status cpu_rms_norm_fwd(void *ctx, anneal_tensor *y, anneal_tensor *rstd, const anneal_tensor *x,
                                       const anneal_tensor *w, float eps) {
     int64_t N, C;
     rows_cols(x, &N, &C);
@@ -169,80 +200,133 @@ static anneal_status cpu_rms_norm_fwd(anneal_tensor *y, anneal_tensor *rstd, con
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_rms_norm_bwd(anneal_tensor *dx, anneal_tensor *dw, const anneal_tensor *x,
-                                      const anneal_tensor *w, const anneal_tensor *rstd,
-                                      const anneal_tensor *dy) {
+static anneal_status cpu_rms_norm_bwd(void *ctx, anneal_tensor *dx, anneal_tensor *dw, const anneal_tensor *x,
+                                      const anneal_tensor *w, const anneal_tensor *rstd, const anneal_tensor *dy) {
     int64_t N, C;
     rows_cols(x, &N, &C);
     anneal_cpu_rms_norm_bwd(N, C, F(x), F(w), F(rstd), F(dy), F(dx), F(dw));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_softmax_fwd(anneal_tensor *y, const anneal_tensor *x, bool log) {
+static anneal_status cpu_softmax_fwd(void *ctx, anneal_tensor *y, const anneal_tensor *x, bool log) {
     int64_t N, C;
     rows_cols(x, &N, &C);
     anneal_cpu_softmax_fwd(N, C, F(x), F(y), log);
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_softmax_bwd(anneal_tensor *dx, const anneal_tensor *y,
-                                     const anneal_tensor *dy, bool log) {
+static anneal_status cpu_softmax_bwd(void *ctx, anneal_tensor *dx, const anneal_tensor *y, const anneal_tensor *dy,
+                                     bool log) {
     int64_t N, C;
     rows_cols(y, &N, &C);
     anneal_cpu_softmax_bwd(N, C, F(y), F(dy), F(dx), log);
     return ANNEAL_OK;
 }
 
-static void attn_desc(anneal_cpu_attn_desc *d, const anneal_tensor *q, const anneal_tensor *k,
-                      const anneal_tensor *v, const anneal_tensor *o, bool causal, float scale) {
-    d->B = q->shape[0];
-    d->H = q->shape[1];
-    d->Tq = q->shape[2];
-    d->Tk = k->shape[2];
-    d->D = q->shape[3];
-    d->q_sb = q->strides[0]; d->q_sh = q->strides[1]; d->q_st = q->strides[2];
-    d->k_sb = k->strides[0]; d->k_sh = k->strides[1]; d->k_st = k->strides[2];
-    d->v_sb = v->strides[0]; d->v_sh = v->strides[1]; d->v_st = v->strides[2];
-    d->o_sb = o->strides[0]; d->o_sh = o->strides[1]; d->o_st = o->strides[2];
-    d->scale = scale;
-    d->causal = causal;
-}
+/* ---------------------------------------------------------- attention */
 
-static anneal_status cpu_attention_fwd(anneal_tensor *o, anneal_tensor *lse, const anneal_tensor *q,
-                                       const anneal_tensor *k, const anneal_tensor *v, bool causal,
-                                       float scale, anneal_dtype compute) {
-    anneal_cpu_attn_desc d;
-    attn_desc(&d, q, k, v, o, causal, scale);
-    anneal_cpu_attention_fwd(&d, F(q), F(k), F(v), F(o), F(lse), (int)compute);
+/* The kernel's descriptor from the op's (the same strides and head counts). */
+static anneal_status attn_desc(anneal_cpu_attn_desc *c, const anneal_attention_desc *d) {
+    if (d->Hkv <= 0 || d->Hq % d->Hkv)
+        return anneal_set_error(ANNEAL_ERR_ARG, "cpu attention: %lld query heads over %lld key/value heads",
+                                (long long)d->Hq, (long long)d->Hkv);
+    *c = (anneal_cpu_attn_desc){
+        .B = d->B, .H = d->Hq, .Hkv = d->Hkv, .Tq = d->Tq, .Tk = d->Tk, .D = d->D,
+        .q_sb = d->q_sb, .q_sh = d->q_sh, .q_st = d->q_st,
+        .k_sb = d->k_sb, .k_sh = d->k_sh, .k_st = d->k_st,
+        .v_sb = d->v_sb, .v_sh = d->v_sh, .v_st = d->v_st,
+        .o_sb = d->o_sb, .o_sh = d->o_sh, .o_st = d->o_st,
+        .scale = d->scale, .causal = d->causal};
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_attention_bwd(anneal_tensor *dq, anneal_tensor *dk, anneal_tensor *dv,
-                                       const anneal_tensor *q, const anneal_tensor *k,
-                                       const anneal_tensor *v, const anneal_tensor *o,
-                                       const anneal_tensor *dout, const anneal_tensor *lse,
-                                       bool causal, float scale, anneal_dtype compute) {
-    anneal_cpu_attn_desc d;
-    attn_desc(&d, q, k, v, o, causal, scale);
-    anneal_cpu_attention_bwd(&d, F(q), F(k), F(v), F(o), F(dout), F(lse), F(dq), F(dk), F(dv),
-                             (int)compute);
+static anneal_status cpu_attention_fwd(void *ctx, const anneal_attention_desc *d, anneal_tensor *o,
+                                       anneal_tensor *lse, const anneal_tensor *q, const anneal_tensor *k,
+                                       const anneal_tensor *v) {
+    anneal_cpu_attn_desc c;
+    anneal_status s = attn_desc(&c, d);
+    if (s != ANNEAL_OK) return s;
+    anneal_cpu_attention_fwd(&c, F(q), F(k), F(v), F(o), F(lse), (int)d->compute);
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_embedding_fwd(anneal_tensor *y, const anneal_tensor *ids,
+static anneal_status cpu_attention_bwd(void *ctx, const anneal_attention_desc *d, anneal_tensor *dq,
+                                       anneal_tensor *dk, anneal_tensor *dv, const anneal_tensor *q,
+                                       const anneal_tensor *k, const anneal_tensor *v, const anneal_tensor *o,
+                                       const anneal_tensor *dout, const anneal_tensor *lse) {
+    anneal_cpu_attn_desc c;
+    anneal_status s = attn_desc(&c, d);
+    if (s != ANNEAL_OK) return s;
+    anneal_cpu_attention_bwd(&c, F(q), F(k), F(v), F(o), F(dout), F(lse), F(dq), F(dk), F(dv), (int)d->compute);
+    return ANNEAL_OK;
+}
+
+/* x (B, H, T, D; unit last stride) rotated in place: the kernel's descriptor from
+ * x's shape and strides and the op's rotary settings. */
+static anneal_status cpu_rope(void *ctx, const anneal_rope_desc *r, anneal_tensor *x, int64_t pos0, bool inverse) {
+    static const int scaling[] = {ANNEAL_CPU_ROPE_NONE, ANNEAL_CPU_ROPE_LINEAR, ANNEAL_CPU_ROPE_LLAMA3};
+    if ((unsigned)r->scaling > ANNEAL_ROPE_SCALING_LLAMA3 || x->ndim != 4 || (x->shape[3] > 1 && x->strides[3] != 1))
+        return anneal_set_error(ANNEAL_ERR_ARG, "cpu rope: needs a (B, H, T, D) view with a unit last stride and a "
+                                "known scaling");
+    anneal_cpu_rope_desc d = {.B = x->shape[0], .H = x->shape[1], .T = x->shape[2], .D = x->shape[3],
+                              .sb = x->strides[0], .sh = x->strides[1], .st = x->strides[2], .theta = r->theta,
+                              .scaling = scaling[r->scaling], .factor = r->factor,
+                              .low_freq_factor = r->low_freq_factor, .high_freq_factor = r->high_freq_factor,
+                              .original_max_pos = r->original_max_pos};
+    anneal_cpu_rope(&d, F(x), pos0, inverse);
+    return ANNEAL_OK;
+}
+
+/* ------------------------------------------------ embedding and losses */
+
+/* "[i, j, k]": the multi-index of row-major position pos in t's shape. */
+static const char *index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
+    int64_t idx[ANNEAL_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
+        pos = t->shape[d] ? pos / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* Validates at once (see the slot for the message); count gets the kept elements. */
+static anneal_status cpu_check_index(void *ctx, const char *op, const char *what, const anneal_tensor *ids,
+                                     int64_t n, bool has_ignore, int32_t ignore_index, anneal_tensor *count) {
+    const int32_t *t = anneal_data(ids);
+    int64_t len = anneal_numel(ids), kept = 0;
+    for (int64_t i = 0; i < len; i++) {
+        if (has_ignore && t[i] == ignore_index) continue;
+        if (t[i] < 0 || t[i] >= n) {
+            char pos[160], tail[64] = "";
+            if (has_ignore) snprintf(tail, sizeof tail, " and is not ignore_index (%d)", (int)ignore_index);
+            return anneal_set_error(ANNEAL_ERR_ARG,
+                                    "%s: %s %d at position %s (flat index %lld) is outside [0, V) with V = %lld%s", op,
+                                    what, (int)t[i], index_str(ids, i, pos, sizeof pos), (long long)i, (long long)n,
+                                    tail);
+        }
+        kept++;
+    }
+    if (count) *(int64_t *)anneal_data(count) = kept;
+    return ANNEAL_OK;
+}
+
+static anneal_status cpu_embedding_fwd(void *ctx, anneal_tensor *y, const anneal_tensor *ids,
                                        const anneal_tensor *w) {
     anneal_cpu_embedding_fwd(anneal_numel(ids), w->shape[1], anneal_data(ids), F(w), F(y));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_embedding_bwd(anneal_tensor *dw, const anneal_tensor *ids,
+static anneal_status cpu_embedding_bwd(void *ctx, anneal_tensor *dw, const anneal_tensor *ids,
                                        const anneal_tensor *dy) {
-    anneal_cpu_embedding_bwd(anneal_numel(ids), dw->shape[1], dw->shape[0], anneal_data(ids), F(dy),
-                             F(dw));
+    anneal_cpu_embedding_bwd(anneal_numel(ids), dw->shape[1], dw->shape[0], anneal_data(ids), F(dy), F(dw));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_cross_entropy_fwd(anneal_tensor *loss, anneal_tensor *lse,
+static anneal_status cpu_cross_entropy_fwd(void *ctx, anneal_tensor *loss, anneal_tensor *lse,
                                            const anneal_tensor *logits, const anneal_tensor *targets,
                                            int32_t ignore_index) {
     int64_t N, V;
@@ -251,75 +335,117 @@ static anneal_status cpu_cross_entropy_fwd(anneal_tensor *loss, anneal_tensor *l
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_cross_entropy_bwd(anneal_tensor *dlogits, const anneal_tensor *logits,
+static anneal_status cpu_cross_entropy_bwd(void *ctx, anneal_tensor *dlogits, const anneal_tensor *logits,
                                            const anneal_tensor *targets, const anneal_tensor *lse,
-                                           int32_t ignore_index, float scale) {
-    int64_t N, V;
+                                           int32_t ignore_index, const anneal_tensor *s,
+                                           const anneal_tensor *count) {
+    int64_t N, V, n = scalar_i64(count);
     rows_cols(logits, &N, &V);
-    anneal_cpu_cross_entropy_bwd(N, V, F(logits), anneal_data(targets), ignore_index, F(lse), scale,
-                                 F(dlogits));
+    float scale = n ? (float)(scalar_f32(s) / (double)n) : 0.0f;
+    anneal_cpu_cross_entropy_bwd(N, V, F(logits), anneal_data(targets), ignore_index, F(lse), scale, F(dlogits));
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_adamw(anneal_tensor *p, const anneal_tensor *g, anneal_tensor *m,
+/* The mean over kept rows, summed in double in row order. */
+static anneal_status cpu_loss_mean(void *ctx, anneal_tensor *out, const anneal_tensor *rows,
+                                   const anneal_tensor *targets, int32_t ignore_index, const anneal_tensor *count) {
+    const float *l = anneal_data(rows);
+    const int32_t *t = anneal_data(targets);
+    int64_t N = anneal_numel(rows), n = scalar_i64(count);
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++)
+        if (t[i] != ignore_index) sum += (double)l[i];
+    *(float *)anneal_data(out) = (float)(n ? sum / (double)n : 0.0);
+    return ANNEAL_OK;
+}
+
+/* g = 1/count, or 2^15 at f16 (see the slot). */
+static anneal_status cpu_linear_cross_entropy(void *ctx, anneal_tensor *loss, anneal_tensor *lse, anneal_tensor *dh,
+                                              anneal_tensor *dw, anneal_tensor *work, const anneal_tensor *h,
+                                              const anneal_tensor *w, const anneal_tensor *targets,
+                                              int32_t ignore_index, const anneal_tensor *count,
+                                              anneal_dtype compute) {
+    int64_t n = count ? scalar_i64(count) : 0;
+    float g = !n ? 0.0f : compute == ANNEAL_F16 ? 32768.0f : (float)(1.0 / (double)n);
+    return anneal_cpu_linear_cross_entropy(loss, lse, dh, dw, work, h, w, targets, ignore_index, g, compute);
+}
+
+/* ---------------------------------------------- randomness, optimizer */
+
+static anneal_status cpu_dropout_fwd(void *ctx, anneal_tensor *y, anneal_tensor *mask, const anneal_tensor *x,
+                                     float p, uint64_t seed, uint64_t offset) {
+    return anneal_cpu_dropout_fwd(y, mask, x, p, seed, offset);
+}
+
+static anneal_status cpu_dropout_bwd(void *ctx, anneal_tensor *dx, const anneal_tensor *mask,
+                                     const anneal_tensor *dy, float p) {
+    return anneal_cpu_dropout_bwd(dx, mask, dy, p);
+}
+
+static anneal_status cpu_randn(void *ctx, anneal_tensor *x, float mean, float std, uint64_t seed,
+                               uint64_t offset) {
+    return anneal_cpu_randn(x, mean, std, seed, offset);
+}
+
+static anneal_status cpu_adamw(void *ctx, anneal_tensor *p, const anneal_tensor *g, anneal_tensor *m,
                                anneal_tensor *v, double lr, double beta1, double beta2, double eps,
                                double weight_decay, double bc1, double bc2) {
-    anneal_cpu_adamw(anneal_numel(p), F(p), F(g), F(m), F(v), lr, beta1, beta2, eps, weight_decay,
-                     bc1, bc2);
+    anneal_cpu_adamw(anneal_numel(p), F(p), F(g), F(m), F(v), lr, beta1, beta2, eps, weight_decay, bc1, bc2);
     return ANNEAL_OK;
 }
 
-static anneal_status cpu_adamw_multi(const anneal_adamw_group *groups, int n, double lr,
-                                     double beta1, double beta2, double eps) {
+static anneal_status cpu_adamw_multi(void *ctx, const anneal_adamw_group *groups, int n, double lr, double beta1,
+                                     double beta2, double eps) {
     anneal_cpu_adamw_multi(groups, n, lr, beta1, beta2, eps);
-    return ANNEAL_OK;
-}
-
-static anneal_status cpu_sum_squares(const anneal_tensor *x, double *out) {
-    *out = anneal_cpu_sum_squares(anneal_numel(x), F(x));
     return ANNEAL_OK;
 }
 
 #undef F
 
 static const anneal_backend k_cpu_backend = {
+    .version = ANNEAL_BACKEND_VERSION,
     .name = "cpu",
     .device = ANNEAL_CPU,
+    .ctx = NULL,
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .to_host = cpu_memcpy,
-    .from_host = cpu_memcpy,
-    .copy = anneal_cpu_copy,
-    .fill = anneal_cpu_fill,
-    .binary = anneal_cpu_binary,
-    .unary = anneal_cpu_unary,
-    .unary_bwd = anneal_cpu_unary_bwd,
-    .reduce_sum = anneal_cpu_reduce_sum,
+    .copy_to_host = cpu_memcpy,
+    .copy_from_host = cpu_memcpy,
+    .synchronize = cpu_synchronize,
+    .supports_op = cpu_supports_op,
+    /* one implicit stream: stream_* and event_* stay NULL */
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .binary = cpu_binary,
+    .unary = cpu_unary,
+    .unary_bwd = cpu_unary_bwd,
+    .scale_by = cpu_scale_by,
+    .reduce_sum = cpu_reduce_sum,
+    .sum_squares = cpu_sum_squares,
     .matmul = cpu_matmul,
     .layer_norm_fwd = cpu_layer_norm_fwd,
     .layer_norm_bwd = cpu_layer_norm_bwd,
+    .add_layer_norm_fwd = cpu_add_layer_norm_fwd,
+    .add_layer_norm_bwd = cpu_add_layer_norm_bwd,
     .rms_norm_fwd = cpu_rms_norm_fwd,
     .rms_norm_bwd = cpu_rms_norm_bwd,
     .softmax_fwd = cpu_softmax_fwd,
     .softmax_bwd = cpu_softmax_bwd,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
+    .rope = cpu_rope,
+    .check_index = cpu_check_index,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,
     .cross_entropy_fwd = cpu_cross_entropy_fwd,
     .cross_entropy_bwd = cpu_cross_entropy_bwd,
-    .dropout_fwd = anneal_cpu_dropout_fwd,
-    .dropout_bwd = anneal_cpu_dropout_bwd,
-    .randn = anneal_cpu_randn,
+    .loss_mean = cpu_loss_mean,
+    .linear_cross_entropy = cpu_linear_cross_entropy,
+    .dropout_fwd = cpu_dropout_fwd,
+    .dropout_bwd = cpu_dropout_bwd,
+    .randn = cpu_randn,
     .adamw = cpu_adamw,
     .adamw_multi = cpu_adamw_multi,
-    .sum_squares = cpu_sum_squares,
-    .dense_gelu_fwd = anneal_cpu_dense_gelu_fwd,
-    .matmul_bias = cpu_matmul_bias,
-    .matmul_bsum = cpu_matmul_bsum,
-    .add_layer_norm_fwd = anneal_cpu_add_layer_norm_fwd,
-    .add_layer_norm_bwd = anneal_cpu_add_layer_norm_bwd,
-    .linear_cross_entropy = anneal_cpu_linear_cross_entropy,
 };
 
-void anneal_cpu_backend_init(void) { anneal_backend_register(&k_cpu_backend); }
+anneal_status anneal_cpu_backend_register(void) { return anneal_backend_register(&k_cpu_backend); }

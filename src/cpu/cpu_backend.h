@@ -1,5 +1,5 @@
-/* The CPU backend's tensor-level kernels (the functions its anneal_backend table
- * points to). Raw-buffer kernels are in cpu_kernels.h. */
+/* The CPU backend's tensor-level kernels (what its anneal_backend table's slots call,
+ * cpu_backend.c). Raw-buffer kernels are in cpu_kernels.h. */
 #ifndef ANNEAL_CPU_BACKEND_H
 #define ANNEAL_CPU_BACKEND_H
 
@@ -21,7 +21,8 @@ anneal_status anneal_cpu_dropout_bwd(anneal_tensor *dx, const anneal_tensor *mas
 anneal_status anneal_cpu_randn(anneal_tensor *x, float mean, float std, uint64_t seed,
                                uint64_t offset);
 
-/* Registers the CPU table with core (called by core on first use). */
-void anneal_cpu_backend_init(void);
+/* Registers the CPU table (listed in src/backends/registry.c, which core calls on the
+ * first lookup of a device). */
+anneal_status anneal_cpu_backend_register(void);
 
 #endif

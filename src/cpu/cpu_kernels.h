@@ -28,19 +28,27 @@ void anneal_cpu_sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t
                               int64_t stride_a, const float *B, int64_t ldb, int64_t stride_b,
                               float beta, float *C, int64_t ldc, int64_t stride_c);
 
-/* What a GEMM does to each finished element of C, after alpha*op(A)@op(B) + beta*C
+/* What a GEMM does to each finished element of C, after v = alpha*op(A)@op(B) + beta*C
  * (fused into the GEMM while the tile is in cache): add bias[j] (when bias is non-NULL),
  * then, when gelu_tanh, store the value so far in pre (same ldc; if pre is non-NULL) and
- * write gelu_tanh(value) to C.
+ * write gelu_tanh(value) to C;
+ * or, when silu_mul is non-NULL (SwiGLU: silu of the gate projection times the up
+ * projection), store the value so far in pre (if non-NULL) and write
+ * silu(value) * silu_mul[i, j] to C, silu(x) = x / (1 + exp(-x)) in f32 with the
+ * operations of anneal_cpu_silu_fwd, so the result is bit for bit anneal_cpu_silu_fwd
+ * followed by a multiply. gelu_tanh and silu_mul are exclusive (one activation per
+ * product): when both are set, silu_mul is applied and gelu_tanh ignored.
  * And, when b_colsum is non-NULL, b_colsum[j] = the sum over k of op(B)[k, j] (the f32
  * values as given, not rounded to the compute precision; f32 additions in ascending k):
  * computed while op(B) is packed, when it is in cache anyway (a linear layer's bias
- * gradient is the column sums of dy, the B operand of its weight gradient). */
+ * gradient is the column sums of dy, the B operand of its weight gradient).
+ * A zeroed struct (or NULL) does nothing; every field left 0 keeps its old meaning. */
 typedef struct anneal_gemm_epilogue {
-    const float *bias; /* (N) or NULL */
+    const float *bias;     /* (N) or NULL */
     bool gelu_tanh;
-    float *pre;        /* (M x N, row stride ldc) or NULL */
-    float *b_colsum;   /* (N) or NULL */
+    float *pre;            /* (M x N, row stride ldc) or NULL */
+    float *b_colsum;       /* (N) or NULL */
+    const float *silu_mul; /* (M x N, row stride ldc) or NULL; may not alias C or pre */
 } anneal_gemm_epilogue;
 
 /* anneal_cpu_sgemm with the operands rounded to `compute` (ANNEAL_F32: none;
@@ -126,9 +134,14 @@ void anneal_cpu_cross_entropy_bwd(int64_t N, int64_t V, const float *logits,
 
 /* ------------------------------------------------------------ attention */
 
-/* Multi-head scaled-dot-product attention on strided (B, H, T, D) views whose last
- * dim is contiguous. Tq queries attend to Tk keys; when causal, query i may see key
- * j <= i + (Tk - Tq) (bottom-right aligned, as a KV cache needs). */
+/* Multi-head scaled-dot-product attention on strided views whose last dim is
+ * contiguous: q and o (B, H, Tq, D), k and v (B, Hkv, Tk, D). Tq queries attend to Tk
+ * keys; when causal, query i may see key j <= i + (Tk - Tq) (bottom-right aligned, as a
+ * KV cache needs). Grouped-query attention: H is a multiple of Hkv and query head h reads
+ * key/value head h / (H / Hkv) (Hkv == 1 is multi-query attention); Hkv == 0 means
+ * Hkv = H (plain multi-head attention, the same bits as before the field existed). A Hkv
+ * that does not divide H is a caller error; the kernels then use H (they never read
+ * outside k, v). */
 typedef struct anneal_cpu_attn_desc {
     int64_t B, H, Tq, Tk, D;
     int64_t q_sb, q_sh, q_st; /* element strides of q (and dq) for batch, head, time */
@@ -137,6 +150,7 @@ typedef struct anneal_cpu_attn_desc {
     int64_t o_sb, o_sh, o_st; /* o and dout */
     float scale;              /* usually 1/sqrt(D) */
     bool causal;
+    int64_t Hkv;              /* key/value heads; 0 means H */
 } anneal_cpu_attn_desc;
 
 /* Flash-style forward: tiles of queries against tiles of keys with an online
@@ -148,11 +162,47 @@ typedef struct anneal_cpu_attn_desc {
 void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                               const float *v, float *o, float *lse, int compute);
 /* Tiled backward from (q, k, v, o, dout, lse): recomputes probabilities tile by tile.
- * Overwrites dq, dk, dv (strided like q, k, v). Deterministic: each (b, h) is one task.
- * compute: the forward's (bf16: every tile product on bf16 operands, f32 accumulation). */
+ * Overwrites dq (strided like q, one per query head) and dk, dv (strided like k, v, one
+ * per key/value head: with grouped-query attention the sum over the query heads of the
+ * group). Deterministic, without atomics: each (b, key/value head) is one task that walks
+ * the query heads of its group in ascending order, accumulating into its dk, dv, so the
+ * bits do not depend on the thread count. compute: the forward's (bf16: every tile
+ * product on bf16 operands, f32 accumulation). */
 void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                               const float *v, const float *o, const float *dout,
                               const float *lse, float *dq, float *dk, float *dv, int compute);
+
+/* ----------------------------------------------------- rotary embedding */
+
+/* Scaling of the rotary frequencies (transformers' rope_type). */
+enum {
+    ANNEAL_CPU_ROPE_NONE = 0,   /* "default" */
+    ANNEAL_CPU_ROPE_LINEAR = 1, /* "linear": inv_freq / factor (positions / factor) */
+    ANNEAL_CPU_ROPE_LLAMA3 = 2, /* "llama3": wavelength-dependent, see rope.c */
+};
+
+/* Rotary position embedding of a strided (B, H, T, D) view with unit last stride: row t
+ * is at position pos0 + t. Hugging Face Llama semantics (rotate_half: dim i < D/2 pairs
+ * with i + D/2); inv_freq[i] = 1 / theta^(2i/D) in f32, scaled as `scaling` says
+ * (factor; for llama3 also low_freq_factor, high_freq_factor, original_max_pos, as
+ * transformers' _compute_llama3_parameters); see rope.c for the float arithmetic and
+ * what matches PyTorch bit for bit. D must be even and > 0 (otherwise nothing is done). */
+typedef struct anneal_cpu_rope_desc {
+    int64_t B, H, T, D;
+    int64_t sb, sh, st; /* element strides of x for batch, head, time */
+    float theta;        /* base, e.g. 10000 or 500000; > 0 */
+    int scaling;        /* ANNEAL_CPU_ROPE_* */
+    float factor;                            /* LINEAR, LLAMA3 */
+    float low_freq_factor, high_freq_factor; /* LLAMA3 */
+    int64_t original_max_pos;                /* LLAMA3 */
+} anneal_cpu_rope_desc;
+
+/* In place: x = rope(x), or with inverse the rotation by the negative angles (the
+ * backward of the forward, and exactly its transpose). OpenMP over (position, pair
+ * chunk) items; the bits do not depend on the thread count. */
+void anneal_cpu_rope(const anneal_cpu_rope_desc *d, float *x, int64_t pos0, bool inverse);
+/* The D/2 rotary frequencies of d (after scaling) into inv_freq. */
+void anneal_cpu_rope_inv_freq(const anneal_cpu_rope_desc *d, float *inv_freq);
 
 /* ------------------------------------------------------------ optimizer */
 

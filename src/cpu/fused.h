@@ -1,14 +1,13 @@
 /* The CPU backend's fused kernels (issue 5): tensor-level entry points for the
- * backend table slots dense_gelu_fwd, add_layer_norm_fwd/bwd and
- * linear_cross_entropy (see include/anneal/backend.h for what each promises). */
+ * backend table slots add_layer_norm_fwd/bwd and linear_cross_entropy (see
+ * include/anneal/backend.h for what each promises; the dense layer's bias + GELU is
+ * the matmul slot's epilogue). linear_cross_entropy takes the dlogits factor g
+ * already formed from the kept-row count. */
 #ifndef ANNEAL_CPU_FUSED_H
 #define ANNEAL_CPU_FUSED_H
 
 #include "anneal/backend.h"
 
-anneal_status anneal_cpu_dense_gelu_fwd(anneal_tensor *y, anneal_tensor *pre, const anneal_tensor *x,
-                                        const anneal_tensor *w, const anneal_tensor *b,
-                                        anneal_dtype compute);
 anneal_status anneal_cpu_add_layer_norm_fwd(anneal_tensor *s, anneal_tensor *y, anneal_tensor *mean,
                                             anneal_tensor *rstd, const anneal_tensor *x,
                                             const anneal_tensor *r, const anneal_tensor *w,

@@ -258,7 +258,8 @@ static void *pack_buffer(int which, size_t bytes) {
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* One product's settings shared by every block of it. bias and pre are at C's origin. */
+/* One product's settings shared by every block of it. bias, pre and mul (the epilogue's
+ * operands) are at C's origin wherever they are passed. */
 typedef struct gemm_ctx {
     const anneal_gemm_isa *isa;
     int round;
@@ -303,7 +304,7 @@ static int gemm_threads(int64_t M, int64_t N, int64_t K) {
 /* Fallback for when the pack buffers cannot be allocated: plain loops, same contract. */
 static void gemm_unpacked(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, const float *A,
                           int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                          int64_t ldc, const float *bias, float *pre) {
+                          int64_t ldc, const float *bias, float *pre, const float *mul) {
     const bool ta = g->ta, tb = g->tb;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -313,7 +314,7 @@ static void gemm_unpacked(const gemm_ctx *g, int64_t M, int64_t N, int64_t K, co
                      anneal_gemm_round(tb ? B[j * ldb + k] : B[k * ldb + j], g->round);
             C[i * ldc + j] = g->alpha * s + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
         }
-    if (g->ep) anneal_gemm_epilogue_tile(g->ep, M, N, C, ldc, bias, pre);
+    if (g->ep) anneal_gemm_epilogue_tile(g->ep, M, N, C, ldc, bias, pre, mul);
 }
 
 /* ------------------------------------------------------------ packing op(B) */
@@ -378,7 +379,7 @@ static void pack_b_block(const anneal_gemm_isa *isa, int round, bool tb, const f
 static void gemm_tile_block(const gemm_ctx *g, int64_t r0, int64_t m, int64_t c0, int64_t n,
                             int64_t pc, int64_t kc, bool last, const float *A, int64_t lda,
                             const char *bblk, float beta, float *C, int64_t ldc,
-                            const float *bias, float *pre, char *ap) {
+                            const float *bias, float *pre, const float *mul, char *ap) {
     const anneal_gemm_isa *isa = g->isa;
     const int mr = isa->mr, nr = isa->nr;
     const size_t es = (size_t)isa->esize;
@@ -396,7 +397,8 @@ static void gemm_tile_block(const gemm_ctx *g, int64_t r0, int64_t m, int64_t c0
                         beta_eff);
             if (last && g->ep)
                 anneal_gemm_epilogue_tile(g->ep, mm, nn, ct, ldc, bias ? bias + jr : NULL,
-                                          pre ? pre + (r0 + ir) * ldc + jr : NULL);
+                                          pre ? pre + (r0 + ir) * ldc + jr : NULL,
+                                          mul ? mul + (r0 + ir) * ldc + jr : NULL);
         }
     }
 }
@@ -421,10 +423,11 @@ static int64_t row_block(const anneal_gemm_isa *isa, int nt, int64_t M) {
  *     gemm_tile_block on them, a barrier.
  * So op(B) is packed once and op(A) once per column block whatever the thread count (a
  * static grid packs the shared operand once per thread), and a thread slowed by another
- * process simply takes fewer row blocks. bias and pre are at C's origin. */
+ * process simply takes fewer row blocks. bias, pre and mul are at C's origin. */
 static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                         float *C, int64_t ldc, const float *bias, float *pre) {
+                         float *C, int64_t ldc, const float *bias, float *pre,
+                         const float *mul) {
     const anneal_gemm_isa *isa = g->isa;
     const size_t es = (size_t)isa->esize;
     const int64_t kc_full = block_depth(K, isa->kc);
@@ -433,7 +436,7 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
     const int64_t rows = row_block(isa, nt, M), ni = ceil_div(M, rows);
     char *bp = pack_buffer(0, (size_t)(kcp_full * nc) * es);
     if (!bp) {
-        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre, mul);
         if (g->colsum) column_sums_block(g->tb, B, ldb, 0, K, 0, N, g->colsum);
         return;
     }
@@ -461,7 +464,7 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
                     const int64_t r0 = i * rows;
                     gemm_tile_block(g, r0, min64(rows, M - r0), 0, n, pc, kc, pc + kc >= K, A,
                                     lda, bp, beta, C + jc, ldc, bias ? bias + jc : NULL,
-                                    pre ? pre + jc : NULL, ap);
+                                    pre ? pre + jc : NULL, mul ? mul + jc : NULL, ap);
                 }
 #pragma omp barrier
             }
@@ -469,7 +472,7 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
         }
     }
     if (no_a) { /* out of memory for an A block: plain loops (C untouched so far) */
-        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        gemm_unpacked(g, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre, mul);
         if (g->colsum) column_sums_block(g->tb, B, ldb, 0, K, 0, N, g->colsum);
     }
 }
@@ -480,7 +483,7 @@ static void gemm_blocked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_
  * barrier between depth blocks, as nothing is repacked. */
 static void gemm_prepacked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int64_t K,
                            const float *A, int64_t lda, const char *packed, float beta, float *C,
-                           int64_t ldc, const float *bias, float *pre) {
+                           int64_t ldc, const float *bias, float *pre, const float *mul) {
     const anneal_gemm_isa *isa = g->isa;
     const int nr = isa->nr;
     const size_t es = (size_t)isa->esize;
@@ -506,7 +509,8 @@ static void gemm_prepacked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int6
                 const char *bblk = packed + (size_t)(b * npan * kcp_full * nr) * es +
                                    (size_t)(c0 / nr * kcp * nr) * es;
                 gemm_tile_block(g, r0, m, 0, n, pc, kc, pc + kc >= K, A, lda, bblk, beta,
-                                C + c0, ldc, bias ? bias + c0 : NULL, pre ? pre + c0 : NULL, ap);
+                                C + c0, ldc, bias ? bias + c0 : NULL, pre ? pre + c0 : NULL,
+                                mul ? mul + c0 : NULL, ap);
             }
         }
     }
@@ -623,14 +627,14 @@ static inline void store_c(float *c, float acc, float alpha, float beta) {
  * A[k*lda] when transposed, gathered into a buffer first). */
 static void gemm_one_row(const gemm_ctx *g, int nt, int64_t N, int64_t K, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                         const float *bias, float *pre) {
+                         const float *bias, float *pre, const float *mul) {
     const float alpha = g->alpha;
     const int round = g->round;
     const float *a = A;
     if ((g->ta && lda != 1) || round != ANNEAL_GEMM_ROUND_NONE) {
         float *buf = pack_buffer(1, (size_t)K * sizeof(float));
         if (!buf) {
-            gemm_unpacked(g, 1, N, K, A, lda, B, ldb, beta, C, N, bias, pre);
+            gemm_unpacked(g, 1, N, K, A, lda, B, ldb, beta, C, N, bias, pre, mul);
             return;
         }
         const int64_t step = g->ta ? lda : 1;
@@ -670,7 +674,7 @@ static void gemm_one_row(const gemm_ctx *g, int nt, int64_t N, int64_t K, const 
             for (int64_t j = 0; j < w; j++) store_c(C + j0 + j, acc[j], alpha, beta);
         }
     }
-    if (g->ep) anneal_gemm_epilogue_tile(g->ep, 1, N, C, N, bias, pre);
+    if (g->ep) anneal_gemm_epilogue_tile(g->ep, 1, N, C, N, bias, pre, mul);
 }
 
 /* ------------------------------------------------------------ entry points */
@@ -684,8 +688,8 @@ static void gemm_run(int compute, int nt, bool ta, bool tb, int64_t M, int64_t N
     if (N <= 0) return;
     float *colsum = ep ? ep->b_colsum : NULL;
     if (!anneal_gemm_epilogue_active(ep)) ep = NULL;
-    const float *bias = ep ? ep->bias : NULL;
-    float *pre = ep && ep->gelu_tanh ? ep->pre : NULL;
+    const float *bias = ep ? ep->bias : NULL, *mul = ep ? ep->silu_mul : NULL;
+    float *pre = ep && (ep->gelu_tanh || mul) ? ep->pre : NULL;
     const bool packs = M > 1 && K > 0 && alpha != 0.0f; /* gemm_blocked below */
     if (colsum && !packs) {
         for (int64_t c = 0; c < N; c++) colsum[c] = 0.0f;
@@ -694,15 +698,15 @@ static void gemm_run(int compute, int nt, bool ta, bool tb, int64_t M, int64_t N
     if (M <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         scale_c(M, N, beta, C, ldc);
-        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre);
+        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre, mul);
         return;
     }
     gemm_ctx g = {.ta = ta, .tb = tb, .alpha = alpha, .ep = ep, .colsum = packs ? colsum : NULL};
     g.isa = gemm_select(compute, &g.round);
     if (M == 1)
-        gemm_one_row(&g, nt, N, K, A, lda, B, ldb, beta, C, bias, pre);
+        gemm_one_row(&g, nt, N, K, A, lda, B, ldb, beta, C, bias, pre, mul);
     else
-        gemm_blocked(&g, nt, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre);
+        gemm_blocked(&g, nt, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, pre, mul);
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C (see cpu_kernels.h). */
@@ -727,16 +731,17 @@ void anneal_cpu_gemm_packed(int compute, bool trans_a, int64_t M, int64_t N, int
                             float beta, float *C, int64_t ldc, const anneal_gemm_epilogue *ep) {
     if (M <= 0 || N <= 0) return;
     if (!anneal_gemm_epilogue_active(ep)) ep = NULL;
-    const float *bias = ep ? ep->bias : NULL;
-    float *pre = ep && ep->gelu_tanh ? ep->pre : NULL;
+    const float *bias = ep ? ep->bias : NULL, *mul = ep ? ep->silu_mul : NULL;
+    float *pre = ep && (ep->gelu_tanh || mul) ? ep->pre : NULL;
     if (K <= 0 || alpha == 0.0f) {
         scale_c(M, N, beta, C, ldc);
-        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre);
+        if (ep) anneal_gemm_epilogue_tile(ep, M, N, C, ldc, bias, pre, mul);
         return;
     }
     gemm_ctx g = {.ta = trans_a, .tb = false, .alpha = alpha, .ep = ep};
     g.isa = gemm_select(compute, &g.round);
-    gemm_prepacked(&g, gemm_threads(M, N, K), M, N, K, A, lda, packed_b, beta, C, ldc, bias, pre);
+    gemm_prepacked(&g, gemm_threads(M, N, K), M, N, K, A, lda, packed_b, beta, C, ldc, bias, pre,
+                   mul);
 }
 
 /* `batch` independent GEMMs at precision `compute` (see cpu_kernels.h). Many small products

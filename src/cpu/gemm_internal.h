@@ -125,13 +125,16 @@ void anneal_gemm_round_f16_avx2(int64_t n, const float *src, float *dst);
 void anneal_gemm_axpy_f16_avx2(int64_t n, float ak, const float *b, float *acc);
 
 /* The epilogue (cpu_kernels.h) over an m x n tile of C at c (row stride ldc): bias points at
- * the tile's first column's bias (or NULL), pre at the tile's first element (or NULL).
- * The GELU is bit-identical to anneal_cpu_gelu_fwd(..., tanh_approx = true). */
+ * the tile's first column's bias (or NULL), pre and mul at the tile's first element of the
+ * pre-activation and of the SiLU multiplier (or NULL; row stride ldc). mul non-NULL selects
+ * the SiLU-times-multiplier epilogue (ep->gelu_tanh is then ignored). The GELU is
+ * bit-identical to anneal_cpu_gelu_fwd(..., tanh_approx = true), the SiLU to
+ * anneal_cpu_silu_fwd. */
 void anneal_gemm_epilogue_tile(const anneal_gemm_epilogue *ep, int64_t m, int64_t n, float *c,
-                               int64_t ldc, const float *bias, float *pre);
-/* True when ep does something. */
+                               int64_t ldc, const float *bias, float *pre, const float *mul);
+/* True when ep does something to C. */
 static inline bool anneal_gemm_epilogue_active(const anneal_gemm_epilogue *ep) {
-    return ep && (ep->bias || ep->gelu_tanh);
+    return ep && (ep->bias || ep->gelu_tanh || ep->silu_mul);
 }
 
 #endif

@@ -74,9 +74,30 @@ static void epilogue_row(int64_t n, float *restrict c, const float *restrict bia
     }
 }
 
+/* silu(x) * m: x / (1 + e^(-x)) as anneal_cpu_silu_fwd computes it (pointwise.c: the same
+ * operations, so the same bits), then the product. */
+ANNEAL_INLINE float silu_times(float x, float m) { return x / (1.0f + anneal_vexpf(-x)) * m; }
+
+/* One row of the SiLU-times-multiplier epilogue: c[j] += bias[j] (bias may be NULL),
+ * pre[j] = c[j] (pre may be NULL), c[j] = silu(c[j]) * mul[j]. */
+ANNEAL_VEC_CLONES
+static void epilogue_silu_mul_row(int64_t n, float *restrict c, const float *restrict bias,
+                                  float *restrict pre, const float *restrict mul) {
+    if (bias)
+        for (int64_t j = 0; j < n; j++) c[j] = c[j] + bias[j];
+    if (pre)
+        for (int64_t j = 0; j < n; j++) pre[j] = c[j];
+    for (int64_t j = 0; j < n; j++) c[j] = silu_times(c[j], mul[j]);
+}
+
 /* The epilogue over an m x n tile (see gemm_internal.h). */
 void anneal_gemm_epilogue_tile(const anneal_gemm_epilogue *ep, int64_t m, int64_t n, float *c,
-                               int64_t ldc, const float *bias, float *pre) {
+                               int64_t ldc, const float *bias, float *pre, const float *mul) {
+    if (mul) {
+        for (int64_t i = 0; i < m; i++)
+            epilogue_silu_mul_row(n, c + i * ldc, bias, pre ? pre + i * ldc : NULL, mul + i * ldc);
+        return;
+    }
     for (int64_t i = 0; i < m; i++)
         epilogue_row(n, c + i * ldc, bias, pre ? pre + i * ldc : NULL, ep->gelu_tanh);
 }

@@ -66,7 +66,8 @@ static anneal_status copy_to_host(const anneal_tensor *t, anneal_ckpt_buf *b) {
     if (t->dtype == ANNEAL_F32 && anneal_is_contiguous(t)) {
         const anneal_backend *be = anneal_backend_get(t->device);
         if (!be) return anneal_last_status();
-        return be->to_host(b->data, anneal_data(t), b->nbytes);
+        anneal_status s = be->copy_to_host(be->ctx, b->data, anneal_data(t), b->nbytes);
+        return s == ANNEAL_OK ? be->synchronize(be->ctx) : s;
     }
     return anneal_to_f32_buffer(t, b->data);
 }

@@ -159,12 +159,20 @@ anneal_status anneal_gpt2_init(anneal_gpt2 *m, uint64_t seed) {
     return s;
 }
 
+/* conv1d (w (in, out)) at the model's compute precision, with an optional GELU. */
+static anneal_tensor *conv1d(const anneal_gpt2 *m, anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, bool gelu) {
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_IN_OUT, .act = gelu ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE,
+                           .compute = m->compute};
+    return anneal_dense(x, w, b, &o);
+}
+
 /* qkv GEMM + causal attention of one block (ctx): in[0] = ln_1 output (B,T,C) ->
  * (B,T,C). Also the recompute region of ANNEAL_RECOMPUTE_ATTN. */
 static anneal_tensor *attn_forward(void *ctx, anneal_tensor *const *in) {
     const anneal_gpt2_block *b = ctx;
-    anneal_tensor *qkv = anneal_conv1d(in[0], b->c_attn_w, b->c_attn_b); /* (B,T,3C) */
-    return anneal_causal_attention(qkv, b->model->cfg.n_head);
+    anneal_tensor *qkv = conv1d(b->model, in[0], b->c_attn_w, b->c_attn_b, false); /* (B,T,3C) */
+    int H = b->model->cfg.n_head;
+    return anneal_attention_packed(qkv, H, H, &(anneal_attention_opts){.causal = true, .compute = b->model->compute});
 }
 
 /* The attention part of block b on h (B,T,C): in a recompute region in attn mode, so
@@ -182,15 +190,16 @@ anneal_tensor *anneal_gpt2_block_apply(const anneal_gpt2_block *b, int layer, an
     bool train = b->model->training;
     /* attention: LN -> qkv (B,T,3C) -> causal attention (B,T,C) -> proj -> dropout -> residual */
     anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
-    anneal_tensor *att = attend ? attend(ctx, layer, anneal_conv1d(h, b->c_attn_w, b->c_attn_b))
+    const anneal_gpt2 *m = b->model;
+    anneal_tensor *att = attend ? attend(ctx, layer, conv1d(m, h, b->c_attn_w, b->c_attn_b, false))
                                 : gpt2_attention(b, h);
-    anneal_tensor *a = anneal_dropout(anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b), p, train);
+    anneal_tensor *a = anneal_dropout(conv1d(m, att, b->attn_proj_w, b->attn_proj_b, false), p, train);
     /* residual add + ln_2 in one pass: s = x + a (the residual stream), h = LN(s) */
     anneal_tensor *s;
     h = anneal_add_layer_norm(x, a, b->ln_2_w, b->ln_2_b, cfg->ln_eps, &s);
     /* MLP: fc + GELU(tanh) fused (B,T,4C) -> proj (B,T,C) -> dropout -> residual */
-    anneal_tensor *f = anneal_conv1d_gelu(h, b->c_fc_w, b->c_fc_b);
-    anneal_tensor *o = anneal_dropout(anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b), p, train);
+    anneal_tensor *f = conv1d(m, h, b->c_fc_w, b->c_fc_b, true);
+    anneal_tensor *o = anneal_dropout(conv1d(m, f, b->mlp_proj_w, b->mlp_proj_b, false), p, train);
     return anneal_add(s, o);
 }
 
@@ -213,9 +222,7 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) {
         return NULL;
     }
     /* token + position embeddings: (B, T, C) + (T, C) */
-    anneal_tensor *pos = anneal_empty(ANNEAL_I32, 1, (int64_t[]){T});
-    if (!pos) return NULL;
-    for (int64_t t = 0; t < T; t++) ((int32_t *)anneal_data(pos))[t] = (int32_t)t;
+    anneal_tensor *pos = anneal_arange(ids->device, 0, T);
     anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
     x = anneal_dropout(x, m->cfg.dropout, m->training);
     for (int l = 0; l < m->cfg.n_layer; l++) {
@@ -228,12 +235,14 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) {
 
 anneal_tensor *anneal_gpt2_forward(anneal_gpt2 *m, anneal_tensor *ids) {
     /* lm head tied to wte (V, C): logits = h @ wte^T */
-    return anneal_linear(anneal_gpt2_hidden(m, ids), m ? m->wte : NULL, NULL);
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m ? m->compute : ANNEAL_F32};
+    return anneal_dense(anneal_gpt2_hidden(m, ids), m ? m->wte : NULL, NULL, &o);
 }
 
 anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *targets) {
     /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
-    return anneal_linear_cross_entropy(anneal_gpt2_hidden(m, ids), m ? m->wte : NULL, targets, -100);
+    return anneal_linear_cross_entropy_ex(anneal_gpt2_hidden(m, ids), m ? m->wte : NULL, targets, -100,
+                                          m ? m->compute : ANNEAL_F32);
 }
 
 int64_t anneal_gpt2_num_params(const anneal_gpt2 *m) { return m ? anneal_params_numel(m->params) : 0; }

@@ -99,7 +99,8 @@ static anneal_tensor *cached_attention(void *ctx, int l, anneal_tensor *qkv) {
         return NULL;
     anneal_tensor *k_all = anneal_narrow(kv->k[l], 2, 0, end), *v_all = anneal_narrow(kv->v[l], 2, 0, end);
     /* (B, H, T, D), a view of (B, T, H, D) storage: merging the heads is a free reshape */
-    anneal_tensor *o = anneal_attention(q, k_all, v_all, true, 0.0f);
+    anneal_attention_opts opts = {.causal = true, .compute = kv->model->compute};
+    anneal_tensor *o = anneal_attention_ex(q, k_all, v_all, &opts);
     return anneal_reshape(anneal_transpose(o, 1, 2), 3, (int64_t[]){B, T, C});
 }
 
@@ -131,9 +132,7 @@ static anneal_tensor *cached_hidden(anneal_gpt2 *m, anneal_gpt2_kv_cache *kv, an
         return NULL;
     }
     /* token + position embeddings of positions len .. len + T - 1: (B, T, C) + (T, C) */
-    anneal_tensor *pos = anneal_empty(ANNEAL_I32, 1, (int64_t[]){T});
-    if (!pos) return NULL;
-    for (int64_t t = 0; t < T; t++) ((int32_t *)anneal_data(pos))[t] = (int32_t)(kv->len + t);
+    anneal_tensor *pos = anneal_arange(ids->device, kv->len, T);
     anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
     /* each block with the attention replaced by the cached one (dropout is off here) */
     for (int l = 0; l < m->cfg.n_layer; l++)
@@ -156,7 +155,8 @@ static anneal_tensor *cached_logits(anneal_gpt2 *m, anneal_gpt2_kv_cache *kv, an
     anneal_tensor *h = cached_hidden(m, kv, ids);
     if (m) m->training = training;
     if (h && rows > 0 && rows < h->shape[1]) h = anneal_narrow(h, 1, h->shape[1] - rows, rows);
-    anneal_tensor *logits = anneal_linear(h, m ? m->wte : NULL, NULL);
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m ? m->compute : ANNEAL_F32};
+    anneal_tensor *logits = anneal_dense(h, m ? m->wte : NULL, NULL, &o);
     if (logits) anneal_keep(logits, outer);
     anneal_scope_close(tmp);
     anneal_no_grad_end();

@@ -125,13 +125,13 @@ anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve(2 * (uint64_t)n);
     if (t->dtype == ANNEAL_F32 && anneal_is_contiguous(t))
-        return be->randn(t, mean, std, rs.seed, offset);
+        return be->randn(be->ctx, t, mean, std, rs.seed, offset);
     anneal_scope_enter(NULL);
     anneal_tensor *tmp = anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
     anneal_scope_leave();
     if (!tmp) return anneal_last_status();
-    anneal_status s = be->randn(tmp, mean, std, rs.seed, offset);
-    if (s == ANNEAL_OK) s = be->copy(t, tmp);
+    anneal_status s = be->randn(be->ctx, tmp, mean, std, rs.seed, offset);
+    if (s == ANNEAL_OK) s = be->copy(be->ctx, t, tmp);
     anneal_release(tmp);
     return s;
 }
@@ -140,5 +140,5 @@ anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
 anneal_status anneal_init_fill_(anneal_tensor *t, float value) {
     const anneal_backend *be = init_backend("anneal_init_fill_", t);
     if (!be) return anneal_last_status();
-    return be->fill(t, value);
+    return be->fill(be->ctx, t, value);
 }

@@ -38,7 +38,9 @@ static anneal_tensor *binary(anneal_binary_op op, anneal_tensor *a, anneal_tenso
     anneal_tensor *in[2] = {a, b};
     const anneal_backend *be = anneal_ops_backend(name, 2, in);
     if (!be) return NULL;
-    if (!anneal_ops_require_f32(name, "a", a) || !anneal_ops_require_f32(name, "b", b)) return NULL;
+    if (!anneal_ops_require_f32(name, "a", a) || !anneal_ops_require_f32(name, "b", b) ||
+        !anneal_ops_kernel(name, be, ANNEAL_OP_BINARY, ANNEAL_F32))
+        return NULL;
     int nd;
     int64_t shape[ANNEAL_MAX_DIMS];
     if (!anneal_ops_broadcast_shape(name, a, b, &nd, shape)) return NULL;
@@ -47,7 +49,7 @@ static anneal_tensor *binary(anneal_binary_op op, anneal_tensor *a, anneal_tenso
     anneal_scope_enter(NULL);
     anneal_tensor *xa = anneal_ops_expand(a, nd, shape), *xb = anneal_ops_expand(b, nd, shape);
     anneal_scope_leave();
-    anneal_status s = (xa && xb) ? be->binary(op, out, xa, xb) : anneal_last_status();
+    anneal_status s = (xa && xb) ? be->binary(be->ctx, op, out, xa, xb) : anneal_last_status();
     anneal_release(xa);
     anneal_release(xb);
     if (s != ANNEAL_OK) return NULL;
@@ -89,7 +91,7 @@ static anneal_status unary_backward(anneal_node *node, anneal_tensor *const *gou
     anneal_tensor *dx = anneal_ops_new_like(dy);
     const anneal_backend *be = anneal_backend_get(dy->device);
     if (!dx || !be) return anneal_last_status();
-    anneal_status s = be->unary_bwd(op, dx, node->n_saved ? node->saved[0] : NULL, dy,
+    anneal_status s = be->unary_bwd(be->ctx, op, dx, node->n_saved ? node->saved[0] : NULL, dy,
                                     (float)node->scalars[0]);
     gin[0] = dx;
     return s;
@@ -98,10 +100,11 @@ static anneal_status unary_backward(anneal_node *node, anneal_tensor *const *gou
 static anneal_tensor *unary(anneal_unary_op op, anneal_tensor *x, float alpha) {
     const char *name = unary_name(op);
     const anneal_backend *be = anneal_ops_backend(name, 1, &x);
-    if (!be || !anneal_ops_require_f32(name, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(name, "x", x) || !anneal_ops_kernel(name, be, ANNEAL_OP_UNARY, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
-    if (!out || be->unary(op, out, xc, alpha) != ANNEAL_OK) return NULL;
+    if (!out || be->unary(be->ctx, op, out, xc, alpha) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(name, unary_backward, 1, &x, 1, &out);
     if (node) {
         node->ints[0] = op;
@@ -130,7 +133,7 @@ static anneal_status dropout_backward(anneal_node *node, anneal_tensor *const *g
     const anneal_backend *be = dx ? anneal_backend_get(dx->device) : NULL;
     if (!be) return anneal_last_status();
     gin[0] = dx;
-    return be->dropout_bwd(dx, node->saved[0], dy, (float)node->scalars[0]);
+    return be->dropout_bwd(be->ctx, dx, node->saved[0], dy, (float)node->scalars[0]);
 }
 
 anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
@@ -141,14 +144,15 @@ anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
         return NULL;
     }
     if (!training || p == 0.0f) return x;
-    if (!anneal_ops_require_f32("dropout", "x", x)) return NULL;
+    if (!anneal_ops_require_f32("dropout", "x", x) || !anneal_ops_kernel("dropout", be, ANNEAL_OP_DROPOUT, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
     anneal_tensor *mask = out ? anneal_empty_on(x->device, ANNEAL_U8, x->ndim, x->shape) : NULL;
     if (!mask) return NULL;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve((uint64_t)anneal_numel(x));
-    if (be->dropout_fwd(out, mask, xc, p, rs.seed, offset) != ANNEAL_OK) return NULL;
+    if (be->dropout_fwd(be->ctx, out, mask, xc, p, rs.seed, offset) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record("dropout", dropout_backward, 1, &x, 1, &out);
     if (node) {
         node->scalars[0] = p;

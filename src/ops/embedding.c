@@ -1,34 +1,7 @@
 /* Embedding lookup: rows of a weight table (V, C) picked by integer ids of any
- * shape, giving (..., C). Ids are checked on the host before the kernel runs, so a
- * bad token id is a clear error rather than an out-of-bounds read. */
+ * shape, giving (..., C). Ids are checked by the backend (check_index) before the
+ * kernel runs, so a bad token id is a clear error rather than an out-of-bounds read. */
 #include "ops_internal.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-
-/* Checks every id of the contiguous i32 tensor ids is in [0, V); reads device memory
- * through the backend. Records ANNEAL_ERR_ARG naming the first bad id, its position
- * and V. */
-static bool check_ids(const anneal_backend *be, const anneal_tensor *ids, int64_t V) {
-    int64_t n = anneal_numel(ids);
-    void *copy = NULL;
-    const int32_t *h = anneal_ops_host_view(be, ids, sizeof(int32_t), &copy);
-    if (!h) return false;
-    bool ok = true;
-    for (int64_t i = 0; i < n; i++) {
-        if (h[i] < 0 || h[i] >= V) {
-            char pos[160];
-            anneal_set_error(ANNEAL_ERR_ARG,
-                             "embedding: id %d at position %s (flat index %lld) is outside [0, V) "
-                             "with V = %lld",
-                             (int)h[i], anneal_ops_index_str(ids, i, pos, sizeof pos), (long long)i, (long long)V);
-            ok = false;
-            break;
-        }
-    }
-    free(copy);
-    return ok;
-}
 
 /* dW (V, C) = scatter-add of dy rows by id; saved: ids (contiguous). Ids get nothing. */
 static anneal_status embedding_backward(anneal_node *node, anneal_tensor *const *gout,
@@ -40,7 +13,7 @@ static anneal_status embedding_backward(anneal_node *node, anneal_tensor *const 
     anneal_tensor *dw = dy ? anneal_empty_on(ids->device, ANNEAL_F32, e->ndim, e->shape) : NULL;
     if (!be || !dw) return anneal_last_status();
     gin[0] = dw;
-    return be->embedding_bwd(dw, ids, dy);
+    return be->embedding_bwd(be->ctx, dw, ids, dy);
 }
 
 anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {
@@ -62,14 +35,16 @@ anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {
     }
     int64_t V = weight->shape[0], C = weight->shape[1];
     anneal_tensor *idc = anneal_ops_contiguous_raw(ids);
-    if (!idc || !check_ids(be, idc, V)) return NULL;
+    if (!anneal_ops_kernel(op, be, ANNEAL_OP_EMBEDDING, ANNEAL_F32) || !idc ||
+        anneal_ops_check_index(op, "id", be, idc, V, false, 0, NULL) != ANNEAL_OK)
+        return NULL;
     anneal_tensor *wc = anneal_ops_contiguous_raw(weight);
     if (!wc) return NULL;
     int64_t shape[ANNEAL_MAX_DIMS];
     for (int i = 0; i < ids->ndim; i++) shape[i] = ids->shape[i];
     shape[ids->ndim] = C;
     anneal_tensor *y = anneal_empty_on(weight->device, ANNEAL_F32, ids->ndim + 1, shape);
-    if (!y || be->embedding_fwd(y, idc, wc) != ANNEAL_OK) return NULL;
+    if (!y || be->embedding_fwd(be->ctx, y, idc, wc) != ANNEAL_OK) return NULL;
     /* Only the weight is a differentiable input: integer ids never require grad. */
     anneal_node *node = anneal_record(op, embedding_backward, 1, &weight, 1, &y);
     if (node && anneal_node_save(node, idc) < 0) return NULL;

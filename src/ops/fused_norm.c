@@ -37,7 +37,7 @@ static anneal_status add_layer_norm_backward(anneal_node *node, anneal_tensor *c
     if ((want_x || want_r) && !(dx = anneal_ops_new_like(s))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 2) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 3) && !(db = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status st = be->add_layer_norm_bwd(dx, dw, db, s, w, mean, rstd, dy, ds);
+    anneal_status st = be->add_layer_norm_bwd(be->ctx, dx, dw, db, s, w, mean, rstd, dy, ds);
     gin[0] = want_x ? dx : NULL; /* the engine never modifies a gradient in place: sharing is safe */
     gin[1] = want_r ? dx : NULL;
     gin[2] = dw;
@@ -60,7 +60,9 @@ anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_
     if (w) given[n_given++] = w;
     if (b) given[n_given++] = b;
     const anneal_backend *be = anneal_ops_backend(op, n_given, given);
-    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_require_f32(op, "r", r)) return NULL;
+    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_require_f32(op, "r", r) ||
+        !anneal_ops_kernel(op, be, ANNEAL_OP_ADD_LAYER_NORM, ANNEAL_F32))
+        return NULL;
     char b1[128], b2[128];
     if (x->ndim < 1 || !anneal_same_shape(x, r)) {
         anneal_set_error(ANNEAL_ERR_SHAPE,
@@ -76,12 +78,12 @@ anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_
     anneal_tensor *wc = w ? anneal_ops_contiguous_raw(w) : anneal_empty_on(x->device, ANNEAL_F32, 1, &C);
     anneal_tensor *bc = b ? anneal_ops_contiguous_raw(b) : NULL; /* NULL bias: none added */
     if (!xc || !rc || !wc || (b && !bc)) return NULL;
-    if (!w && be->fill(wc, 1.0) != ANNEAL_OK) return NULL;
+    if (!w && be->fill(be->ctx, wc, 1.0) != ANNEAL_OK) return NULL;
     anneal_tensor *s = anneal_ops_new_like(x), *y = anneal_ops_new_like(x);
     anneal_tensor *mean = anneal_empty_on(x->device, ANNEAL_F32, 1, &N);
     anneal_tensor *rstd = anneal_empty_on(x->device, ANNEAL_F32, 1, &N);
     if (!s || !y || !mean || !rstd ||
-        be->add_layer_norm_fwd(s, y, mean, rstd, xc, rc, wc, bc, eps) != ANNEAL_OK)
+        be->add_layer_norm_fwd(be->ctx, s, y, mean, rstd, xc, rc, wc, bc, eps) != ANNEAL_OK)
         return NULL;
     anneal_tensor *in[4] = {x, r, w, b}, *out[2] = {y, s};
     anneal_node *node = anneal_record(op, add_layer_norm_backward, 4, in, 2, out);

@@ -1,27 +1,24 @@
 /* Mean cross-entropy with a fused log-softmax: logits (..., V) against i32 targets
- * (...), skipping targets equal to ignore_index. The kernel gives per-row losses and
- * logsumexps; the mean over kept rows is taken here in double, in row order, so the
- * loss does not depend on the thread count. */
+ * (...), skipping targets equal to ignore_index. Everything stays on the device: the
+ * backend checks the targets and counts the kept rows (check_index), gives per-row
+ * losses and logsumexps, and takes the mean over kept rows in double, in row order
+ * (loss_mean), so the loss does not depend on the thread count; the backward reads the
+ * upstream gradient and the count on the device as well. */
 #include "ops_internal.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 /* dlogits = (dloss / count) * (softmax - onehot) on kept rows, 0 on ignored ones;
- * saved: logits (contiguous), targets (contiguous), lse (N); ints: count, ignore_index. */
+ * saved: logits (contiguous), targets (contiguous), lse (N), count (I64 0-dim);
+ * ints[0]: ignore_index. */
 static anneal_status cross_entropy_backward(anneal_node *node, anneal_tensor *const *gout,
                                             anneal_tensor **gin) {
     anneal_tensor *logits = node->saved[0], *targets = node->saved[1], *lse = node->saved[2];
-    int64_t count = node->ints[0];
-    int32_t ignore_index = (int32_t)node->ints[1];
+    anneal_tensor *count = node->saved[3];
+    int32_t ignore_index = (int32_t)node->ints[0];
     const anneal_backend *be = anneal_backend_get(logits->device);
-    double dloss = anneal_item(gout[0]);
-    anneal_tensor *dlogits = anneal_ops_new_like(logits);
-    if (!be || !dlogits || anneal_last_status() != ANNEAL_OK) return anneal_last_status();
-    float scale = count ? (float)(dloss / (double)count) : 0.0f;
+    anneal_tensor *dlogits = be ? anneal_ops_new_like(logits) : NULL;
+    if (!dlogits) return anneal_last_status();
     gin[0] = dlogits;
-    return be->cross_entropy_bwd(dlogits, logits, targets, lse, ignore_index, scale);
+    return be->cross_entropy_bwd(be->ctx, dlogits, logits, targets, lse, ignore_index, gout[0], count);
 }
 
 anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *targets,
@@ -48,46 +45,29 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
                          anneal_shape_str(logits, b1, sizeof b1));
         return NULL;
     }
+    if (!anneal_ops_kernel(op, be, ANNEAL_OP_CROSS_ENTROPY, ANNEAL_F32) ||
+        !anneal_ops_kernel(op, be, ANNEAL_OP_LOSS_MEAN, ANNEAL_F32))
+        return NULL;
     anneal_tensor *tc = anneal_ops_contiguous_raw(targets);
     anneal_tensor *lc = tc ? anneal_ops_contiguous_raw(logits) : NULL;
     if (!lc) return NULL;
-
-    /* Validate the targets on the host and count the kept rows. */
-    void *owned_t;
-    int64_t count;
-    const int32_t *t = anneal_ops_check_targets("cross_entropy", be, tc, V, ignore_index, &count, &owned_t);
-    if (!t) return NULL;
-
+    /* Targets in [0, V) or ignored; the kept rows counted on the device. */
+    anneal_tensor *count;
+    if (anneal_ops_check_index(op, "target", be, tc, V, true, ignore_index, &count) != ANNEAL_OK) return NULL;
     anneal_tensor *loss = anneal_empty_on(logits->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = loss ? anneal_empty_on(logits->device, ANNEAL_F32, 1, &N) : NULL;
-    if (!lse || be->cross_entropy_fwd(loss, lse, lc, tc, ignore_index) != ANNEAL_OK) {
-        free(owned_t);
+    anneal_tensor *out = lse ? anneal_empty_on(logits->device, ANNEAL_F32, 0, NULL) : NULL;
+    if (!out || be->cross_entropy_fwd(be->ctx, loss, lse, lc, tc, ignore_index) != ANNEAL_OK ||
+        be->loss_mean(be->ctx, out, loss, tc, ignore_index, count) != ANNEAL_OK)
         return NULL;
-    }
-    /* Mean over kept rows, in double and in row order (0 when every row is ignored). */
-    void *owned_l;
-    const float *l = anneal_ops_host_view(be, loss, sizeof(float), &owned_l);
-    if (!l) {
-        free(owned_t);
-        return NULL;
-    }
-    double sum = 0.0;
-    for (int64_t i = 0; i < N; i++)
-        if (t[i] != ignore_index) sum += (double)l[i];
-    free(owned_l);
-    free(owned_t);
-    double mean = count ? sum / (double)count : 0.0;
-
-    anneal_tensor *out = anneal_empty_on(logits->device, ANNEAL_F32, 0, NULL);
-    if (!out || be->fill(out, mean) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(op, cross_entropy_backward, 1, &logits, 1, &out);
     if (node) {
-        node->ints[0] = count;
-        node->ints[1] = ignore_index;
+        node->ints[0] = ignore_index;
         anneal_node_save(node, lc);
         anneal_node_save(node, tc);
         anneal_node_save(node, lse);
-        if (node->n_saved != 3) return NULL;
+        anneal_node_save(node, count);
+        if (node->n_saved != 4) return NULL;
     }
     return out;
 }

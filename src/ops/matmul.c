@@ -1,8 +1,9 @@
-/* Matrix products: matmul with NumPy broadcasting of batch dims, and the dense layer
- * in both weight layouts (linear: w (out, in) as torch.nn.Linear; conv1d: w (in, out)
- * as Hugging Face's Conv1D), with their backward rules. Every product goes through
- * the backend's matmul slot; transposed operands are handed over as strided views
- * (the GEMM reads either layout), so no transpose is ever copied. */
+/* matmul with NumPy broadcasting of batch dims, at a compute precision recorded on
+ * its node (the backward's products run at it), and its backward rule. Every product
+ * goes through the backend's matmul slot with a descriptor built here (gemm.c);
+ * transposed operands are handed over as strided views (the GEMM reads either
+ * layout), so no transpose is ever copied. The operand helpers are shared with the
+ * dense layer (dense.c). */
 #include "ops_internal.h"
 
 #include <string.h>
@@ -11,7 +12,7 @@
 
 /* True when the last two dims of t (rows, cols) can go to the backend GEMM as they are:
  * one dim has unit stride and the other's stride spans it (the CPU adapter's rule). */
-static bool gemm_ok(const anneal_tensor *t) {
+bool anneal_ops_gemm_ok(const anneal_tensor *t) {
     int nd = t->ndim;
     int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1];
     int64_t sr = t->strides[nd - 2], sc = t->strides[nd - 1];
@@ -21,13 +22,13 @@ static bool gemm_ok(const anneal_tensor *t) {
 }
 
 /* t itself when the GEMM can read it, otherwise a contiguous copy (no autograd). */
-static anneal_tensor *gemm_operand(anneal_tensor *t) {
+anneal_tensor *anneal_ops_gemm_operand(anneal_tensor *t) {
     if (!t) return NULL;
-    return gemm_ok(t) ? t : anneal_ops_contiguous_raw(t);
+    return anneal_ops_gemm_ok(t) ? t : anneal_ops_contiguous_raw(t);
 }
 
 /* View of t (ndim >= 2) with its last two dims swapped: t^T without a copy. */
-static anneal_tensor *mT(const anneal_tensor *t) {
+anneal_tensor *anneal_ops_mT(const anneal_tensor *t) {
     if (!t) return NULL;
     int nd = t->ndim;
     int64_t shape[ANNEAL_MAX_DIMS], strides[ANNEAL_MAX_DIMS];
@@ -41,7 +42,7 @@ static anneal_tensor *mT(const anneal_tensor *t) {
 }
 
 /* Product of the sizes of dims [0, n). */
-static int64_t prod(const int64_t *shape, int n) {
+int64_t anneal_ops_prod(const int64_t *shape, int n) {
     int64_t p = 1;
     for (int i = 0; i < n; i++) p *= shape[i];
     return p;
@@ -49,7 +50,7 @@ static int64_t prod(const int64_t *shape, int n) {
 
 /* When all leading dims of t (ndim >= 1) merge into one evenly strided row dim, writes
  * the row stride and returns true: t is then a (rows, cols) matrix without a copy. */
-static bool rows_stride(const anneal_tensor *t, int64_t *rs) {
+bool anneal_ops_rows_stride(const anneal_tensor *t, int64_t *rs) {
     int nd = t->ndim;
     int64_t cols = t->shape[nd - 1], expect = -1;
     *rs = -1;
@@ -65,14 +66,14 @@ static bool rows_stride(const anneal_tensor *t, int64_t *rs) {
 
 /* t (..., cols) as a 2-D (rows, cols) matrix the GEMM can read: a view when the
  * leading dims merge (any row stride, either unit-stride layout), else a copy. */
-static anneal_tensor *flat_operand(anneal_tensor *t) {
+anneal_tensor *anneal_ops_flat_operand(anneal_tensor *t) {
     if (!t) return NULL;
     int nd = t->ndim;
-    int64_t rows = prod(t->shape, nd - 1), cols = t->shape[nd - 1], rs;
-    if (rows_stride(t, &rs)) {
+    int64_t rows = anneal_ops_prod(t->shape, nd - 1), cols = t->shape[nd - 1], rs;
+    if (anneal_ops_rows_stride(t, &rs)) {
         int64_t shape[2] = {rows, cols}, strides[2] = {rs, t->strides[nd - 1]};
         anneal_tensor *v = anneal_alias(t, 2, shape, strides, t->offset);
-        if (!v || gemm_ok(v)) return v;
+        if (!v || anneal_ops_gemm_ok(v)) return v;
     }
     anneal_tensor *c = anneal_ops_contiguous_raw(t);
     if (!c) return NULL;
@@ -85,14 +86,15 @@ static anneal_tensor *flat_operand(anneal_tensor *t) {
 /* dst (c's batch dims, left's rows, right's cols) = left @ right, summed down to the
  * shape of edge e (over the batch dims the operand was broadcast in). */
 static anneal_tensor *product_to(const anneal_backend *be, int nb, const int64_t *batch,
-                                 anneal_tensor *left, anneal_tensor *right, const anneal_edge *e) {
+                                 anneal_tensor *left, anneal_tensor *right, const anneal_edge *e,
+                                 anneal_dtype compute) {
     if (!left || !right) return NULL;
     int64_t shape[ANNEAL_MAX_DIMS];
     memcpy(shape, batch, sizeof(int64_t) * (size_t)nb);
     shape[nb] = left->shape[left->ndim - 2];
     shape[nb + 1] = right->shape[right->ndim - 1];
     anneal_tensor *full = anneal_empty_on(left->device, ANNEAL_F32, nb + 2, shape);
-    if (!full || be->matmul(full, left, right, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return NULL;
+    if (!full || anneal_ops_gemm_nd("matmul", be, full, left, right, 1.0f, 0.0f, compute) != ANNEAL_OK) return NULL;
     return anneal_ops_sum_to(full, e->ndim, e->shape);
 }
 
@@ -100,47 +102,50 @@ static anneal_tensor *product_to(const anneal_backend *be, int nb, const int64_t
  * dC (batch.., M, N) fold into (batch*M, K) and (batch*M, N) matrices, so the sum over
  * the batch happens inside the GEMM. NULL without error when they do not fold. */
 static anneal_tensor *shared_rhs_grad(const anneal_backend *be, anneal_tensor *a,
-                                      anneal_tensor *dc, const anneal_edge *eb) {
+                                      anneal_tensor *dc, const anneal_edge *eb, anneal_dtype compute) {
     int64_t ra, rc;
-    if (prod(a->shape, a->ndim - 2) != prod(dc->shape, dc->ndim - 2)) return NULL;
-    if (!rows_stride(a, &ra) || !rows_stride(dc, &rc)) return NULL;
-    int64_t R = prod(a->shape, a->ndim - 1), K = a->shape[a->ndim - 1],
+    if (anneal_ops_prod(a->shape, a->ndim - 2) != anneal_ops_prod(dc->shape, dc->ndim - 2)) return NULL;
+    if (!anneal_ops_rows_stride(a, &ra) || !anneal_ops_rows_stride(dc, &rc)) return NULL;
+    int64_t R = anneal_ops_prod(a->shape, a->ndim - 1), K = a->shape[a->ndim - 1],
             N = dc->shape[dc->ndim - 1];
     int64_t sa[2] = {a->strides[a->ndim - 1], ra}, sc[2] = {rc, dc->strides[dc->ndim - 1]};
     anneal_tensor *at = anneal_alias(a, 2, (int64_t[]){K, R}, sa, a->offset);
     anneal_tensor *c2 = anneal_alias(dc, 2, (int64_t[]){R, N}, sc, dc->offset);
-    if (!at || !c2 || !gemm_ok(at) || !gemm_ok(c2)) return NULL;
+    if (!at || !c2 || !anneal_ops_gemm_ok(at) || !anneal_ops_gemm_ok(c2)) return NULL;
     anneal_tensor *db = anneal_empty_on(a->device, ANNEAL_F32, eb->ndim, eb->shape);
     anneal_tensor *db2 = db ? anneal_alias(db, 2, (int64_t[]){K, N}, (int64_t[]){N, 1}, 0) : NULL;
-    if (!db2 || be->matmul(db2, at, c2, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK) return NULL;
+    if (!db2 || anneal_ops_gemm_nd("matmul", be, db2, at, c2, 1.0f, 0.0f, compute) != ANNEAL_OK) return NULL;
     return db;
 }
 
 /* dA = dC @ B^T and dB = A^T @ dC (transposes are views), each reduced over the batch
- * dims its operand was broadcast in. Saved: a, b (as handed to the GEMM). */
+ * dims its operand was broadcast in, at the forward's compute precision. Saved: a, b
+ * (as handed to the GEMM); ints[0]: compute. */
 static anneal_status matmul_backward(anneal_node *node, anneal_tensor *const *gout,
                                      anneal_tensor **gin) {
     anneal_tensor *a = node->saved[0], *b = node->saved[1];
-    anneal_tensor *dc = gemm_operand(gout[0]);
+    anneal_tensor *dc = anneal_ops_gemm_operand(gout[0]);
     const anneal_backend *be = dc ? anneal_backend_get(dc->device) : NULL;
     if (!be) return anneal_last_status();
     const anneal_edge *ea = &node->inputs[0], *eb = &node->inputs[1];
     int nb = dc->ndim - 2;
-    if (ea->needs_grad) gin[0] = product_to(be, nb, dc->shape, dc, mT(b), ea);
+    anneal_dtype cd = (anneal_dtype)node->ints[0];
+    if (ea->needs_grad) gin[0] = product_to(be, nb, dc->shape, dc, anneal_ops_mT(b), ea, cd);
     if (eb->needs_grad) {
         anneal_tensor *db = NULL;
-        if (nb > 0 && prod(b->shape, b->ndim - 2) == 1 && prod(dc->shape, nb) > 1)
-            db = shared_rhs_grad(be, a, dc, eb);
-        gin[1] = db ? db : product_to(be, nb, dc->shape, mT(a), dc, eb);
+        if (nb > 0 && anneal_ops_prod(b->shape, b->ndim - 2) == 1 && anneal_ops_prod(dc->shape, nb) > 1)
+            db = shared_rhs_grad(be, a, dc, eb, cd);
+        gin[1] = db ? db : product_to(be, nb, dc->shape, anneal_ops_mT(a), dc, eb, cd);
     }
     return anneal_last_status();
 }
 
-anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) {
+anneal_tensor *anneal_matmul_ex(anneal_tensor *a, anneal_tensor *b, anneal_dtype compute) {
     anneal_tensor *in[2] = {a, b};
     const anneal_backend *be = anneal_ops_backend("matmul", 2, in);
     if (!be) return NULL;
-    if (!anneal_ops_require_f32("matmul", "a", a) || !anneal_ops_require_f32("matmul", "b", b))
+    if (!anneal_ops_require_f32("matmul", "a", a) || !anneal_ops_require_f32("matmul", "b", b) ||
+        !anneal_ops_check_compute("matmul", compute))
         return NULL;
     char sa[128], sb[128];
     if (a->ndim < 2 || b->ndim < 2) {
@@ -176,11 +181,13 @@ anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) {
     anneal_scope *tmp = out ? anneal_scope_new() : NULL;
     if (!tmp) return NULL;
     anneal_scope_enter(tmp); /* copies made for the GEMM die with tmp unless saved */
-    anneal_tensor *ac = gemm_operand(a), *bc = gemm_operand(b);
-    anneal_status s = (ac && bc) ? be->matmul(out, ac, bc, 1.0f, 0.0f, anneal_get_matmul_dtype()) : anneal_last_status();
+    anneal_tensor *ac = anneal_ops_gemm_operand(a), *bc = anneal_ops_gemm_operand(b);
+    anneal_status s = (ac && bc) ? anneal_ops_gemm_nd("matmul", be, out, ac, bc, 1.0f, 0.0f, compute)
+                                 : anneal_last_status();
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record("matmul", matmul_backward, 2, in, 1, &out);
         if (node) {
+            node->ints[0] = compute;
             anneal_node_save(node, ac);
             anneal_node_save(node, bc);
         }
@@ -190,135 +197,5 @@ anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) {
     return s == ANNEAL_OK ? out : NULL;
 }
 
-/* --------------------------------------------------------- linear, conv1d */
 
-/* dx = dy @ op(w)^T, dW in w's own layout (linear: dy^T x, conv1d: x^T dy),
- * db = column sums of dy (conv1d: taken by the dW GEMM while it packs dy, matmul_bsum).
- * Saved: x as a (rows, in) matrix, w; ints[0]: w is (out, in). */
-static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gout,
-                                    anneal_tensor **gin) {
-    bool out_in = node->ints[0] != 0;
-    anneal_tensor *x2 = node->saved[0], *w = node->saved[1];
-    anneal_tensor *dy = flat_operand(gout[0]); /* (rows, out) */
-    const anneal_backend *be = dy ? anneal_backend_get(dy->device) : NULL;
-    if (!be) return anneal_last_status();
-    int64_t R = dy->shape[0], n_out = dy->shape[1], n_in = x2->shape[1];
-    if (anneal_node_input_needs_grad(node, 0)) {
-        const anneal_edge *e = &node->inputs[0];
-        anneal_tensor *dx = anneal_empty_on(dy->device, ANNEAL_F32, e->ndim, e->shape);
-        anneal_tensor *dx2 =
-            dx ? anneal_alias(dx, 2, (int64_t[]){R, n_in}, (int64_t[]){n_in, 1}, 0) : NULL;
-        anneal_tensor *wt = out_in ? w : mT(w); /* (out, in) */
-        if (!dx2 || !wt || be->matmul(dx2, dy, wt, 1.0f, 0.0f, anneal_get_matmul_dtype()) != ANNEAL_OK)
-            return anneal_last_status();
-        gin[0] = dx;
-    }
-    bool want_db = node->n_inputs == 3 && anneal_node_input_needs_grad(node, 2);
-    if (anneal_node_input_needs_grad(node, 1)) {
-        anneal_tensor *dw = anneal_empty_on(dy->device, ANNEAL_F32, 2, w->shape);
-        anneal_tensor *l = out_in ? mT(dy) : mT(x2), *r = out_in ? x2 : dy;
-        if (!dw || !l) return anneal_last_status();
-        anneal_status s;
-        if (want_db && !out_in && R > 0 && be->matmul_bsum) {
-            /* conv1d: dy is the GEMM's right operand, so db = its column sums come with dW */
-            anneal_tensor *db = anneal_empty_on(dy->device, ANNEAL_F32, 1, &n_out);
-            if (!db) return anneal_last_status();
-            s = be->matmul_bsum(dw, l, r, db, anneal_get_matmul_dtype());
-            gin[2] = db;
-            want_db = false;
-        } else {
-            s = be->matmul(dw, l, r, 1.0f, 0.0f, anneal_get_matmul_dtype());
-        }
-        if (s != ANNEAL_OK) return anneal_last_status();
-        gin[1] = dw;
-    }
-    if (want_db) {
-        if (R == 0) {
-            anneal_tensor *db = anneal_empty_on(dy->device, ANNEAL_F32, 1, &n_out);
-            if (!db || be->fill(db, 0.0) != ANNEAL_OK) return anneal_last_status();
-            gin[2] = db;
-        } else {
-            gin[2] = anneal_ops_sum_to(dy, 1, &n_out);
-        }
-    }
-    return anneal_last_status();
-}
-
-/* y (..., out) = x (..., in) @ op(w) + b: one GEMM over the flattened rows of x, the bias
- * added in its epilogue (backends without matmul_bias: broadcast into y first and
- * accumulated onto, beta = 1). */
-static anneal_tensor *dense(const char *name, anneal_tensor *x, anneal_tensor *w, anneal_tensor *b,
-                            bool out_in) {
-    anneal_tensor *in[3] = {x, w, b};
-    int n = b ? 3 : 2;
-    const anneal_backend *be = anneal_ops_backend(name, n, in);
-    if (!be) return NULL;
-    if (!anneal_ops_require_f32(name, "x", x) || !anneal_ops_require_f32(name, "weight", w) ||
-        (b && !anneal_ops_require_f32(name, "bias", b)))
-        return NULL;
-    const char *layout = out_in ? "(out, in)" : "(in, out)";
-    char sx[128], sw[128], sbias[128];
-    if (w->ndim != 2) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "%s: weight must be 2-D %s, got %s", name, layout,
-                         anneal_shape_str(w, sw, sizeof sw));
-        return NULL;
-    }
-    if (x->ndim < 1) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "%s: x must have at least 1 dim, got a 0-dim tensor", name);
-        return NULL;
-    }
-    int64_t n_in = out_in ? w->shape[1] : w->shape[0], n_out = out_in ? w->shape[0] : w->shape[1];
-    if (x->shape[x->ndim - 1] != n_in) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "%s: x %s has %lld features but weight %s %s expects %lld",
-                         name, anneal_shape_str(x, sx, sizeof sx), (long long)x->shape[x->ndim - 1],
-                         anneal_shape_str(w, sw, sizeof sw), layout, (long long)n_in);
-        return NULL;
-    }
-    if (b && (b->ndim != 1 || b->shape[0] != n_out)) {
-        anneal_set_error(ANNEAL_ERR_SHAPE, "%s: bias %s must be (%lld) for weight %s %s", name,
-                         anneal_shape_str(b, sbias, sizeof sbias), (long long)n_out,
-                         anneal_shape_str(w, sw, sizeof sw), layout);
-        return NULL;
-    }
-    int64_t shape[ANNEAL_MAX_DIMS], R = prod(x->shape, x->ndim - 1);
-    memcpy(shape, x->shape, sizeof shape);
-    shape[x->ndim - 1] = n_out;
-    anneal_tensor *y = anneal_empty_on(x->device, ANNEAL_F32, x->ndim, shape);
-    anneal_scope *tmp = y ? anneal_scope_new() : NULL;
-    if (!tmp) return NULL;
-    anneal_scope_enter(tmp); /* views and copies for the GEMM die with tmp unless saved */
-    anneal_tensor *x2 = flat_operand(x), *wc = gemm_operand(w);
-    anneal_tensor *y2 = anneal_alias(y, 2, (int64_t[]){R, n_out}, (int64_t[]){n_out, 1}, 0);
-    anneal_tensor *wop = out_in ? mT(wc) : wc; /* (in, out) */
-    anneal_status s = (x2 && wop && y2) ? ANNEAL_OK : anneal_last_status();
-    float beta = 0.0f;
-    if (s == ANNEAL_OK && b && R > 0 && be->matmul_bias) {
-        s = be->matmul_bias(y2, x2, wop, b, anneal_get_matmul_dtype()); /* bias in the epilogue */
-    } else {
-        if (s == ANNEAL_OK && b && R > 0) {
-            anneal_tensor *bx = anneal_ops_expand(b, 2, y2->shape); /* stride 0 over rows */
-            s = bx ? be->copy(y2, bx) : anneal_last_status();
-            beta = 1.0f;
-        }
-        if (s == ANNEAL_OK) s = be->matmul(y2, x2, wop, 1.0f, beta, anneal_get_matmul_dtype());
-    }
-    if (s == ANNEAL_OK) {
-        anneal_node *node = anneal_record(name, dense_backward, n, in, 1, &y);
-        if (node) {
-            node->ints[0] = out_in;
-            anneal_node_save(node, x2);
-            anneal_node_save(node, wc);
-        }
-    }
-    anneal_scope_leave();
-    anneal_scope_free(tmp);
-    return s == ANNEAL_OK ? y : NULL;
-}
-
-anneal_tensor *anneal_linear(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b) {
-    return dense("linear", x, w, b, true);
-}
-
-anneal_tensor *anneal_conv1d(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b) {
-    return dense("conv1d", x, w, b, false);
-}
+anneal_tensor *anneal_matmul(anneal_tensor *a, anneal_tensor *b) { return anneal_matmul_ex(a, b, ANNEAL_F32); }

@@ -34,7 +34,7 @@ static anneal_tensor *weight_or_ones(const anneal_backend *be, anneal_tensor *p,
                                      int64_t C) {
     if (p) return anneal_ops_contiguous_raw(p);
     anneal_tensor *ones = anneal_empty_on(dev, ANNEAL_F32, 1, &C);
-    if (!ones || be->fill(ones, 1.0) != ANNEAL_OK) return NULL;
+    if (!ones || be->fill(be->ctx, ones, 1.0) != ANNEAL_OK) return NULL;
     return ones;
 }
 
@@ -53,7 +53,7 @@ static anneal_status layer_norm_backward(anneal_node *node, anneal_tensor *const
     if (anneal_node_input_needs_grad(node, 0) && !(dx = anneal_ops_new_like(x))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 1) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 2) && !(db = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status s = be->layer_norm_bwd(dx, dw, db, x, w, mean, rstd, dy);
+    anneal_status s = be->layer_norm_bwd(be->ctx, dx, dw, db, x, w, mean, rstd, dy);
     gin[0] = dx;
     gin[1] = dw;
     gin[2] = db;
@@ -70,7 +70,7 @@ anneal_tensor *anneal_layer_norm(anneal_tensor *x, anneal_tensor *w, anneal_tens
     if (b) given[n_given++] = b;
     const anneal_backend *be = anneal_ops_backend(op, n_given, given);
     int64_t N, C;
-    if (!be || !check_x(op, x, &N, &C)) return NULL;
+    if (!be || !check_x(op, x, &N, &C) || !anneal_ops_kernel(op, be, ANNEAL_OP_LAYER_NORM, ANNEAL_F32)) return NULL;
     if ((w && !check_param(op, "weight", w, C)) || (b && !check_param(op, "bias", b, C))) return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *wc = xc ? weight_or_ones(be, w, x->device, C) : NULL;
@@ -79,7 +79,7 @@ anneal_tensor *anneal_layer_norm(anneal_tensor *x, anneal_tensor *w, anneal_tens
     anneal_tensor *y = anneal_ops_new_like(x);
     anneal_tensor *mean = y ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
     anneal_tensor *rstd = mean ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
-    if (!rstd || be->layer_norm_fwd(y, mean, rstd, xc, wc, bc, eps) != ANNEAL_OK) return NULL;
+    if (!rstd || be->layer_norm_fwd(be->ctx, y, mean, rstd, xc, wc, bc, eps) != ANNEAL_OK) return NULL;
     anneal_tensor *in[3] = {x, w, b};
     anneal_node *node = anneal_record(op, layer_norm_backward, 3, in, 1, &y);
     if (node) {
@@ -105,7 +105,7 @@ static anneal_status rms_norm_backward(anneal_node *node, anneal_tensor *const *
     anneal_tensor *dx = NULL, *dw = NULL;
     if (anneal_node_input_needs_grad(node, 0) && !(dx = anneal_ops_new_like(x))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 1) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status s = be->rms_norm_bwd(dx, dw, x, w, rstd, dy);
+    anneal_status s = be->rms_norm_bwd(be->ctx, dx, dw, x, w, rstd, dy);
     gin[0] = dx;
     gin[1] = dw;
     return s;
@@ -116,14 +116,14 @@ anneal_tensor *anneal_rms_norm(anneal_tensor *x, anneal_tensor *w, float eps) {
     anneal_tensor *given[2] = {x, w};
     const anneal_backend *be = anneal_ops_backend(op, w ? 2 : 1, given);
     int64_t N, C;
-    if (!be || !check_x(op, x, &N, &C)) return NULL;
+    if (!be || !check_x(op, x, &N, &C) || !anneal_ops_kernel(op, be, ANNEAL_OP_RMS_NORM, ANNEAL_F32)) return NULL;
     if (w && !check_param(op, "weight", w, C)) return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *wc = xc ? weight_or_ones(be, w, x->device, C) : NULL;
     if (!wc) return NULL;
     anneal_tensor *y = anneal_ops_new_like(x);
     anneal_tensor *rstd = y ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
-    if (!rstd || be->rms_norm_fwd(y, rstd, xc, wc, eps) != ANNEAL_OK) return NULL;
+    if (!rstd || be->rms_norm_fwd(be->ctx, y, rstd, xc, wc, eps) != ANNEAL_OK) return NULL;
     anneal_tensor *in[2] = {x, w};
     anneal_node *node = anneal_record(op, rms_norm_backward, 2, in, 1, &y);
     if (node) {

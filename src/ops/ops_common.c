@@ -20,7 +20,11 @@ const anneal_backend *anneal_ops_backend(const char *name, int n, anneal_tensor 
             return NULL;
         }
     }
-    return anneal_backend_get(dev == ANNEAL_DEVICE_COUNT ? ANNEAL_CPU : dev);
+    if (dev == ANNEAL_DEVICE_COUNT) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: no inputs", name);
+        return NULL;
+    }
+    return anneal_backend_get(dev);
 }
 
 bool anneal_ops_require_f32(const char *op, const char *arg, const anneal_tensor *t) {
@@ -86,7 +90,7 @@ anneal_tensor *anneal_ops_sum_to(const anneal_tensor *g, int ndim, const int64_t
     anneal_tensor *k = anneal_empty_on(g->device, g->dtype, g->ndim, kshape);
     if (!k) return NULL;
     const anneal_backend *be = anneal_backend_get(g->device);
-    if (!be || be->reduce_sum(k, g) != ANNEAL_OK) return NULL;
+    if (!be || be->reduce_sum(be->ctx, k, g) != ANNEAL_OK) return NULL;
     int64_t strides[ANNEAL_MAX_DIMS], st = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = st;
@@ -101,7 +105,7 @@ anneal_tensor *anneal_ops_contiguous_raw(anneal_tensor *t) {
     anneal_tensor *c = anneal_empty_on(t->device, t->dtype, t->ndim, t->shape);
     if (!c) return NULL;
     const anneal_backend *be = anneal_backend_get(t->device);
-    if (!be || be->copy(c, t) != ANNEAL_OK) return NULL;
+    if (!be || be->copy(be->ctx, c, t) != ANNEAL_OK) return NULL;
     return c;
 }
 
@@ -109,57 +113,54 @@ anneal_tensor *anneal_ops_new_like(const anneal_tensor *t) {
     return anneal_empty_on(t->device, ANNEAL_F32, t->ndim, t->shape);
 }
 
-const char *anneal_ops_index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n) {
-    int64_t idx[ANNEAL_MAX_DIMS];
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        idx[d] = t->shape[d] ? pos % t->shape[d] : 0;
-        pos = t->shape[d] ? pos / t->shape[d] : 0;
-    }
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < t->ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-    return buf;
+/* Words for an op query in an error message. */
+static const char *kind_name(anneal_op_kind k) {
+    static const char *const names[ANNEAL_OP_KIND_COUNT] = {
+        "copy", "fill", "binary", "unary", "reduce_sum", "matmul", "layer_norm", "add_layer_norm", "rms_norm",
+        "softmax", "attention", "rope", "embedding", "cross_entropy", "linear_cross_entropy", "dropout", "randn",
+        "adamw", "sum_squares", "check_index", "loss_mean", "scale_by"};
+    return (unsigned)k < ANNEAL_OP_KIND_COUNT ? names[k] : "?";
 }
 
-const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
-                                 void **owned) {
-    *owned = NULL;
-    int64_t n = anneal_numel(t);
-    if (t->device == ANNEAL_CPU || n == 0) return anneal_data(t);
-    void *p = malloc((size_t)n * elem);
-    if (!p) {
-        anneal_set_error(ANNEAL_ERR_OOM, "out of memory reading %lld values to the host", (long long)n);
-        return NULL;
-    }
-    if (be->to_host(p, anneal_data(t), (size_t)n * elem) != ANNEAL_OK) {
-        free(p);
-        return NULL;
-    }
-    *owned = p;
-    return p;
+static const char *epilogue_name(anneal_epilogue e) {
+    static const char *const names[ANNEAL_EPILOGUE_COUNT] = {"none", "bias", "bias_gelu", "silu_mul", "bsum"};
+    return (unsigned)e < ANNEAL_EPILOGUE_COUNT ? names[e] : "?";
 }
 
-const int32_t *anneal_ops_check_targets(const char *op, const anneal_backend *be, const anneal_tensor *tc,
-                                        int64_t V, int32_t ignore_index, int64_t *count, void **owned) {
-    const int32_t *t = anneal_ops_host_view(be, tc, sizeof(int32_t), owned);
-    if (!t) return NULL;
-    int64_t n = anneal_numel(tc), kept = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (t[i] == ignore_index) continue;
-        if (t[i] < 0 || t[i] >= V) {
-            char b[128];
-            anneal_set_error(ANNEAL_ERR_ARG,
-                             "%s: target %d at position %s (flat index %lld) is outside [0, V) with V = %lld and "
-                             "is not ignore_index (%d)",
-                             op, (int)t[i], anneal_ops_index_str(tc, i, b, sizeof b), (long long)i, (long long)V,
-                             (int)ignore_index);
-            free(*owned);
-            *owned = NULL;
-            return NULL;
-        }
-        kept++;
-    }
-    *count = kept;
-    return t;
+bool anneal_ops_supported(const char *op, const anneal_backend *be, const anneal_op_query *q) {
+    if (anneal_backend_supports(be, q)) return true;
+    char what[160];
+    int n = snprintf(what, sizeof what, "%s kernel on %s", kind_name(q->kind), anneal_dtype_name(q->dtype));
+    if (q->matmul && n > 0 && (size_t)n < sizeof what)
+        snprintf(what + n, sizeof what - (size_t)n, " (batch %lld, epilogue %s, compute %s)", (long long)q->matmul->batch,
+                 epilogue_name(q->matmul->epilogue), anneal_dtype_name(q->matmul->compute));
+    else if (q->attention && n > 0 && (size_t)n < sizeof what)
+        snprintf(what + n, sizeof what - (size_t)n, " (%lld query heads over %lld key/value heads, compute %s%s)",
+                 (long long)q->attention->Hq, (long long)q->attention->Hkv, anneal_dtype_name(q->attention->compute),
+                 q->rope ? ", rotary embedding" : "");
+    anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: the %s backend (device %d) has no %s", op, be->name,
+                     (int)be->device, what);
+    return false;
+}
+
+bool anneal_ops_kernel(const char *op, const anneal_backend *be, anneal_op_kind kind, anneal_dtype dt) {
+    anneal_op_query q = {.kind = kind, .dtype = dt};
+    return anneal_ops_supported(op, be, &q);
+}
+
+anneal_status anneal_ops_check_index(const char *op, const char *what, const anneal_backend *be,
+                                     const anneal_tensor *ids, int64_t n, bool has_ignore,
+                                     int32_t ignore_index, anneal_tensor **count_out) {
+    if (!anneal_ops_kernel(op, be, ANNEAL_OP_CHECK_INDEX, ids->dtype)) return anneal_last_status();
+    anneal_tensor *count = NULL;
+    if (count_out && !(count = *count_out = anneal_empty_on(ids->device, ANNEAL_I64, 0, NULL)))
+        return anneal_last_status();
+    return be->check_index(be->ctx, op, what, ids, n, has_ignore, ignore_index, count);
+}
+
+bool anneal_ops_check_compute(const char *op, anneal_dtype compute) {
+    if (compute == ANNEAL_F32 || compute == ANNEAL_BF16 || compute == ANNEAL_F16) return true;
+    anneal_set_error(ANNEAL_ERR_ARG, "%s: compute precision must be f32, bf16 or f16, not %s", op,
+                     anneal_dtype_name(compute));
+    return false;
 }

@@ -25,19 +25,62 @@ anneal_tensor *anneal_ops_expand(const anneal_tensor *t, int ndim, const int64_t
 anneal_tensor *anneal_ops_sum_to(const anneal_tensor *g, int ndim, const int64_t *shape);
 /* A contiguous version of t without recording autograd (t itself if contiguous). */
 anneal_tensor *anneal_ops_contiguous_raw(anneal_tensor *t);
-/* Writes "[i, j, k]", the multi-index of row-major position pos in t's shape. */
-const char *anneal_ops_index_str(const anneal_tensor *t, int64_t pos, char *buf, size_t n);
-/* The numel(t) elements (elem bytes each) of contiguous t readable on the host: t's own
- * data on the CPU, else a malloc'd copy stored in *owned (the caller frees it). NULL +
- * error on failure. */
-const void *anneal_ops_host_view(const anneal_backend *be, const anneal_tensor *t, size_t elem,
-                                 void **owned);
-/* The class targets of a loss (contiguous i32 tc) on the host, after checking each is
- * ignore_index or in [0, V) (else NULL + an error naming op, the value and its
- * position); *count = the targets that are not ignored. As anneal_ops_host_view, a copy
- * may be stored in *owned for the caller to free. */
-const int32_t *anneal_ops_check_targets(const char *op, const anneal_backend *be, const anneal_tensor *tc,
-                                        int64_t V, int32_t ignore_index, int64_t *count, void **owned);
+/* True when be has a kernel for q (anneal_backend_supports); otherwise records
+ * ANNEAL_ERR_UNSUPPORTED naming op, the device and what was asked. */
+bool anneal_ops_supported(const char *op, const anneal_backend *be, const anneal_op_query *q);
+/* anneal_ops_supported for a kernel without a descriptor, on tensors of dtype dt. */
+bool anneal_ops_kernel(const char *op, const anneal_backend *be, anneal_op_kind kind, anneal_dtype dt);
+/* Checks that every element of the contiguous i32 tensor ids is in [0, n) or, when
+ * has_ignore, ignore_index (the backend's check_index: the error names op, `what`, the
+ * value and its position). When count_out is given it gets a new I64 0-dim tensor on
+ * ids' device holding the elements that are not ignored. */
+anneal_status anneal_ops_check_index(const char *op, const char *what, const anneal_backend *be,
+                                     const anneal_tensor *ids, int64_t n, bool has_ignore,
+                                     int32_t ignore_index, anneal_tensor **count_out);
+/* A matrix of rows x cols with strides (s_row, s_col) as a GEMM reads it: untransposed
+ * with row stride ld, or transposed (stored cols x rows) with ld; false when neither
+ * dim has unit stride. */
+bool anneal_ops_gemm_layout(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col, bool *trans, int64_t *ld);
+/* c (M, N) (contiguous rows) = a (M, K) @ b (K, N), 2-D views with a unit stride in one
+ * dim, as one product at `compute` with the epilogue fields of epi (epilogue, bias,
+ * aux_in, aux_out, bsum; NULL: none). Asks the backend first (ANNEAL_ERR_UNSUPPORTED
+ * naming op when it declines). */
+anneal_status anneal_ops_gemm_2d(const char *op, const anneal_backend *be, anneal_tensor *c, const anneal_tensor *a,
+                                 const anneal_tensor *b, const anneal_matmul_desc *epi, anneal_dtype compute);
+/* c (batch.., M, N) contiguous = alpha * a @ b + beta * c over the last two dims, a and b
+ * broadcast over c's batch dims (stride 0 where broadcast): folded into one product,
+ * one batched product, or one product per batch element (see gemm.c). */
+anneal_status anneal_ops_gemm_nd(const char *op, const anneal_backend *be, anneal_tensor *c, const anneal_tensor *a,
+                                 const anneal_tensor *b, float alpha, float beta, anneal_dtype compute);
+/* GEMM operand helpers (matmul.c). True when the last two dims of t can go to the GEMM
+ * as they are (one has unit stride, the other's stride spans it). */
+bool anneal_ops_gemm_ok(const anneal_tensor *t);
+/* t itself when the GEMM can read it, otherwise a contiguous copy (no autograd). */
+anneal_tensor *anneal_ops_gemm_operand(anneal_tensor *t);
+/* View of t (ndim >= 2) with its last two dims swapped: t^T without a copy. */
+anneal_tensor *anneal_ops_mT(const anneal_tensor *t);
+/* Product of the sizes of dims [0, n). */
+int64_t anneal_ops_prod(const int64_t *shape, int n);
+/* True when the leading dims of t merge into one evenly strided row dim (stride in *rs). */
+bool anneal_ops_rows_stride(const anneal_tensor *t, int64_t *rs);
+/* t (..., cols) as a 2-D (rows, cols) matrix the GEMM can read: a view when the leading
+ * dims merge, else a contiguous copy. */
+anneal_tensor *anneal_ops_flat_operand(anneal_tensor *t);
+/* RoPE helpers (rope.c). True when r is a valid description for heads of size D;
+ * otherwise ANNEAL_ERR_ARG / SHAPE naming op. */
+bool anneal_ops_rope_check(const char *op, const anneal_rope_desc *r, int64_t D);
+/* Stores r in node->scalars[s0..s0+3] and node->ints[i0..i0+1]; load reads it back. */
+void anneal_ops_rope_save(anneal_node *node, int s0, int i0, const anneal_rope_desc *r);
+anneal_rope_desc anneal_ops_rope_load(const anneal_node *node, int s0, int i0);
+/* Rotates x (B, H, T, D; unit last stride) in place on the backend's rope slot (row t at
+ * position pos0 + t; inverse: by the negative angle), after asking the backend. */
+anneal_status anneal_ops_rope_apply(const char *op, const anneal_backend *be, anneal_tensor *x,
+                                    const anneal_rope_desc *r, int64_t pos0, bool inverse);
+/* A fresh contiguous copy of x (4-D), rotated (row t at position pos0 + t). */
+anneal_tensor *anneal_ops_rope_copy(const char *op, const anneal_backend *be, const anneal_tensor *x,
+                                    const anneal_rope_desc *r, int64_t pos0);
+/* True for ANNEAL_F32, BF16, F16 (0 is F32); else ANNEAL_ERR_ARG naming op. */
+bool anneal_ops_check_compute(const char *op, anneal_dtype compute);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
 

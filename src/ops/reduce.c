@@ -19,7 +19,7 @@ static anneal_status sum_backward(anneal_node *node, anneal_tensor *const *gout,
     anneal_tensor *ex = anneal_ops_expand(k, nd, e->shape);
     anneal_tensor *dx = ex ? anneal_ops_new_like(ex) : NULL;
     const anneal_backend *be = dx ? anneal_backend_get(dx->device) : NULL;
-    if (!be || be->copy(dx, ex) != ANNEAL_OK) return anneal_last_status();
+    if (!be || be->copy(be->ctx, dx, ex) != ANNEAL_OK) return anneal_last_status();
     float scale = (float)node->scalars[0];
     if (scale != 1.0f) dx = anneal_scale(dx, scale);
     gin[0] = dx;
@@ -28,7 +28,8 @@ static anneal_status sum_backward(anneal_node *node, anneal_tensor *const *gout,
 
 static anneal_tensor *reduce(const char *name, anneal_tensor *x, int dim, bool keepdim, bool mean) {
     const anneal_backend *be = anneal_ops_backend(name, 1, &x);
-    if (!be || !anneal_ops_require_f32(name, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(name, "x", x) || !anneal_ops_kernel(name, be, ANNEAL_OP_REDUCE_SUM, ANNEAL_F32))
+        return NULL;
     int d = -1;
     int64_t kshape[ANNEAL_MAX_DIMS];
     int64_t count;
@@ -45,12 +46,12 @@ static anneal_tensor *reduce(const char *name, anneal_tensor *x, int dim, bool k
     anneal_tensor *k = anneal_empty_on(x->device, ANNEAL_F32, x->ndim, kshape);
     if (!k) return NULL;
     if (anneal_numel(x) == 0) {
-        if (be->fill(k, 0.0) != ANNEAL_OK) return NULL;
-    } else if (be->reduce_sum(k, x) != ANNEAL_OK) {
+        if (be->fill(be->ctx, k, 0.0) != ANNEAL_OK) return NULL;
+    } else if (be->reduce_sum(be->ctx, k, x) != ANNEAL_OK) {
         return NULL;
     }
     float scale = mean ? (count ? 1.0f / (float)count : 0.0f) : 1.0f;
-    if (mean && be->unary(ANNEAL_UNARY_SCALE, k, k, scale) != ANNEAL_OK) return NULL;
+    if (mean && be->unary(be->ctx, ANNEAL_UNARY_SCALE, k, k, scale) != ANNEAL_OK) return NULL;
     /* Final shape: scalar for all, or drop dim d unless keepdim. */
     int nd = 0;
     int64_t oshape[ANNEAL_MAX_DIMS];

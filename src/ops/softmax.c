@@ -11,17 +11,18 @@ static anneal_status softmax_backward(anneal_node *node, anneal_tensor *const *g
     anneal_tensor *dx = dy ? anneal_ops_new_like(y) : NULL;
     if (!be || !dx) return anneal_last_status();
     gin[0] = dx;
-    return be->softmax_bwd(dx, y, dy, node->ints[0] != 0);
+    return be->softmax_bwd(be->ctx, dx, y, dy, node->ints[0] != 0);
 }
 
 /* y (x's shape, contiguous) = (log-)softmax of x over its last dim (a 0-dim x is one
  * row of one element). */
 static anneal_tensor *softmax(const char *op, anneal_tensor *x, bool log) {
     const anneal_backend *be = anneal_ops_backend(op, 1, &x);
-    if (!be || !anneal_ops_require_f32(op, "x", x)) return NULL;
+    if (!be || !anneal_ops_require_f32(op, "x", x) || !anneal_ops_kernel(op, be, ANNEAL_OP_SOFTMAX, ANNEAL_F32))
+        return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *y = xc ? anneal_ops_new_like(x) : NULL;
-    if (!y || be->softmax_fwd(y, xc, log) != ANNEAL_OK) return NULL;
+    if (!y || be->softmax_fwd(be->ctx, y, xc, log) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(op, softmax_backward, 1, &x, 1, &y);
     if (node) {
         node->ints[0] = log;

@@ -62,7 +62,7 @@ anneal_tensor *anneal_clone(anneal_tensor *t) {
     const anneal_backend *be = anneal_ops_backend("clone", 1, &t);
     if (!be) return NULL;
     anneal_tensor *out = anneal_empty_on(t->device, t->dtype, t->ndim, t->shape);
-    if (!out || be->copy(out, t) != ANNEAL_OK) return NULL;
+    if (!out || be->copy(be->ctx, out, t) != ANNEAL_OK) return NULL;
     anneal_record("clone", reshape_backward, 1, &t, 1, &out);
     return out;
 }
@@ -118,14 +118,14 @@ static anneal_status narrow_backward(anneal_node *node, anneal_tensor *const *go
     const anneal_edge *e = &node->inputs[0];
     anneal_tensor *dx = anneal_empty_on(gout[0]->device, gout[0]->dtype, e->ndim, e->shape);
     const anneal_backend *be = dx ? anneal_backend_get(dx->device) : NULL;
-    if (!be || be->fill(dx, 0.0) != ANNEAL_OK) return anneal_last_status();
+    if (!be || be->fill(be->ctx, dx, 0.0) != ANNEAL_OK) return anneal_last_status();
     int dim = (int)node->ints[0];
     int64_t start = node->ints[1];
     int64_t shape[ANNEAL_MAX_DIMS];
     memcpy(shape, dx->shape, sizeof shape);
     shape[dim] = gout[0]->shape[dim];
     anneal_tensor *win = anneal_alias(dx, dx->ndim, shape, dx->strides, start * dx->strides[dim]);
-    anneal_status s = win ? be->copy(win, gout[0]) : anneal_last_status();
+    anneal_status s = win ? be->copy(be->ctx, win, gout[0]) : anneal_last_status();
     gin[0] = dx;
     return s;
 }
@@ -225,7 +225,7 @@ anneal_tensor *anneal_cat(int n, anneal_tensor *const *ts, int dim) {
         anneal_scope_enter(NULL);
         anneal_tensor *win = anneal_alias(out, out->ndim, s2, out->strides, start * out->strides[d]);
         anneal_scope_leave();
-        anneal_status s = win ? be->copy(win, ts[i]) : anneal_last_status();
+        anneal_status s = win ? be->copy(be->ctx, win, ts[i]) : anneal_last_status();
         anneal_release(win);
         if (s != ANNEAL_OK) {
             free(lens);
@@ -260,7 +260,7 @@ anneal_tensor *anneal_cast(anneal_tensor *t, anneal_dtype dt) {
         return NULL;
     }
     anneal_tensor *out = anneal_empty_on(t->device, dt, t->ndim, t->shape);
-    if (!out || be->copy(out, t) != ANNEAL_OK) return NULL;
+    if (!out || be->copy(be->ctx, out, t) != ANNEAL_OK) return NULL;
     if (anneal_dtype_is_float(dt)) {
         anneal_node *node = anneal_record("cast", cast_backward, 1, &t, 1, &out);
         if (node) node->ints[0] = t->dtype;
@@ -273,7 +273,7 @@ anneal_tensor *anneal_cast(anneal_tensor *t, anneal_dtype dt) {
 anneal_tensor *anneal_full(anneal_dtype dt, int ndim, const int64_t *shape, double value) {
     anneal_tensor *t = anneal_empty(dt, ndim, shape);
     const anneal_backend *be = t ? anneal_backend_get(t->device) : NULL;
-    if (!be || be->fill(t, value) != ANNEAL_OK) return NULL;
+    if (!be || be->fill(be->ctx, t, value) != ANNEAL_OK) return NULL;
     return t;
 }
 
@@ -283,6 +283,6 @@ anneal_tensor *anneal_randn(anneal_dtype dt, int ndim, const int64_t *shape, flo
     if (!be) return NULL;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve(2 * (uint64_t)anneal_numel(t));
-    if (be->randn(t, mean, std, rs.seed, offset) != ANNEAL_OK) return NULL;
+    if (be->randn(be->ctx, t, mean, std, rs.seed, offset) != ANNEAL_OK) return NULL;
     return dt == ANNEAL_F32 ? t : anneal_cast(t, dt);
 }

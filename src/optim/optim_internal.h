@@ -13,6 +13,15 @@ struct anneal_zero;
 anneal_status anneal_zero_step(anneal_optimizer *o, double lr);
 void anneal_zero_free(struct anneal_zero *z);
 
+/* --- in grad_sumsq.c */
+/* ss[i] (ps->n entries) = the sum of squares, in double, of parameter i's gradient (0
+ * without one), with one copy to the host and one synchronisation per device. Gradients
+ * must be f32 (ANNEAL_ERR_DTYPE naming `who` and the parameter otherwise). */
+anneal_status anneal_optim_grad_sumsq(const char *who, const anneal_params *ps, double *ss);
+/* Parameters whose sums of squares fit a stack buffer (more: malloc), so a training
+ * step's clipping makes no system allocation. */
+#define ANNEAL_OPTIM_STACK_PARAMS 1024
+
 /* --- in optimizer.c */
 struct anneal_zero *anneal_optimizer_zero_(const anneal_optimizer *o);
 void anneal_optimizer_set_zero_(anneal_optimizer *o, struct anneal_zero *z);

@@ -176,7 +176,7 @@ static bool check_param(const anneal_param *pa) {
 static anneal_tensor *contiguous_grad(const anneal_backend *be, anneal_tensor *g) {
     if (anneal_is_contiguous(g)) return g;
     anneal_tensor *c = anneal_empty_on(g->device, ANNEAL_F32, g->ndim, g->shape);
-    if (!c || be->copy(c, g) != ANNEAL_OK) return NULL;
+    if (!c || be->copy(be->ctx, c, g) != ANNEAL_OK) return NULL;
     return c;
 }
 
@@ -191,7 +191,7 @@ static anneal_status adamw_update(anneal_optimizer *o, optim_slot *sl, const ann
     double bc1 = 1.0 - pow(c->beta1, (double)t);
     double bc2 = 1.0 - pow(c->beta2, (double)t);
     double wd = pa->decay ? c->weight_decay : 0.0;
-    anneal_status s = be->adamw(pa->tensor, g, sl->s0, sl->s1, lr, c->beta1, c->beta2, c->eps, wd,
+    anneal_status s = be->adamw(be->ctx, pa->tensor, g, sl->s0, sl->s1, lr, c->beta1, c->beta2, c->eps, wd,
                                 bc1, bc2);
     if (s == ANNEAL_OK) sl->steps = t;
     return s;
@@ -238,7 +238,7 @@ static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled
             /* in double, as PyTorch does with Python floats (as adamw_update) */
             .bc1 = 1.0 - pow(c->beta1, t), .bc2 = 1.0 - pow(c->beta2, t)};
     }
-    if (s == ANNEAL_OK) s = be->adamw_multi(o->groups, n, lr, c->beta1, c->beta2, c->eps);
+    if (s == ANNEAL_OK) s = be->adamw_multi(be->ctx, o->groups, n, lr, c->beta1, c->beta2, c->eps);
     if (s == ANNEAL_OK)
         for (int i = 0; i < ps->n; i++)
             if (ps->items[i].tensor->grad) o->slots[i].steps++;
@@ -250,7 +250,7 @@ static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled
  * for in-place scalar multiplies through be->binary, whose out may alias a. */
 static anneal_tensor *scalar_as(const anneal_backend *be, const anneal_tensor *like, double value) {
     anneal_tensor *s = anneal_empty_on(like->device, ANNEAL_F32, 1, (int64_t[]){1});
-    if (!s || be->fill(s, value) != ANNEAL_OK) return NULL;
+    if (!s || be->fill(be->ctx, s, value) != ANNEAL_OK) return NULL;
     int64_t zero[ANNEAL_MAX_DIMS] = {0};
     return anneal_alias(s, like->ndim, like->shape, zero, s->offset);
 }
@@ -274,24 +274,24 @@ static anneal_status sgd_update(anneal_optimizer *o, optim_slot *sl, const annea
         anneal_tensor *wd_s, *tmp;
         NEW(wd_s, scalar_as(be, p, wd));
         NEW(tmp, anneal_empty_like(p));
-        TRY(be->binary(ANNEAL_MUL, tmp, p, wd_s));  /* wd * p */
-        TRY(be->binary(ANNEAL_ADD, tmp, tmp, g));   /* g + wd * p */
+        TRY(be->binary(be->ctx, ANNEAL_MUL, tmp, p, wd_s));  /* wd * p */
+        TRY(be->binary(be->ctx, ANNEAL_ADD, tmp, tmp, g));   /* g + wd * p */
         d = tmp;
     }
     if (c->momentum != 0) {
         anneal_tensor *mom;
         NEW(mom, scalar_as(be, p, c->momentum));
         if (sl->steps == 0) {
-            TRY(be->copy(sl->s0, d));                /* buf = d */
+            TRY(be->copy(be->ctx, sl->s0, d));                /* buf = d */
         } else {
-            TRY(be->binary(ANNEAL_MUL, sl->s0, sl->s0, mom)); /* momentum * buf */
-            TRY(be->binary(ANNEAL_ADD, sl->s0, sl->s0, d));   /* + d */
+            TRY(be->binary(be->ctx, ANNEAL_MUL, sl->s0, sl->s0, mom)); /* momentum * buf */
+            TRY(be->binary(be->ctx, ANNEAL_ADD, sl->s0, sl->s0, d));   /* + d */
         }
         if (c->nesterov) {
             anneal_tensor *tmp;
             NEW(tmp, anneal_empty_like(p));
-            TRY(be->binary(ANNEAL_MUL, tmp, sl->s0, mom)); /* momentum * buf */
-            TRY(be->binary(ANNEAL_ADD, tmp, tmp, d));      /* d + momentum * buf */
+            TRY(be->binary(be->ctx, ANNEAL_MUL, tmp, sl->s0, mom)); /* momentum * buf */
+            TRY(be->binary(be->ctx, ANNEAL_ADD, tmp, tmp, d));      /* d + momentum * buf */
             d = tmp;
         } else {
             d = sl->s0;
@@ -300,8 +300,8 @@ static anneal_status sgd_update(anneal_optimizer *o, optim_slot *sl, const annea
     anneal_tensor *lr_s, *step;
     NEW(lr_s, scalar_as(be, p, lr));
     NEW(step, anneal_empty_like(p));
-    TRY(be->binary(ANNEAL_MUL, step, d, lr_s)); /* lr * d */
-    TRY(be->binary(ANNEAL_SUB, p, p, step));    /* p - lr * d */
+    TRY(be->binary(be->ctx, ANNEAL_MUL, step, d, lr_s)); /* lr * d */
+    TRY(be->binary(be->ctx, ANNEAL_SUB, p, p, step));    /* p - lr * d */
 #undef TRY
 #undef NEW
     sl->steps++;

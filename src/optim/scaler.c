@@ -6,8 +6,10 @@
 #include "anneal/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "anneal/backend.h"
+#include "optim_internal.h"
 
 anneal_loss_scaler_config anneal_loss_scaler_defaults(void) {
     return (anneal_loss_scaler_config){
@@ -48,60 +50,42 @@ anneal_status anneal_loss_scaler_set_state(anneal_loss_scaler *s, float scale, i
     return ANNEAL_OK;
 }
 
-/* g *= coef in place (strided grads through a contiguous temporary). */
+/* g *= coef in place through scale_by (strided grads through a contiguous temporary). */
 static anneal_status scale_in_place(const anneal_backend *be, anneal_tensor *g, float coef) {
-    if (anneal_is_contiguous(g)) return be->unary(ANNEAL_UNARY_SCALE, g, g, coef);
+    if (anneal_is_contiguous(g)) return be->scale_by(be->ctx, g, NULL, NULL, coef);
     anneal_scope *tmp = anneal_scope_open();
     if (!tmp) return anneal_last_status();
     anneal_tensor *c = anneal_empty_on(g->device, ANNEAL_F32, g->ndim, g->shape);
-    anneal_status s = c ? be->copy(c, g) : anneal_last_status();
-    if (s == ANNEAL_OK) s = be->unary(ANNEAL_UNARY_SCALE, c, c, coef);
-    if (s == ANNEAL_OK) s = be->copy(g, c);
+    anneal_status s = c ? be->copy(be->ctx, c, g) : anneal_last_status();
+    if (s == ANNEAL_OK) s = be->scale_by(be->ctx, c, NULL, NULL, coef);
+    if (s == ANNEAL_OK) s = be->copy(be->ctx, g, c);
     anneal_scope_close(tmp);
     return s;
 }
 
-/* A grad holds a NaN/Inf exactly when its sum of squares (in double, where no sum of
- * finite f32 squares overflows) is not finite. */
-static anneal_status has_nonfinite(const anneal_backend *be, const anneal_tensor *g, bool *out) {
-    double ss = 0;
-    anneal_status s;
-    if (anneal_is_contiguous(g)) {
-        s = be->sum_squares(g, &ss);
-    } else {
-        anneal_scope *tmp = anneal_scope_open();
-        if (!tmp) return anneal_last_status();
-        anneal_tensor *c = anneal_empty_on(g->device, ANNEAL_F32, g->ndim, g->shape);
-        s = c ? be->copy(c, g) : anneal_last_status();
-        if (s == ANNEAL_OK) s = be->sum_squares(c, &ss);
-        anneal_scope_close(tmp);
-    }
-    *out = !isfinite(ss);
-    return s;
-}
-
 /* GradScaler.unscale_: inv_scale = float(1 / double(scale)); every value is checked
- * before it is multiplied (torch's _amp_foreach_non_finite_check_and_unscale_), and a
- * multiply by exactly 1 is skipped, as torch skips it. */
+ * before it is multiplied (torch's _amp_foreach_non_finite_check_and_unscale_): a grad
+ * holds a NaN/Inf exactly when its sum of squares (in double, where no sum of finite f32
+ * squares overflows) is not finite; the sums stay on the devices until one copy to the
+ * host (grad_sumsq.c). A multiply by exactly 1 is skipped, as torch skips it. */
 anneal_status anneal_loss_scaler_unscale(const anneal_loss_scaler *s, anneal_params *ps, bool *found_inf) {
     if (!s || !ps || !found_inf) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_loss_scaler_unscale: NULL argument");
     *found_inf = false;
     float inv = (float)(1.0 / (double)s->scale);
-    for (int i = 0; i < ps->n; i++) {
+    double stack[ANNEAL_OPTIM_STACK_PARAMS];
+    double *ss = ps->n <= ANNEAL_OPTIM_STACK_PARAMS ? stack : malloc((size_t)ps->n * sizeof *ss);
+    if (!ss) return anneal_set_error(ANNEAL_ERR_OOM, "loss scaler: out of memory");
+    anneal_status st = anneal_optim_grad_sumsq("loss scaler", ps, ss);
+    for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
         anneal_tensor *g = ps->items[i].tensor->grad;
         if (!g) continue;
-        if (g->dtype != ANNEAL_F32)
-            return anneal_set_error(ANNEAL_ERR_DTYPE, "loss scaler: grad of '%s' is %s, not f32", ps->items[i].name,
-                                    anneal_dtype_name(g->dtype));
+        *found_inf = *found_inf || !isfinite(ss[i]);
+        if (inv == 1.0f) continue;
         const anneal_backend *be = anneal_backend_get(g->device);
-        if (!be) return anneal_last_status();
-        bool bad = false;
-        anneal_status st = has_nonfinite(be, g, &bad);
-        if (st == ANNEAL_OK && inv != 1.0f) st = scale_in_place(be, g, inv);
-        if (st != ANNEAL_OK) return st;
-        *found_inf = *found_inf || bad;
+        st = be ? scale_in_place(be, g, inv) : anneal_last_status();
     }
-    return ANNEAL_OK;
+    if (ss != stack) free(ss);
+    return st;
 }
 
 /* torch _amp_update_scale_ (AmpKernels.cu): the tracker is incremented before it is

@@ -11,7 +11,11 @@
  * optimizer's ordinary slots (so anneal_optimizer_state and everything written for
  * the plain optimizer work on them); anneal_optimizer_scatter_state copies the rank's
  * pieces back into the shard and frees them. A step with full tensors present scatters
- * them first, so a state restored into them is never ignored. */
+ * them first, so a state restored into them is never ignored.
+ *
+ * Everything runs on the parameters' device through its backend (the shard state is
+ * made there, pieces move by copies on views); only the gradient sync's collectives
+ * see raw memory. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +61,14 @@ anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_conf
     z->n_state = cfg.kind == ANNEAL_OPTIM_ADAMW ? 2 : cfg.momentum != 0 ? 1 : 0;
     int64_t n = anneal_ddp_shard_numel(d);
     if (n > 0) {
+        anneal_device dev = ps->items[0].tensor->device; /* the sync keeps them on one device */
+        const anneal_backend *be = anneal_backend_get(dev);
         anneal_scope_enter(z->scope);
-        for (int k = 0; k < z->n_state; k++)
-            if (!(z->s[k] = anneal_zeros(ANNEAL_F32, 1, &n))) break;
+        for (int k = 0; k < z->n_state && be; k++) {
+            anneal_tensor *t = anneal_empty_on(dev, ANNEAL_F32, 1, &n);
+            if (!t || be->fill(be->ctx, t, 0.0) != ANNEAL_OK) break;
+            z->s[k] = t;
+        }
         anneal_scope_leave();
         for (int k = 0; k < z->n_state; k++)
             if (!z->s[k]) {
@@ -71,15 +80,17 @@ anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_conf
     return o;
 }
 
-/* A 1-D view of len elements of t starting at element off (relative to t's start). */
+/* A 1-D view of len elements of t starting at element off (relative to t's start),
+ * owned by the current scope (by the caller when none is open). */
 static anneal_tensor *slice(const anneal_tensor *t, int64_t off, int64_t len) {
     return anneal_alias(t, 1, &len, (int64_t[]){1}, t->offset + off);
 }
 
-/* value broadcast over len elements (zero stride), for in-place scalar multiplies. */
-static anneal_tensor *scalar_as(const anneal_backend *be, int64_t len, double value) {
-    anneal_tensor *s = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, 1, (int64_t[]){1});
-    if (!s || be->fill(s, value) != ANNEAL_OK) return NULL;
+/* value broadcast over len elements (zero stride) on device dev, for in-place scalar
+ * multiplies. */
+static anneal_tensor *scalar_as(const anneal_backend *be, anneal_device dev, int64_t len, double value) {
+    anneal_tensor *s = anneal_empty_on(dev, ANNEAL_F32, 1, (int64_t[]){1});
+    if (!s || be->fill(be->ctx, s, value) != ANNEAL_OK) return NULL;
     return anneal_alias(s, 1, &len, (int64_t[]){0}, s->offset);
 }
 
@@ -95,36 +106,36 @@ static anneal_status sgd_piece(const anneal_optim_config *c, const anneal_backen
 #define NEW(var, expr) do { if (!((var) = (expr))) return anneal_last_status(); } while (0)
     if (wd != 0) {
         anneal_tensor *wd_s, *tmp;
-        NEW(wd_s, scalar_as(be, len, wd));
+        NEW(wd_s, scalar_as(be, p->device, len, wd));
         NEW(tmp, anneal_empty_like(p));
-        TRY(be->binary(ANNEAL_MUL, tmp, p, wd_s));
-        TRY(be->binary(ANNEAL_ADD, tmp, tmp, g));
+        TRY(be->binary(be->ctx, ANNEAL_MUL, tmp, p, wd_s));
+        TRY(be->binary(be->ctx, ANNEAL_ADD, tmp, tmp, g));
         d = tmp;
     }
     if (c->momentum != 0) {
         anneal_tensor *mom;
-        NEW(mom, scalar_as(be, len, c->momentum));
+        NEW(mom, scalar_as(be, p->device, len, c->momentum));
         if (steps == 0) {
-            TRY(be->copy(buf, d));
+            TRY(be->copy(be->ctx, buf, d));
         } else {
-            TRY(be->binary(ANNEAL_MUL, buf, buf, mom));
-            TRY(be->binary(ANNEAL_ADD, buf, buf, d));
+            TRY(be->binary(be->ctx, ANNEAL_MUL, buf, buf, mom));
+            TRY(be->binary(be->ctx, ANNEAL_ADD, buf, buf, d));
         }
         if (c->nesterov) {
             anneal_tensor *tmp;
             NEW(tmp, anneal_empty_like(p));
-            TRY(be->binary(ANNEAL_MUL, tmp, buf, mom));
-            TRY(be->binary(ANNEAL_ADD, tmp, tmp, d));
+            TRY(be->binary(be->ctx, ANNEAL_MUL, tmp, buf, mom));
+            TRY(be->binary(be->ctx, ANNEAL_ADD, tmp, tmp, d));
             d = tmp;
         } else {
             d = buf;
         }
     }
     anneal_tensor *lr_s, *step;
-    NEW(lr_s, scalar_as(be, len, lr));
+    NEW(lr_s, scalar_as(be, p->device, len, lr));
     NEW(step, anneal_empty_like(p));
-    TRY(be->binary(ANNEAL_MUL, step, d, lr_s));
-    TRY(be->binary(ANNEAL_SUB, p, p, step));
+    TRY(be->binary(be->ctx, ANNEAL_MUL, step, d, lr_s));
+    TRY(be->binary(be->ctx, ANNEAL_SUB, p, p, step));
 #undef TRY
 #undef NEW
     return ANNEAL_OK;
@@ -150,9 +161,9 @@ anneal_status anneal_zero_step(anneal_optimizer *o, double lr) {
     if (has_full_state(o, z) && (s = anneal_optimizer_scatter_state(o)) != ANNEAL_OK) return s;
     anneal_optim_config c = anneal_optimizer_config(o);
     anneal_params *ps = anneal_optimizer_params_(o);
-    const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
-    if (!be) return anneal_last_status();
     anneal_tensor *g = anneal_ddp_shard_grad_tensor_(d);
+    const anneal_backend *be = ps->n ? anneal_backend_get(ps->items[0].tensor->device) : NULL;
+    if (ps->n && !be) return anneal_last_status();
     int np = 0;
     const anneal_ddp_piece *pcs = anneal_ddp_shard_pieces(d, &np);
     anneal_scope *tmp = anneal_scope_open();
@@ -174,7 +185,7 @@ anneal_status anneal_zero_step(anneal_optimizer *o, double lr) {
              * parameter's own step count. */
             double t = (double)(steps + 1);
             double bc1 = 1.0 - pow(c.beta1, t), bc2 = 1.0 - pow(c.beta2, t);
-            s = be->adamw(p, gs, m, v, lr, c.beta1, c.beta2, c.eps, pa->decay ? c.weight_decay : 0.0, bc1, bc2);
+            s = be->adamw(be->ctx, p, gs, m, v, lr, c.beta1, c.beta2, c.eps, pa->decay ? c.weight_decay : 0.0, bc1, bc2);
         } else {
             s = sgd_piece(&c, be, p, gs, m, pa->decay, steps, lr);
         }
@@ -194,7 +205,7 @@ anneal_status anneal_optimizer_gather_state(anneal_optimizer *o) {
     struct anneal_zero *z = anneal_optimizer_zero_(o);
     if (!z) return ANNEAL_OK;
     anneal_params *ps = anneal_optimizer_params_(o);
-    float **dst = malloc((size_t)(ps->n > 0 ? ps->n : 1) * sizeof *dst);
+    anneal_tensor **dst = malloc((size_t)(ps->n > 0 ? ps->n : 1) * sizeof *dst);
     if (!dst) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering optimizer state");
     anneal_status s = ANNEAL_OK;
     for (int k = 0; k < z->n_state && s == ANNEAL_OK; k++) {
@@ -213,9 +224,9 @@ anneal_status anneal_optimizer_gather_state(anneal_optimizer *o) {
                     break;
                 }
             }
-            dst[i] = anneal_data(*slot);
+            dst[i] = *slot;
         }
-        if (s == ANNEAL_OK) s = anneal_ddp_gather_shard_(z->d, z->s[k] ? anneal_data(z->s[k]) : NULL, dst);
+        if (s == ANNEAL_OK) s = anneal_ddp_gather_shard_(z->d, z->s[k], dst);
     }
     free(dst);
     return s;
@@ -240,8 +251,13 @@ anneal_status anneal_optimizer_scatter_state(anneal_optimizer *o) {
                 anneal_numel(full) != anneal_numel(ps->items[pcs[j].param].tensor))
                 return anneal_set_error(ANNEAL_ERR_STATE, "ZeRO: state of '%s' is not a contiguous f32 tensor of "
                                                           "the parameter's size", ps->items[pcs[j].param].name);
-            memcpy((float *)anneal_data(z->s[k]) + pcs[j].shard_offset,
-                   (const float *)anneal_data(full) + pcs[j].offset, (size_t)pcs[j].len * sizeof(float));
+            const anneal_backend *be = anneal_backend_get(full->device);
+            anneal_tensor *dst = slice(z->s[k], pcs[j].shard_offset, pcs[j].len);
+            anneal_tensor *src = slice(full, pcs[j].offset, pcs[j].len);
+            anneal_status s = be && dst && src ? be->copy(be->ctx, dst, src) : anneal_last_status();
+            anneal_release(dst);
+            anneal_release(src);
+            if (s != ANNEAL_OK) return s;
         }
         for (int i = 0; i < ps->n; i++) {
             anneal_tensor **slot = anneal_optimizer_state_slot_(o, i, k);

@@ -85,6 +85,11 @@ const char *anneal_comm_backend(const anneal_comm *c) { return c && c->mpi ? "mp
 
 /* Common checks; `reduce` restricts dtypes to f32/bf16. MPI counts are ints: the
  * elements moved by one call (count * size for the gathered side) must fit. */
+anneal_device anneal_comm_device_(const anneal_comm *c) {
+    (void)c;
+    return ANNEAL_CPU;
+}
+
 static anneal_status check_args(const anneal_comm *c, const char *what, const void *a, const void *b,
                                 int64_t count, anneal_dtype dt, bool reduce) {
     if (!c) return anneal_set_error(ANNEAL_ERR_ARG, "%s: NULL communicator", what);

@@ -40,6 +40,9 @@ struct anneal_comm_request {
     float *tmp_in, *tmp_out; /* f32 staging of a bf16 reduction (owned) */
 };
 
+/* The device whose memory c's collectives read and write: host memory, the CPU's, for
+ * the single-process and the MPI communicators (a NCCL one would say CUDA). */
+anneal_device anneal_comm_device_(const anneal_comm *c);
 /* True when c can be driven from a progress thread (see ddp.c). */
 bool anneal_comm_threads_ok_(const anneal_comm *c);
 /* True when the request's transport has finished (after a successful test). */

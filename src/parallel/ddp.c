@@ -31,7 +31,13 @@
  *    begin_backward and finish hold d->mu). It needs a spare core: with ranks x
  *    threads = cores it steals time from backward.
  * Either way the copies MPI does on the CPU still cost CPU time; only waiting is
- * hidden. Figures: bench/bench_ddp.c. */
+ * hidden. Figures: bench/bench_ddp.c.
+ *
+ * Devices. The parameters' device is the tensors' (all on one). Bucket buffers and the
+ * shard are tensors on it, filled and emptied through its backend's copy on views
+ * (each gradient lands in its bucket by a converting copy); only the collectives see
+ * raw addresses, so the communicator must address that device's memory: MPI moves
+ * host memory, and parameters elsewhere are refused at anneal_ddp_new. */
 #include "parallel/ddp_internal.h"
 
 #include <math.h>
@@ -53,8 +59,8 @@ typedef struct ddp_bucket {
     int64_t shard_off, shard_len; /* this rank's real chunk elements inside the shard */
     int pending;         /* parameters whose gradient is not ready yet (this backward) */
     bool launched, completed;
-    float *buf;          /* stage 0: n (kept); stages 1-2: chunk * world (while in flight) */
-    float *recv;         /* stages 1-2: chunk */
+    anneal_tensor *buf;  /* f32, stage 0: n (kept); stages 1-2: chunk * world (while in flight) */
+    anneal_tensor *recv; /* f32, stages 1-2: chunk */
     anneal_comm_request *req;
 } ddp_bucket;
 
@@ -67,6 +73,8 @@ struct anneal_ddp {
     anneal_comm *c;
     anneal_params *ps;
     anneal_ddp_config cfg;
+    anneal_device dev;    /* the parameters' device */
+    const anneal_backend *be;
     int n;                /* parameters covered (registered when d was made) */
     int64_t total;        /* flat elements */
     int64_t *offset;      /* flat offset of each parameter */
@@ -116,7 +124,42 @@ static int64_t numel_of(const anneal_ddp *d, int i) {
     return (i + 1 < d->n ? d->offset[i + 1] : d->total) - d->offset[i];
 }
 
-static float *param_data(const anneal_ddp *d, int i) { return anneal_data(d->ps->items[i].tensor); }
+/* A caller-owned view of elements [off, off + numel of shape) of the flat f32 t,
+ * shaped (ndim, shape) contiguously (a parameter's slice of a bucket or the shard). */
+static anneal_tensor *view(const anneal_tensor *t, int64_t off, int ndim, const int64_t *shape) {
+    int64_t strides[ANNEAL_MAX_DIMS], st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = st;
+        st *= shape[i];
+    }
+    anneal_scope_enter(NULL);
+    anneal_tensor *v = anneal_alias(t, ndim, shape, strides, t->offset + off);
+    anneal_scope_leave();
+    return v;
+}
+
+/* A caller-owned 1-D view of len elements of t from element off. */
+static anneal_tensor *flat(const anneal_tensor *t, int64_t off, int64_t len) { return view(t, off, 1, &len); }
+
+/* dst = src through the backend (converting, any strides), the views released after. */
+static anneal_status copy_release(const anneal_ddp *d, anneal_tensor *dst, anneal_tensor *src) {
+    anneal_status s = dst && src ? d->be->copy(d->be->ctx, dst, src) : anneal_last_status();
+    anneal_release(dst);
+    anneal_release(src);
+    return s;
+}
+
+/* A caller-owned flat f32 buffer of n elements on the parameters' device. */
+static anneal_tensor *new_buffer(const anneal_ddp *d, int64_t n) {
+    anneal_scope_enter(NULL);
+    anneal_tensor *t = anneal_empty_on(d->dev, ANNEAL_F32, 1, &n);
+    anneal_scope_leave();
+    return t;
+}
+
+/* The host address of a buffer for the communicator (the device is host memory: see
+ * anneal_ddp_new); the backend's queued work on it is finished first. */
+static float *comm_ptr(const anneal_ddp *d, const anneal_tensor *t) { return t ? anneal_data(t) : NULL; }
 
 /* Buckets from the last parameter backwards; a bucket closes when the next parameter
  * would take it past bucket_bytes (a larger parameter gets a bucket of its own). */
@@ -175,8 +218,8 @@ void anneal_ddp_free(anneal_ddp *d) {
     pthread_mutex_destroy(&d->mu);
     for (int k = 0; k < d->nb; k++) {
         anneal_comm_wait(d->b[k].req); /* never leave MPI writing into freed memory */
-        free(d->b[k].buf);
-        free(d->b[k].recv);
+        anneal_release(d->b[k].buf);
+        anneal_release(d->b[k].recv);
     }
     if (d->shard_grad) anneal_release(d->shard_grad);
     free(d->b);
@@ -188,8 +231,8 @@ void anneal_ddp_free(anneal_ddp *d) {
     free(d);
 }
 
-/* Checks the parameters (f32, contiguous, CPU: MPI moves host memory) and builds the
- * buckets and this rank's shard. */
+/* Checks the parameters (f32, contiguous, on one device whose memory the communicator
+ * moves: MPI's is host memory) and builds the buckets and this rank's shard. */
 anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config cfg) {
     if (!c || !ps) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: NULL communicator or parameter set");
@@ -204,20 +247,32 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
                          (long long)cfg.bucket_bytes);
         return NULL;
     }
+    anneal_device dev = anneal_comm_device_(c);
     for (int i = 0; i < ps->n; i++) {
         const anneal_tensor *t = ps->items[i].tensor;
-        if (t->dtype != ANNEAL_F32 || !anneal_is_contiguous(t) || t->device != ANNEAL_CPU) {
-            anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: parameter '%s' must be a contiguous f32 CPU tensor",
+        if (t->dtype != ANNEAL_F32 || !anneal_is_contiguous(t)) {
+            anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: parameter '%s' must be a contiguous f32 tensor",
                              ps->items[i].name);
             return NULL;
         }
+        if (t->device != dev) {
+            anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
+                             "anneal_ddp_new: the MPI communicator works on host memory (%s); parameter '%s' and its "
+                             "gradient are on %s (a communicator for that device, e.g. NCCL for CUDA, is not built)",
+                             anneal_device_name(dev), ps->items[i].name, anneal_device_name(t->device));
+            return NULL;
+        }
     }
+    const anneal_backend *be = anneal_backend_get(dev);
+    if (!be) return NULL;
     anneal_ddp *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     pthread_mutex_init(&d->mu, NULL);
     d->c = c;
     d->ps = ps;
     d->cfg = cfg;
+    d->dev = dev;
+    d->be = be;
     const char *prog = getenv("ANNEAL_DDP_PROGRESS");
     d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok_(c);
     d->n = ps->n;
@@ -235,10 +290,8 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
     qsort(d->lookup, (size_t)d->n, sizeof *d->lookup, cmp_ptr);
     if (!make_buckets(d) || !make_pieces(d)) goto oom;
     if (d->shard_numel > 0) {
-        anneal_scope_enter(NULL);
-        d->shard_grad = anneal_zeros(ANNEAL_F32, 1, &d->shard_numel);
-        anneal_scope_leave();
-        if (!d->shard_grad) {
+        d->shard_grad = new_buffer(d, d->shard_numel);
+        if (!d->shard_grad || be->fill(be->ctx, d->shard_grad, 0.0) != ANNEAL_OK) {
             anneal_ddp_free(d);
             return NULL;
         }
@@ -253,11 +306,10 @@ oom:
 /* Every parameter gets rank 0's values. */
 anneal_status anneal_ddp_broadcast_params(anneal_ddp *d) {
     if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_broadcast_params: NULL sync");
-    for (int i = 0; i < d->n; i++) {
-        anneal_status s = anneal_comm_broadcast(d->c, param_data(d, i), numel_of(d, i), ANNEAL_F32, 0);
-        if (s != ANNEAL_OK) return s;
-    }
-    return ANNEAL_OK;
+    anneal_status s = d->be->synchronize(d->be->ctx);
+    for (int i = 0; i < d->n && s == ANNEAL_OK; i++)
+        s = anneal_comm_broadcast(d->c, comm_ptr(d, d->ps->items[i].tensor), numel_of(d, i), ANNEAL_F32, 0);
+    return s;
 }
 
 static anneal_status note_err(anneal_ddp *d, anneal_status s) {
@@ -265,42 +317,53 @@ static anneal_status note_err(anneal_ddp *d, anneal_status s) {
     return s;
 }
 
-/* Copies bucket k's gradients (missing ones as zeros) into its buffer and starts
+/* Copies bucket k's gradients (missing ones as zeros) into its buffer through the
+ * backend (a converting copy onto the parameter's slice of the bucket) and starts
  * (overlap) or runs its collective. */
 static anneal_status launch(anneal_ddp *d, int k) {
     ddp_bucket *b = &d->b[k];
+    const anneal_backend *be = d->be;
     int world = anneal_comm_size(d->c);
     int64_t nbuf = d->cfg.zero_stage == 0 ? b->n : b->chunk * world;
     if (!b->buf) {
-        b->buf = malloc((size_t)(nbuf > 0 ? nbuf : 1) * sizeof(float));
-        if (!b->buf) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for a %lld-element gradient bucket",
-                                             (long long)nbuf);
+        if (!(b->buf = new_buffer(d, nbuf))) return anneal_last_status();
         d->bucket_live += nbuf * 4;
     }
     for (int p = b->lo; p <= b->hi; p++) {
         anneal_tensor *t = d->ps->items[p].tensor;
-        float *dst = b->buf + (d->offset[p] - b->start);
+        anneal_tensor *slot = view(b->buf, d->offset[p] - b->start, t->ndim, t->shape);
+        anneal_status s;
         if (t->grad) {
-            anneal_status s = anneal_to_f32_buffer(t->grad, dst);
-            if (s != ANNEAL_OK) return s;
-            if (d->cfg.zero_stage == 2) anneal_grad_clear(t);
+            s = copy_release(d, slot, anneal_retain(t->grad));
+            if (s == ANNEAL_OK && d->cfg.zero_stage == 2) anneal_grad_clear(t);
         } else {
-            memset(dst, 0, (size_t)numel_of(d, p) * sizeof(float));
+            s = slot ? be->fill(be->ctx, slot, 0.0) : anneal_last_status();
+            anneal_release(slot);
         }
+        if (s != ANNEAL_OK) return s;
     }
     b->launched = true;
     if (d->cfg.zero_stage == 0) {
-        if (d->cfg.overlap) return anneal_comm_allreduce_start(d->c, b->buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN, &b->req);
-        return anneal_comm_allreduce(d->c, b->buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
+        anneal_status s = be->synchronize(be->ctx);
+        if (s != ANNEAL_OK) return s;
+        float *buf = comm_ptr(d, b->buf);
+        if (d->cfg.overlap) return anneal_comm_allreduce_start(d->c, buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN, &b->req);
+        return anneal_comm_allreduce(d->c, buf, b->n, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
     }
-    if (nbuf > b->n) memset(b->buf + b->n, 0, (size_t)(nbuf - b->n) * sizeof(float));
-    if (!b->recv && !(b->recv = malloc((size_t)(b->chunk > 0 ? b->chunk : 1) * sizeof(float))))
-        return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for a gradient shard");
+    if (nbuf > b->n) {
+        anneal_tensor *pad = flat(b->buf, b->n, nbuf - b->n);
+        anneal_status s = pad ? be->fill(be->ctx, pad, 0.0) : anneal_last_status();
+        anneal_release(pad);
+        if (s != ANNEAL_OK) return s;
+    }
+    if (!b->recv && !(b->recv = new_buffer(d, b->chunk))) return anneal_last_status();
     d->bucket_live += b->chunk * 4;
+    anneal_status s = be->synchronize(be->ctx);
+    if (s != ANNEAL_OK) return s;
+    float *send = comm_ptr(d, b->buf), *recv = comm_ptr(d, b->recv);
     if (d->cfg.overlap)
-        return anneal_comm_reduce_scatter_start(d->c, b->buf, b->recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN,
-                                                &b->req);
-    return anneal_comm_reduce_scatter(d->c, b->buf, b->recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
+        return anneal_comm_reduce_scatter_start(d->c, send, recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN, &b->req);
+    return anneal_comm_reduce_scatter(d->c, send, recv, b->chunk, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
 }
 
 /* A new (caller-owned, tensor-owned) f32 gradient for parameter t, as the engine
@@ -313,36 +376,29 @@ static anneal_tensor *new_grad(anneal_tensor *t) {
     return g;
 }
 
-/* After bucket k's collective: stage 0 writes the mean back into .grad (creating
- * missing ones); stages 1-2 keep the rank's real chunk in the shard and free the
- * buffers. */
+/* After bucket k's collective: stage 0 copies the mean back into .grad (creating
+ * missing ones; a converting copy into any dtype and strides); stages 1-2 keep the
+ * rank's real chunk in the shard and free the buffers. */
 static anneal_status complete(anneal_ddp *d, int k) {
     ddp_bucket *b = &d->b[k];
     b->completed = true;
     if (d->cfg.zero_stage == 0) {
         for (int p = b->lo; p <= b->hi; p++) {
             anneal_tensor *t = d->ps->items[p].tensor;
-            const float *src = b->buf + (d->offset[p] - b->start);
             if (!t->grad && !new_grad(t)) return anneal_last_status();
-            anneal_tensor *g = t->grad;
-            if (g->dtype == ANNEAL_F32 && anneal_is_contiguous(g)) {
-                memcpy(anneal_data(g), src, (size_t)numel_of(d, p) * sizeof(float));
-            } else {
-                anneal_scope_enter(NULL);
-                anneal_tensor *tmp = anneal_from_data(ANNEAL_F32, t->ndim, t->shape, src);
-                anneal_scope_leave();
-                anneal_status s = tmp ? anneal_copy_(g, tmp) : anneal_last_status();
-                anneal_release(tmp);
-                if (s != ANNEAL_OK) return s;
-            }
+            anneal_tensor *src = view(b->buf, d->offset[p] - b->start, t->ndim, t->shape);
+            anneal_status s = copy_release(d, anneal_retain(t->grad), src);
+            if (s != ANNEAL_OK) return s;
         }
         return ANNEAL_OK;
     }
-    if (b->shard_len > 0)
-        memcpy((float *)anneal_data(d->shard_grad) + b->shard_off, b->recv, (size_t)b->shard_len * sizeof(float));
+    if (b->shard_len > 0) {
+        anneal_status s = copy_release(d, flat(d->shard_grad, b->shard_off, b->shard_len), flat(b->recv, 0, b->shard_len));
+        if (s != ANNEAL_OK) return s;
+    }
     d->bucket_live -= (b->chunk * anneal_comm_size(d->c) + b->chunk) * 4;
-    free(b->buf);
-    free(b->recv);
+    anneal_release(b->buf);
+    anneal_release(b->recv);
     b->buf = b->recv = NULL;
     return ANNEAL_OK;
 }
@@ -479,21 +535,38 @@ anneal_status anneal_ddp_finish(anneal_ddp *d) {
     return ANNEAL_OK;
 }
 
+/* The sums of squares of n tensors (contiguous f32 on the parameters' device; NULL
+ * counts as 0) into out[0..n), through one F64 tensor on the device and one copy to
+ * the host: the backend's sum_squares, so the same bits as optim's anneal_grad_norm. */
+static anneal_status sums_of_squares(const anneal_ddp *d, int n, const anneal_tensor *const *ts, double *out) {
+    const anneal_backend *be = d->be;
+    int64_t len = n > 0 ? n : 1;
+    anneal_scope_enter(NULL);
+    anneal_tensor *acc = anneal_empty_on(d->dev, ANNEAL_F64, 1, &len);
+    anneal_scope_leave();
+    anneal_status s = acc ? ANNEAL_OK : anneal_last_status();
+    for (int i = 0; i < n && s == ANNEAL_OK; i++)
+        if (ts[i]) s = be->sum_squares(be->ctx, acc, i, ts[i]);
+    if (s == ANNEAL_OK) s = be->copy_to_host(be->ctx, out, anneal_data(acc), (size_t)n * sizeof *out);
+    if (s == ANNEAL_OK) s = be->synchronize(be->ctx);
+    for (int i = 0; i < n; i++)
+        if (!ts[i]) out[i] = 0.0;
+    anneal_release(acc);
+    return s;
+}
+
 /* sum of squares of the shard, combined across ranks in rank order (all-gather of the
  * per-rank doubles, then a fixed-order sum: every rank gets the same bits). */
 static anneal_status shard_norm(anneal_ddp *d, float *norm) {
     double ss = 0;
-    if (d->shard_grad) {
-        const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
-        if (!be) return anneal_last_status();
-        anneal_status s = be->sum_squares(d->shard_grad, &ss);
-        if (s != ANNEAL_OK) return s;
-    }
+    const anneal_tensor *shard = d->shard_grad;
+    anneal_status s = shard ? sums_of_squares(d, 1, &shard, &ss) : ANNEAL_OK;
+    if (s != ANNEAL_OK) return s;
     int world = anneal_comm_size(d->c);
     double *all = malloc((size_t)world * sizeof *all);
     if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
     /* 8-byte elements: the doubles travel as raw I64 bits. */
-    anneal_status s = anneal_comm_all_gather(d->c, &ss, all, 1, ANNEAL_I64);
+    s = anneal_comm_all_gather(d->c, &ss, all, 1, ANNEAL_I64);
     double total = 0;
     for (int r = 0; r < world && s == ANNEAL_OK; r++) total += all[r];
     free(all);
@@ -508,50 +581,46 @@ static anneal_status require_synced(const anneal_ddp *d, const char *what) {
     return ANNEAL_OK;
 }
 
-/* Multiplies n floats by s (an f32 multiply, as the backend's binary MUL does). */
-static void scale(float *x, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
-}
-
 anneal_status anneal_ddp_scale_grads(anneal_ddp *d, float s) {
     anneal_status st = require_synced(d, "anneal_ddp_scale_grads");
     if (st != ANNEAL_OK) return st;
-    if (d->cfg.zero_stage > 0) {
-        if (d->shard_grad) scale(anneal_data(d->shard_grad), d->shard_numel, s);
-        return ANNEAL_OK;
-    }
+    const anneal_backend *be = d->be;
+    /* scale_by: an f32 multiply per element, as the backend's binary MUL does */
+    if (d->cfg.zero_stage > 0) return d->shard_grad ? be->scale_by(be->ctx, d->shard_grad, NULL, NULL, s) : ANNEAL_OK;
     for (int i = 0; i < d->n; i++) {
         anneal_tensor *g = d->ps->items[i].tensor->grad;
         if (!g) continue;
         if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
             return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "anneal_ddp_scale_grads: grad of '%s' is not contiguous f32",
                                     d->ps->items[i].name);
-        scale(anneal_data(g), anneal_numel(g), s);
+        if ((st = be->scale_by(be->ctx, g, NULL, NULL, s)) != ANNEAL_OK) return st;
     }
     return ANNEAL_OK;
 }
 
 /* Stage 0: every rank holds identical mean gradients in .grad (contiguous f32, made
  * by anneal_ddp_finish): the sum over parameters, in registration order and in double,
- * of each one's sum of squares: the arithmetic of optim's anneal_grad_norm (dist sits
- * above optim, so it does not call it), hence the same bits on every rank and as one
- * process. */
+ * of each one's sum of squares: the arithmetic of optim's anneal_grad_norm (parallel
+ * sits above optim, so it does not call it), hence the same bits on every rank and as
+ * one process. */
 static anneal_status full_norm(anneal_ddp *d, float *norm) {
-    const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
-    if (!be) return anneal_last_status();
-    double total = 0;
-    for (int i = 0; i < d->n; i++) {
+    const anneal_tensor **gs = calloc((size_t)(d->n > 0 ? d->n : 1), sizeof *gs);
+    double *ss = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *ss);
+    anneal_status s = gs && ss ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
+    for (int i = 0; i < d->n && s == ANNEAL_OK; i++) {
         const anneal_tensor *g = d->ps->items[i].tensor->grad;
         if (g && (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g)))
-            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "anneal_ddp_clip_grad_norm: grad of '%s' is not contiguous f32",
-                                    d->ps->items[i].name);
-        double ss = 0;
-        anneal_status s = g ? be->sum_squares(g, &ss) : ANNEAL_OK;
-        if (s != ANNEAL_OK) return s;
-        total += ss;
+            s = anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "anneal_ddp_clip_grad_norm: grad of '%s' is not contiguous f32",
+                                 d->ps->items[i].name);
+        gs[i] = g;
     }
-    *norm = (float)sqrt(total);
-    return ANNEAL_OK;
+    if (s == ANNEAL_OK) s = sums_of_squares(d, d->n, gs, ss);
+    double total = 0;
+    for (int i = 0; i < d->n && s == ANNEAL_OK; i++) total += ss[i];
+    free(gs);
+    free(ss);
+    if (s == ANNEAL_OK) *norm = (float)sqrt(total);
+    return s;
 }
 
 /* The norm (full_norm at stage 0; the shards combined by shard_norm at stages 1-2),
@@ -577,36 +646,39 @@ const anneal_ddp_piece *anneal_ddp_shard_pieces(const anneal_ddp *d, int *n) {
     return d ? d->pieces : NULL;
 }
 
-float *anneal_ddp_shard_grad(anneal_ddp *d) { return d && d->shard_grad ? anneal_data(d->shard_grad) : NULL; }
+float *anneal_ddp_shard_grad(anneal_ddp *d) { return d && d->shard_grad ? comm_ptr(d, d->shard_grad) : NULL; }
 
 /* All-gathers in flight at once while gathering a shard: enough to overlap one
  * bucket's unpacking with the next one's transfer, while the staging stays at two
  * buckets instead of a full copy of the parameters. */
 #define GATHER_WINDOW 2
 
-/* Waits for bucket k's all-gather (if started) and unpacks it into dst. */
-static anneal_status gather_unpack(anneal_ddp *d, int k, anneal_comm_request **req, float **full, float **send,
-                                   float *const *dst, anneal_status s) {
+/* Waits for bucket k's all-gather (if started) and unpacks it into dst (backend copies
+ * from the gathered buffer onto each parameter's tensor). */
+static anneal_status gather_unpack(anneal_ddp *d, int k, anneal_comm_request **req, anneal_tensor **full,
+                                   anneal_tensor **send, anneal_tensor *const *dst, anneal_status s) {
     anneal_status w = anneal_comm_wait(req[k]); /* wait even after an error: MPI is writing */
     req[k] = NULL;
     if (s == ANNEAL_OK) s = w;
     ddp_bucket *b = &d->b[k];
-    if (s == ANNEAL_OK && full[k])
-        for (int p = b->lo; p <= b->hi; p++)
-            memcpy(dst[p], full[k] + (d->offset[p] - b->start), (size_t)numel_of(d, p) * sizeof(float));
-    free(full[k]);
-    free(send[k]);
+    for (int p = b->lo; s == ANNEAL_OK && full[k] && p <= b->hi; p++) {
+        anneal_tensor *t = dst[p];
+        s = copy_release(d, anneal_retain(t), view(full[k], d->offset[p] - b->start, t->ndim, t->shape));
+    }
+    anneal_release(full[k]);
+    anneal_release(send[k]);
     full[k] = send[k] = NULL;
     return s;
 }
 
-/* Gathers shard-layout data from every rank into full per-parameter arrays, bucket by
+/* Gathers shard-layout data from every rank into full per-parameter tensors, bucket by
  * bucket (in bucket order on every rank), GATHER_WINDOW buckets in flight. */
-anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const float *shard, float *const *dst) {
+anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst) {
     if (!d || d->cfg.zero_stage == 0)
         return anneal_set_error(ANNEAL_ERR_STATE, "gathering a shard needs a ZeRO stage 1-2 sync");
+    const anneal_backend *be = d->be;
     int world = anneal_comm_size(d->c);
-    float **full = calloc((size_t)d->nb + 1, sizeof *full), **send = calloc((size_t)d->nb + 1, sizeof *send);
+    anneal_tensor **full = calloc((size_t)d->nb + 1, sizeof *full), **send = calloc((size_t)d->nb + 1, sizeof *send);
     anneal_comm_request **req = calloc((size_t)d->nb + 1, sizeof *req);
     if (!full || !send || !req) {
         free(full), free(send), free(req);
@@ -617,14 +689,19 @@ anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const float *shard, float 
     for (int k = 0; k < d->nb && s == ANNEAL_OK; k++) {
         ddp_bucket *b = &d->b[k];
         if (b->chunk > 0) {
-            full[k] = malloc((size_t)(b->chunk * world) * sizeof(float));
-            send[k] = calloc((size_t)b->chunk, sizeof(float));
-            if (!full[k] || !send[k]) {
-                s = anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering a shard");
+            full[k] = new_buffer(d, b->chunk * world);
+            send[k] = full[k] ? new_buffer(d, b->chunk) : NULL;
+            if (!send[k]) {
+                s = anneal_last_status();
                 break;
             }
-            if (b->shard_len > 0) memcpy(send[k], shard + b->shard_off, (size_t)b->shard_len * sizeof(float));
-            s = anneal_comm_all_gather_start(d->c, send[k], full[k], b->chunk, ANNEAL_F32, &req[k]);
+            s = be->fill(be->ctx, send[k], 0.0);
+            if (s == ANNEAL_OK && b->shard_len > 0)
+                s = copy_release(d, flat(send[k], 0, b->shard_len), flat(shard, b->shard_off, b->shard_len));
+            if (s == ANNEAL_OK) s = be->synchronize(be->ctx);
+            if (s == ANNEAL_OK)
+                s = anneal_comm_all_gather_start(d->c, comm_ptr(d, send[k]), comm_ptr(d, full[k]), b->chunk, ANNEAL_F32,
+                                                 &req[k]);
         }
         while (next_wait <= k - GATHER_WINDOW + 1) s = gather_unpack(d, next_wait++, req, full, send, dst, s);
     }
@@ -635,24 +712,26 @@ anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const float *shard, float 
     return s;
 }
 
-/* Each rank's pieces are read from its parameters and gathered into everyone's. */
+/* Each rank's pieces are read from its parameters (backend copies into a shard-layout
+ * buffer) and gathered into everyone's. */
 anneal_status anneal_ddp_gather_params(anneal_ddp *d) {
     if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_gather_params: NULL sync");
     if (d->cfg.zero_stage == 0) return ANNEAL_OK; /* every rank updated every parameter */
-    float *shard = malloc((size_t)(d->shard_numel > 0 ? d->shard_numel : 1) * sizeof(float));
-    float **dst = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *dst);
+    anneal_tensor *shard = new_buffer(d, d->shard_numel > 0 ? d->shard_numel : 1);
+    anneal_tensor **dst = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *dst);
     if (!shard || !dst) {
-        free(shard);
+        anneal_release(shard);
         free(dst);
         return anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering parameters");
     }
-    for (int k = 0; k < d->n_pieces; k++) {
+    anneal_status s = ANNEAL_OK;
+    for (int k = 0; k < d->n_pieces && s == ANNEAL_OK; k++) {
         const anneal_ddp_piece *pc = &d->pieces[k];
-        memcpy(shard + pc->shard_offset, param_data(d, pc->param) + pc->offset, (size_t)pc->len * sizeof(float));
+        s = copy_release(d, flat(shard, pc->shard_offset, pc->len), flat(d->ps->items[pc->param].tensor, pc->offset, pc->len));
     }
-    for (int i = 0; i < d->n; i++) dst[i] = param_data(d, i);
-    anneal_status s = anneal_ddp_gather_shard_(d, shard, dst);
-    free(shard);
+    for (int i = 0; i < d->n; i++) dst[i] = d->ps->items[i].tensor;
+    if (s == ANNEAL_OK) s = anneal_ddp_gather_shard_(d, shard, dst);
+    anneal_release(shard);
     free(dst);
     return s;
 }

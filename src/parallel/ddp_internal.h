@@ -16,9 +16,10 @@ anneal_tensor *anneal_ddp_shard_grad_tensor_(anneal_ddp *d);
 /* True once anneal_ddp_finish has left synchronised gradients (cleared by the next
  * synchronising anneal_ddp_begin_backward). */
 bool anneal_ddp_synced_(const anneal_ddp *d);
-/* Collective: every rank's shard (shard-layout floats, shard_numel) is gathered into
- * the full arrays dst[i] (numel of parameter i, contiguous f32) for every parameter. */
-anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const float *shard, float *const *dst);
+/* Collective: every rank's shard (a 1-D f32 tensor in shard layout, shard_numel long,
+ * on the parameters' device; NULL when the shard is empty) is gathered into the full
+ * tensors dst[i] (parameter i's shape, f32, on that device) for every parameter. */
+anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst);
 /* Optimizer-state bytes a ZeRO optimizer holds for d (reported in the memory figures). */
 void anneal_ddp_set_state_bytes_(anneal_ddp *d, int64_t bytes);
 

@@ -1,7 +1,7 @@
 /* Mixed precision in the trainer (--dtype, --loss-scale, --scale-growth-interval),
  * autocast-like: parameters, gradients, optimizer state, norms, softmax and the loss
- * stay f32; the operands of every GEMM are rounded to bf16 or f16 (the thread's
- * matmul dtype, set for the whole run, so evaluation and samples run at it too) and
+ * stay f32; the operands of every GEMM are rounded to bf16 or f16 (the model's compute
+ * precision, set for the whole run, so evaluation and samples run at it too) and
  * accumulated in f32. f16's range needs loss scaling: the loss is multiplied by the
  * scale before backward and the gradients by 1/scale after it (and after the
  * gradient all-reduce), before the norm and clipping. With a dynamic scale, NaN/Inf
@@ -53,16 +53,11 @@ anneal_status train_setup_precision(trainer *t, bool *usage) {
     t->st.dtype = t->dtype;
     t->st.loss_scale = t->use_scaler ? t->scaler.scale : 0.0f;
     t->st.loss_scale_growth_tracker = t->use_scaler ? t->scaler.growth_tracker : 0;
-    t->prev_matmul_dtype = anneal_get_matmul_dtype();
-    if (anneal_set_matmul_dtype(t->dtype) != ANNEAL_OK) return anneal_last_status();
-    t->matmul_dtype_set = true;
+    t->model->compute = t->dtype; /* every GEMM and attention op of the model runs at it */
     return ANNEAL_OK;
 }
 
-void train_teardown_precision(trainer *t) {
-    if (t->matmul_dtype_set) anneal_set_matmul_dtype(t->prev_matmul_dtype);
-    t->matmul_dtype_set = false;
-}
+void train_teardown_precision(trainer *t) { (void)t; }
 
 void train_note_precision(trainer *t) {
     if (t->resume_ckpt[0] && t->resumed_dtype != t->dtype)

@@ -77,8 +77,6 @@ typedef struct trainer {
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
     /* mixed precision (precision.c) */
     anneal_dtype dtype;              /* matmul precision of the run (the thread's setting while it runs) */
-    anneal_dtype prev_matmul_dtype;  /* the thread's setting before, restored by train_teardown */
-    bool matmul_dtype_set;
     bool use_scaler;                 /* fp16: loss scaling */
     anneal_loss_scaler scaler;
     anneal_dtype resumed_dtype;      /* precision of the checkpoint resumed from */

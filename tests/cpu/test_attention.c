@@ -33,14 +33,18 @@ static float urand(void) { /* uniform in [-1, 1) */
 
 typedef enum { LAYOUT_CONTIG, LAYOUT_GAPPED, LAYOUT_QKV } layout_kind;
 
-/* Cases are written positionally: {B, H, Tq, Tk, D, causal, scale, layout, amp}. */
+/* Cases are written positionally: {B, H, Tq, Tk, D, causal, scale, layout, amp, Hkv}. */
 typedef struct {
     int64_t B, H, Tq, Tk, D;
     bool causal;
     float scale; /* 0 means 1/sqrt(D) */
     layout_kind layout;
-    float amp; /* inputs ~ amp * U(-1, 1); 0 means 1 */
+    float amp;   /* inputs ~ amp * U(-1, 1); 0 means 1 */
+    int64_t Hkv; /* key/value heads (grouped-query attention); 0 means H (and d.Hkv = 0) */
 } attn_case;
+
+/* Key/value heads of a descriptor (Hkv, 0 meaning H). */
+static int64_t kv_heads(const anneal_cpu_attn_desc *d) { return d->Hkv ? d->Hkv : d->H; }
 
 /* All buffers of one case: inputs (q, k, v, dout), kernel outputs (o, lse, dq, dk, dv)
  * laid out per the case, and compact (B, H, T, D) double references. */
@@ -62,40 +66,42 @@ static float *alloc_fill(int64_t n, float val) {
     return p;
 }
 
-/* Builds the layout. CONTIG: (B, H, T, D). GAPPED: (B, T, H, D+3) with 5 spare
- * elements per batch. QKV: q, k, v interleaved in one (B, T, 3C) buffer (C = H*D),
- * grads in another, o and dout in (B, T, C). */
+/* Builds the layout (q, o with H heads; k, v with Hkv). CONTIG: (B, H, T, D). GAPPED:
+ * (B, T, H, D+3) with 5 spare elements per batch. QKV: q, k, v interleaved in one
+ * (B, T, (H + 2 Hkv) D) buffer (as a fused projection makes them), grads in another, o and
+ * dout in (B, T, H D). */
 static void bufs_make(attn_bufs *s, const attn_case *c) {
     memset(s, 0, sizeof *s);
     anneal_cpu_attn_desc *d = &s->d;
-    d->B = c->B, d->H = c->H, d->Tq = c->Tq, d->Tk = c->Tk, d->D = c->D;
+    d->B = c->B, d->H = c->H, d->Tq = c->Tq, d->Tk = c->Tk, d->D = c->D, d->Hkv = c->Hkv;
     d->causal = c->causal;
     d->scale = c->scale != 0.0f ? c->scale : 1.0f / sqrtf((float)c->D);
     const int64_t B = c->B, H = c->H, Tq = c->Tq, Tk = c->Tk, D = c->D, C = H * D;
+    const int64_t Hk = kv_heads(d), Ck = Hk * D;
     const float amp = c->amp != 0.0f ? c->amp : 1.0f;
     int64_t koff = 0, voff = 0, n_qkv = 0, n_o = 0;
     if (c->layout == LAYOUT_CONTIG) {
         d->q_sb = H * Tq * D, d->q_sh = Tq * D, d->q_st = D;
-        d->k_sb = H * Tk * D, d->k_sh = Tk * D, d->k_st = D;
+        d->k_sb = Hk * Tk * D, d->k_sh = Tk * D, d->k_st = D;
         d->v_sb = d->k_sb, d->v_sh = d->k_sh, d->v_st = D;
         d->o_sb = d->q_sb, d->o_sh = d->q_sh, d->o_st = D;
-        koff = B * H * Tq * D, voff = koff + B * H * Tk * D, n_qkv = voff + B * H * Tk * D;
+        koff = B * H * Tq * D, voff = koff + B * Hk * Tk * D, n_qkv = voff + B * Hk * Tk * D;
         n_o = B * H * Tq * D;
     } else if (c->layout == LAYOUT_GAPPED) {
         const int64_t P = D + 3;
         d->q_st = H * P, d->q_sh = P, d->q_sb = Tq * H * P + 5;
-        d->k_st = H * P, d->k_sh = P, d->k_sb = Tk * H * P + 5;
+        d->k_st = Hk * P, d->k_sh = P, d->k_sb = Tk * Hk * P + 5;
         d->v_st = d->k_st, d->v_sh = P, d->v_sb = d->k_sb;
         d->o_st = d->q_st, d->o_sh = P, d->o_sb = d->q_sb;
         koff = B * d->q_sb, voff = koff + B * d->k_sb, n_qkv = voff + B * d->k_sb;
         n_o = B * d->o_sb;
     } else { /* QKV: requires Tq == Tk */
-        const int64_t T = Tq;
-        d->q_st = d->k_st = d->v_st = 3 * C;
+        const int64_t T = Tq, W = C + 2 * Ck;
+        d->q_st = d->k_st = d->v_st = W;
         d->q_sh = d->k_sh = d->v_sh = D;
-        d->q_sb = d->k_sb = d->v_sb = T * 3 * C;
+        d->q_sb = d->k_sb = d->v_sb = T * W;
         d->o_st = C, d->o_sh = D, d->o_sb = T * C;
-        koff = C, voff = 2 * C, n_qkv = B * T * 3 * C;
+        koff = C, voff = C + Ck, n_qkv = B * T * W;
         n_o = B * T * C;
     }
     s->n_in = n_qkv;
@@ -116,8 +122,8 @@ static void bufs_make(attn_bufs *s, const attn_case *c) {
     s->ro = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
     s->rlse = calloc((size_t)(B * H * Tq + 1), sizeof(double));
     s->rdq = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
-    s->rdk = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
-    s->rdv = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+    s->rdk = calloc((size_t)(B * Hk * Tk * D + 1), sizeof(double));
+    s->rdv = calloc((size_t)(B * Hk * Tk * D + 1), sizeof(double));
 }
 
 static void bufs_free(attn_bufs *s) {
@@ -132,21 +138,24 @@ static int64_t ref_visible(const anneal_cpu_attn_desc *d, int64_t i) {
 }
 
 /* Naive double reference: full softmax rows; backward from the math
- * (dS = P * (dP - rowsum(P * dP))). Results in compact (B, H, T, D). */
+ * (dS = P * (dP - rowsum(P * dP))). Results in compact (B, H, T, D) for o, lse, dq and
+ * (B, Hkv, T, D) for dk, dv (query head h uses key/value head h / (H / Hkv); dk, dv sum
+ * over the query heads of a group). */
 static void reference(attn_bufs *s) {
     const anneal_cpu_attn_desc *d = &s->d;
-    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D, Hk = kv_heads(d);
     double *P = malloc(sizeof(double) * (size_t)(Tk + 1)),
            *dP = malloc(sizeof(double) * (size_t)(Tk + 1));
-    memset(s->rdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
-    memset(s->rdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(s->rdk, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
+    memset(s->rdv, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / (H / Hk);
             const float *q = s->q + b * d->q_sb + h * d->q_sh,
-                        *k = s->k + b * d->k_sb + h * d->k_sh;
-            const float *v = s->v + b * d->v_sb + h * d->v_sh;
+                        *k = s->k + b * d->k_sb + hk * d->k_sh;
+            const float *v = s->v + b * d->v_sb + hk * d->v_sh;
             const float *g = s->dout + b * d->o_sb + h * d->o_sh;
-            const int64_t bh = b * H + h;
+            const int64_t bh = b * H + h, bhk = b * Hk + hk;
             for (int64_t i = 0; i < Tq; i++) {
                 const int64_t nv = ref_visible(d, i);
                 double *ro = s->ro + (bh * Tq + i) * D, *rdq = s->rdq + (bh * Tq + i) * D;
@@ -180,7 +189,7 @@ static void reference(attn_bufs *s) {
                 }
                 for (int64_t j = 0; j < nv; j++) {
                     const double ds = P[j] * (dP[j] - dsum);
-                    double *rdk = s->rdk + (bh * Tk + j) * D, *rdv = s->rdv + (bh * Tk + j) * D;
+                    double *rdk = s->rdk + (bhk * Tk + j) * D, *rdv = s->rdv + (bhk * Tk + j) * D;
                     for (int64_t c = 0; c < D; c++) {
                         rdq[c] += d->scale * ds * k[j * d->k_st + c];
                         rdk[c] += d->scale * ds * q[i * d->q_st + c];
@@ -211,14 +220,15 @@ static float *to_float(const double *x, int64_t n) {
 }
 
 /* Number of elements of buf[0..n) outside the views that are no longer SENTINEL. View w
- * is at off[w] with T[w] rows and (batch, head, time) strides str[w], over d->B, H, D. */
+ * is at off[w] with T[w] rows, Hs[w] heads and (batch, head, time) strides str[w], over
+ * d->B, D. */
 static int64_t count_clobbered(const float *buf, int64_t n, const anneal_cpu_attn_desc *d,
                                int nviews, const int64_t *off, const int64_t *T,
-                               const int64_t (*str)[3]) {
+                               const int64_t *Hs, const int64_t (*str)[3]) {
     char *in_view = calloc((size_t)n + 1, 1);
     for (int w = 0; w < nviews; w++)
         for (int64_t b = 0; b < d->B; b++)
-            for (int64_t h = 0; h < d->H; h++)
+            for (int64_t h = 0; h < Hs[w]; h++)
                 for (int64_t t = 0; t < T[w]; t++)
                     for (int64_t c = 0; c < d->D; c++)
                         in_view[off[w] + b * str[w][0] + h * str[w][1] + t * str[w][2] + c] = 1;
@@ -233,12 +243,16 @@ static int64_t count_clobbered(const float *buf, int64_t n, const anneal_cpu_att
 static void check_views_only(const attn_bufs *s) {
     const anneal_cpu_attn_desc *d = &s->d;
     const int64_t Tq = d->Tq, Tk = d->Tk;
-    const int64_t oo[1] = {0}, oT[1] = {Tq}, os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
+    const int64_t oo[1] = {0}, oT[1] = {Tq}, oH[1] = {d->H};
+    const int64_t os[1][3] = {{d->o_sb, d->o_sh, d->o_st}};
     const int64_t go[3] = {0, s->dk - s->grad, s->dv - s->grad}, gT[3] = {Tq, Tk, Tk};
+    const int64_t gH[3] = {d->H, kv_heads(d), kv_heads(d)};
     const int64_t gs[3][3] = {
         {d->q_sb, d->q_sh, d->q_st}, {d->k_sb, d->k_sh, d->k_st}, {d->v_sb, d->v_sh, d->v_st}};
-    CHECK(count_clobbered(s->out, s->n_out, d, 1, oo, oT, os) == 0, "o written outside its view");
-    CHECK(count_clobbered(s->grad, s->n_grad, d, 3, go, gT, gs) == 0, "grads written outside views");
+    CHECK(count_clobbered(s->out, s->n_out, d, 1, oo, oT, oH, os) == 0,
+          "o written outside its view");
+    CHECK(count_clobbered(s->grad, s->n_grad, d, 3, go, gT, gH, gs) == 0,
+          "grads written outside views");
 }
 
 static void run_fwd(attn_bufs *s) {
@@ -256,17 +270,17 @@ static int check_case(const attn_case *c, double fa, double fr, double ga, doubl
     attn_bufs s;
     bufs_make(&s, c);
     const anneal_cpu_attn_desc *d = &s.d;
-    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D, Hk = kv_heads(d);
     run_fwd(&s);
     run_bwd(&s);
     reference(&s);
 
     float *o = gather(s.o, B, H, Tq, D, d->o_sb, d->o_sh, d->o_st);
     float *dq = gather(s.dq, B, H, Tq, D, d->q_sb, d->q_sh, d->q_st);
-    float *dk = gather(s.dk, B, H, Tk, D, d->k_sb, d->k_sh, d->k_st);
-    float *dv = gather(s.dv, B, H, Tk, D, d->v_sb, d->v_sh, d->v_st);
+    float *dk = gather(s.dk, B, Hk, Tk, D, d->k_sb, d->k_sh, d->k_st);
+    float *dv = gather(s.dv, B, Hk, Tk, D, d->v_sb, d->v_sh, d->v_st);
     float *ro = to_float(s.ro, B * H * Tq * D), *rdq = to_float(s.rdq, B * H * Tq * D);
-    float *rdk = to_float(s.rdk, B * H * Tk * D), *rdv = to_float(s.rdv, B * H * Tk * D);
+    float *rdk = to_float(s.rdk, B * Hk * Tk * D), *rdv = to_float(s.rdv, B * Hk * Tk * D);
     /* lse: -inf must match exactly, then compare the finite ones. */
     float *lse = alloc_fill(B * H * Tq, 0.0f), *rlse = alloc_fill(B * H * Tq, 0.0f);
     int64_t inf_mismatch = 0;
@@ -280,17 +294,18 @@ static int check_case(const attn_case *c, double fa, double fr, double ga, doubl
     CHECK_ALLCLOSE(o, ro, B * H * Tq * D, fa, fr);
     CHECK_ALLCLOSE(lse, rlse, B * H * Tq, fa, fr < 1e-5 ? fr : 1e-5);
     CHECK_ALLCLOSE(dq, rdq, B * H * Tq * D, ga, gr);
-    CHECK_ALLCLOSE(dk, rdk, B * H * Tk * D, ga, gr);
-    CHECK_ALLCLOSE(dv, rdv, B * H * Tk * D, ga, gr);
+    CHECK_ALLCLOSE(dk, rdk, B * Hk * Tk * D, ga, gr);
+    CHECK_ALLCLOSE(dv, rdv, B * Hk * Tk * D, ga, gr);
 
     /* Nothing outside the views is written. */
     check_views_only(&s);
 
     if (anneal_test_failures != before)
         fprintf(stderr,
-                "    case: B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d scale=%g layout=%d\n",
-                (long long)B, (long long)H, (long long)Tq, (long long)Tk, (long long)D, c->causal,
-                (double)d->scale, (int)c->layout);
+                "    case: B=%lld H=%lld Hkv=%lld Tq=%lld Tk=%lld D=%lld causal=%d scale=%g "
+                "layout=%d\n",
+                (long long)B, (long long)H, (long long)Hk, (long long)Tq, (long long)Tk,
+                (long long)D, c->causal, (double)d->scale, (int)c->layout);
     free(o), free(dq), free(dk), free(dv), free(ro), free(rdq), free(rdk), free(rdv);
     free(lse), free(rlse);
     bufs_free(&s);
@@ -312,7 +327,7 @@ TEST(grid_contiguous) {
     for (int causal = 0; causal < 2; causal++)
         for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
             for (size_t di = 0; di < 3; di++) {
-                attn_case c = {2, 2, T[t][0], T[t][1], Ds[di], causal, 0, LAYOUT_CONTIG, 0};
+                attn_case c = {2, 2, T[t][0], T[t][1], Ds[di], causal, 0, LAYOUT_CONTIG, 0, 0};
                 if (check_case(&c, FA, FR, GA, GR)) return;
             }
 }
@@ -320,11 +335,11 @@ TEST(grid_contiguous) {
 /* Gapped strides (outputs must not touch the gaps), scale != 1/sqrt(D), odd D. */
 TEST(gapped_layout_and_scale) {
     static const attn_case cases[] = {
-        {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0},
-        {2, 3, 5, 37, 8, true, 0.9f, LAYOUT_GAPPED, 0},
-        {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0},
-        {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0},
-        {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0},
+        {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0, 0},
+        {2, 3, 5, 37, 8, true, 0.9f, LAYOUT_GAPPED, 0, 0},
+        {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0, 0},
+        {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0, 0},
+        {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (check_case(&cases[i], FA, FR, GA, GR)) return;
@@ -333,10 +348,10 @@ TEST(gapped_layout_and_scale) {
 /* GPT-2's fused qkv: q, k, v interleaved in (B, T, 3C), grads likewise, o in (B, T, C). */
 TEST(interleaved_qkv) {
     static const attn_case cases[] = {
-        {2, 3, 65, 65, 16, true, 0, LAYOUT_QKV, 0},
-        {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0},
-        {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
-        {2, 4, 7, 7, 8, true, 0.6f, LAYOUT_QKV, 0},
+        {2, 3, 65, 65, 16, true, 0, LAYOUT_QKV, 0, 0},
+        {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0, 0},
+        {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0},
+        {2, 4, 7, 7, 8, true, 0.6f, LAYOUT_QKV, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (check_case(&cases[i], FA, FR, GA, GR)) return;
@@ -346,10 +361,10 @@ TEST(interleaved_qkv) {
  * (checked through the reference, which defines them so). Tk = 0 likewise. */
 TEST(rows_without_keys) {
     static const attn_case cases[] = {
-        {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0},
-        {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0},
-        {1, 1, 130, 66, 64, true, 0, LAYOUT_CONTIG, 0},
-        {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0},
+        {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0, 0},
+        {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0, 0},
+        {1, 1, 130, 66, 64, true, 0, LAYOUT_CONTIG, 0, 0},
+        {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (check_case(&cases[i], FA, FR, GA, GR)) return;
@@ -373,8 +388,8 @@ TEST(rows_without_keys) {
 /* Scores up to ~60: the running max changes often and the online rescaling matters. */
 TEST(large_logits) {
     static const attn_case cases[] = {
-        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f},
-        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f},
+        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f, 0},
+        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (check_case(&cases[i], 1e-4, 1e-3, 1e-4, 1e-3)) return;
@@ -400,8 +415,9 @@ static void fd_check(const attn_case *c, int stride) {
         const int64_t sb = w == 0 ? d->q_sb : w == 1 ? d->k_sb : d->v_sb;
         const int64_t sh = w == 0 ? d->q_sh : w == 1 ? d->k_sh : d->v_sh;
         const int64_t st = w == 0 ? d->q_st : w == 1 ? d->k_st : d->v_st;
+        const int64_t Hw = w == 0 ? H : kv_heads(d);
         for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < H; h++)
+            for (int64_t h = 0; h < Hw; h++)
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t cc = 0; cc < D; cc++, n++) {
                         if (n % stride) continue;
@@ -441,17 +457,17 @@ done:
 }
 
 TEST(finite_differences) {
-    const attn_case small = {1, 2, 5, 11, 8, true, 0.7f, LAYOUT_CONTIG, 0};
+    const attn_case small = {1, 2, 5, 11, 8, true, 0.7f, LAYOUT_CONTIG, 0, 0};
     fd_check(&small, 1);
-    const attn_case tiles = {1, 1, 70, 70, 8, true, 0, LAYOUT_QKV, 0};
+    const attn_case tiles = {1, 1, 70, 70, 8, true, 0, LAYOUT_QKV, 0, 0};
     fd_check(&tiles, 7);
 }
 
 /* Two runs give identical bits, and so do 1, 2 and 3 threads. */
 TEST(determinism) {
     static const attn_case cases[] = {
-        {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
-        {1, 3, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0},
+        {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0},
+        {1, 3, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0, 0},
     };
     const int saved = omp_get_max_threads();
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -490,11 +506,11 @@ TEST(determinism) {
 TEST(portable_path) {
     setenv("ANNEAL_CPU_ISA", "portable", 1);
     static const attn_case cases[] = {
-        {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0},
-        {2, 2, 5, 37, 8, true, 0, LAYOUT_CONTIG, 0},
-        {2, 3, 65, 65, 16, false, 0, LAYOUT_QKV, 0},
-        {1, 2, 70, 3, 16, true, 0.3f, LAYOUT_GAPPED, 0},
-        {1, 2, 1, 63, 37, true, 0, LAYOUT_GAPPED, 0},
+        {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0, 0},
+        {2, 2, 5, 37, 8, true, 0, LAYOUT_CONTIG, 0, 0},
+        {2, 3, 65, 65, 16, false, 0, LAYOUT_QKV, 0, 0},
+        {1, 2, 70, 3, 16, true, 0.3f, LAYOUT_GAPPED, 0, 0},
+        {1, 2, 1, 63, 37, true, 0, LAYOUT_GAPPED, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (check_case(&cases[i], FA, FR, GA, GR)) break;
@@ -531,7 +547,7 @@ static double rb(float x) { return (double)anneal_gemm_round_bf16(x); }
  * the bounds above (bo, bdq, bdk, bdv, compact like the references). */
 static void reference_bf16(attn_bufs *s, double *bo, double *bdq, double *bdk, double *bdv) {
     const anneal_cpu_attn_desc *d = &s->d;
-    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D, Hk = kv_heads(d);
     const double u = U_BF16, sc = d->scale;
     /* the rounded inputs, in the layouts of s->in and s->dout */
     double *inr = malloc(sizeof(double) * (size_t)(s->n_in + 1)),
@@ -541,19 +557,20 @@ static void reference_bf16(attn_bufs *s, double *bo, double *bdq, double *bdk, d
     double *P = malloc(sizeof(double) * (size_t)(Tk + 1)),
            *dP = malloc(sizeof(double) * (size_t)(Tk + 1)),
            *A = malloc(sizeof(double) * (size_t)(D + 1));
-    memset(s->rdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
-    memset(s->rdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
-    memset(bdk, 0, sizeof(double) * (size_t)(B * H * Tk * D));
-    memset(bdv, 0, sizeof(double) * (size_t)(B * H * Tk * D));
+    memset(s->rdk, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
+    memset(s->rdv, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
+    memset(bdk, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
+    memset(bdv, 0, sizeof(double) * (size_t)(B * Hk * Tk * D));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / (H / Hk);
             const float *q = s->q + b * d->q_sb + h * d->q_sh,
-                        *k = s->k + b * d->k_sb + h * d->k_sh;
-            const float *v = s->v + b * d->v_sb + h * d->v_sh;
+                        *k = s->k + b * d->k_sb + hk * d->k_sh;
+            const float *v = s->v + b * d->v_sb + hk * d->v_sh;
             const float *g = s->dout + b * d->o_sb + h * d->o_sh;
             const double *qR = inr + (q - s->in), *kR = inr + (k - s->in), *vR = inr + (v - s->in);
             const double *gR = gr_all + (g - s->dout);
-            const int64_t bh = b * H + h;
+            const int64_t bh = b * H + h, bhk = b * Hk + hk;
             for (int64_t i = 0; i < Tq; i++) {
                 const int64_t nv = ref_visible(d, i), r = bh * Tq + i;
                 double *ro = s->ro + r * D, *rdq = s->rdq + r * D;
@@ -597,8 +614,8 @@ static void reference_bf16(attn_bufs *s, double *bo, double *bdq, double *bdk, d
                 }
                 for (int64_t j = 0; j < nv; j++) {
                     const double ds = P[j] * (dP[j] - dsum), F = u * fabs(ds) + (1 + u) * P[j] * E;
-                    double *rdk = s->rdk + (bh * Tk + j) * D, *rdv = s->rdv + (bh * Tk + j) * D;
-                    double *bdk_j = bdk + (bh * Tk + j) * D, *bdv_j = bdv + (bh * Tk + j) * D;
+                    double *rdk = s->rdk + (bhk * Tk + j) * D, *rdv = s->rdv + (bhk * Tk + j) * D;
+                    double *bdk_j = bdk + (bhk * Tk + j) * D, *bdv_j = bdv + (bhk * Tk + j) * D;
                     for (int64_t c = 0; c < D; c++) {
                         const double kr = kR[j * d->k_st + c], qr = qR[i * d->q_st + c];
                         const double gr = gR[i * d->o_st + c];
@@ -650,12 +667,12 @@ typedef struct {
 
 static void out_take(attn_out *r, const attn_bufs *s) {
     const anneal_cpu_attn_desc *d = &s->d;
-    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
-    r->no = r->nq = B * H * Tq * D, r->nk = B * H * Tk * D, r->nl = B * H * Tq;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D, Hk = kv_heads(d);
+    r->no = r->nq = B * H * Tq * D, r->nk = B * Hk * Tk * D, r->nl = B * H * Tq;
     r->o = gather(s->o, B, H, Tq, D, d->o_sb, d->o_sh, d->o_st);
     r->dq = gather(s->dq, B, H, Tq, D, d->q_sb, d->q_sh, d->q_st);
-    r->dk = gather(s->dk, B, H, Tk, D, d->k_sb, d->k_sh, d->k_st);
-    r->dv = gather(s->dv, B, H, Tk, D, d->v_sb, d->v_sh, d->v_st);
+    r->dk = gather(s->dk, B, Hk, Tk, D, d->k_sb, d->k_sh, d->k_st);
+    r->dv = gather(s->dv, B, Hk, Tk, D, d->v_sb, d->v_sh, d->v_st);
     r->lse = alloc_fill(r->nl, 0.0f);
     memcpy(r->lse, s->lse, sizeof(float) * (size_t)r->nl);
 }
@@ -693,14 +710,14 @@ static int check_bf16_case(const attn_case *c, const char *isa, double fa, doubl
     bufs_make(&s, c);
     s.compute = ANNEAL_BF16;
     const anneal_cpu_attn_desc *d = &s.d;
-    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D;
+    const int64_t B = d->B, H = d->H, Tq = d->Tq, Tk = d->Tk, D = d->D, Hk = kv_heads(d);
     run_fwd(&s);
     run_bwd(&s);
     if (isa) unsetenv("ANNEAL_CPU_ISA");
     double *bo = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
     double *bdq = calloc((size_t)(B * H * Tq * D + 1), sizeof(double));
-    double *bdk = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
-    double *bdv = calloc((size_t)(B * H * Tk * D + 1), sizeof(double));
+    double *bdk = calloc((size_t)(B * Hk * Tk * D + 1), sizeof(double));
+    double *bdv = calloc((size_t)(B * Hk * Tk * D + 1), sizeof(double));
     double *zero = calloc((size_t)(B * H * Tq + 1), sizeof(double));
     reference_bf16(&s, bo, bdq, bdk, bdv);
     attn_out r;
@@ -721,10 +738,11 @@ static int check_bf16_case(const attn_case *c, const char *isa, double fa, doubl
     w[3] = check_bounded("dk", r.dk, s.rdk, bdk, r.nk, ga, gr);
     w[4] = check_bounded("dv", r.dv, s.rdv, bdv, r.nk, ga, gr);
     check_views_only(&s);
-    printf("    bf16 %s B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d layout=%d: worst ratio "
+    printf("    bf16 %s B=%lld H=%lld Tq=%lld Tk=%lld D=%lld causal=%d layout=%d%s: worst ratio "
            "o %.2f lse %.2f dq %.2f dk %.2f dv %.2f\n",
            isa ? isa : "auto", (long long)B, (long long)H, (long long)Tq, (long long)Tk,
-           (long long)D, c->causal, (int)c->layout, w[0], w[1], w[2], w[3], w[4]);
+           (long long)D, c->causal, (int)c->layout, Hk != H ? " (GQA)" : "", w[0], w[1], w[2],
+           w[3], w[4]);
     out_free(&r);
     free(bo), free(bdq), free(bdk), free(bdv), free(zero), free(rl);
     bufs_free(&s);
@@ -732,22 +750,22 @@ static int check_bf16_case(const attn_case *c, const char *isa, double fa, doubl
 }
 
 static const attn_case bf16_cases[] = {
-    {2, 2, 1, 1, 8, true, 0, LAYOUT_CONTIG, 0},
-    {2, 2, 63, 63, 64, true, 0, LAYOUT_CONTIG, 0},
-    {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0},
-    {2, 2, 130, 130, 64, false, 0, LAYOUT_CONTIG, 0},
-    {2, 2, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0},
-    {1, 2, 64, 130, 64, false, 0, LAYOUT_CONTIG, 0},
-    {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0},
-    {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0},
-    {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0},
-    {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0},
-    {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0},
-    {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
-    {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0},
-    {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0},
-    {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0},
-    {1, 2, 131, 67, 33, true, 0, LAYOUT_GAPPED, 0},
+    {2, 2, 1, 1, 8, true, 0, LAYOUT_CONTIG, 0, 0},
+    {2, 2, 63, 63, 64, true, 0, LAYOUT_CONTIG, 0, 0},
+    {2, 2, 130, 130, 64, true, 0, LAYOUT_CONTIG, 0, 0},
+    {2, 2, 130, 130, 64, false, 0, LAYOUT_CONTIG, 0, 0},
+    {2, 2, 5, 37, 16, true, 0, LAYOUT_CONTIG, 0, 0},
+    {1, 2, 64, 130, 64, false, 0, LAYOUT_CONTIG, 0, 0},
+    {2, 3, 65, 65, 16, true, 0.37f, LAYOUT_GAPPED, 0, 0},
+    {1, 2, 70, 131, 64, false, 0.05f, LAYOUT_GAPPED, 0, 0},
+    {1, 2, 33, 100, 37, true, 0.2f, LAYOUT_GAPPED, 0, 0},
+    {1, 1, 20, 20, 1, true, 1.0f, LAYOUT_CONTIG, 0, 0},
+    {2, 3, 130, 130, 16, false, 0, LAYOUT_QKV, 0, 0},
+    {1, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0},
+    {2, 2, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0, 0},
+    {1, 2, 70, 3, 16, true, 0, LAYOUT_GAPPED, 0, 0},
+    {1, 2, 3, 0, 8, false, 0, LAYOUT_CONTIG, 0, 0},
+    {1, 2, 131, 67, 33, true, 0, LAYOUT_GAPPED, 0, 0},
 };
 #define NB16 (sizeof bf16_cases / sizeof bf16_cases[0])
 
@@ -763,8 +781,8 @@ TEST(bf16_against_rounded_reference) {
     for (size_t i = 0; i < NB16; i++)
         if (check_bf16_case(&bf16_cases[i], NULL, FA, FR, GA, GR)) return;
     static const attn_case large[] = {
-        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f},
-        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f},
+        {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f, 0},
+        {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f, 0},
     };
     for (size_t i = 0; i < 2; i++)
         if (check_bf16_case(&large[i], NULL, 1e-4, 1e-3, 1e-4, 1e-3)) return;
@@ -832,9 +850,9 @@ TEST(bf16_fast_path_matches_fallback) {
  * outside. Also: f16 precision gives exactly the f32 bits (f16 attention is f32). */
 TEST(bf16_versus_f32_and_f16_is_f32) {
     static const attn_case cases[] = {
-        {2, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0},
-        {1, 3, 70, 131, 16, false, 0.3f, LAYOUT_GAPPED, 0},
-        {2, 2, 5, 37, 64, true, 0, LAYOUT_CONTIG, 0},
+        {2, 2, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0},
+        {1, 3, 70, 131, 16, false, 0.3f, LAYOUT_GAPPED, 0, 0},
+        {2, 2, 5, 37, 64, true, 0, LAYOUT_CONTIG, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_out f, h, b;
@@ -863,7 +881,7 @@ TEST(bf16_versus_f32_and_f16_is_f32) {
 
 /* bf16 results are bit-identical across runs and 1, 2, 3 threads, on both kernels. */
 TEST(bf16_determinism) {
-    static const attn_case c = {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0};
+    static const attn_case c = {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0};
     static const char *isas[] = {NULL, "avx2"};
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
@@ -891,6 +909,192 @@ TEST(bf16_determinism) {
     omp_set_num_threads(saved);
 }
 
+/* ------------------------------------------------------ grouped-query attention
+ *
+ * q and o have H heads, k and v Hkv (H a multiple of Hkv; Hkv == 1 is multi-query); query
+ * head h reads key/value head h / (H / Hkv), and dk, dv of a key/value head are the sums
+ * over the query heads of its group. The reference does the same in double, so the
+ * tolerances are those of multi-head attention (per dk/dv element the sum has G times the
+ * terms; the observed errors stay far inside). */
+static const attn_case gqa_cases[] = {
+    {2, 4, 70, 70, 16, true, 0, LAYOUT_CONTIG, 0, 2},
+    {2, 4, 70, 70, 16, false, 0, LAYOUT_CONTIG, 0, 1},
+    {1, 6, 65, 65, 8, true, 0, LAYOUT_QKV, 0, 3},
+    {2, 4, 77, 150, 16, true, 0, LAYOUT_GAPPED, 0, 2}, /* KV-cache shape: Tk - Tq = 73 */
+    {1, 6, 5, 37, 37, true, 0.3f, LAYOUT_GAPPED, 0, 3},
+    {1, 4, 9, 4, 8, true, 0, LAYOUT_CONTIG, 0, 1}, /* the first rows see no key */
+    {1, 6, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 2},
+    {1, 4, 64, 200, 32, false, 0.2f, LAYOUT_GAPPED, 0, 1},
+};
+#define NGQA (sizeof gqa_cases / sizeof gqa_cases[0])
+
+/* The f32 kernel with grouped heads against the double reference: causal and not,
+ * Tq != Tk, strided views, on the AVX-512 tiles (where the CPU has them) and portable C
+ * (the f32 attention has no AVX2 flavour: ANNEAL_CPU_ISA=avx2 runs the AVX-512 tiles). */
+TEST(gqa_against_reference) {
+    static const char *isas[] = {NULL, "portable"};
+    for (int t = 0; t < 2; t++) {
+        if (isas[t]) setenv("ANNEAL_CPU_ISA", isas[t], 1);
+        for (size_t i = 0; i < NGQA; i++)
+            if (check_case(&gqa_cases[i], FA, FR, GA, GR)) break;
+        if (isas[t]) unsetenv("ANNEAL_CPU_ISA");
+    }
+}
+
+/* The bf16 kernels with grouped heads against the rounded reference, within the bounds of
+ * the bf16 tests below (derived there; a dk or dv bound sums its group's terms): the
+ * AVX512-BF16 kernel (where the CPU has it), and the fallback on AVX-512 and portable tiles. */
+TEST(gqa_bf16_against_rounded_reference) {
+    static const char *isas[] = {NULL, "avx2", "portable"};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < NGQA; i += case_step())
+            if (check_bf16_case(&gqa_cases[i], isas[t], FA, FR, GA, GR)) return;
+}
+
+/* Grouped heads compute each query head exactly as multi-head attention does on k and v
+ * with every key/value head repeated for its group: o, lse and dq are bit-identical to
+ * that, and dk, dv equal the sums over the group of the repeated run's gradients up to the
+ * order of the f32 additions (the kernel accumulates the group in one buffer). Every
+ * precision and ISA. */
+TEST(gqa_equals_repeated_heads) {
+    static const attn_case cases[] = {
+        {2, 4, 70, 70, 16, true, 0, LAYOUT_CONTIG, 0, 2},
+        {1, 6, 77, 150, 24, true, 0, LAYOUT_CONTIG, 0, 3},
+        {2, 3, 33, 33, 8, false, 0, LAYOUT_CONTIG, 0, 1},
+    };
+    static const struct { int compute; const char *isa; } runs[] = {
+        {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
+        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            const attn_case *c = &cases[ci];
+            attn_case cm = *c;
+            cm.Hkv = 0;
+            attn_bufs g, m;
+            bufs_make(&g, c);
+            bufs_make(&m, &cm);
+            const int64_t B = c->B, H = c->H, G = c->H / c->Hkv, Tq = c->Tq, Tk = c->Tk, D = c->D;
+            /* the same q and dout; k, v with key/value head h / G repeated (all contiguous) */
+            memcpy((float *)m.q, g.q, sizeof(float) * (size_t)(B * H * Tq * D));
+            memcpy(m.dout, g.dout, sizeof(float) * (size_t)(B * H * Tq * D));
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t h = 0; h < H; h++) {
+                    const int64_t src = (b * c->Hkv + h / G) * Tk * D, dst = (b * H + h) * Tk * D;
+                    memcpy((float *)m.k + dst, g.k + src, sizeof(float) * (size_t)(Tk * D));
+                    memcpy((float *)m.v + dst, g.v + src, sizeof(float) * (size_t)(Tk * D));
+                }
+            g.compute = m.compute = runs[r].compute;
+            if (runs[r].isa) setenv("ANNEAL_CPU_ISA", runs[r].isa, 1);
+            run_fwd(&g), run_bwd(&g), run_fwd(&m), run_bwd(&m);
+            if (runs[r].isa) unsetenv("ANNEAL_CPU_ISA");
+            const size_t nq = (size_t)(B * H * Tq * D), nl = (size_t)(B * H * Tq);
+            CHECK(memcmp(g.o, m.o, sizeof(float) * nq) == 0, "case %zu run %zu: o differs", ci, r);
+            CHECK(memcmp(g.lse, m.lse, sizeof(float) * nl) == 0, "case %zu run %zu: lse", ci, r);
+            CHECK(memcmp(g.dq, m.dq, sizeof(float) * nq) == 0, "case %zu run %zu: dq", ci, r);
+            const int64_t nk = B * c->Hkv * Tk * D;
+            float *sk = alloc_fill(nk, 0.0f), *sv = alloc_fill(nk, 0.0f);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t e = 0; e < Tk * D; e++) {
+                        const int64_t src = (b * H + h) * Tk * D + e;
+                        const int64_t dst = (b * c->Hkv + h / G) * Tk * D + e;
+                        sk[dst] += m.dk[src], sv[dst] += m.dv[src];
+                    }
+            CHECK_ALLCLOSE(g.dk, sk, nk, GA, GR);
+            CHECK_ALLCLOSE(g.dv, sv, nk, GA, GR);
+            free(sk), free(sv);
+            bufs_free(&g), bufs_free(&m);
+            if (anneal_test_failures) return;
+        }
+}
+
+/* Hkv == H given explicitly is Hkv == 0 (multi-head), bit for bit, on every path. */
+TEST(gqa_hkv_equal_h_is_multi_head) {
+    static const attn_case c0 = {2, 3, 70, 70, 16, true, 0, LAYOUT_QKV, 0, 0};
+    attn_case c1 = c0;
+    c1.Hkv = c0.H;
+    static const struct { int compute; const char *isa; } runs[] = {
+        {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
+        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        attn_out a, b;
+        run_case(&c0, runs[r].compute, runs[r].isa, &a);
+        run_case(&c1, runs[r].compute, runs[r].isa, &b);
+        CHECK(memcmp(a.o, b.o, sizeof(float) * (size_t)a.no) == 0 &&
+                  memcmp(a.lse, b.lse, sizeof(float) * (size_t)a.nl) == 0 &&
+                  memcmp(a.dq, b.dq, sizeof(float) * (size_t)a.nq) == 0 &&
+                  memcmp(a.dk, b.dk, sizeof(float) * (size_t)a.nk) == 0 &&
+                  memcmp(a.dv, b.dv, sizeof(float) * (size_t)a.nk) == 0,
+              "run %zu: Hkv = H differs from Hkv = 0", r);
+        out_free(&a), out_free(&b);
+    }
+}
+
+/* Central differences of sum(o * dout) against dq, dk, dv with grouped heads (dk, dv
+ * collect the whole group). */
+TEST(gqa_finite_differences) {
+    const attn_case c = {1, 4, 5, 11, 8, true, 0.7f, LAYOUT_CONTIG, 0, 2};
+    fd_check(&c, 1);
+    const attn_case mq = {1, 3, 7, 7, 8, false, 0, LAYOUT_QKV, 0, 1};
+    fd_check(&mq, 2);
+}
+
+/* Grouped heads give bit-identical results over runs and 1, 2, 3 threads, at f32 and bf16
+ * on every kernel. (With B*H = 8 the AVX512-BF16 forward switches from per-head to
+ * per-query-tile tasks at 3 threads, so that is compared too.) */
+TEST(gqa_determinism) {
+    static const attn_case cases[] = {
+        {2, 4, 77, 150, 40, true, 0, LAYOUT_CONTIG, 0, 2},
+        {1, 6, 130, 130, 16, true, 0, LAYOUT_QKV, 0, 3},
+        {2, 4, 70, 70, 8, false, 0, LAYOUT_GAPPED, 0, 1},
+    };
+    static const struct { int compute; const char *isa; } runs[] = {
+        {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
+        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+    const int saved = omp_get_max_threads();
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+            attn_out r0 = {0};
+            static const int threads[] = {2, 2, 1, 3};
+            for (int r = 0; r < 4; r++) {
+                omp_set_num_threads(threads[r]);
+                attn_out x;
+                run_case(&cases[ci], runs[k].compute, runs[k].isa, &x);
+                if (r == 0) {
+                    r0 = x;
+                    continue;
+                }
+                CHECK(memcmp(r0.o, x.o, sizeof(float) * (size_t)x.no) == 0 &&
+                          memcmp(r0.lse, x.lse, sizeof(float) * (size_t)x.nl) == 0 &&
+                          memcmp(r0.dq, x.dq, sizeof(float) * (size_t)x.nq) == 0 &&
+                          memcmp(r0.dk, x.dk, sizeof(float) * (size_t)x.nk) == 0 &&
+                          memcmp(r0.dv, x.dv, sizeof(float) * (size_t)x.nk) == 0,
+                      "case %zu run %zu: results differ on run %d (%d threads)", ci, k, r,
+                      threads[r]);
+                out_free(&x);
+            }
+            out_free(&r0);
+        }
+    omp_set_num_threads(saved);
+}
+
+/* The AVX512-BF16 forward with per-head tasks keeps each key tile converted for the
+ * head's later query tiles. Causal with Tk - Tq not a multiple of the tile (a KV cache's
+ * chunked prefill), a query tile's last key tile is partial and the next query tile sees
+ * more of it: it must be converted again (it once was not, and the keys beyond the first
+ * conversion were stale scratch: wrong and thread-count dependent). B*H = 8 makes per-head
+ * tasks at 1 and 2 threads. */
+TEST(bf16_kv_cache_shape_per_head_tasks) {
+    static const attn_case c = {2, 4, 77, 150, 40, true, 0, LAYOUT_CONTIG, 0, 0};
+    const int saved = omp_get_max_threads();
+    static const int threads[] = {2, 1, 3};
+    for (int r = 0; r < 3; r++) {
+        omp_set_num_threads(threads[r]);
+        if (check_bf16_case(&c, NULL, FA, FR, GA, GR)) break;
+    }
+    omp_set_num_threads(saved);
+}
+
 int main(void) {
     RUN(grid_contiguous);
     RUN(gapped_layout_and_scale);
@@ -905,5 +1109,12 @@ int main(void) {
     RUN(bf16_fast_path_matches_fallback);
     RUN(bf16_versus_f32_and_f16_is_f32);
     RUN(bf16_determinism);
+    RUN(gqa_against_reference);
+    RUN(gqa_bf16_against_rounded_reference);
+    RUN(gqa_equals_repeated_heads);
+    RUN(gqa_hkv_equal_h_is_multi_head);
+    RUN(gqa_finite_differences);
+    RUN(gqa_determinism);
+    RUN(bf16_kv_cache_shape_per_head_tasks);
     return anneal_test_summary();
 }

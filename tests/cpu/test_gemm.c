@@ -466,6 +466,136 @@ TEST(b_column_sums) {
     omp_set_num_threads(saved);
 }
 
+/* silu(v) * m by the unfused kernels: anneal_cpu_silu_fwd over the n values, then the
+ * product, into out. */
+static void silu_then_mul(int64_t n, const float *v, const float *m, float *out) {
+    anneal_cpu_silu_fwd(n, v, out);
+    for (int64_t j = 0; j < n; j++) out[j] = out[j] * m[j];
+}
+
+/* The SiLU-times-multiplier epilogue (SwiGLU's silu(gate) * up) gives the bits of the
+ * unfused computation: the same product with only the bias fused, then anneal_cpu_silu_fwd
+ * and a multiply; and pre holds the pre-activation (the unfused product). For every ISA
+ * and compute precision, anneal_cpu_gemm (blocked and single-row paths, K == 0) and
+ * anneal_cpu_gemm_packed, with and without bias and pre, both transposes, beta != 0, C,
+ * pre and the multiplier with a padded row stride (padding untouched), edge tiles, several
+ * column blocks, 1-3 threads (and the fused result is the same on 1, 2 and 3 threads). */
+TEST(silu_mul_epilogue) {
+    static const int64_t shapes[][3] = {{1, 70, 45}, {37, 70, 45}, {130, 257, 300},
+                                        {5, 3, 0},   {64, 3300, 40}};
+    static const int computes[] = {ANNEAL_F32, ANNEAL_BF16, ANNEAL_F16};
+    const int saved = omp_get_max_threads();
+    int isas[3], nisa = isa_list(isas);
+    int64_t checked = 0, nonzero = 0, differs_from_plain = 0;
+    for (int s = 0; s < nisa; s++) {
+        REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
+        for (int p = 0; p < 3; p++)
+            for (int c = 0; c < 5; c++)
+                for (int combo = 0; combo < 4; combo++) {
+                    if (anneal_test_sanitized() && c == 4 && combo != 0) continue;
+                    const int cd = computes[p];
+                    const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+                    const int64_t Kd = K > 0 ? K : 1, ldc = N + 3;
+                    const bool use_bias = combo & 1, use_pre = combo & 2;
+                    const bool ta = (c + combo) & 1, tb = ((c + combo) >> 1) & 1;
+                    const int threads = 1 + (c + combo) % 3;
+                    const float beta = combo == 1 ? 0.5f : 0.0f;
+                    const int64_t lda = ta ? M : Kd, ldb = tb ? Kd : N;
+                    float *A = rand_buf(M * Kd, false), *B = rand_buf(Kd * N, false);
+                    float *bias = rand_buf(N, false), *mul = rand_buf(M * ldc, false);
+                    float *C0 = rand_buf(M * ldc, false);
+                    for (int64_t i = 0; i < M * N; i++) mul[i] *= 3.0f;
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = N; j < ldc; j++) C0[i * ldc + j] = 1234.5f;
+                    float *Cf = malloc(sizeof(float) * (size_t)(M * ldc));
+                    float *Cu = malloc(sizeof(float) * (size_t)(M * ldc));
+                    float *Pf = malloc(sizeof(float) * (size_t)(M * ldc));
+                    float *want = malloc(sizeof(float) * (size_t)(M * ldc));
+                    const size_t bytes = anneal_cpu_gemm_packed_b_size(cd, K, N);
+                    void *pb = aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+                    REQUIRE(pb != NULL);
+                    anneal_cpu_gemm_pack_b(cd, tb, K, N, B, ldb, pb);
+                    anneal_gemm_epilogue plain = {.bias = use_bias ? bias : NULL};
+                    anneal_gemm_epilogue fused = plain;
+                    fused.silu_mul = mul;
+                    fused.pre = use_pre ? Pf : NULL;
+                    for (int path = 0; path < 2; path++) {
+                        float *ref = NULL;
+                        for (int th = threads; th <= (path == 0 && c == 2 ? 3 : threads); th++) {
+                            omp_set_num_threads(th);
+                            memcpy(Cf, C0, sizeof(float) * (size_t)(M * ldc));
+                            memcpy(Cu, C0, sizeof(float) * (size_t)(M * ldc));
+                            memcpy(Pf, C0, sizeof(float) * (size_t)(M * ldc));
+                            if (path == 0) {
+                                anneal_cpu_gemm(cd, ta, tb, M, N, K, 1.25f, A, lda, B, ldb, beta,
+                                                Cu, ldc, &plain);
+                                anneal_cpu_gemm(cd, ta, tb, M, N, K, 1.25f, A, lda, B, ldb, beta,
+                                                Cf, ldc, &fused);
+                            } else {
+                                anneal_cpu_gemm_packed(cd, ta, M, N, K, 1.25f, A, lda, pb, beta, Cu,
+                                                       ldc, &plain);
+                                anneal_cpu_gemm_packed(cd, ta, M, N, K, 1.25f, A, lda, pb, beta, Cf,
+                                                       ldc, &fused);
+                            }
+                            memcpy(want, C0, sizeof(float) * (size_t)(M * ldc));
+                            for (int64_t i = 0; i < M; i++)
+                                silu_then_mul(N, Cu + i * ldc, mul + i * ldc, want + i * ldc);
+                            CHECK(memcmp(Cf, want, sizeof(float) * (size_t)(M * ldc)) == 0,
+                                  "%s compute %d %s %c%c %lldx%lldx%lld bias=%d pre=%d beta=%g, %d "
+                                  "threads: fused silu*mul differs from silu then mul",
+                                  anneal_cpu_sgemm_isa_name(), cd, path ? "packed" : "gemm",
+                                  ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)M, (long long)N,
+                                  (long long)K, use_bias, use_pre, beta, th);
+                            if (use_pre)
+                                CHECK(memcmp(Pf, Cu, sizeof(float) * (size_t)(M * ldc)) == 0,
+                                      "%s compute %d %s %lldx%lldx%lld: pre is not the "
+                                      "pre-activation", anneal_cpu_sgemm_isa_name(), cd,
+                                      path ? "packed" : "gemm", (long long)M, (long long)N,
+                                      (long long)K);
+                            const bool zero = K == 0 && beta == 0.0f && !use_bias; /* C = 0 */
+                            for (int64_t i = 0; i < M * ldc && !zero; i++)
+                                if (Cf[i] != Cu[i]) {
+                                    differs_from_plain++;
+                                    break;
+                                }
+                            nonzero += !zero;
+                            if (!ref) {
+                                ref = malloc(sizeof(float) * (size_t)(M * ldc));
+                                memcpy(ref, Cf, sizeof(float) * (size_t)(M * ldc));
+                            } else {
+                                CHECK(memcmp(ref, Cf, sizeof(float) * (size_t)(M * ldc)) == 0,
+                                      "%s compute %d %lldx%lldx%lld: %d threads differ",
+                                      anneal_cpu_sgemm_isa_name(), cd, (long long)M, (long long)N,
+                                      (long long)K, th);
+                            }
+                            checked++;
+                        }
+                        free(ref);
+                    }
+                    free(A), free(B), free(bias), free(mul), free(C0), free(Cf), free(Cu);
+                    free(Pf), free(want), free(pb);
+                }
+    }
+    /* negative control: the fused epilogue did change C (every product that is not 0) */
+    CHECK(differs_from_plain == nonzero && checked > 100,
+          "%lld of %lld fused products differ from the plain product", (long long)differs_from_plain,
+          (long long)nonzero);
+    omp_set_num_threads(saved);
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
+/* gelu_tanh and silu_mul are exclusive: with both set, silu_mul is applied (documented). */
+TEST(silu_mul_wins_over_gelu) {
+    const int64_t M = 9, N = 20, K = 7;
+    float *A = rand_buf(M * K, false), *B = rand_buf(K * N, false), *mul = rand_buf(M * N, false);
+    float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C2 = malloc(sizeof(float) * (size_t)(M * N));
+    anneal_gemm_epilogue e1 = {.silu_mul = mul}, e2 = {.silu_mul = mul, .gelu_tanh = true};
+    anneal_cpu_gemm(ANNEAL_F32, false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C1, N, &e1);
+    anneal_cpu_gemm(ANNEAL_F32, false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C2, N, &e2);
+    CHECK(memcmp(C1, C2, sizeof(float) * (size_t)(M * N)) == 0, "gelu_tanh changed a silu_mul product");
+    free(A), free(B), free(mul), free(C1), free(C2);
+}
+
 int main(void) {
     RUN(isa_dispatch);
     RUN(small_and_edge_sizes);
@@ -476,5 +606,7 @@ int main(void) {
     RUN(deterministic_across_threads);
     RUN(prepacked_b_matches_unpacked);
     RUN(b_column_sums);
+    RUN(silu_mul_epilogue);
+    RUN(silu_mul_wins_over_gelu);
     return anneal_test_summary();
 }

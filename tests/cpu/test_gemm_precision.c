@@ -391,7 +391,8 @@ TEST(epilogue_fused_matches_unfused) {
                     float *bias = rand_buf(p.N);
                     float *pre = rand_buf(p.nc), *pre0 = copy_buf(pre, p.nc);
                     for (int64_t i = 0; i < p.N; i++) bias[i] *= 3.0f;
-                    anneal_gemm_epilogue ep = {use_bias ? bias : NULL, gelu, use_pre ? pre : NULL, NULL};
+                    anneal_gemm_epilogue ep = {use_bias ? bias : NULL, gelu, use_pre ? pre : NULL, NULL,
+                                               NULL};
                     float *C = run_gemm(&p, compute, &ep);
                     /* Expected: the product, then the epilogue by hand row by row. */
                     float *E = run_gemm(&p, compute, NULL);
@@ -478,7 +479,8 @@ TEST(deterministic_across_threads) {
                     prob p = make_prob(t >> 1, t & 1, shapes[c][0], shapes[c][1], shapes[c][2],
                                        1.5f, 0.5f, 1);
                     float *bias = rand_buf(p.N), *pre1 = rand_buf(p.nc), *pre2 = copy_buf(pre1, p.nc);
-                    anneal_gemm_epilogue e1 = {bias, true, pre1, NULL}, e2 = {bias, true, pre2, NULL};
+                    anneal_gemm_epilogue e1 = {bias, true, pre1, NULL, NULL};
+                    anneal_gemm_epilogue e2 = {bias, true, pre2, NULL, NULL};
                     omp_set_num_threads(1);
                     float *C1 = run_gemm(&p, compute, &e1);
                     omp_set_num_threads(2);

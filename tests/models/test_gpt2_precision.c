@@ -1,4 +1,4 @@
-/* GPT-2 with bf16 and f16 matmuls (anneal_set_matmul_dtype) against PyTorch, on the
+/* GPT-2 with bf16 and f16 matmuls (the model's compute precision) against PyTorch, on the
  * fixture of test_gpt2.c (tests/fixtures/gpt2_tiny.safetensors: weights, batch, fp32
  * logits, loss and gradients) and tests/fixtures/gpt2_tiny_precision.safetensors
  * (gen_gpt2_precision.py: a float64 GPT-2 that rounds both operands of every GEMM,
@@ -133,8 +133,8 @@ static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const 
         anneal_gpt2_free(m);
         return false;
     }
-    anneal_dtype prev = anneal_get_matmul_dtype();
-    bool ok = anneal_set_matmul_dtype(dt) == ANNEAL_OK;
+    m->compute = dt;
+    bool ok = true;
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *ids = anneal_safetensors_load(st, "input_ids", ANNEAL_I32);
     anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
@@ -161,7 +161,6 @@ static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const 
         }
     }
     anneal_scope_close(s);
-    anneal_set_matmul_dtype(prev);
     anneal_gpt2_free(m);
     return ok;
 }
@@ -439,16 +438,18 @@ TEST(bf16_loss_close_to_pytorch_autocast) {
     anneal_safetensors_close(px);
 }
 
-TEST(matmul_dtype_is_thread_state_and_checked) {
-    CHECK_TRUE(anneal_get_matmul_dtype() == ANNEAL_F32);
+TEST(compute_precision_is_a_checked_value) {
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *a = anneal_zeros(ANNEAL_F32, 2, (int64_t[]){2, 3}), *b = anneal_zeros(ANNEAL_F32, 2, (int64_t[]){3, 4});
     anneal_clear_error();
-    CHECK_TRUE(anneal_set_matmul_dtype(ANNEAL_I32) == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_matmul_ex(a, b, ANNEAL_I32) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
     anneal_clear_error();
-    CHECK_TRUE(anneal_get_matmul_dtype() == ANNEAL_F32);
+    CHECK_TRUE(anneal_matmul_ex(a, b, ANNEAL_F32) != NULL);
+    anneal_scope_close(s);
 }
 
 int main(void) {
-    RUN(matmul_dtype_is_thread_state_and_checked);
+    RUN(compute_precision_is_a_checked_value);
     RUN(bf16_matches_the_rounded_reference);
     RUN(f16_loss_matches_the_rounded_reference);
     RUN(error_against_fp32_is_the_formats_rounding);

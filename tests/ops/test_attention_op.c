@@ -1,8 +1,8 @@
-/* attention and causal_attention ops: values against naive double loops (causal and
- * not, Tq < Tk, strided and permuted inputs), the promised output layout, no copies
- * of head views, gradients against finite differences, causal_attention against
- * attention on explicit split/permute views, the compute precision (the thread's matmul
- * precision at forward time, kept for the backward), and error paths. */
+/* attention and causal (packed qkv) attention ops: values against naive double loops
+ * (causal and not, Tq < Tk, strided and permuted inputs), the promised output layout,
+ * no copies of head views, gradients against finite differences, causal attention
+ * against attention on explicit split/permute views, the compute precision (a value
+ * given to the forward, kept for the backward), and error paths. */
 #include "anneal/anneal.h"
 #include "gradcheck.h"
 #include "test.h"
@@ -176,6 +176,12 @@ TEST(attention_gradients) {
 
 /* ------------------------------------------------------- causal_attention */
 
+/* GPT-2's causal self-attention from a fused qkv (B, T, 3C): the packed op with as many
+ * key/value heads as query heads (what anneal_causal_attention was). */
+static anneal_tensor *causal_attention(anneal_tensor *qkv, int n_head) {
+    return anneal_attention_packed(qkv, n_head, n_head, &(anneal_attention_opts){.causal = true});
+}
+
 /* attention on explicit views: q, k, v = split(qkv) -> (B, T, H, D) -> (B, H, T, D);
  * output transposed back and merged to (B, T, C). */
 static anneal_tensor *explicit_causal(anneal_tensor *qkv, int n_head) {
@@ -194,7 +200,7 @@ TEST(causal_attention_values) {
     const int64_t B = 2, T = 7, C = 8, H = 2, D = C / H;
     anneal_tensor *qkv = anneal_test_rand(3, (int64_t[]){B, T, 3 * C}, -1, 1, 270, true);
     int64_t before = anneal_memory_stats_get(ANNEAL_CPU).n_allocs;
-    anneal_tensor *o = anneal_causal_attention(qkv, (int)H);
+    anneal_tensor *o = causal_attention(qkv, (int)H);
     int64_t after = anneal_memory_stats_get(ANNEAL_CPU).n_allocs;
     REQUIRE(o);
     CHECK(after - before == 2, "causal_attention: %lld allocations, want 2 (o and lse)", (long long)(after - before));
@@ -243,7 +249,7 @@ static anneal_tensor *f_causal(void *c, anneal_tensor *const *x) {
      * the incoming gradient is a strided view. */
     int mode = *(int *)c;
     anneal_tensor *qkv = mode == 1 ? anneal_transpose(x[0], 1, 2) : x[0];
-    anneal_tensor *o = anneal_causal_attention(qkv, 2);
+    anneal_tensor *o = causal_attention(qkv, 2);
     return mode == 2 ? anneal_transpose(o, 1, 2) : o;
 }
 
@@ -272,19 +278,18 @@ static void run_at_precision(int which, anneal_dtype fwd_dt, anneal_dtype bwd_dt
     anneal_scope *s = anneal_scope_open();
     const int64_t B = 2, H = 2, T = 70, D = 16; /* T across a 64-key tile */
     anneal_tensor *x[3] = {NULL, NULL, NULL}, *o = NULL;
-    REQUIRE(anneal_set_matmul_dtype(fwd_dt) == ANNEAL_OK);
+    anneal_attention_opts opts = {.causal = true, .compute = fwd_dt};
     if (which == 0) {
         for (int i = 0; i < 3; i++) x[i] = rand4(B, H, T, D, 300 + i, true);
-        o = anneal_attention(x[0], x[1], x[2], true, 0.0f);
+        o = anneal_attention_ex(x[0], x[1], x[2], &opts);
     } else {
         x[0] = anneal_test_rand(3, (int64_t[]){B, T, 3 * H * D}, -1, 1, 310, true);
-        o = anneal_causal_attention(x[0], (int)H);
+        o = anneal_attention_packed(x[0], (int)H, (int)H, &opts);
     }
     REQUIRE(o);
-    REQUIRE(anneal_set_matmul_dtype(bwd_dt) == ANNEAL_OK);
+    (void)bwd_dt; /* the precision is a value of the forward now: nothing to set for backward */
     anneal_tensor *g = anneal_test_rand(o->ndim, o->shape, -1, 1, 320, false);
     REQUIRE(anneal_backward_grad(o, g) == ANNEAL_OK);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
     *o_out = values(o);
     *n_o = anneal_numel(o);
     const int nx = which == 0 ? 3 : 1;
@@ -299,9 +304,9 @@ static void run_at_precision(int which, anneal_dtype fwd_dt, anneal_dtype bwd_dt
     anneal_scope_close(s);
 }
 
-/* The ops run attention at the thread's matmul precision (bf16: bf16 tile operands, see
- * tests/cpu/test_attention.c for the numerics) and the backward at the precision the
- * forward ran at, whatever the setting is when backward runs: a forward at bf16 gives
+/* The ops run attention at the compute precision they are given (bf16: bf16 tile
+ * operands, see tests/cpu/test_attention.c for the numerics) and the backward at the
+ * precision the forward ran at, with nothing set when backward runs: a forward at bf16 gives
  * the same gradient bits with backward at bf16 or f32, and likewise for f32; and bf16
  * results differ from f32 ones (the setting reaches the kernel), by bf16 rounding
  * (normwise below 4u = 2^-6). */
@@ -358,16 +363,16 @@ TEST(errors) {
     expect_error(anneal_attention(qi, k, k, false, 0), ANNEAL_ERR_DTYPE, "i32", "i32 q");
 
     anneal_tensor *qkv = anneal_zeros(ANNEAL_F32, 3, (int64_t[]){2, 4, 24});
-    expect_error(anneal_causal_attention(qkv, 3), ANNEAL_ERR_SHAPE, "not divisible by n_head", "C % n_head");
-    expect_error(anneal_causal_attention(qkv, 0), ANNEAL_ERR_ARG, "n_head", "n_head 0");
-    expect_error(anneal_causal_attention(qkv, -2), ANNEAL_ERR_ARG, "n_head", "n_head < 0");
-    expect_error(anneal_causal_attention(anneal_zeros(ANNEAL_F32, 3, (int64_t[]){2, 4, 25}), 1), ANNEAL_ERR_SHAPE,
+    expect_error(causal_attention(qkv, 3), ANNEAL_ERR_SHAPE, "not divisible by n_head", "C % n_head");
+    expect_error(causal_attention(qkv, 0), ANNEAL_ERR_ARG, "n_head", "n_head 0");
+    expect_error(causal_attention(qkv, -2), ANNEAL_ERR_ARG, "n_head", "n_head < 0");
+    expect_error(causal_attention(anneal_zeros(ANNEAL_F32, 3, (int64_t[]){2, 4, 25}), 1), ANNEAL_ERR_SHAPE,
                  "multiple of 3", "3C");
-    expect_error(anneal_causal_attention(anneal_zeros(ANNEAL_F32, 2, (int64_t[]){4, 24}), 2), ANNEAL_ERR_SHAPE,
+    expect_error(causal_attention(anneal_zeros(ANNEAL_F32, 2, (int64_t[]){4, 24}), 2), ANNEAL_ERR_SHAPE,
                  "3-D", "2-D qkv");
-    expect_error(anneal_causal_attention(anneal_zeros(ANNEAL_I32, 3, (int64_t[]){2, 4, 24}), 2), ANNEAL_ERR_DTYPE,
+    expect_error(causal_attention(anneal_zeros(ANNEAL_I32, 3, (int64_t[]){2, 4, 24}), 2), ANNEAL_ERR_DTYPE,
                  "i32", "i32 qkv");
-    CHECK_TRUE(anneal_causal_attention(NULL, 2) == NULL);
+    CHECK_TRUE(causal_attention(NULL, 2) == NULL);
     anneal_clear_error();
     anneal_scope_close(s);
 }

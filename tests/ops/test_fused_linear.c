@@ -16,6 +16,16 @@ static float *host(anneal_tensor *t) {
     return b;
 }
 
+/* The compute precision the ops below run at (a value handed to each op). */
+static anneal_dtype g_compute = ANNEAL_F32;
+
+/* conv1d (+ tanh-GELU fused when gelu) at g_compute. */
+static anneal_tensor *conv1d_at(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, bool gelu) {
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_IN_OUT, .act = gelu ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE,
+                           .compute = g_compute};
+    return anneal_dense(x, w, b, &o);
+}
+
 typedef struct {
     float *y, *gx, *gw, *gb;
 } run_out;
@@ -28,7 +38,7 @@ static run_out run(bool fused, anneal_tensor *x, anneal_tensor *w, anneal_tensor
     anneal_grad_clear(x), anneal_grad_clear(w);
     if (b) anneal_grad_clear(b);
     anneal_scope *s = anneal_scope_open();
-    anneal_tensor *y = fused ? anneal_conv1d_gelu(x, w, b) : anneal_gelu(anneal_conv1d(x, w, b), true);
+    anneal_tensor *y = fused ? conv1d_at(x, w, b, true) : anneal_gelu(conv1d_at(x, w, b, false), true);
     anneal_tensor *L = anneal_sum(anneal_mul(y, R));
     if (L && anneal_backward(L) == ANNEAL_OK) {
         o.y = host(y);
@@ -40,7 +50,7 @@ static run_out run(bool fused, anneal_tensor *x, anneal_tensor *w, anneal_tensor
     return o;
 }
 
-/* Fused vs unfused at the current matmul dtype: both round the operands the same way
+/* Fused vs unfused at g_compute: both round the operands the same way
  * and accumulate in f32, so only the order of the bias add / GELU formula rounding can
  * differ: a few ulp (atol 1e-6 on O(1) values, rtol 1e-5). Gradients: dw and dx are
  * the same GEMMs on dpre, which differs by a few ulp: atol 1e-5, rtol 1e-4. */
@@ -62,17 +72,17 @@ static void compare_unfused(int64_t R0, int64_t R1, int64_t K, int64_t N, bool b
 }
 
 TEST(conv1d_gelu_matches_unfused_f32) {
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_F32;
     compare_unfused(2, 7, 24, 40, true, 10);
     compare_unfused(3, 5, 17, 33, false, 20); /* sizes off the 16-lane grid, no bias */
     compare_unfused(4, 64, 64, 256, true, 30); /* a GPT-2-like fc: (256 rows, 64) -> 256 */
 }
 
 TEST(conv1d_gelu_matches_unfused_bf16) {
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_BF16) == ANNEAL_OK);
+    g_compute = ANNEAL_BF16;
     compare_unfused(2, 7, 24, 40, true, 40);
     compare_unfused(4, 64, 64, 256, true, 50);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_F32;
 }
 
 /* bf16 forward against the exact f32 value in double. bf16 keeps 8 significant bits,
@@ -87,10 +97,10 @@ TEST(conv1d_gelu_bf16_bound) {
     anneal_tensor *x = anneal_test_rand(2, (int64_t[]){R, K}, -1, 1, 60, false);
     anneal_tensor *w = anneal_test_rand(2, (int64_t[]){K, N}, -0.3f, 0.3f, 61, false);
     anneal_tensor *b = anneal_test_rand(1, &N, -1, 1, 62, false);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_BF16) == ANNEAL_OK);
-    anneal_tensor *y = anneal_conv1d_gelu(x, w, b);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
-    anneal_tensor *y32 = anneal_conv1d_gelu(x, w, b);
+    g_compute = ANNEAL_BF16;
+    anneal_tensor *y = conv1d_at(x, w, b, true);
+    g_compute = ANNEAL_F32;
+    anneal_tensor *y32 = conv1d_at(x, w, b, true);
     REQUIRE(y && y32);
     float *xv = host(x), *wv = host(w), *bv = host(b), *yv = host(y), *y32v = host(y32);
     CHECK(memcmp(yv, y32v, (size_t)(R * N) * sizeof(float)) != 0, "bf16 result equals the f32 one");

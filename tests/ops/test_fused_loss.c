@@ -41,12 +41,16 @@ typedef struct {
 } ce_out;
 
 /* Loss and the gradients of dloss * loss, fused or through full logits. */
+/* The compute precision the ops below run at (a value handed to each op). */
+static anneal_dtype g_compute = ANNEAL_F32;
+
 static ce_out run(bool fused, anneal_tensor *h, anneal_tensor *w, anneal_tensor *t, float dloss) {
     ce_out o = {NAN, NULL, NULL};
     anneal_grad_clear(h), anneal_grad_clear(w);
     anneal_scope *s = anneal_scope_open();
-    anneal_tensor *L = fused ? anneal_linear_cross_entropy(h, w, t, IGN)
-                             : anneal_cross_entropy(anneal_linear(h, w, NULL), t, IGN);
+    anneal_dense_opts lin = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = g_compute};
+    anneal_tensor *L = fused ? anneal_linear_cross_entropy_ex(h, w, t, IGN, g_compute)
+                             : anneal_cross_entropy(anneal_dense(h, w, NULL, &lin), t, IGN);
     if (L && anneal_backward_grad(L, anneal_scalar(dloss)) == ANNEAL_OK) {
         o.loss = anneal_item(L);
         o.gh = host(h->grad);
@@ -56,7 +60,7 @@ static ce_out run(bool fused, anneal_tensor *h, anneal_tensor *w, anneal_tensor 
     return o;
 }
 
-/* N rows of C against V classes: fused vs unfused at the current matmul dtype. Both
+/* N rows of C against V classes: fused vs unfused at g_compute. Both
  * compute each row's logits with the same operand rounding and f32 accumulation; the
  * fused dw sums its chunks in order (beta = 1) where the unfused GEMM sums all rows at
  * once, and the loss mean is the same double sum: loss rtol 1e-6; gradients atol 1e-6
@@ -76,17 +80,17 @@ static void compare_unfused(int64_t B, int64_t T, int64_t C, int64_t V, float dl
 }
 
 TEST(linear_ce_matches_unfused_f32) {
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_F32;
     compare_unfused(1, 5, 8, 11, 1.0f, 1);      /* one chunk smaller than the minimum */
     compare_unfused(4, 75, 32, 97, 1.0f, 10);   /* 300 rows: 4 chunks of 75 */
     compare_unfused(2, 70, 48, 300, 2.5f, 20);  /* upstream gradient != 1; 140 rows: 4 chunks of 35 */
 }
 
 TEST(linear_ce_matches_unfused_bf16) {
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_BF16) == ANNEAL_OK);
+    g_compute = ANNEAL_BF16;
     compare_unfused(4, 75, 32, 97, 1.0f, 30);
     compare_unfused(2, 64, 48, 300, 0.5f, 40);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_F32;
 }
 
 /* The bf16 loss against the exact loss in double. Each logit is off by at most
@@ -100,9 +104,9 @@ TEST(linear_ce_bf16_bound) {
     anneal_tensor *h = anneal_test_rand(2, (int64_t[]){N, C}, -1, 1, 50, false);
     anneal_tensor *w = anneal_test_rand(2, (int64_t[]){V, C}, -0.5f, 0.5f, 51, false);
     anneal_tensor *t = make_targets(1, &N, V, 52);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_BF16) == ANNEAL_OK);
-    anneal_tensor *L = anneal_linear_cross_entropy(h, w, t, IGN);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_BF16;
+    anneal_tensor *L = anneal_linear_cross_entropy_ex(h, w, t, IGN, g_compute);
+    g_compute = ANNEAL_F32;
     REQUIRE(L);
     float *hv = host(h), *wv = host(w);
     const int32_t *tv = anneal_data(t);
@@ -163,9 +167,9 @@ TEST(linear_ce_f16_gradients_do_not_underflow) {
     anneal_tensor *w = anneal_test_rand(2, (int64_t[]){V, C}, -0.2f, 0.2f, 56, true);
     anneal_tensor *t = make_targets(1, &N, V, 57);
     ce_out ref = run(true, h, w, t, 1.0f);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F16) == ANNEAL_OK);
+    g_compute = ANNEAL_F16;
     ce_out f = run(true, h, w, t, 1.0f);
-    REQUIRE(anneal_set_matmul_dtype(ANNEAL_F32) == ANNEAL_OK);
+    g_compute = ANNEAL_F32;
     REQUIRE(ref.gh && f.gh);
     double eh = rel_norm_err(f.gh, ref.gh, N * C), ew = rel_norm_err(f.gw, ref.gw, V * C);
     /* dw rows of classes no row targets, packed */
@@ -256,8 +260,9 @@ static int64_t peak_of(bool fused, anneal_tensor *h, anneal_tensor *w, anneal_te
     anneal_scope *s = anneal_scope_open();
     int64_t live0 = anneal_memory_stats_get(ANNEAL_CPU).live_bytes;
     anneal_memory_reset_peak(ANNEAL_CPU);
-    anneal_tensor *L = fused ? anneal_linear_cross_entropy(h, w, t, IGN)
-                             : anneal_cross_entropy(anneal_linear(h, w, NULL), t, IGN);
+    anneal_dense_opts lin = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = g_compute};
+    anneal_tensor *L = fused ? anneal_linear_cross_entropy_ex(h, w, t, IGN, g_compute)
+                             : anneal_cross_entropy(anneal_dense(h, w, NULL, &lin), t, IGN);
     bool ok = L && anneal_backward(L) == ANNEAL_OK;
     int64_t peak = anneal_memory_stats_get(ANNEAL_CPU).peak_bytes - live0;
     anneal_scope_close(s);

@@ -50,14 +50,14 @@ TEST(multi_matches_per_parameter_bitwise) {
             size_t bytes = (size_t)k_sizes[i] * sizeof(float);
             memcpy(anneal_data(tp), pa[i], bytes), memcpy(anneal_data(tg), g[i], bytes);
             memcpy(anneal_data(tm), ma[i], bytes), memcpy(anneal_data(tv), va[i], bytes);
-            REQUIRE(be->adamw(tp, tg, tm, tv, lr, b1, b2, eps, wd, bc1, bc2) == ANNEAL_OK);
+            REQUIRE(be->adamw(be->ctx, tp, tg, tm, tv, lr, b1, b2, eps, wd, bc1, bc2) == ANNEAL_OK);
             memcpy(pa[i], anneal_data(tp), bytes), memcpy(ma[i], anneal_data(tm), bytes);
             memcpy(va[i], anneal_data(tv), bytes);
             anneal_scope_close(s);
             groups[i] = (anneal_adamw_group){.p = pb[i], .g = g[i], .m = mb[i], .v = vb[i], .numel = k_sizes[i],
                                              .weight_decay = wd, .bc1 = bc1, .bc2 = bc2};
         }
-        REQUIRE(be->adamw_multi(groups, NP, lr, b1, b2, eps) == ANNEAL_OK);
+        REQUIRE(be->adamw_multi(be->ctx, groups, NP, lr, b1, b2, eps) == ANNEAL_OK);
         for (int i = 0; i < NP; i++) {
             size_t bytes = (size_t)k_sizes[i] * sizeof(float);
             CHECK(memcmp(pa[i], pb[i], bytes) == 0, "%d threads, param %d (%lld): p differs", threads, i,
@@ -68,7 +68,7 @@ TEST(multi_matches_per_parameter_bitwise) {
             free(pa[i]), free(ma[i]), free(va[i]), free(pb[i]), free(mb[i]), free(vb[i]);
         }
     }
-    REQUIRE(be->adamw_multi(NULL, 0, lr, b1, b2, eps) == ANNEAL_OK); /* nothing to do */
+    REQUIRE(be->adamw_multi(be->ctx, NULL, 0, lr, b1, b2, eps) == ANNEAL_OK); /* nothing to do */
     for (int i = 0; i < NP; i++) free(p[i]), free(g[i]), free(m[i]), free(v[i]);
     anneal_set_num_threads(2);
 }
@@ -116,7 +116,7 @@ TEST(optimizer_step_matches_per_parameter_reference) {
             anneal_tensor *tg = anneal_from_data(ANNEAL_F32, 1, &k_sizes[i], one.g);
             anneal_tensor *tm = anneal_from_data(ANNEAL_F32, 1, &k_sizes[i], one.m);
             anneal_tensor *tv = anneal_from_data(ANNEAL_F32, 1, &k_sizes[i], one.v);
-            REQUIRE(be->adamw(tp, tg, tm, tv, lr, cfg.beta1, cfg.beta2, cfg.eps, one.weight_decay, one.bc1,
+            REQUIRE(be->adamw(be->ctx, tp, tg, tm, tv, lr, cfg.beta1, cfg.beta2, cfg.eps, one.weight_decay, one.bc1,
                               one.bc2) == ANNEAL_OK);
             size_t bytes = (size_t)k_sizes[i] * sizeof(float);
             memcpy(ref_p[i], anneal_data(tp), bytes), memcpy(ref_m[i], anneal_data(tm), bytes);

@@ -184,7 +184,7 @@ static bool grads_at(const char *data, int64_t B, int64_t T, float K, anneal_dty
     bool ok = m && anneal_gpt2_init(m, 7) == ANNEAL_OK && anneal_loader_open(data, "train", &lc, &l) == ANNEAL_OK;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
     ok = ok && ids && tg && anneal_loader_next(l, ids, tg) == ANNEAL_OK;
-    anneal_set_matmul_dtype(dt);
+    if (m) m->compute = dt;
     anneal_scope *sc = anneal_scope_open();
     anneal_tensor *x = ok ? anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, ids) : NULL;
     anneal_tensor *y = ok ? anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, tg) : NULL;
@@ -200,7 +200,6 @@ static bool grads_at(const char *data, int64_t B, int64_t T, float K, anneal_dty
         ok = anneal_loss_scaler_init(&s, c) == ANNEAL_OK && anneal_loss_scaler_unscale(&s, m->params, &inf) == ANNEAL_OK &&
              !inf;
     }
-    anneal_set_matmul_dtype(ANNEAL_F32);
     *np = ok ? m->params->n : 0;
     for (int i = 0; i < *np && i < 64; i++) {
         anneal_tensor *g = m->params->items[i].tensor->grad;
