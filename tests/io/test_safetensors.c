@@ -409,7 +409,7 @@ TEST(rejects_malformed_files) {
         {"{\"a\":5}", 0, "entry not an object"},
         {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "missing dtype"},
         {"{\"a\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "dtype not a string"},
-        {"{\"a\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "unknown dtype C64"},
+        {"{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "unknown dtype F64"},
         {"{\"a\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "lower-case dtype"},
         {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "missing shape"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,4]}}", 4, "shape not array"},
