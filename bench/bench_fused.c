@@ -40,29 +40,29 @@ static int cmp_double(const void *a, const void *b) {
 
 /* The block as it was before the fused ops (dropout 0 here). */
 static anneal_tensor *unfused_block(const anneal_gpt2_block *b, anneal_tensor *x) {
-    const anneal_gpt2_config *cfg = &b->model->cfg;
-    anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
-    anneal_tensor *qkv = anneal_conv1d(h, b->c_attn_w, b->c_attn_b);
+    const anneal_model_config *cfg = &b->model->base.cfg;
+    anneal_tensor *h = anneal_layer_norm(x, b->ln_1.weight, b->ln_1.bias, cfg->ln_eps);
+    anneal_tensor *qkv = anneal_conv1d(h, b->attn.qkv.weight, b->attn.qkv.bias);
     anneal_tensor *att = anneal_causal_attention(qkv, cfg->n_head);
-    x = anneal_add(x, anneal_conv1d(att, b->attn_proj_w, b->attn_proj_b));
-    h = anneal_layer_norm(x, b->ln_2_w, b->ln_2_b, cfg->ln_eps);
-    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->c_fc_w, b->c_fc_b), true);
-    return anneal_add(x, anneal_conv1d(f, b->mlp_proj_w, b->mlp_proj_b));
+    x = anneal_add(x, anneal_conv1d(att, b->attn.out.weight, b->attn.out.bias));
+    h = anneal_layer_norm(x, b->ln_2.weight, b->ln_2.bias, cfg->ln_eps);
+    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->mlp.fc.weight, b->mlp.fc.bias), true);
+    return anneal_add(x, anneal_conv1d(f, b->mlp.proj.weight, b->mlp.proj.bias));
 }
 
 static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *pos,
                                    anneal_tensor *targets) {
-    anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
-    for (int l = 0; l < m->cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
-    x = anneal_layer_norm(x, m->ln_f_w, m->ln_f_b, m->cfg.ln_eps);
-    return anneal_cross_entropy(anneal_linear(x, m->wte, NULL), targets, -100);
+    anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte.weight), anneal_embedding(pos, m->wpe.weight));
+    for (int l = 0; l < m->base.cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
+    x = anneal_layer_norm(x, m->ln_f.weight, m->ln_f.bias, m->base.cfg.norm_eps);
+    return anneal_cross_entropy(anneal_linear(x, m->wte.weight, NULL), targets, -100);
 }
 
 /* One training step; returns wall seconds (or -1 on error), the CPU seconds in *cpu
  * and the allocator peak. */
 static double step(anneal_gpt2 *m, anneal_optimizer *opt, bool fused, anneal_tensor *ids,
                    anneal_tensor *pos, anneal_tensor *tg, int64_t *peak, double *cpu) {
-    anneal_params_zero_grad(m->params);
+    anneal_params_zero_grad(m->base.params);
     anneal_memory_reset_peak(ANNEAL_CPU);
     double t0 = now(), c0 = cpu_now();
     anneal_scope *s = anneal_scope_open();
@@ -78,17 +78,17 @@ static double step(anneal_gpt2 *m, anneal_optimizer *opt, bool fused, anneal_ten
 }
 
 static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     if (!anneal_gpt2_preset(preset, &cfg)) return;
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     anneal_optimizer *opt = m && anneal_gpt2_init(m, 1) == ANNEAL_OK
-                                ? anneal_optimizer_new(m->params, anneal_optim_defaults(ANNEAL_OPTIM_ADAMW))
+                                ? anneal_optimizer_new(m->base.params, anneal_optim_defaults(ANNEAL_OPTIM_ADAMW))
                                 : NULL;
     if (!opt) {
         fprintf(stderr, "setup failed: %s\n", anneal_last_error());
         return;
     }
-    m->training = true;
+    m->base.ctx.training = true;
     anneal_set_matmul_dtype(dt);
     int64_t n = (int64_t)B * T;
     int32_t *idv = malloc((size_t)n * sizeof *idv), *tv = malloc((size_t)n * sizeof *tv),
@@ -136,7 +136,7 @@ typedef struct {
 
 /* which: 0 fc+gelu, 1 add+ln, 2 lm head + loss; fused or not. Returns seconds. */
 static double op_once(const op_data *d, int which, bool fused, double *cpu) {
-    anneal_grad_clear(d->x), anneal_grad_clear(d->r), anneal_grad_clear(d->w), anneal_grad_clear(d->wte);
+    anneal_grad_clear(d->x), anneal_grad_clear(d->r), anneal_grad_clear(d->w), anneal_grad_clear(d->wte.weight);
     double t0 = now(), c0 = cpu_now();
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *L = NULL;
@@ -154,8 +154,8 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
         }
         L = anneal_add(anneal_sum(y), anneal_sum(sum));
     } else {
-        L = fused ? anneal_linear_cross_entropy(d->x, d->wte, d->tg, -100)
-                  : anneal_cross_entropy(anneal_linear(d->x, d->wte, NULL), d->tg, -100);
+        L = fused ? anneal_linear_cross_entropy(d->x, d->wte.weight, d->tg, -100)
+                  : anneal_cross_entropy(anneal_linear(d->x, d->wte.weight, NULL), d->tg, -100);
     }
     bool ok = L && anneal_backward(L) == ANNEAL_OK;
     anneal_scope_close(s);

@@ -125,11 +125,11 @@ static bool run_at(const anneal_safetensors *st, anneal_dtype dt, result *r) {
 static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const int32_t *targets, float loss_scale,
                            result *r) {
     memset(r, 0, sizeof *r);
-    anneal_gpt2_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
+    anneal_model_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
                               .n_embd = meta_int(st, "n_embd"), .vocab_size = meta_int(st, "vocab_size"),
-                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .ln_eps = 1e-5f};
+                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .norm_eps = 1e-5f};
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_params_load(m->params, st, "") != ANNEAL_OK || m->params->n > 64) {
+    if (!m || anneal_params_load(m->base.params, st, "") != ANNEAL_OK || m->base.params->n > 64) {
         anneal_gpt2_free(m);
         return false;
     }
@@ -152,9 +152,9 @@ static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const 
         r->logits = tensor_f32(logits);
         r->n_logits = anneal_numel(logits);
         r->loss = anneal_item(loss);
-        r->n_params = m->params->n;
-        for (int i = 0; i < m->params->n && ok; i++) {
-            anneal_param *p = &m->params->items[i];
+        r->n_params = m->base.params->n;
+        for (int i = 0; i < m->base.params->n && ok; i++) {
+            anneal_param *p = &m->base.params->items[i];
             snprintf(r->names[i], sizeof r->names[i], "%s", p->name);
             ok = p->tensor->grad != NULL;
             if (ok) r->grads[i] = tensor_f32(p->tensor->grad), r->n_grad[i] = anneal_numel(p->tensor->grad);
