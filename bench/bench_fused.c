@@ -2,7 +2,7 @@
  * ln_2, fc + GELU, chunked lm head + cross-entropy) against the same model written
  * with the unfused ops (layer_norm, conv1d, gelu, add, linear + cross_entropy), on the
  * same weights and batch, alternating A/B so machine noise hits both alike. A step is
- * loss forward + backward + one AdamW update. Prints per config and matmul dtype the
+ * loss forward + backward + one AdamW update. Prints per config and compute precision the
  * median and range of ms/step, and the allocator's peak (tensor storage).
  * Build and run (from the repository root, after building build/):
  *   gcc -std=gnu11 -O3 -fopenmp -Iinclude -Isrc bench/bench_fused.c build/libanneal.a \
@@ -12,7 +12,6 @@
  * (add -lmpi when libanneal was built with MPI).
  * The machine should be otherwise idle; figures on a shared 2-core box are noisy. */
 #include "anneal/anneal.h"
-#include "models/gpt2_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,16 +37,24 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* x @ w + b, w (in, out), at precision dt (no fused activation). */
+static anneal_tensor *conv1d_at(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, anneal_dtype dt) {
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_IN_OUT, .compute = dt};
+    return anneal_dense(x, w, b, &o);
+}
+
 /* The block as it was before the fused ops (dropout 0 here). */
 static anneal_tensor *unfused_block(const anneal_gpt2_block *b, anneal_tensor *x) {
     const anneal_model_config *cfg = &b->model->base.cfg;
-    anneal_tensor *h = anneal_layer_norm(x, b->ln_1.weight, b->ln_1.bias, cfg->ln_eps);
-    anneal_tensor *qkv = anneal_conv1d(h, b->attn.qkv.weight, b->attn.qkv.bias);
-    anneal_tensor *att = anneal_causal_attention(qkv, cfg->n_head);
-    x = anneal_add(x, anneal_conv1d(att, b->attn.out.weight, b->attn.out.bias));
-    h = anneal_layer_norm(x, b->ln_2.weight, b->ln_2.bias, cfg->ln_eps);
-    anneal_tensor *f = anneal_gelu(anneal_conv1d(h, b->mlp.fc.weight, b->mlp.fc.bias), true);
-    return anneal_add(x, anneal_conv1d(f, b->mlp.proj.weight, b->mlp.proj.bias));
+    anneal_dtype dt = b->model->base.ctx.compute;
+    anneal_tensor *h = anneal_layer_norm(x, b->ln_1.weight, b->ln_1.bias, cfg->norm_eps);
+    anneal_tensor *qkv = conv1d_at(h, b->attn.qkv.weight, b->attn.qkv.bias, dt);
+    anneal_attention_opts ao = {.causal = true, .compute = dt};
+    anneal_tensor *att = anneal_attention_packed(qkv, cfg->n_head, cfg->n_head, &ao);
+    x = anneal_add(x, conv1d_at(att, b->attn.out.weight, b->attn.out.bias, dt));
+    h = anneal_layer_norm(x, b->ln_2.weight, b->ln_2.bias, cfg->norm_eps);
+    anneal_tensor *f = anneal_gelu(conv1d_at(h, b->mlp.fc.weight, b->mlp.fc.bias, dt), true);
+    return anneal_add(x, conv1d_at(f, b->mlp.proj.weight, b->mlp.proj.bias, dt));
 }
 
 static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *pos,
@@ -55,7 +62,8 @@ static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_te
     anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte.weight), anneal_embedding(pos, m->wpe.weight));
     for (int l = 0; l < m->base.cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
     x = anneal_layer_norm(x, m->ln_f.weight, m->ln_f.bias, m->base.cfg.norm_eps);
-    return anneal_cross_entropy(anneal_linear(x, m->wte.weight, NULL), targets, -100);
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+    return anneal_cross_entropy(anneal_dense(x, m->wte.weight, NULL, &o), targets, -100);
 }
 
 /* One training step; returns wall seconds (or -1 on error), the CPU seconds in *cpu
@@ -89,7 +97,7 @@ static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
         return;
     }
     m->base.ctx.training = true;
-    anneal_set_matmul_dtype(dt);
+    anneal_model_set_compute(&m->base, dt);
     int64_t n = (int64_t)B * T;
     int32_t *idv = malloc((size_t)n * sizeof *idv), *tv = malloc((size_t)n * sizeof *tv),
             *pv = malloc((size_t)T * sizeof *pv);
@@ -125,7 +133,6 @@ static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
     free(idv), free(tv), free(pv);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
-    anneal_set_matmul_dtype(ANNEAL_F32);
 }
 
 /* ------------------------------------------------- per-op forward + backward */
@@ -135,14 +142,16 @@ typedef struct {
 } op_data;
 
 /* which: 0 fc+gelu, 1 add+ln, 2 lm head + loss; fused or not. Returns seconds. */
-static double op_once(const op_data *d, int which, bool fused, double *cpu) {
-    anneal_grad_clear(d->x), anneal_grad_clear(d->r), anneal_grad_clear(d->w), anneal_grad_clear(d->wte.weight);
+static double op_once(const op_data *d, int which, bool fused, anneal_dtype dt, double *cpu) {
+    anneal_grad_clear(d->x), anneal_grad_clear(d->r), anneal_grad_clear(d->w), anneal_grad_clear(d->wte);
+    anneal_dense_opts fc = {.layout = ANNEAL_WEIGHT_IN_OUT, .act = fused ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE,
+                            .compute = dt};
+    anneal_dense_opts head = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = dt};
     double t0 = now(), c0 = cpu_now();
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *L = NULL;
     if (which == 0) {
-        anneal_tensor *y = fused ? anneal_conv1d_gelu(d->x, d->w, d->b)
-                                 : anneal_gelu(anneal_conv1d(d->x, d->w, d->b), true);
+        anneal_tensor *y = fused ? anneal_dense(d->x, d->w, d->b, &fc) : anneal_gelu(anneal_dense(d->x, d->w, d->b, &fc), true);
         L = anneal_sum(y);
     } else if (which == 1) {
         anneal_tensor *sum = NULL, *y;
@@ -154,8 +163,8 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
         }
         L = anneal_add(anneal_sum(y), anneal_sum(sum));
     } else {
-        L = fused ? anneal_linear_cross_entropy(d->x, d->wte.weight, d->tg, -100)
-                  : anneal_cross_entropy(anneal_linear(d->x, d->wte.weight, NULL), d->tg, -100);
+        L = fused ? anneal_linear_cross_entropy_ex(d->x, d->wte, d->tg, -100, dt)
+                  : anneal_cross_entropy(anneal_dense(d->x, d->wte, NULL, &head), d->tg, -100);
     }
     bool ok = L && anneal_backward(L) == ANNEAL_OK;
     anneal_scope_close(s);
@@ -167,7 +176,6 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
 /* d6 shapes (B*T = 2048 rows, C = 384, 4C MLP, V = 50257), alternating A/B. */
 static void run_ops(int reps, anneal_dtype dt) {
     int64_t N = 2048, C = 384, V = 50257;
-    anneal_set_matmul_dtype(dt);
     anneal_scope *s = anneal_scope_open();
     op_data d;
     d.x = anneal_randn(ANNEAL_F32, 2, (int64_t[]){N, C}, 0, 1);
@@ -188,9 +196,9 @@ static void run_ops(int reps, anneal_dtype dt) {
     for (int which = 0; which < 3; which++) {
         double tf[64], tu[64], cf[64], cu[64], c;
         int n = reps > 64 ? 64 : reps;
-        op_once(&d, which, true, &c), op_once(&d, which, false, &c);
+        op_once(&d, which, true, dt, &c), op_once(&d, which, false, dt, &c);
         for (int i = 0; i < n; i++)
-            tf[i] = op_once(&d, which, true, &cf[i]), tu[i] = op_once(&d, which, false, &cu[i]);
+            tf[i] = op_once(&d, which, true, dt, &cf[i]), tu[i] = op_once(&d, which, false, dt, &cu[i]);
         qsort(tf, (size_t)n, sizeof *tf, cmp_double);
         qsort(tu, (size_t)n, sizeof *tu, cmp_double);
         qsort(cf, (size_t)n, sizeof *cf, cmp_double);
@@ -202,7 +210,6 @@ static void run_ops(int reps, anneal_dtype dt) {
         fflush(stdout);
     }
     anneal_scope_close(s);
-    anneal_set_matmul_dtype(ANNEAL_F32);
 }
 
 int main(int argc, char **argv) {
