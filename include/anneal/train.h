@@ -1,5 +1,6 @@
 /* anneal train: the training loop behind `anneal train`. A run reads token shards
- * (or synthetic tokens), trains a GPT-2 model with AdamW, gradient accumulation,
+ * (or synthetic tokens), trains a model of any registered architecture (through the
+ * model interface, model.h) with AdamW, gradient accumulation,
  * clipping and an LR schedule, evaluates and samples now and then, writes JSON-lines
  * logs and crash-safe checkpoints on a background thread, and resumes bit for bit.
  *

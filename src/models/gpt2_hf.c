@@ -323,7 +323,9 @@ anneal_status anneal_gpt2_hf_import(anneal_model *m, const anneal_tensor_source 
         anneal_tensor *p = ps->items[i].tensor;
         anneal_scope *sc = anneal_scope_open();
         anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
-        r = t ? anneal_copy_(p, t) : anneal_last_status();
+        r = t ? anneal_copy_(p, t)
+          : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
+                                              : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
         anneal_scope_close(sc);
     }
     free(seen);

@@ -368,7 +368,7 @@ char *anneal_train_config_to_json(const anneal_train_config *c) {
         case ANNEAL_OPT_STRING:
             if (*(char *const *)src) cJSON_AddStringToObject(root, k, *(char *const *)src);
             else if (!strcmp(k, "schedule")) cJSON_AddStringToObject(root, k, "cosine");
-            else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, "fp32");
+            else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, anneal_precision_name(ANNEAL_F32));
             break;
         case ANNEAL_OPT_OPTSTRING: break; /* where a run came from is not a setting of it */
         }
