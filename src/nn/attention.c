@@ -12,20 +12,6 @@
  * forward pass. */
 #include "nn_internal.h"
 
-#include <stdio.h>
-
-/* "<prefix>.<name>" into buf (false + error when it does not fit or name is NULL). */
-static bool sub(char *buf, size_t n, const char *prefix, const char *name) {
-    if (!name) {
-        anneal_set_error(ANNEAL_ERR_ARG, "nn attention %s: a projection name is missing", prefix ? prefix : "");
-        return false;
-    }
-    int k = prefix && *prefix ? snprintf(buf, n, "%s.%s", prefix, name) : snprintf(buf, n, "%s", name);
-    if (k >= 0 && (size_t)k < n) return true;
-    anneal_set_error(ANNEAL_ERR_ARG, "nn attention: name %s.%s is too long", prefix ? prefix : "", name);
-    return false;
-}
-
 anneal_status anneal_nn_attention_create(anneal_nn_attention *a, anneal_params *ps, const char *prefix,
                                          const anneal_nn_attention_config *c) {
     if (!a || !c) return anneal_set_error(ANNEAL_ERR_ARG, "nn attention %s: NULL block or config", prefix);
@@ -51,7 +37,7 @@ anneal_status anneal_nn_attention_create(anneal_nn_attention *a, anneal_params *
     anneal_status s;
     int64_t C = c->n_embd, nq = (int64_t)c->n_head * D, nkv = (int64_t)hkv * D;
     if (a->packed) {
-        if (!sub(name, sizeof name, prefix, c->qkv_name)) return anneal_last_status();
+        if (!anneal_nn_name(name, sizeof name, "attention", prefix, c->qkv_name)) return anneal_last_status();
         if ((s = anneal_nn_dense_create(&a->qkv, ps, name, C, nq + 2 * nkv, c->layout, c->qkv_bias)) != ANNEAL_OK)
             return s;
     } else {
@@ -59,11 +45,11 @@ anneal_status anneal_nn_attention_create(anneal_nn_attention *a, anneal_params *
         anneal_nn_dense *d[3] = {&a->q, &a->k, &a->v};
         int64_t outs[3] = {nq, nkv, nkv};
         for (int i = 0; i < 3; i++) {
-            if (!sub(name, sizeof name, prefix, names[i])) return anneal_last_status();
+            if (!anneal_nn_name(name, sizeof name, "attention", prefix, names[i])) return anneal_last_status();
             if ((s = anneal_nn_dense_create(d[i], ps, name, C, outs[i], c->layout, c->qkv_bias)) != ANNEAL_OK) return s;
         }
     }
-    if (!sub(name, sizeof name, prefix, c->out_name)) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "attention", prefix, c->out_name)) return anneal_last_status();
     return anneal_nn_dense_create(&a->out, ps, name, nq, C, c->layout, c->out_bias);
 }
 

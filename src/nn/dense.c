@@ -6,16 +6,22 @@
 
 #include <stdio.h>
 
+bool anneal_nn_name(char *buf, size_t n, const char *what, const char *prefix, const char *name) {
+    if (!name) {
+        anneal_set_error(ANNEAL_ERR_ARG, "nn %s %s: a name is missing", what, prefix ? prefix : "");
+        return false;
+    }
+    int k = prefix && *prefix ? snprintf(buf, n, "%s.%s", prefix, name) : snprintf(buf, n, "%s", name);
+    if (k >= 0 && (size_t)k < n) return true;
+    anneal_set_error(ANNEAL_ERR_ARG, "nn %s: name %s.%s is longer than %zu bytes", what, prefix ? prefix : "", name,
+                     n - 1);
+    return false;
+}
+
 anneal_tensor *anneal_nn_param(anneal_params *ps, const char *prefix, const char *suffix, int ndim,
                                const int64_t *shape, bool decay) {
     char name[ANNEAL_NN_NAME_MAX];
-    int n = prefix && *prefix ? snprintf(name, sizeof name, "%s.%s", prefix, suffix)
-                              : snprintf(name, sizeof name, "%s", suffix);
-    if (n < 0 || (size_t)n >= sizeof name) {
-        anneal_set_error(ANNEAL_ERR_ARG, "nn: parameter name %s.%s is longer than %d bytes", prefix ? prefix : "",
-                         suffix, ANNEAL_NN_NAME_MAX - 1);
-        return NULL;
-    }
+    if (!anneal_nn_name(name, sizeof name, "parameter", prefix, suffix)) return NULL;
     return anneal_params_create(ps, name, ndim, shape, decay);
 }
 

@@ -3,16 +3,6 @@
  * gate GEMM's epilogue). */
 #include "nn_internal.h"
 
-#include <stdio.h>
-
-/* "<prefix>.<name>" into buf (false + error when it does not fit). */
-static bool sub(char *buf, size_t n, const char *prefix, const char *name) {
-    int k = prefix && *prefix ? snprintf(buf, n, "%s.%s", prefix, name) : snprintf(buf, n, "%s", name);
-    if (k >= 0 && (size_t)k < n) return true;
-    anneal_set_error(ANNEAL_ERR_ARG, "nn mlp: name %s.%s is too long", prefix ? prefix : "", name);
-    return false;
-}
-
 anneal_status anneal_nn_mlp_create_gelu(anneal_nn_mlp *m, anneal_params *ps, const char *prefix, int64_t n_embd,
                                         int64_t n_ff, anneal_weight_layout layout, bool bias, const char *fc_name,
                                         const char *proj_name) {
@@ -20,9 +10,9 @@ anneal_status anneal_nn_mlp_create_gelu(anneal_nn_mlp *m, anneal_params *ps, con
     *m = (anneal_nn_mlp){.kind = ANNEAL_MLP_GELU};
     char name[ANNEAL_NN_NAME_MAX];
     anneal_status s;
-    if (!sub(name, sizeof name, prefix, fc_name)) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "mlp", prefix, fc_name)) return anneal_last_status();
     if ((s = anneal_nn_dense_create(&m->fc, ps, name, n_embd, n_ff, layout, bias)) != ANNEAL_OK) return s;
-    if (!sub(name, sizeof name, prefix, proj_name)) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "mlp", prefix, proj_name)) return anneal_last_status();
     return anneal_nn_dense_create(&m->proj, ps, name, n_ff, n_embd, layout, bias);
 }
 
@@ -32,11 +22,11 @@ anneal_status anneal_nn_mlp_create_swiglu(anneal_nn_mlp *m, anneal_params *ps, c
     *m = (anneal_nn_mlp){.kind = ANNEAL_MLP_SWIGLU};
     char name[ANNEAL_NN_NAME_MAX];
     anneal_status s;
-    if (!sub(name, sizeof name, prefix, "gate_proj")) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "mlp", prefix, "gate_proj")) return anneal_last_status();
     if ((s = anneal_nn_dense_create(&m->gate, ps, name, n_embd, n_ff, layout, bias)) != ANNEAL_OK) return s;
-    if (!sub(name, sizeof name, prefix, "up_proj")) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "mlp", prefix, "up_proj")) return anneal_last_status();
     if ((s = anneal_nn_dense_create(&m->up, ps, name, n_embd, n_ff, layout, bias)) != ANNEAL_OK) return s;
-    if (!sub(name, sizeof name, prefix, "down_proj")) return anneal_last_status();
+    if (!anneal_nn_name(name, sizeof name, "mlp", prefix, "down_proj")) return anneal_last_status();
     return anneal_nn_dense_create(&m->down, ps, name, n_ff, n_embd, layout, bias);
 }
 
