@@ -31,15 +31,15 @@ static void die(const char *what) {
 int main(int argc, char **argv) {
     const char *preset = argc > 1 ? argv[1] : "124M";
     const char *run = argc > 2 ? argv[2] : "/tmp/anneal_bench_ckpt";
-    anneal_gpt2_config cfg;
-    if (!anneal_gpt2_preset(preset, &cfg)) die("unknown preset");
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_gpt2_init(m, 1) != ANNEAL_OK) die("model");
+    anneal_model_config cfg;
+    if (!anneal_model_preset(preset, &cfg)) die("unknown preset");
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m || anneal_model_init(m, 1) != ANNEAL_OK) die("model");
     anneal_optimizer *opt = anneal_optimizer_new(m->params, anneal_optim_defaults(ANNEAL_OPTIM_ADAMW));
     if (!opt || anneal_optimizer_init_state(opt) != ANNEAL_OK) die("optimizer");
-    double mb = (double)anneal_gpt2_num_params(m) * 4 / 1e6;
+    double mb = (double)anneal_model_num_params(m) * 4 / 1e6;
     printf("GPT-2 %s: %.1f M params, model %.0f MB + AdamW moments %.0f MB\n", preset,
-           (double)anneal_gpt2_num_params(m) / 1e6, mb, 2 * mb);
+           (double)anneal_model_num_params(m) / 1e6, mb, 2 * mb);
     anneal_ckpt_remove_tree(run);
     anneal_train_state st;
     memset(&st, 0, sizeof st);
@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
     printf("fnv1a64 of optimizer.safetensors (%.0f MB, page cache): %.2f s (%.2f GB/s)\n", (double)bytes / 1e6,
            t1 - t0, (double)bytes / 1e9 / (t1 - t0));
     anneal_optimizer_free(opt);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     anneal_ckpt_remove_tree(run);
     return 0;
 }

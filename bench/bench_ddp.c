@@ -42,7 +42,7 @@ typedef struct timing {
 } timing;
 
 /* mode 0: no sync (local backward only); 1: overlap on; 2: overlap off. */
-static timing run(anneal_comm *c, anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *tg, int mode,
+static timing run(anneal_comm *c, anneal_model *m, anneal_tensor *ids, anneal_tensor *tg, int mode,
                   int64_t bucket, int steps) {
     anneal_ddp_config cfg = anneal_ddp_defaults();
     cfg.bucket_bytes = bucket;
@@ -56,7 +56,7 @@ static timing run(anneal_comm *c, anneal_gpt2 *m, anneal_tensor *ids, anneal_ten
         double t0 = now_s();
         if (d && anneal_ddp_begin_backward(d, true) != ANNEAL_OK) die(c, "begin_backward");
         anneal_scope *sc = anneal_scope_open();
-        anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
+        anneal_tensor *loss = anneal_model_loss(m, ids, tg);
         if (!loss || anneal_backward(loss) != ANNEAL_OK) die(c, "backward");
         anneal_scope_close(sc);
         double t1 = now_s();
@@ -86,11 +86,11 @@ int main(int argc, char **argv) {
     int64_t bucket = (argc > 4 ? atoll(argv[4]) : 25) << 20;
     int rounds = argc > 5 ? atoi(argv[5]) : 2;
     int rank = anneal_comm_rank(c), world = anneal_comm_size(c);
-    anneal_gpt2_config cfg;
-    anneal_gpt2_preset("d6", &cfg);
+    anneal_model_config cfg;
+    anneal_model_preset("d6", &cfg);
     cfg.dropout = 0;
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_gpt2_init(m, 1) != ANNEAL_OK) die(c, "model");
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m || anneal_model_init(m, 1) != ANNEAL_OK) die(c, "model");
     int64_t shape[2] = {B, T};
     int32_t *buf = malloc((size_t)B * T * 2 * sizeof *buf);
     srand(100 + (unsigned)rank);
@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
     if (rank == 0)
         printf("d6 GPT-2 (%.1fM parameters), %d ranks (%s), batch %d x %d per rank, %d steps (median), "
                "buckets %lld MiB, OMP_NUM_THREADS=%s, progress %s\n",
-               anneal_gpt2_num_params(m) / 1e6, world, anneal_comm_backend(c), B, T, steps,
+               anneal_model_num_params(m) / 1e6, world, anneal_comm_backend(c), B, T, steps,
                (long long)(bucket >> 20), getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "unset",
                getenv("ANNEAL_DDP_PROGRESS") ? getenv("ANNEAL_DDP_PROGRESS") : "poll");
     const char *names[3] = {"no sync (compute only)", "overlap on", "overlap off"};
@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         anneal_params_zero_grad(m->params);
         anneal_ddp_begin_backward(d, true);
         anneal_scope *sc = anneal_scope_open();
-        anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
+        anneal_tensor *loss = anneal_model_loss(m, ids, tg);
         if (!loss || anneal_backward(loss) != ANNEAL_OK) die(c, "backward");
         anneal_scope_close(sc);
         if (anneal_ddp_finish(d) != ANNEAL_OK || anneal_optimizer_step(o, 1e-4) != ANNEAL_OK) die(c, "step");
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
         anneal_optimizer_free(o);
         anneal_ddp_free(d);
     }
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     free(buf);
     anneal_release(ids);
     anneal_release(tg);

@@ -2,7 +2,7 @@
  * ln_2, fc + GELU, chunked lm head + cross-entropy) against the same model written
  * with the unfused ops (layer_norm, conv1d, gelu, add, linear + cross_entropy), on the
  * same weights and batch, alternating A/B so machine noise hits both alike. A step is
- * loss forward + backward + one AdamW update. Prints per config and matmul dtype the
+ * loss forward + backward + one AdamW update. Prints per config and compute precision the
  * median and range of ms/step, and the allocator's peak (tensor storage).
  * Build and run (from the repository root, after building build/):
  *   gcc -std=gnu11 -O3 -fopenmp -Iinclude -Isrc bench/bench_fused.c build/libanneal.a \
@@ -12,23 +12,11 @@
  * (add -lmpi when libanneal was built with MPI).
  * The machine should be otherwise idle; figures on a shared 2-core box are noisy. */
 #include "anneal/anneal.h"
-#include "models/gpt2_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* The compute precision every GEMM op below runs at (a value handed to each op). */
-static anneal_dtype g_dt = ANNEAL_F32;
-
-/* x @ w (+ b) with w (in, out) (conv1d) or (out, in) (linear), + tanh-GELU when gelu,
- * at g_dt. */
-static anneal_tensor *dense_at(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, bool out_in, bool gelu) {
-    anneal_dense_opts o = {.layout = out_in ? ANNEAL_WEIGHT_OUT_IN : ANNEAL_WEIGHT_IN_OUT,
-                           .act = gelu ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE, .compute = g_dt};
-    return anneal_dense(x, w, b, &o);
-}
 
 static double now(void) {
     struct timespec ts;
@@ -49,32 +37,40 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* x @ w + b, w (in, out), at precision dt (no fused activation). */
+static anneal_tensor *conv1d_at(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, anneal_dtype dt) {
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_IN_OUT, .compute = dt};
+    return anneal_dense(x, w, b, &o);
+}
+
 /* The block as it was before the fused ops (dropout 0 here). */
 static anneal_tensor *unfused_block(const anneal_gpt2_block *b, anneal_tensor *x) {
-    const anneal_gpt2_config *cfg = &b->model->cfg;
-    anneal_tensor *h = anneal_layer_norm(x, b->ln_1_w, b->ln_1_b, cfg->ln_eps);
-    anneal_tensor *qkv = dense_at(h, b->c_attn_w, b->c_attn_b, false, false);
-    anneal_attention_opts ao = {.causal = true, .compute = g_dt};
+    const anneal_model_config *cfg = &b->model->base.cfg;
+    anneal_dtype dt = b->model->base.ctx.compute;
+    anneal_tensor *h = anneal_layer_norm(x, b->ln_1.weight, b->ln_1.bias, cfg->norm_eps);
+    anneal_tensor *qkv = conv1d_at(h, b->attn.qkv.weight, b->attn.qkv.bias, dt);
+    anneal_attention_opts ao = {.causal = true, .compute = dt};
     anneal_tensor *att = anneal_attention_packed(qkv, cfg->n_head, cfg->n_head, &ao);
-    x = anneal_add(x, dense_at(att, b->attn_proj_w, b->attn_proj_b, false, false));
-    h = anneal_layer_norm(x, b->ln_2_w, b->ln_2_b, cfg->ln_eps);
-    anneal_tensor *f = anneal_gelu(dense_at(h, b->c_fc_w, b->c_fc_b, false, false), true);
-    return anneal_add(x, dense_at(f, b->mlp_proj_w, b->mlp_proj_b, false, false));
+    x = anneal_add(x, conv1d_at(att, b->attn.out.weight, b->attn.out.bias, dt));
+    h = anneal_layer_norm(x, b->ln_2.weight, b->ln_2.bias, cfg->norm_eps);
+    anneal_tensor *f = anneal_gelu(conv1d_at(h, b->mlp.fc.weight, b->mlp.fc.bias, dt), true);
+    return anneal_add(x, conv1d_at(f, b->mlp.proj.weight, b->mlp.proj.bias, dt));
 }
 
 static anneal_tensor *unfused_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *pos,
                                    anneal_tensor *targets) {
-    anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte), anneal_embedding(pos, m->wpe));
-    for (int l = 0; l < m->cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
-    x = anneal_layer_norm(x, m->ln_f_w, m->ln_f_b, m->cfg.ln_eps);
-    return anneal_cross_entropy(dense_at(x, m->wte, NULL, true, false), targets, -100);
+    anneal_tensor *x = anneal_add(anneal_embedding(ids, m->wte.weight), anneal_embedding(pos, m->wpe.weight));
+    for (int l = 0; l < m->base.cfg.n_layer; l++) x = unfused_block(&m->blocks[l], x);
+    x = anneal_layer_norm(x, m->ln_f.weight, m->ln_f.bias, m->base.cfg.norm_eps);
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+    return anneal_cross_entropy(anneal_dense(x, m->wte.weight, NULL, &o), targets, -100);
 }
 
 /* One training step; returns wall seconds (or -1 on error), the CPU seconds in *cpu
  * and the allocator peak. */
 static double step(anneal_gpt2 *m, anneal_optimizer *opt, bool fused, anneal_tensor *ids,
                    anneal_tensor *pos, anneal_tensor *tg, int64_t *peak, double *cpu) {
-    anneal_params_zero_grad(m->params);
+    anneal_params_zero_grad(m->base.params);
     anneal_memory_reset_peak(ANNEAL_CPU);
     double t0 = now(), c0 = cpu_now();
     anneal_scope *s = anneal_scope_open();
@@ -90,18 +86,18 @@ static double step(anneal_gpt2 *m, anneal_optimizer *opt, bool fused, anneal_ten
 }
 
 static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     if (!anneal_gpt2_preset(preset, &cfg)) return;
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     anneal_optimizer *opt = m && anneal_gpt2_init(m, 1) == ANNEAL_OK
-                                ? anneal_optimizer_new(m->params, anneal_optim_defaults(ANNEAL_OPTIM_ADAMW))
+                                ? anneal_optimizer_new(m->base.params, anneal_optim_defaults(ANNEAL_OPTIM_ADAMW))
                                 : NULL;
     if (!opt) {
         fprintf(stderr, "setup failed: %s\n", anneal_last_error());
         return;
     }
-    m->training = true;
-    m->compute = g_dt = dt;
+    m->base.ctx.training = true;
+    anneal_model_set_compute(&m->base, dt);
     int64_t n = (int64_t)B * T;
     int32_t *idv = malloc((size_t)n * sizeof *idv), *tv = malloc((size_t)n * sizeof *tv),
             *pv = malloc((size_t)T * sizeof *pv);
@@ -137,7 +133,6 @@ static void run(const char *preset, int B, int T, anneal_dtype dt, int steps) {
     free(idv), free(tv), free(pv);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
-    g_dt = ANNEAL_F32;
 }
 
 /* ------------------------------------------------- per-op forward + backward */
@@ -147,14 +142,16 @@ typedef struct {
 } op_data;
 
 /* which: 0 fc+gelu, 1 add+ln, 2 lm head + loss; fused or not. Returns seconds. */
-static double op_once(const op_data *d, int which, bool fused, double *cpu) {
+static double op_once(const op_data *d, int which, bool fused, anneal_dtype dt, double *cpu) {
     anneal_grad_clear(d->x), anneal_grad_clear(d->r), anneal_grad_clear(d->w), anneal_grad_clear(d->wte);
+    anneal_dense_opts fc = {.layout = ANNEAL_WEIGHT_IN_OUT, .act = fused ? ANNEAL_ACT_GELU_TANH : ANNEAL_ACT_NONE,
+                            .compute = dt};
+    anneal_dense_opts head = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = dt};
     double t0 = now(), c0 = cpu_now();
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *L = NULL;
     if (which == 0) {
-        anneal_tensor *y = fused ? dense_at(d->x, d->w, d->b, false, true)
-                                 : anneal_gelu(dense_at(d->x, d->w, d->b, false, false), true);
+        anneal_tensor *y = fused ? anneal_dense(d->x, d->w, d->b, &fc) : anneal_gelu(anneal_dense(d->x, d->w, d->b, &fc), true);
         L = anneal_sum(y);
     } else if (which == 1) {
         anneal_tensor *sum = NULL, *y;
@@ -166,8 +163,8 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
         }
         L = anneal_add(anneal_sum(y), anneal_sum(sum));
     } else {
-        L = fused ? anneal_linear_cross_entropy_ex(d->x, d->wte, d->tg, -100, g_dt)
-                  : anneal_cross_entropy(dense_at(d->x, d->wte, NULL, true, false), d->tg, -100);
+        L = fused ? anneal_linear_cross_entropy_ex(d->x, d->wte, d->tg, -100, dt)
+                  : anneal_cross_entropy(anneal_dense(d->x, d->wte, NULL, &head), d->tg, -100);
     }
     bool ok = L && anneal_backward(L) == ANNEAL_OK;
     anneal_scope_close(s);
@@ -179,7 +176,6 @@ static double op_once(const op_data *d, int which, bool fused, double *cpu) {
 /* d6 shapes (B*T = 2048 rows, C = 384, 4C MLP, V = 50257), alternating A/B. */
 static void run_ops(int reps, anneal_dtype dt) {
     int64_t N = 2048, C = 384, V = 50257;
-    g_dt = dt;
     anneal_scope *s = anneal_scope_open();
     op_data d;
     d.x = anneal_randn(ANNEAL_F32, 2, (int64_t[]){N, C}, 0, 1);
@@ -200,9 +196,9 @@ static void run_ops(int reps, anneal_dtype dt) {
     for (int which = 0; which < 3; which++) {
         double tf[64], tu[64], cf[64], cu[64], c;
         int n = reps > 64 ? 64 : reps;
-        op_once(&d, which, true, &c), op_once(&d, which, false, &c);
+        op_once(&d, which, true, dt, &c), op_once(&d, which, false, dt, &c);
         for (int i = 0; i < n; i++)
-            tf[i] = op_once(&d, which, true, &cf[i]), tu[i] = op_once(&d, which, false, &cu[i]);
+            tf[i] = op_once(&d, which, true, dt, &cf[i]), tu[i] = op_once(&d, which, false, dt, &cu[i]);
         qsort(tf, (size_t)n, sizeof *tf, cmp_double);
         qsort(tu, (size_t)n, sizeof *tu, cmp_double);
         qsort(cf, (size_t)n, sizeof *cf, cmp_double);
@@ -214,7 +210,6 @@ static void run_ops(int reps, anneal_dtype dt) {
         fflush(stdout);
     }
     anneal_scope_close(s);
-    g_dt = ANNEAL_F32;
 }
 
 int main(int argc, char **argv) {

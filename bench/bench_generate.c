@@ -1,4 +1,4 @@
-/* Generation speed for a GPT-2 preset (default 124M, random weights): prefill of a
+/* Generation speed for a model preset (default GPT-2 124M, random weights): prefill of a
  * P-token prompt, then N tokens one at a time with the KV cache, against the same N
  * tokens by recomputing the whole sequence each time (no cache); and the sampler's
  * cost per token over GPT-2's 50257 logits (flat ones from random weights, the worst
@@ -6,7 +6,7 @@
  * Build and run (from the repository root):
  *   gcc -std=c11 -O3 -D_GNU_SOURCE -DANNEAL_VERSION='"0.1.0"' -fopenmp -Iinclude -Isrc \
  *       bench/bench_generate.c $(find src/core src/autograd src/ops src/cpu src/nn src/models \
- *       -name '*.c') -lm -lpthread -o /tmp/bench_generate && /tmp/bench_generate [preset] [P] [N] [threads] */
+ *       -name '*.c') $(pkg-config --libs libcjson) -lm -lpthread -o /tmp/bench_generate && /tmp/bench_generate [preset] [P] [N] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +30,11 @@ int main(int argc, char **argv) {
     int P = argc > 2 ? atoi(argv[2]) : 16, N = argc > 3 ? atoi(argv[3]) : 32;
     int threads = argc > 4 ? atoi(argv[4]) : 2;
     anneal_set_num_threads(threads);
-    anneal_gpt2_config cfg;
-    if (!anneal_gpt2_preset(preset, &cfg)) die("unknown preset");
+    anneal_model_config cfg;
+    if (!anneal_model_preset(preset, &cfg)) die("unknown preset");
     if (P + N > cfg.n_ctx) die("P + N exceeds n_ctx");
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_gpt2_init(m, 1) != ANNEAL_OK) die("model");
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m || anneal_model_init(m, 1) != ANNEAL_OK) die("model");
     int V = cfg.vocab_size;
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(P + N));
     float *row = malloc(sizeof(float) * (size_t)V);
@@ -43,13 +43,13 @@ int main(int argc, char **argv) {
     anneal_no_grad_begin();
 
     /* cached: prefill, then one token per step */
-    anneal_gpt2_kv_cache *kv = anneal_gpt2_kv_cache_new(m, 1, P + N);
+    anneal_kv_cache *kv = anneal_model_kv_cache_new(m, 1, P + N);
     if (!kv) die("cache");
     double t0 = now_s(), t_prefill = 0;
     for (int i = 0; i <= N - 1; i++) {
         int n_in = i == 0 ? P : 1;
         anneal_scope *s = anneal_scope_open();
-        anneal_tensor *lg = anneal_gpt2_forward_cached(
+        anneal_tensor *lg = anneal_model_forward_cached(
             m, kv, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, n_in}, seq + (i == 0 ? 0 : P + i - 1)));
         if (!lg || anneal_to_f32_buffer(anneal_narrow(lg, 1, n_in - 1, 1), row) != ANNEAL_OK) die("cached");
         anneal_scope_close(s);
@@ -57,14 +57,14 @@ int main(int argc, char **argv) {
         if (i == 0) t_prefill = now_s() - t0;
     }
     double t_cached = now_s() - t0 - t_prefill;
-    anneal_gpt2_kv_cache_free(kv);
+    anneal_kv_cache_free(kv);
 
     /* uncached: the whole sequence again for every token */
     t0 = now_s();
     for (int i = 1; i < N; i++) {
         int n_in = P + i;
         anneal_scope *s = anneal_scope_open();
-        anneal_tensor *lg = anneal_gpt2_forward(m, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, n_in}, seq));
+        anneal_tensor *lg = anneal_model_logits(m, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, n_in}, seq));
         if (!lg || anneal_to_f32_buffer(anneal_narrow(lg, 1, n_in - 1, 1), row) != ANNEAL_OK) die("full");
         anneal_scope_close(s);
     }
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
     t0 = now_s();
     for (int r = 0; r < reps; r++) (void)anneal_sample_logits(row, V, &cs[1], (uint64_t)r);
     double t_peaked = (now_s() - t0) / reps;
-    printf("GPT-2 %s, %d threads, prompt %d, %d new tokens\n", preset, threads, P, N);
+    printf("%s %s, %d threads, prompt %d, %d new tokens\n", cfg.arch, preset, threads, P, N);
     printf("  prefill (%d tokens): %.1f ms\n", P, 1e3 * t_prefill);
     printf("  decode with KV cache: %.1f ms/token (%.1f tokens/s)\n", 1e3 * t_cached / (N - 1), (N - 1) / t_cached);
     printf("  decode recomputing the prefix: %.1f ms/token (%.1f tokens/s)\n", 1e3 * t_full / (N - 1),
@@ -95,6 +95,6 @@ int main(int argc, char **argv) {
     printf("  sampler, top-p only, peaked logits (x40): %.2f ms\n", 1e3 * t_peaked);
     free(seq);
     free(row);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return 0;
 }

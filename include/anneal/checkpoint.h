@@ -1,5 +1,7 @@
-/* anneal checkpoints: a directory per checkpoint holding the model in Hugging Face
- * GPT-2 layout (model.safetensors + config.json, loadable by transformers), the
+/* anneal checkpoints: a directory per checkpoint holding the model as its architecture
+ * exports it to Hugging Face (model.safetensors + config.json, loadable by
+ * transformers; read back through the model registry, so a checkpoint of any
+ * registered architecture loads), the
  * optimizer state (optimizer.safetensors) and state.json (step, RNG, loader cursor,
  * tokenizer fingerprint, trainer config, anneal version, checksums of the tensor files).
  * Written to a temporary directory, fsync'ed, renamed; a `latest` pointer is replaced
@@ -9,7 +11,7 @@
 #define ANNEAL_CHECKPOINT_H
 
 #include "anneal/loader.h"
-#include "anneal/models.h"
+#include "anneal/model.h"
 #include "anneal/optim.h"
 
 #ifdef __cplusplus
@@ -37,7 +39,7 @@ typedef struct anneal_train_state {
  * state.json under "config"). Then points run_dir/latest at it and prunes all but the
  * newest `keep` (keep <= 0 keeps all). Errors (unwritable directory, full disk) leave
  * existing checkpoints and `latest` untouched. */
-anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_gpt2 *m,
+anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_model *m,
                                      const anneal_optimizer *opt, const anneal_train_state *st,
                                      const char *config_json, int keep);
 
@@ -46,7 +48,7 @@ anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_gpt2 *m,
  * save() first waits for the previous one. */
 typedef struct anneal_checkpointer anneal_checkpointer;
 anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep);
-anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_gpt2 *m,
+anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_model *m,
                                        const anneal_optimizer *opt, const anneal_train_state *st,
                                        const char *config_json);
 /* Waits for the write in flight; returns its status (ANNEAL_OK if none). */
@@ -58,23 +60,17 @@ void anneal_checkpointer_free(anneal_checkpointer *c);
  * directory itself, or a run directory (its `latest`). Fails with a clear message if
  * neither holds a complete checkpoint. */
 anneal_status anneal_checkpoint_resolve(const char *path, char *out, size_t out_len);
-/* Reads the checkpoint's model config (config.json) and trainer config text (malloc'd;
- * may be NULL). Validates state.json and the checksums of the tensor files. */
-anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_gpt2_config *model_cfg,
+/* Reads the checkpoint's model config (config.json through the registry, whose
+ * model_type picks the architecture; recompute from state.json) and trainer config
+ * text (malloc'd; may be NULL). Validates state.json and the checksums of the tensor
+ * files. */
+anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_model_config *model_cfg,
                                             char **config_json);
-/* Loads parameters into m (shapes must match: an incompatible model is refused with
- * the mismatching tensor named), optimizer state into opt (may be NULL) and *st. */
-anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_gpt2 *m, anneal_optimizer *opt,
+/* Loads parameters into m (the file must hold exactly what m's architecture exports,
+ * shapes equal: an incompatible model is refused with the mismatching tensor named;
+ * then its hf_import reads it), optimizer state into opt (may be NULL) and *st. */
+anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st);
-
-/* Hugging Face GPT-2 config.json <-> anneal_gpt2_config (n_layer, n_head, n_embd,
- * vocab_size, n_positions/n_ctx, layer_norm_epsilon, *_pdrop). */
-anneal_status anneal_gpt2_config_from_hf_json(const char *path, anneal_gpt2_config *cfg);
-anneal_status anneal_gpt2_config_write_hf_json(const char *path, const anneal_gpt2_config *cfg);
-/* Loads weights from a Hugging Face GPT-2 safetensors file into m: keys with or without
- * the "transformer." prefix, lm_head.weight optional when tied (it must equal wte if
- * present), attn.bias / attn.masked_bias buffers ignored. */
-anneal_status anneal_gpt2_load_hf_safetensors(anneal_gpt2 *m, const char *path);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #define ANNEAL_IO_H
 
 #include "anneal/core.h"
+#include "anneal/model.h"
 #include "anneal/nn.h"
 
 #ifdef __cplusplus
@@ -81,6 +82,28 @@ anneal_status anneal_params_load(anneal_params *ps, const anneal_safetensors *st
 /* Writes every parameter of ps (f32, registered names) to path atomically. */
 anneal_status anneal_params_save(const anneal_params *ps, const char *path, int n_meta,
                                  const char *const *meta_keys, const char *const *meta_values);
+
+/* ------------------------------------------------ models from and to files */
+
+/* A model interface tensor source (model.h) over an open safetensors file: its
+ * entries by name, float dtypes converted to f32 on the CPU. The file must stay open
+ * while the source is used. */
+typedef struct anneal_st_source {
+    anneal_tensor_source src;
+    const anneal_safetensors *st;
+    const char **names; /* the entries' names (malloc'd array) */
+} anneal_st_source;
+
+/* Fills s for st (ANNEAL_ERR_OOM); anneal_st_source_free releases it. */
+anneal_status anneal_st_source_init(anneal_st_source *s, const anneal_safetensors *st);
+void anneal_st_source_free(anneal_st_source *s);
+
+/* Reads a Hugging Face weights file (safetensors) into m through its architecture's
+ * hf_import: every parameter checked before any is written; errors name the file. */
+anneal_status anneal_model_load_safetensors(anneal_model *m, const char *path);
+/* Writes m's weights as its architecture exports them (hf_export: Hugging Face names,
+ * f32, metadata {"format": "pt"}) to path atomically. */
+anneal_status anneal_model_save_safetensors(const anneal_model *m, const char *path);
 
 #ifdef __cplusplus
 }

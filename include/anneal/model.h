@@ -47,25 +47,28 @@ typedef struct anneal_model_config {
     float dropout;       /* dropout probability while training */
     float rope_theta;    /* rotary base (architectures with RoPE) */
     anneal_rope_desc rope; /* rotary scaling (architectures with RoPE) */
-    bool tie_embeddings; /* lm head shares the token embedding */
+    bool tie_embeddings; /* lm head shares the token embedding (GPT-2: always, whatever is set) */
     anneal_recompute_mode recompute;
 } anneal_model_config;
 
 typedef struct anneal_model anneal_model;
 typedef struct anneal_model_arch anneal_model_arch;
 
-/* The key/value cache of generation: per layer, the keys and values of every position
- * seen so far, so each new token costs one position of attention. Architectures use
- * anneal_kv_cache from nn.h or their own; the interface sees it as opaque. */
-typedef struct anneal_kv_cache anneal_kv_cache;
+/* The key/value cache of generation is nn.h's anneal_kv_cache (per layer, the keys and
+ * values of every position seen so far, so each new token costs one position of
+ * attention); a model makes one with kv_cache_new, anneal_kv_cache_free frees it. */
 
 /* Where Hugging Face import reads tensors from (io implements it over safetensors
- * files, sharded or not). get returns the tensor named `name` converted to f32 on the
- * CPU in the current scope, or NULL without an error when there is none (errors
- * otherwise); names lists every tensor present (n of them) for unknown-key checks. */
+ * files). info tells whether tensor `name` is there and its stored dtype and shape
+ * without reading it (false, nothing recorded, when absent), so an import checks every
+ * tensor before it reads any; get returns the tensor converted to f32 on the CPU in
+ * the current scope, or NULL without an error when there is none (errors otherwise:
+ * a dtype that is not a float, a read failure); names lists every tensor present (n of
+ * them) for unknown-key checks. */
 typedef struct anneal_tensor_source {
     void *ctx;
-    const char *what; /* names the source in errors ("model.safetensors") */
+    const char *what; /* names the source in errors (the file's path) */
+    bool (*info)(void *ctx, const char *name, anneal_dtype *dtype, int *ndim, int64_t *shape);
     anneal_tensor *(*get)(void *ctx, const char *name);
     int n;
     const char *const *names;
@@ -91,10 +94,12 @@ typedef struct anneal_model_ops {
     anneal_tensor *(*logits)(anneal_model *m, anneal_tensor *ids);
     /* A cache for `batch` sequences of up to max_len (<= n_ctx) positions. */
     anneal_kv_cache *(*kv_cache_new)(anneal_model *m, int64_t batch, int64_t max_len);
-    /* Logits (B, T_new, vocab) of ids (B, T_new) placed after the cached positions,
-     * which then include them; equal to the last T_new rows of logits() on the whole
-     * sequence. No autograd. */
-    anneal_tensor *(*forward_cached)(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids);
+    /* Logits (B, rows, vocab) of the last `rows` (1 <= rows <= T_new) of ids (B, T_new)
+     * placed after the cached positions: equal to the matching rows of logits() on the
+     * whole sequence. Writes every layer's new keys and values into kv, leaving
+     * anneal_kv_cache_len to the caller (anneal_model_forward_cached checks the
+     * arguments, runs it without autograd or dropout and advances the cache). */
+    anneal_tensor *(*forward_cached)(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids, int64_t rows);
     /* Training FLOPs per token at sequence length T (forward + backward). */
     double (*flops_per_token)(const anneal_model *m, int64_t T);
     /* Copies the weights of a Hugging Face checkpoint of this architecture into m:
@@ -113,6 +118,7 @@ struct anneal_model {
     const anneal_model_arch *arch;
     const anneal_model_ops *ops;
     anneal_model_config cfg;
+    anneal_device device;  /* where the parameters live */
     anneal_params *params; /* Hugging Face names, registration order */
     anneal_nn_ctx ctx;     /* precision and training mode the forward passes run with */
 };
@@ -122,8 +128,10 @@ struct anneal_model_arch {
     const char *name;                     /* "gpt2" */
     const char *const *hf_model_types;    /* config.json "model_type" values it reads (NULL-ended) */
     const char *hf_architecture;          /* what config.json's "architectures" gets on export */
-    /* Fills *out with a named preset of this architecture; false if it has none by that name. */
+    /* Fills *out with a named preset of this architecture; false if it has none by that
+     * name (preset may be NULL: no presets). */
     bool (*preset)(const char *name, anneal_model_config *out);
+    const char *const *preset_names;      /* the presets, for help and errors (NULL-ended; may be NULL) */
     /* Checks a config (ANNEAL_ERR_ARG naming the field). */
     anneal_status (*config_check)(const anneal_model_config *c);
     /* Reads a Hugging Face config.json text into *out (source names it in errors):
@@ -132,7 +140,9 @@ struct anneal_model_arch {
     anneal_status (*config_from_hf)(const char *json, const char *source, anneal_model_config *out);
     /* The Hugging Face config.json text of c (malloc'd). */
     char *(*config_to_hf)(const anneal_model_config *c);
-    /* A model with zero-filled parameters on device dev (NULL + error). */
+    /* A model with zero-filled parameters on device dev (NULL + error); the config has
+     * passed config_check. It fills every field of anneal_model (ops, cfg, device,
+     * params; ctx zero: f32, not training) but arch, which anneal_model_new sets. */
     anneal_model *(*create)(const anneal_model_config *c, anneal_device dev);
 };
 
@@ -150,8 +160,12 @@ const anneal_model_arch *const *anneal_model_archs(int *n);
 
 /* A preset of any architecture ("tiny", "124M", ...): false for an unknown name. */
 bool anneal_model_preset(const char *name, anneal_model_config *out);
+/* Every preset name of every architecture, ", "-separated, into buf ("tiny, d6, 124M,
+ * ..."); returns buf. */
+const char *anneal_model_preset_names(char *buf, size_t n);
 /* Reads a Hugging Face config.json (its "model_type" picks the architecture; a config
- * without one is GPT-2's): errors name the file. */
+ * without one is GPT-2's; a type no architecture reads is ANNEAL_ERR_UNSUPPORTED naming
+ * the file and the types known): errors name the file. */
 anneal_status anneal_model_config_from_hf_file(const char *path, anneal_model_config *out);
 /* The same from the JSON text (source names it in errors). */
 anneal_status anneal_model_config_from_hf_json(const char *json, const char *source,
@@ -182,8 +196,20 @@ void anneal_model_set_training(anneal_model *m, bool training);
 anneal_status anneal_model_hf_import(anneal_model *m, const anneal_tensor_source *src);
 anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_sink *sink);
 
+/* A cache for `batch` sequences of up to max_len positions (1 <= max_len <= n_ctx, else
+ * ANNEAL_ERR_ARG); free it with anneal_kv_cache_free. */
 anneal_kv_cache *anneal_model_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len);
+/* Logits (B, T_new, vocab) of i32 ids (B, T_new) placed after the cached positions,
+ * which then include them; equal to the last T_new rows of anneal_model_logits on the
+ * whole sequence. Runs without autograd and dropout; every intermediate dies inside,
+ * only the logits join the caller's scope. A cache of another model, another batch
+ * size, or too many positions for max_len is an error (ANNEAL_ERR_ARG / _SHAPE), the
+ * cache unchanged. */
 anneal_tensor *anneal_model_forward_cached(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids);
+/* The same, with the logits of the last `rows` new rows only (B, rows, vocab) (rows <= 0
+ * or > T_new: all): a prompt's prefill wants the last row, not T_new x vocab logits. */
+anneal_tensor *anneal_model_forward_cached_last(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids,
+                                                int64_t rows);
 
 /* ------------------------------------------------------- loss over batches */
 

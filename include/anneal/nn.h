@@ -3,7 +3,7 @@
 #ifndef ANNEAL_NN_H
 #define ANNEAL_NN_H
 
-#include "anneal/core.h"
+#include "anneal/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,14 +29,17 @@ typedef struct anneal_params {
     int n, cap;
     anneal_param *items;
     anneal_scope *scope; /* holds every parameter tensor */
+    anneal_device device; /* where anneal_params_create puts them */
 } anneal_params;
 
-/* Empty parameter set (NULL + error on OOM). */
+/* Empty parameter set whose parameters live on the CPU (NULL + error on OOM). */
 anneal_params *anneal_params_new(void);
+/* The same on device dev. */
+anneal_params *anneal_params_new_on(anneal_device dev);
 /* Frees the set and every parameter tensor (and its grad). */
 void anneal_params_free(anneal_params *ps);
-/* Creates an f32 parameter of `shape` named `name` (zero-filled), registers it, marks
- * it requires_grad. Fails on a duplicate name. */
+/* Creates an f32 parameter of `shape` named `name` (zero-filled) on the set's device,
+ * registers it, marks it requires_grad. Fails on a duplicate name. */
 anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndim,
                                     const int64_t *shape, bool decay);
 /* The parameter called name, or NULL (no error recorded). */
@@ -49,6 +52,179 @@ void anneal_params_zero_grad(anneal_params *ps);
 /* In-place initialisers (no autograd), drawing from the global Philox generator. */
 anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std);
 anneal_status anneal_init_fill_(anneal_tensor *t, float value);
+
+/* ==================================================================== blocks
+ *
+ * The pieces decoder-only models are built from (as llama.cpp's build_norm,
+ * build_attn, build_ffn). Each is a small struct filled by its create function, which
+ * registers the block's parameters in an anneal_params under Hugging Face names
+ * ("<prefix>.weight", "<prefix>.bias"; prefix as "transformer.h.0.attn.c_attn"), and a
+ * forward taking the model's anneal_nn_ctx (matrix-product precision, training mode).
+ * Parameters start zero-filled: a model's init sets them. Forwards return tensors of
+ * the current scope and propagate NULL like every op. A create that fails records the
+ * error and returns it (the parameters already registered stay in the set, which the
+ * model frees). */
+
+/* ------------------------------------------------------------------ dense */
+
+/* A dense (fully connected) layer: y = x W (+ b), W in either layout. */
+typedef struct anneal_nn_dense {
+    anneal_tensor *weight; /* (out, in) for ANNEAL_WEIGHT_OUT_IN, (in, out) for IN_OUT */
+    anneal_tensor *bias;   /* (out), or NULL */
+    anneal_weight_layout layout;
+    int64_t in, out;
+} anneal_nn_dense;
+
+/* Registers "<prefix>.weight" (weight decay on) and, with bias, "<prefix>.bias". */
+anneal_status anneal_nn_dense_create(anneal_nn_dense *d, anneal_params *ps, const char *prefix, int64_t in,
+                                     int64_t out, anneal_weight_layout layout, bool bias);
+/* x (..., in) -> x W + b (..., out), one GEMM at ctx->compute. */
+anneal_tensor *anneal_nn_dense_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x);
+/* The same with act fused into the GEMM's epilogue (ANNEAL_ACT_SILU_MUL multiplies by mul,
+ * shaped like the output; NULL otherwise). */
+anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                           anneal_activation act, anneal_tensor *mul);
+
+/* -------------------------------------------------------------- embedding */
+
+/* A lookup table of n rows of width dim. */
+typedef struct anneal_nn_embedding {
+    anneal_tensor *weight; /* (n, dim) */
+} anneal_nn_embedding;
+
+/* Registers "<prefix>.weight" (no weight decay). */
+anneal_status anneal_nn_embedding_create(anneal_nn_embedding *e, anneal_params *ps, const char *prefix, int64_t n,
+                                         int64_t dim);
+/* Rows of the table for i32 ids (...): (..., dim). */
+anneal_tensor *anneal_nn_embedding_forward(const anneal_nn_embedding *e, anneal_tensor *ids);
+
+/* ------------------------------------------------------------------ norms */
+
+/* LayerNorm over the last dim with weight and (optional) bias. */
+typedef struct anneal_nn_layer_norm {
+    anneal_tensor *weight, *bias; /* (dim); bias NULL when created without */
+    float eps;
+} anneal_nn_layer_norm;
+
+/* Registers "<prefix>.weight" and, with bias, "<prefix>.bias" (no weight decay). */
+anneal_status anneal_nn_layer_norm_create(anneal_nn_layer_norm *n, anneal_params *ps, const char *prefix,
+                                          int64_t dim, float eps, bool bias);
+anneal_tensor *anneal_nn_layer_norm_forward(const anneal_nn_layer_norm *n, anneal_tensor *x);
+/* The residual add and this norm in one pass: *sum = x + r (the new residual stream),
+ * returns LayerNorm(*sum). */
+anneal_tensor *anneal_nn_add_layer_norm(const anneal_nn_layer_norm *n, anneal_tensor *x, anneal_tensor *r,
+                                        anneal_tensor **sum);
+
+/* RMSNorm over the last dim with a weight (Llama). */
+typedef struct anneal_nn_rms_norm {
+    anneal_tensor *weight; /* (dim) */
+    float eps;
+} anneal_nn_rms_norm;
+
+/* Registers "<prefix>.weight" (no weight decay). */
+anneal_status anneal_nn_rms_norm_create(anneal_nn_rms_norm *n, anneal_params *ps, const char *prefix, int64_t dim,
+                                        float eps);
+anneal_tensor *anneal_nn_rms_norm_forward(const anneal_nn_rms_norm *n, anneal_tensor *x);
+
+/* --------------------------------------------------------------- KV cache */
+
+/* The key/value cache of generation: per layer, the keys and values of every position
+ * seen so far in (batch, n_kv_head, max_len, head_dim) buffers, so a new token costs
+ * one position of attention. The attention block writes a layer's new rows at
+ * positions [len, len + T_new); the model advances len once every layer has. This is
+ * the anneal_kv_cache of the model interface (model.h). */
+typedef struct anneal_kv_cache anneal_kv_cache;
+
+/* A zero-length cache on device dev for n_layer layers (>= 0) of batch sequences of up
+ * to max_len positions; owner tags the model it belongs to (checked by the model).
+ * NULL + ANNEAL_ERR_ARG for non-positive sizes, ANNEAL_ERR_OOM. */
+anneal_kv_cache *anneal_kv_cache_new(anneal_device dev, int n_layer, int64_t batch, int64_t n_kv_head,
+                                     int64_t head_dim, int64_t max_len, const void *owner);
+void anneal_kv_cache_free(anneal_kv_cache *kv);
+/* Forgets every position. */
+void anneal_kv_cache_reset(anneal_kv_cache *kv);
+/* Positions cached so far (0 for NULL). */
+int64_t anneal_kv_cache_len(const anneal_kv_cache *kv);
+int64_t anneal_kv_cache_batch(const anneal_kv_cache *kv);
+int64_t anneal_kv_cache_max_len(const anneal_kv_cache *kv);
+const void *anneal_kv_cache_owner(const anneal_kv_cache *kv);
+/* Copies k and v (batch, n_kv_head, T_new, head_dim) of layer into positions
+ * [len, len + T_new) (ANNEAL_ERR_SHAPE past max_len or for other shapes). */
+anneal_status anneal_kv_cache_write(anneal_kv_cache *kv, int layer, anneal_tensor *k, anneal_tensor *v);
+/* Views (batch, n_kv_head, n, head_dim) of the first n positions of layer's keys / values. */
+anneal_tensor *anneal_kv_cache_keys(anneal_kv_cache *kv, int layer, int64_t n);
+anneal_tensor *anneal_kv_cache_values(anneal_kv_cache *kv, int layer, int64_t n);
+/* len += n (ANNEAL_ERR_SHAPE past max_len). */
+anneal_status anneal_kv_cache_advance(anneal_kv_cache *kv, int64_t n);
+
+/* -------------------------------------------------------------- attention */
+
+/* Causal self-attention: query/key/value projections (one packed projection, as GPT-2's
+ * c_attn, or three, as Llama's q_proj/k_proj/v_proj), grouped-query heads (n_kv_head
+ * divides n_head), optional rotary position embedding, and the output projection. */
+typedef struct anneal_nn_attention_config {
+    int64_t n_embd;               /* input and output width */
+    int n_head;                   /* query heads */
+    int n_kv_head;                /* key/value heads; 0: n_head */
+    int64_t head_dim;             /* 0: n_embd / n_head */
+    anneal_weight_layout layout;  /* of every projection's weight */
+    bool qkv_bias, out_bias;      /* biases of the q/k/v projections, of the output projection */
+    const char *qkv_name;         /* packed projection ("c_attn"); NULL: three projections */
+    const char *q_name, *k_name, *v_name; /* the three ("q_proj", "k_proj", "v_proj") */
+    const char *out_name;         /* output projection ("c_proj", "o_proj") */
+    const anneal_rope_desc *rope; /* NULL: no rotary embedding (copied by create) */
+} anneal_nn_attention_config;
+
+typedef struct anneal_nn_attention {
+    int n_head, n_kv_head;
+    int64_t head_dim;
+    bool packed;
+    anneal_nn_dense qkv;     /* packed: (n_embd) -> (n_head + 2 n_kv_head) head_dim, queries first */
+    anneal_nn_dense q, k, v; /* separate: n_head head_dim, n_kv_head head_dim, n_kv_head head_dim */
+    anneal_nn_dense out;     /* n_head head_dim -> n_embd */
+    bool has_rope;
+    anneal_rope_desc rope;
+} anneal_nn_attention;
+
+/* Registers the projections under "<prefix>.<name>.weight/.bias": the packed one (or q,
+ * k, v in that order), then the output projection. ANNEAL_ERR_ARG for inconsistent
+ * head counts or missing names. */
+anneal_status anneal_nn_attention_create(anneal_nn_attention *a, anneal_params *ps, const char *prefix,
+                                         const anneal_nn_attention_config *cfg);
+/* The attention of x (B, T, n_embd) before the output projection: (B, T, n_head
+ * head_dim). kv NULL: causal self-attention over x's own positions (training). kv
+ * given: x's rows are the positions after the cached ones; their keys and values are
+ * written to layer's slots of kv at [len, len + T) (rotated first with RoPE) and the
+ * queries attend to [0, len + T) (generation; no autograd wanted). */
+anneal_tensor *anneal_nn_attention_core(const anneal_nn_attention *a, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                        anneal_kv_cache *kv, int layer);
+/* out(core(x)): (B, T, n_embd). */
+anneal_tensor *anneal_nn_attention_forward(const anneal_nn_attention *a, const anneal_nn_ctx *ctx,
+                                           anneal_tensor *x, anneal_kv_cache *kv, int layer);
+
+/* -------------------------------------------------------------------- MLP */
+
+typedef enum anneal_nn_mlp_kind {
+    ANNEAL_MLP_GELU = 0, /* proj(gelu_tanh(fc x)): GPT-2's, fc + GELU in one GEMM */
+    ANNEAL_MLP_SWIGLU,   /* down(silu(gate x) * up x): Llama's, gate + SiLU * up in one GEMM */
+} anneal_nn_mlp_kind;
+
+typedef struct anneal_nn_mlp {
+    anneal_nn_mlp_kind kind;
+    anneal_nn_dense fc, proj;       /* GELU: "<prefix>.c_fc", "<prefix>.c_proj" */
+    anneal_nn_dense gate, up, down; /* SWIGLU: "<prefix>.gate_proj", ".up_proj", ".down_proj" */
+} anneal_nn_mlp;
+
+/* GELU MLP n_embd -> n_ff -> n_embd: registers "<prefix>.<fc_name>" then
+ * "<prefix>.<proj_name>" (weights and, with bias, biases). */
+anneal_status anneal_nn_mlp_create_gelu(anneal_nn_mlp *m, anneal_params *ps, const char *prefix, int64_t n_embd,
+                                        int64_t n_ff, anneal_weight_layout layout, bool bias, const char *fc_name,
+                                        const char *proj_name);
+/* SwiGLU MLP: registers "<prefix>.gate_proj", ".up_proj", ".down_proj". */
+anneal_status anneal_nn_mlp_create_swiglu(anneal_nn_mlp *m, anneal_params *ps, const char *prefix, int64_t n_embd,
+                                          int64_t n_ff, anneal_weight_layout layout, bool bias);
+/* x (..., n_embd) -> (..., n_embd). */
+anneal_tensor *anneal_nn_mlp_forward(const anneal_nn_mlp *m, const anneal_nn_ctx *ctx, anneal_tensor *x);
 
 #ifdef __cplusplus
 }

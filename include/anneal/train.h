@@ -1,5 +1,6 @@
 /* anneal train: the training loop behind `anneal train`. A run reads token shards
- * (or synthetic tokens), trains a GPT-2 model with AdamW, gradient accumulation,
+ * (or synthetic tokens), trains a model of any registered architecture (through the
+ * model interface, model.h) with AdamW, gradient accumulation,
  * clipping and an LR schedule, evaluates and samples now and then, writes JSON-lines
  * logs and crash-safe checkpoints on a background thread, and resumes bit for bit.
  *
@@ -22,9 +23,9 @@ extern "C" {
 /* Every setting of a run. Strings are owned (malloc'd) by the config; NULL = unset. */
 typedef struct anneal_train_config {
     /* model */
-    char *model;              /* preset name ("tiny", "d6", "124M", ...) */
-    char *config;             /* Hugging Face GPT-2 config.json */
-    char *init;               /* initial weights: HF GPT-2 safetensors or a checkpoint */
+    char *model;              /* preset name of any architecture ("tiny", "d6", "124M", ...) */
+    char *config;             /* Hugging Face config.json of any registered model_type */
+    char *init;               /* initial weights: HF safetensors or a checkpoint */
     /* data */
     char *data;               /* directory of train_*.bin / val_*.bin (+ prepare.json) */
     char *tokenizer;          /* for samples; default: the one prepare.json names */
@@ -96,6 +97,10 @@ const anneal_train_option *anneal_train_option_find(const char *name);
 /* Parses value (NULL for a bare flag) into setting `name` with its range check.
  * Errors are ANNEAL_ERR_ARG with a message naming the flag: "--steps: ...". */
 anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, const char *value);
+/* The one place that says which precisions anneal trains, evaluates and generates
+ * with: a --dtype name anneal_dtype_parse reads as f32, bf16 or f16 ("fp32", "bf16",
+ * "fp16", "float32", ...); false (nothing written) for any other (fp8, f64, i32). */
+bool anneal_train_dtype_parse(const char *name, anneal_dtype *out);
 /* Applies a JSON object whose keys are setting names (numbers, strings, true/false,
  * null = leave unset). `source` names the file in errors. Keys listed in skip (NULL-
  * terminated, may be NULL) are ignored; unknown keys are errors. */

@@ -36,19 +36,19 @@ static int cmd_peak(int argc, char **argv) {
         cli_usage("bench peak", "Measures the peak fp32 FMA or bf16 dot-product FLOP rate (the MFU ceiling).", flags, nf);
         return 0;
     }
-    if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16") && strcmp(dtype, "fp16"))
-        return USAGE_ERR("--dtype %s: expected fp32, bf16 or fp16", dtype);
+    anneal_dtype dt;
+    if (!anneal_train_dtype_parse(dtype, &dt)) return USAGE_ERR("--dtype %s: expected fp32, bf16 or fp16", dtype);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads %lld: expected 0..4096", (long long)threads);
     if (!(seconds > 0 && seconds <= 60)) return USAGE_ERR("--seconds %g: expected more than 0, at most 60", seconds);
     int nt = threads > 0 ? (int)threads : omp_get_max_threads();
-    anneal_dtype dt = !strcmp(dtype, "bf16") ? ANNEAL_BF16 : !strcmp(dtype, "fp16") ? ANNEAL_F16 : ANNEAL_F32;
     const char *isa = NULL;
     double gf = anneal_peak_gflops_measure_dtype(nt, seconds, dt, &isa);
     if (json)
-        printf("{\"dtype\":\"%s\",\"gflops\":%.1f,\"isa\":\"%s microbenchmark\",\"threads\":%d,\"seconds\":%g}\n", dtype,
+        printf("{\"dtype\":\"%s\",\"gflops\":%.1f,\"isa\":\"%s microbenchmark\",\"threads\":%d,\"seconds\":%g}\n",
+               anneal_precision_name(dt),
                gf, isa, nt, seconds);
     else
-        printf("peak %s %.1f GFLOP/s (%s microbenchmark, %d threads)\n", dtype, gf, isa, nt);
+        printf("peak %s %.1f GFLOP/s (%s microbenchmark, %d threads)\n", anneal_precision_name(dt), gf, isa, nt);
     return 0;
 }
 

@@ -22,36 +22,17 @@ static int64_t config_int(const cJSON *config, const char *key, int64_t fallback
     return cJSON_IsNumber(v) && v->valuedouble >= 1 ? (int64_t)v->valuedouble : fallback;
 }
 
-/* Mean loss over batches [0, n) of l; rows >= rows_last of the last batch are
- * ignored (they wrap around to the first windows). */
-static anneal_status evaluate(anneal_gpt2 *m, anneal_loader *l, int64_t B, int64_t T, int64_t n, int64_t rows_last,
-                              double *loss, int64_t *tokens) {
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
-    anneal_status s = ids && tg ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "eval: out of memory");
-    double sum = 0.0;
-    *tokens = 0;
-    anneal_no_grad_begin();
-    for (int64_t i = 0; i < n && s == ANNEAL_OK; i++) {
-        if ((s = anneal_loader_next(l, ids, tg)) != ANNEAL_OK) break;
-        int64_t rows = i == n - 1 ? rows_last : B;
-        for (int64_t j = rows * T; j < B * T; j++) tg[j] = -100;
-        anneal_scope *sc = anneal_scope_open();
-        anneal_tensor *x = anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, ids);
-        anneal_tensor *y = anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, tg);
-        anneal_tensor *ce = anneal_gpt2_loss(m, x, y);
-        if (ce) {
-            sum += anneal_item(ce) * (double)(rows * T); /* the mean over this batch's real rows */
-            *tokens += rows * T;
-        } else {
-            s = anneal_last_status();
-        }
-        anneal_scope_close(sc);
-    }
-    anneal_no_grad_end();
-    free(ids);
-    free(tg);
-    *loss = *tokens ? sum / (double)*tokens : NAN;
-    return s;
+/* The batches of an evaluation: the loader's windows in order, the last batch real
+ * only up to rows_last (the rest of its rows wrap around to the first windows). */
+typedef struct eval_source {
+    anneal_loader *l;
+    int64_t batch, n, rows_last;
+} eval_source;
+
+static anneal_status next_batch(void *user, int64_t i, int32_t *ids, int32_t *targets, int64_t *rows) {
+    eval_source *e = user;
+    *rows = i == e->n - 1 ? e->rows_last : e->batch;
+    return anneal_loader_next(e->l, ids, targets);
 }
 
 /* True when the flag called name was given. */
@@ -93,12 +74,12 @@ int anneal_cmd_eval(int argc, char **argv) {
     anneal_dtype compute;
     if (anneal_cli_parse_dtype("eval", dtype, &compute)) return 2;
 
-    anneal_gpt2 *m = NULL;
+    anneal_model *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL;
     int rc = anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text);
     if (rc) return rc;
-    m->compute = compute;
+    anneal_model_set_compute(m, compute);
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
     int64_t n_ctx = m->cfg.n_ctx;
@@ -141,8 +122,8 @@ int anneal_cmd_eval(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     double loss;
     int64_t tokens;
-    m->training = false;
-    if (evaluate(m, l, batch, seq, n, rows_last, &loss, &tokens) != ANNEAL_OK) {
+    eval_source src = {l, batch, n, rows_last};
+    if (anneal_model_evaluate(m, batch, seq, n, next_batch, &src, &loss, &tokens) != ANNEAL_OK) {
         fprintf(stderr, "anneal eval: %s\n", anneal_last_error());
         goto done;
     }
@@ -154,6 +135,6 @@ int anneal_cmd_eval(int argc, char **argv) {
     rc = 0;
 done:
     anneal_loader_free(l);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return rc;
 }

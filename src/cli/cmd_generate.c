@@ -1,4 +1,4 @@
-/* anneal generate: text from a checkpoint (or Hugging Face GPT-2 weights), streamed
+/* anneal generate: text from a checkpoint (or Hugging Face weights), streamed
  * to stdout as tokens arrive. The model runs with a KV cache; sampling is
  * temperature, top-k, top-p with a seeded counter-based draw, so a seed reproduces
  * the text exactly. Generation stops at the tokenizer's end-of-text or --max-tokens.
@@ -15,10 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
-int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **model,
+int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_model **model,
                                anneal_train_state *st, char **config_json) {
     char dir[PATH_MAX];
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     *model = NULL;
     *config_json = NULL;
     if (anneal_checkpoint_resolve(arg, dir, sizeof dir) != ANNEAL_OK ||
@@ -26,10 +26,11 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **m
         fprintf(stderr, "anneal %s: --ckpt: %s\n", cmd, anneal_last_error());
         return 1;
     }
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    /* the device the model lives on (a --device flag chooses it once there is more than one) */
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
     if (!m || anneal_checkpoint_load(dir, m, NULL, st) != ANNEAL_OK) {
         fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, dir, anneal_last_error());
-        anneal_gpt2_free(m);
+        anneal_model_free(m);
         free(*config_json);
         *config_json = NULL;
         return 1;
@@ -39,28 +40,24 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_gpt2 **m
 }
 
 int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out) {
-    *out = ANNEAL_F32;
-    if (!strcmp(name, "bf16")) *out = ANNEAL_BF16;
-    else if (!strcmp(name, "fp16")) *out = ANNEAL_F16;
-    else if (strcmp(name, "fp32")) {
-        fprintf(stderr, "anneal %s: --dtype: unknown precision '%s' (fp32, bf16, fp16)\n", cmd, name);
-        return 2;
-    }
-    return 0;
+    if (anneal_train_dtype_parse(name, out)) return 0;
+    fprintf(stderr, "anneal %s: --dtype: unknown precision '%s' (fp32, bf16, fp16)\n", cmd, name);
+    return 2;
 }
 
-/* Loads a Hugging Face GPT-2 model: config.json + safetensors weights. */
-static int load_hf(const char *weights, const char *config, anneal_gpt2 **model) {
-    anneal_gpt2_config cfg;
+/* Loads a Hugging Face model: config.json (any registered model_type) + safetensors
+ * weights. */
+static int load_hf(const char *weights, const char *config, anneal_model **model) {
+    anneal_model_config cfg;
     *model = NULL;
-    if (anneal_gpt2_config_from_hf_json(config, &cfg) != ANNEAL_OK) {
+    if (anneal_model_config_from_hf_file(config, &cfg) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --hf-config: %s\n", anneal_last_error());
         return 1;
     }
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_gpt2_load_hf_safetensors(m, weights) != ANNEAL_OK) {
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m || anneal_model_load_safetensors(m, weights) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --hf-model: %s\n", anneal_last_error());
-        anneal_gpt2_free(m);
+        anneal_model_free(m);
         return 1;
     }
     *model = m;
@@ -144,7 +141,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     bool help = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
-        {"hf-model", ARG_STRING, "Hugging Face GPT-2 weights (model.safetensors) instead of --ckpt", &hf_model, 0},
+        {"hf-model", ARG_STRING, "Hugging Face weights (model.safetensors) instead of --ckpt", &hf_model, 0},
         {"hf-config", ARG_STRING, "the Hugging Face config.json that goes with --hf-model", &hf_config, 0},
         {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the training "
                                   "run's, from its --tokenizer or its data's prepare.json)", &tok_spec, 0},
@@ -177,12 +174,12 @@ int anneal_cmd_generate(int argc, char **argv) {
     anneal_dtype compute;
     if (anneal_cli_parse_dtype("generate", dtype, &compute)) return 2;
 
-    anneal_gpt2 *m = NULL;
+    anneal_model *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL;
     int rc = ckpt ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text) : load_hf(hf_model, hf_config, &m);
     if (rc) return rc;
-    m->compute = compute;
+    anneal_model_set_compute(m, compute);
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
     char *run_tok = tok_spec ? NULL : run_tokenizer(config);
@@ -239,7 +236,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     anneal_sampler_config sc = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
                                 .seed = (uint64_t)seed};
     double t0 = now_s();
-    anneal_status gs = anneal_gpt2_generate(m, ids.ids, (int64_t)ids.n, max_tokens, &sc, eot, on_token, &s);
+    anneal_status gs = anneal_model_generate(m, ids.ids, (int64_t)ids.n, max_tokens, &sc, eot, on_token, &s);
     double dt = now_s() - t0;
     buf = s.buf; /* freed at done */
     size_t tail = anneal_stream_decoder_flush(&s.dec, buf, s.cap);
@@ -260,6 +257,6 @@ done:
     anneal_ids_free(&ids);
     anneal_tokenizer_free(tok);
     cJSON_Delete(config);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return rc;
 }

@@ -35,7 +35,7 @@ static void usage(void) {
     int n;
     const anneal_train_option *o = anneal_train_options(&n);
     printf("usage: anneal train --data DIR [flags]   |   anneal train --synthetic [flags]\n"
-           "Trains a GPT-2 model: progress per step, val loss, samples, checkpoints and a JSON-lines log\n"
+           "Trains a language model (GPT-2, or any architecture --config names): progress per step, val loss, samples, checkpoints and a JSON-lines log\n"
            "in the run directory; --resume continues a run exactly where it stopped.\n\nflags:\n");
     for (int i = 0; i < n; i++) {
         const char *arg = o[i].kind == ANNEAL_OPT_INT      ? " N"

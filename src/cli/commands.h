@@ -3,6 +3,8 @@
 #ifndef ANNEAL_CLI_COMMANDS_H
 #define ANNEAL_CLI_COMMANDS_H
 
+#include "anneal/core.h"
+
 int anneal_cmd_train(int argc, char **argv);
 int anneal_cmd_info(int argc, char **argv);
 int anneal_cmd_tokenize(int argc, char **argv);      /* cmd_tokenize.c */
@@ -13,15 +15,16 @@ int anneal_cmd_generate(int argc, char **argv);      /* cmd_generate.c */
 int anneal_cmd_eval(int argc, char **argv);          /* cmd_eval.c */
 int anneal_cmd_bench(int argc, char **argv);         /* cmd_bench.c: "bench peak" */
 
-struct anneal_gpt2;
+struct anneal_model;
 struct anneal_train_state;
 /* cmd_generate.c, shared with eval: loads the checkpoint a --ckpt argument names (a
- * checkpoint or run directory) into a new model, its state and the run's config text
- * (malloc'd, may be NULL). Prints the error naming --ckpt and returns 1 on failure. */
-int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_gpt2 **model,
+ * checkpoint or run directory; any registered architecture) into a new model, its
+ * state and the run's config text (malloc'd, may be NULL). Prints the error naming
+ * --ckpt and returns 1 on failure. */
+int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_model **model,
                                struct anneal_train_state *st, char **config_json);
-/* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 as the model's compute
- * precision (*out). Prints the error and returns 2 for another name, else 0. */
+/* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 (anneal_train_dtype_parse)
+ * into *out. Prints the error and returns 2 for another name, else 0. */
 int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out);
 
 #endif

@@ -83,34 +83,63 @@ static void free_bufs(anneal_ckpt_buf *b, int n) {
 void anneal_ckpt_snapshot_release(anneal_ckpt_snapshot *s) {
     if (!s) return;
     free(s->config_json);
-    free_bufs(s->params, s->n_params);
+    free_bufs(s->model, s->cap_model);
     free_bufs(s->state, s->n_params * s->n_state);
     free(s->param_steps);
+    for (int i = 0; s->param_names && i < s->n_params; i++) free(s->param_names[i]);
+    free(s->param_names);
     memset(s, 0, sizeof *s);
 }
 
-/* Resizes the buffer arrays for n parameters and k state tensors each, keeping the
+/* Resizes the optimizer arrays for n parameters and k state tensors each, keeping the
  * existing buffers when the counts are unchanged. */
 static anneal_status snapshot_arrays(anneal_ckpt_snapshot *s, int n, int k) {
-    if (s->params && s->n_params == n && s->n_state == k) return ANNEAL_OK;
-    free_bufs(s->params, s->n_params);
+    if (s->state && s->n_params == n && s->n_state == k) return ANNEAL_OK;
     free_bufs(s->state, s->n_params * s->n_state);
     free(s->param_steps);
-    s->params = calloc((size_t)n + 1, sizeof *s->params);
+    for (int i = 0; s->param_names && i < s->n_params; i++) free(s->param_names[i]);
+    free(s->param_names);
     s->state = calloc((size_t)n * (size_t)k + 1, sizeof *s->state);
     s->param_steps = calloc((size_t)n + 1, sizeof *s->param_steps);
+    s->param_names = calloc((size_t)n + 1, sizeof *s->param_names);
     s->n_params = n;
     s->n_state = k;
-    if (!s->params || !s->state || !s->param_steps) {
-        free(s->params);
+    if (!s->state || !s->param_steps || !s->param_names) {
         free(s->state);
         free(s->param_steps);
-        s->params = s->state = NULL;
+        free(s->param_names);
+        s->state = NULL;
         s->param_steps = NULL;
+        s->param_names = NULL;
         s->n_params = s->n_state = 0;
         return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
     }
     return ANNEAL_OK;
+}
+
+/* The sink hf_export writes a snapshot's model tensors through: buffer i (reused from
+ * the last snapshot when it fits) gets the i-th tensor put. */
+typedef struct snapshot_sink {
+    anneal_ckpt_snapshot *s;
+    int i;
+} snapshot_sink;
+
+static anneal_status snapshot_put(void *ctx, const char *name, const anneal_tensor *t) {
+    snapshot_sink *k = ctx;
+    anneal_ckpt_snapshot *s = k->s;
+    if (k->i == s->cap_model) {
+        int cap = s->cap_model ? 2 * s->cap_model : 64;
+        anneal_ckpt_buf *b = realloc(s->model, (size_t)cap * sizeof *b);
+        if (!b) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
+        memset(b + s->cap_model, 0, (size_t)(cap - s->cap_model) * sizeof *b);
+        s->model = b;
+        s->cap_model = cap;
+    }
+    anneal_ckpt_buf *b = &s->model[k->i];
+    anneal_status r = buf_fit(b, name, t);
+    if (r == ANNEAL_OK) r = copy_to_host(t, b);
+    if (r == ANNEAL_OK) s->n_model = ++k->i;
+    return r;
 }
 
 /* Checks the plain fields of a train state. */
@@ -130,7 +159,7 @@ static anneal_status check_train_state(const anneal_train_state *st) {
     return ANNEAL_OK;
 }
 
-anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_gpt2 *m,
+anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_model *m,
                                         const anneal_optimizer *opt, const anneal_train_state *st,
                                         const char *config_json) {
     if (!s || !m) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: NULL model");
@@ -147,6 +176,11 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_gp
     }
     s->model_cfg = m->cfg;
     s->st = *st;
+    /* the model file: what the architecture exports (GPT-2: every parameter, in order) */
+    snapshot_sink sink_ctx = {s, 0};
+    anneal_tensor_sink sink = {.ctx = &sink_ctx, .put = snapshot_put};
+    s->n_model = 0;
+    if ((r = anneal_model_hf_export(m, &sink)) != ANNEAL_OK) return r;
     const anneal_params *ps = m->params;
     int k = 0;
     s->has_opt = opt != NULL;
@@ -166,8 +200,12 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_gp
     char name[640];
     for (int i = 0; i < ps->n; i++) {
         const anneal_param *p = &ps->items[i];
-        if ((r = buf_fit(&s->params[i], p->name, p->tensor)) != ANNEAL_OK) return r;
-        if ((r = copy_to_host(p->tensor, &s->params[i])) != ANNEAL_OK) return r;
+        if (!s->param_names[i] || strcmp(s->param_names[i], p->name)) {
+            char *nm = dup_str(p->name);
+            if (!nm) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
+            free(s->param_names[i]);
+            s->param_names[i] = nm;
+        }
         s->param_steps[i] = 0;
         if (!opt) continue;
         if ((s->param_steps[i] = anneal_optimizer_param_steps(opt, i)) < 0) return anneal_last_status();
@@ -274,16 +312,16 @@ static anneal_status fsync_dir(const char *dir) {
     return s;
 }
 
-/* model.safetensors: every parameter, f32, HF names, metadata {"format": "pt"} (which
- * transformers requires of a PyTorch safetensors file). */
+/* model.safetensors: the exported tensors, f32, HF names, metadata {"format": "pt"}
+ * (which transformers requires of a PyTorch safetensors file). */
 static anneal_status write_model(const char *path, const anneal_ckpt_snapshot *s) {
-    anneal_st_write_entry *e = calloc((size_t)s->n_params + 1, sizeof *e);
+    anneal_st_write_entry *e = calloc((size_t)s->n_model + 1, sizeof *e);
     if (!e) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
-    for (int i = 0; i < s->n_params; i++)
-        e[i] = (anneal_st_write_entry){s->params[i].name, ANNEAL_F32, s->params[i].ndim,
-                                       s->params[i].shape, s->params[i].data};
+    for (int i = 0; i < s->n_model; i++)
+        e[i] = (anneal_st_write_entry){s->model[i].name, ANNEAL_F32, s->model[i].ndim,
+                                       s->model[i].shape, s->model[i].data};
     const char *k[] = {"format"}, *v[] = {"pt"};
-    anneal_status r = anneal_safetensors_write(path, s->n_params, e, 1, k, v);
+    anneal_status r = anneal_safetensors_write(path, s->n_model, e, 1, k, v);
     free(e);
     return r;
 }
@@ -324,7 +362,7 @@ static anneal_status write_optimizer(const char *path, const anneal_ckpt_snapsho
         if (asprintf(&owned[0], "%" PRId64, s->opt_step_count) < 0) owned[0] = NULL;
         vals[2] = owned[0];
         for (int i = 0; i < n; i++) {
-            if (asprintf(&owned[1 + 2 * i], "%s.step", s->params[i].name) < 0) owned[1 + 2 * i] = NULL;
+            if (asprintf(&owned[1 + 2 * i], "%s.step", s->param_names[i]) < 0) owned[1 + 2 * i] = NULL;
             if (asprintf(&owned[2 + 2 * i], "%" PRId64, s->param_steps[i]) < 0) owned[2 + 2 * i] = NULL;
             keys[3 + i] = owned[1 + 2 * i];
             vals[3 + i] = owned[2 + 2 * i];
@@ -362,7 +400,7 @@ static anneal_status add_file_entry(cJSON *files, const char *dir, const char *n
 /* state.json text (malloc'd, formatted): see docs/FORMATS.md. */
 static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapshot *s, char **out) {
     const anneal_train_state *st = &s->st;
-    const anneal_gpt2_config *mc = &s->model_cfg;
+    const anneal_model_config *mc = &s->model_cfg;
     cJSON *j = cJSON_CreateObject(), *rng = cJSON_CreateObject(), *cur = cJSON_CreateObject(),
           *model = cJSON_CreateObject(), *files = cJSON_CreateObject();
     char hex[17];
@@ -384,7 +422,7 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         cJSON_AddStringToObject(j, "tokenizer_fingerprint", hex);
         cJSON_AddItemToObject(j, "skipped_steps", anneal_ckpt_json_u64((uint64_t)st->skipped_steps));
         cJSON_AddItemToObject(j, "best_val_loss", anneal_ckpt_json_double(st->best_val_loss));
-        cJSON_AddStringToObject(j, "dtype", anneal_ckpt_train_dtype_name(st->dtype));
+        cJSON_AddStringToObject(j, "dtype", anneal_precision_name(st->dtype));
         cJSON *ls = cJSON_AddObjectToObject(j, "loss_scaler");
         if (ls) {
             cJSON_AddItemToObject(ls, "scale", anneal_ckpt_json_float(st->loss_scale));
@@ -397,7 +435,7 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         cJSON_AddItemToObject(model, "vocab_size", anneal_ckpt_json_u64((uint64_t)mc->vocab_size));
         cJSON_AddItemToObject(model, "n_ctx", anneal_ckpt_json_u64((uint64_t)mc->n_ctx));
         cJSON_AddItemToObject(model, "dropout", anneal_ckpt_json_float(mc->dropout));
-        cJSON_AddItemToObject(model, "ln_eps", anneal_ckpt_json_float(mc->ln_eps));
+        cJSON_AddItemToObject(model, "ln_eps", anneal_ckpt_json_float(mc->norm_eps));
         cJSON_AddStringToObject(model, "recompute", anneal_recompute_name(mc->recompute));
         cJSON_AddItemToObject(j, "model", model);
         /* The trainer's config text, inserted verbatim (validated as an object when
@@ -438,7 +476,11 @@ static anneal_status write_files(const char *dir, const anneal_ckpt_snapshot *s)
     anneal_status r = model && optim && cfg && state ? ANNEAL_OK : anneal_last_status();
     if (r == ANNEAL_OK) r = write_model(model, s);
     if (r == ANNEAL_OK && s->has_opt) r = write_optimizer(optim, s);
-    if (r == ANNEAL_OK) r = anneal_gpt2_config_write_hf_json(cfg, &s->model_cfg);
+    if (r == ANNEAL_OK) {
+        char *hf = anneal_model_config_to_hf_json(&s->model_cfg);
+        r = hf ? anneal_write_file_atomic(cfg, hf, strlen(hf)) : anneal_last_status();
+        free(hf);
+    }
     if (r == ANNEAL_OK) r = build_state_json(dir, s, &txt);
     if (r == ANNEAL_OK) r = anneal_write_file_atomic(state, txt, strlen(txt));
     if (r == ANNEAL_OK) r = fsync_dir(dir);
@@ -558,7 +600,7 @@ done:
 
 /* ---------------------------------------------------------------- sync save */
 
-anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_gpt2 *m, const anneal_optimizer *opt,
+anneal_status anneal_checkpoint_save(const char *run_dir, const anneal_model *m, const anneal_optimizer *opt,
                                      const anneal_train_state *st, const char *config_json, int keep) {
     anneal_ckpt_snapshot s;
     memset(&s, 0, sizeof s);

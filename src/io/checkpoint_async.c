@@ -74,7 +74,7 @@ anneal_status anneal_checkpointer_wait(anneal_checkpointer *c) {
 /* Waits for the previous write, snapshots, starts the next write. Returns the
  * snapshot's error if it failed (nothing is written then), else the previous write's
  * status (an error there does not stop this save). */
-anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_gpt2 *m, const anneal_optimizer *opt,
+anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_model *m, const anneal_optimizer *opt,
                                        const anneal_train_state *st, const char *config_json) {
     if (!c) return anneal_set_error(ANNEAL_ERR_ARG, "checkpointer: NULL");
     anneal_status prev = anneal_checkpointer_wait(c);

@@ -24,11 +24,13 @@ typedef struct anneal_ckpt_buf {
 /* Everything a checkpoint holds, detached from the model and optimizer: taking it is
  * the only part of a save the training loop waits for. */
 typedef struct anneal_ckpt_snapshot {
-    anneal_gpt2_config model_cfg;
+    anneal_model_config model_cfg;
     anneal_train_state st;
     char *config_json;         /* trainer config (owned), NULL for none */
-    int n_params;
-    anneal_ckpt_buf *params;   /* n_params, registration order, HF names */
+    int n_model, cap_model;
+    anneal_ckpt_buf *model;    /* n_model (cap_model allocated): what hf_export put, in order */
+    int n_params;              /* the model's parameters (the optimizer's state is per parameter) */
+    char **param_names;        /* n_params, registration order (owned) */
     bool has_opt;
     anneal_optim_config opt_cfg;
     int64_t opt_step_count;
@@ -42,7 +44,7 @@ typedef struct anneal_ckpt_snapshot {
  * NULL; otherwise it must be a JSON object). Buffers already in s are reused when the
  * sizes match (the background writer keeps one snapshot alive across saves), so a
  * repeated snapshot is a plain copy. On failure s is left valid for release. */
-anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_gpt2 *m,
+anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_model *m,
                                         const anneal_optimizer *opt, const anneal_train_state *st,
                                         const char *config_json);
 /* Frees every buffer and zeroes s. */
@@ -72,9 +74,5 @@ bool anneal_ckpt_json_get_u64(const cJSON *item, uint64_t *out);
 cJSON *anneal_ckpt_json_float(float v);
 cJSON *anneal_ckpt_json_double(double v);
 void anneal_ckpt_fmt_float(char *buf, size_t n, float v);
-/* state.json "dtype" of a train state: "fp32", "bf16", "fp16" (the --dtype names), and
- * back (false for any other text). */
-const char *anneal_ckpt_train_dtype_name(anneal_dtype dt);
-bool anneal_ckpt_train_dtype_parse(const char *s, anneal_dtype *out);
 
 #endif

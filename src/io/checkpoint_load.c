@@ -146,7 +146,8 @@ static anneal_status parse_train_state(const char *file, const cJSON *j, anneal_
     st->loss_scale = 0;
     st->loss_scale_growth_tracker = st->overflow_steps = 0;
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
-    if (dt && !(cJSON_IsString(dt) && anneal_ckpt_train_dtype_parse(dt->valuestring, &st->dtype)))
+    if (dt && !(cJSON_IsString(dt) && anneal_dtype_parse(dt->valuestring, &st->dtype) &&
+                (st->dtype == ANNEAL_F32 || st->dtype == ANNEAL_BF16 || st->dtype == ANNEAL_F16)))
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"dtype\" must be \"fp32\", \"bf16\" or \"fp16\"", file);
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "loss_scaler");
     if (ls) {
@@ -241,11 +242,11 @@ static anneal_status open_checkpoint(const char *dir, cJSON **out, anneal_train_
 }
 
 /* config.json, plus the anneal-only fields of state.json "model". */
-static anneal_status model_config(const char *dir, const cJSON *state, anneal_gpt2_config *cfg) {
+static anneal_status model_config(const char *dir, const cJSON *state, anneal_model_config *cfg) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", dir);
-    anneal_status r = anneal_gpt2_config_from_hf_json(path, cfg);
+    anneal_status r = anneal_model_config_from_hf_file(path, cfg);
     if (r != ANNEAL_OK) return r;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(state, "model");
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(model, "recompute");
@@ -257,7 +258,7 @@ static anneal_status model_config(const char *dir, const cJSON *state, anneal_gp
     return ANNEAL_OK;
 }
 
-anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_gpt2_config *model_cfg, char **config_json) {
+anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_model_config *model_cfg, char **config_json) {
     if (config_json) *config_json = NULL;
     cJSON *j = NULL;
     anneal_status r = open_checkpoint(ckpt_dir, &j, NULL);
@@ -291,35 +292,99 @@ static bool entry_fits(const anneal_st_entry *e, const anneal_tensor *t) {
     return true;
 }
 
-/* Every model parameter has a float entry of its shape and the file holds nothing
- * else; errors name the tensor and both shapes. */
-static anneal_status check_model_file(const anneal_safetensors *st, const anneal_gpt2 *m,
-                                      const anneal_gpt2_config *ck) {
-    const anneal_params *ps = m->params;
+/* The names and shapes m's architecture exports (what its model file holds). */
+typedef struct manifest {
+    int n, cap;
+    char **names;
+    int *ndim;
+    int64_t (*shape)[ANNEAL_MAX_DIMS];
+} manifest;
+
+static anneal_status manifest_put(void *ctx, const char *name, const anneal_tensor *t) {
+    manifest *f = ctx;
+    if (f->n == f->cap) {
+        int cap = f->cap ? 2 * f->cap : 64;
+        char **nm = realloc(f->names, (size_t)cap * sizeof *nm);
+        if (nm) f->names = nm;
+        int *nd = nm ? realloc(f->ndim, (size_t)cap * sizeof *nd) : NULL;
+        if (nd) f->ndim = nd;
+        int64_t(*sh)[ANNEAL_MAX_DIMS] = nd ? realloc(f->shape, (size_t)cap * sizeof *sh) : NULL;
+        if (!sh) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
+        f->shape = sh;
+        f->cap = cap;
+    }
+    if (!(f->names[f->n] = strdup(name))) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
+    f->ndim[f->n] = t->ndim;
+    memcpy(f->shape[f->n], t->shape, sizeof f->shape[f->n]);
+    f->n++;
+    return ANNEAL_OK;
+}
+
+static void manifest_free(manifest *f) {
+    for (int i = 0; i < f->n; i++) free(f->names[i]);
+    free(f->names);
+    free(f->ndim);
+    free(f->shape);
+}
+
+/* True when the entry has the shape (ndim, shape). */
+static bool entry_is(const anneal_st_entry *e, int ndim, const int64_t *shape) {
+    if (e->ndim != ndim) return false;
+    for (int d = 0; d < ndim; d++)
+        if (e->shape[d] != shape[d]) return false;
+    return true;
+}
+
+/* "(a, b)" of a shape. */
+static const char *dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int d = 0; d < ndim && used < n; d++)
+        used += (size_t)snprintf(buf + used, n - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (used < n) snprintf(buf + used, n - used, ")");
+    return buf;
+}
+
+/* The file holds exactly what m's architecture exports: every tensor, as a float of
+ * the model's shape, and nothing else; same architecture and heads. Errors name the
+ * tensor and both shapes. */
+static anneal_status check_model_file(const anneal_safetensors *st, const anneal_model *m,
+                                      const anneal_model_config *ck) {
     char b1[128], b2[128], cfgs[256];
     snprintf(cfgs, sizeof cfgs, "checkpoint n_layer %d n_embd %d vocab %d n_ctx %d; model %d, %d, %d, %d", ck->n_layer,
              ck->n_embd, ck->vocab_size, ck->n_ctx, m->cfg.n_layer, m->cfg.n_embd, m->cfg.vocab_size, m->cfg.n_ctx);
+    if (strcmp(ck->arch, m->cfg.arch))
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: the checkpoint holds a %s model, the model is %s", st->path,
+                                ck->arch, m->cfg.arch);
     if (ck->n_head != m->cfg.n_head)
         return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: the checkpoint has n_head %d, the model %d", st->path, ck->n_head,
                                 m->cfg.n_head);
-    for (int i = 0; i < ps->n; i++) {
-        const anneal_param *p = &ps->items[i];
-        const anneal_st_entry *e = anneal_safetensors_find(st, p->name);
+    if (ck->n_kv_head != m->cfg.n_kv_head)
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: the checkpoint has n_kv_head %d, the model %d", st->path,
+                                ck->n_kv_head, m->cfg.n_kv_head);
+    manifest f = {0};
+    anneal_tensor_sink sink = {.ctx = &f, .put = manifest_put};
+    anneal_status r = anneal_model_hf_export(m, &sink);
+    for (int i = 0; r == ANNEAL_OK && i < f.n; i++) {
+        const anneal_st_entry *e = anneal_safetensors_find(st, f.names[i]);
         if (!e)
-            return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: no tensor %s (%s)", st->path, p->name, cfgs);
-        if (!entry_fits(e, p->tensor))
-            return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: %s is %s in the checkpoint but %s in the model (%s)", st->path,
-                                    p->name, entry_shape(e, b1, sizeof b1), anneal_shape_str(p->tensor, b2, sizeof b2),
-                                    cfgs);
-        if (!anneal_dtype_is_float(e->dtype))
-            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s is %s, not a float dtype", st->path, p->name,
-                                    anneal_dtype_name(e->dtype));
+            r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: no tensor %s (%s)", st->path, f.names[i], cfgs);
+        else if (!entry_is(e, f.ndim[i], f.shape[i]))
+            r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: %s is %s in the checkpoint but %s in the model (%s)", st->path,
+                                 f.names[i], entry_shape(e, b1, sizeof b1), dims_str(f.ndim[i], f.shape[i], b2, sizeof b2),
+                                 cfgs);
+        else if (!anneal_dtype_is_float(e->dtype))
+            r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s is %s, not a float dtype", st->path, f.names[i],
+                                 anneal_dtype_name(e->dtype));
     }
-    for (int i = 0; i < st->n_entries; i++)
-        if (!anneal_params_find(ps, st->entries[i].name))
-            return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: %s is in the checkpoint but not in the model (%s)", st->path,
-                                    st->entries[i].name, cfgs);
-    return ANNEAL_OK;
+    for (int i = 0; r == ANNEAL_OK && i < st->n_entries; i++) {
+        bool known = false;
+        for (int j = 0; j < f.n && !known; j++) known = !strcmp(f.names[j], st->entries[i].name);
+        if (!known)
+            r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: %s is in the checkpoint but not in the model (%s)", st->path,
+                                 st->entries[i].name, cfgs);
+    }
+    manifest_free(&f);
+    return r;
 }
 
 /* Parses a decimal int64 >= 0 from a metadata value. */
@@ -350,7 +415,7 @@ static int state_names(const anneal_optim_config *c, const char **names) {
 
 /* The optimizer file matches opt: same kind, a step count, and for every parameter
  * its step count and f32 state tensors of the parameter's shape. Fills steps[n]. */
-static anneal_status check_optimizer_file(const anneal_safetensors *st, const anneal_gpt2 *m,
+static anneal_status check_optimizer_file(const anneal_safetensors *st, const anneal_model *m,
                                           const anneal_optimizer *opt, int64_t *steps, int64_t *step_count) {
     const char *fmt = anneal_safetensors_meta(st, "format");
     if (!fmt || strcmp(fmt, "anneal-optimizer") != 0)
@@ -391,7 +456,7 @@ static anneal_status check_optimizer_file(const anneal_safetensors *st, const an
 }
 
 /* Copies the checked optimizer state into opt (creating its tensors first). */
-static anneal_status restore_optimizer(const anneal_safetensors *st, const anneal_gpt2 *m, anneal_optimizer *opt,
+static anneal_status restore_optimizer(const anneal_safetensors *st, const anneal_model *m, anneal_optimizer *opt,
                                        const int64_t *steps, int64_t step_count) {
     anneal_status r = anneal_optimizer_init_state(opt);
     anneal_optim_config oc = anneal_optimizer_config(opt);
@@ -414,7 +479,7 @@ static anneal_status restore_optimizer(const anneal_safetensors *st, const annea
     return r;
 }
 
-anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_gpt2 *m, anneal_optimizer *opt,
+anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st) {
     if (!m) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint load: NULL model");
     cJSON *j = NULL;
@@ -425,7 +490,7 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_gpt2 *m, annea
     char model_path[4096], opt_path[4096];
     snprintf(model_path, sizeof model_path, "%s/model.safetensors", ckpt_dir);
     snprintf(opt_path, sizeof opt_path, "%s/optimizer.safetensors", ckpt_dir);
-    anneal_gpt2_config ck;
+    anneal_model_config ck;
     anneal_safetensors *mst = NULL, *ost = NULL;
     int64_t *steps = calloc((size_t)m->params->n + 1, sizeof *steps), step_count = 0;
     if (!steps) r = anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
@@ -440,8 +505,12 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_gpt2 *m, annea
         if (r == ANNEAL_OK) r = anneal_safetensors_open(opt_path, &ost);
         if (r == ANNEAL_OK) r = check_optimizer_file(ost, m, opt, steps, &step_count);
     }
-    /* Everything checked: restore. */
-    if (r == ANNEAL_OK) r = anneal_params_load(m->params, mst, "");
+    /* Everything checked: restore (the architecture reads its own export). */
+    anneal_st_source src;
+    if (r == ANNEAL_OK && (r = anneal_st_source_init(&src, mst)) == ANNEAL_OK) {
+        r = anneal_model_hf_import(m, &src.src);
+        anneal_st_source_free(&src);
+    }
     if (r == ANNEAL_OK && opt) r = restore_optimizer(ost, m, opt, steps, step_count);
     if (r == ANNEAL_OK && st) *st = ts;
     anneal_safetensors_close(mst);

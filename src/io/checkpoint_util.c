@@ -193,16 +193,3 @@ cJSON *anneal_ckpt_json_double(double v) {
     }
     return cJSON_CreateRaw(buf);
 }
-
-const char *anneal_ckpt_train_dtype_name(anneal_dtype dt) {
-    return dt == ANNEAL_BF16 ? "bf16" : dt == ANNEAL_F16 ? "fp16" : "fp32";
-}
-
-bool anneal_ckpt_train_dtype_parse(const char *s, anneal_dtype *out) {
-    if (!s) return false;
-    if (!strcmp(s, "fp32")) *out = ANNEAL_F32;
-    else if (!strcmp(s, "bf16")) *out = ANNEAL_BF16;
-    else if (!strcmp(s, "fp16")) *out = ANNEAL_F16;
-    else return false;
-    return true;
-}

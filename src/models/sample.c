@@ -4,7 +4,7 @@
  * so a generation replays exactly and any position can be re-drawn on its own.
  * Candidates are ordered by (logit descending, id ascending), a total order, so ties
  * and truncation boundaries are deterministic. */
-#include "anneal/models.h"
+#include "anneal/model.h"
 
 #include <float.h>
 #include <math.h>

@@ -11,7 +11,10 @@
 #include "anneal/backend.h"
 
 /* Empty set with its own detached scope; NULL + ANNEAL_ERR_OOM on failure. */
-anneal_params *anneal_params_new(void) {
+anneal_params *anneal_params_new(void) { return anneal_params_new_on(ANNEAL_CPU); }
+
+/* As anneal_params_new, the parameters created on dev. */
+anneal_params *anneal_params_new_on(anneal_device dev) {
     anneal_params *ps = calloc(1, sizeof *ps);
     if (!ps) {
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory creating a parameter set");
@@ -22,6 +25,7 @@ anneal_params *anneal_params_new(void) {
         free(ps);
         return NULL;
     }
+    ps->device = dev;
     return ps;
 }
 
@@ -73,7 +77,13 @@ anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndi
         return NULL;
     }
     anneal_scope_enter(ps->scope);
-    anneal_tensor *t = anneal_zeros(ANNEAL_F32, ndim, shape); /* checks ndim/shape */
+    anneal_tensor *t = NULL; /* the constructors check ndim/shape */
+    if (ps->device == ANNEAL_CPU) {
+        t = anneal_zeros(ANNEAL_F32, ndim, shape);
+    } else if ((t = anneal_empty_on(ps->device, ANNEAL_F32, ndim, shape)) && anneal_init_fill_(t, 0.0f) != ANNEAL_OK) {
+        anneal_release(t);
+        t = NULL;
+    }
     anneal_scope_leave();
     if (!t || anneal_set_requires_grad(t, true) != ANNEAL_OK || !anneal_set_name(t, name)) {
         anneal_release(t); /* drops the scope's reference (NULL is fine) */

@@ -27,8 +27,10 @@ typedef struct option_def {
 static const option_def defs[] = {
     {{"model", ANNEAL_OPT_STRING, "preset: tiny, d6, 124M, 350M, 774M, 1.5B (default tiny; with --data the "
       "vocabulary is the data's)"}, OFF(model), 0, 0, 0, 0, "config"},
-    {{"config", ANNEAL_OPT_STRING, "Hugging Face GPT-2 config.json instead of a preset"}, OFF(config), 0, 0, 0, 0, "model"},
-    {{"init", ANNEAL_OPT_STRING, "start from weights: a Hugging Face GPT-2 .safetensors or a checkpoint"}, OFF(init), 0, 0, 0, 0, NULL},
+    {{"config", ANNEAL_OPT_STRING, "Hugging Face config.json instead of a preset (its model_type picks the "
+      "architecture: gpt2, ...)"}, OFF(config), 0, 0, 0, 0, "model"},
+    {{"init", ANNEAL_OPT_STRING, "start from weights: a Hugging Face .safetensors (config.json beside it) or a "
+      "checkpoint"}, OFF(init), 0, 0, 0, 0, NULL},
     {{"data", ANNEAL_OPT_STRING, "directory of token shards from anneal prepare (train_*.bin, val_*.bin)"}, OFF(data), 0, 0, 0, 0, NULL},
     {{"tokenizer", ANNEAL_OPT_STRING, "tokenizer for samples (default: the one DATA/prepare.json names)"}, OFF(tokenizer), 0, 0, 0, 0, NULL},
     {{"synthetic", ANNEAL_OPT_ONOFF, "train on synthetic Markov-chain tokens instead of --data"}, OFF(synthetic), 0, 0, 0, 0, NULL},
@@ -237,13 +239,18 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
     case ANNEAL_OPT_STRING:
         if (!*value) return anneal_set_error(ANNEAL_ERR_ARG, "--%s: empty value", name);
         if (!strcmp(name, "model")) {
-            anneal_gpt2_config tmp;
-            if (!anneal_gpt2_preset(value, &tmp))
-                return anneal_set_error(ANNEAL_ERR_ARG, "--model: unknown preset '%s' (tiny, d6, 124M, 350M, 774M, 1.5B)",
-                                        value);
+            anneal_model_config tmp;
+            char names[256];
+            if (!anneal_model_preset(value, &tmp))
+                return anneal_set_error(ANNEAL_ERR_ARG, "--model: unknown preset '%s' (%s)", value,
+                                        anneal_model_preset_names(names, sizeof names));
         }
-        if (!strcmp(name, "dtype") && strcmp(value, "fp32") && strcmp(value, "bf16") && strcmp(value, "fp16"))
-            return anneal_set_error(ANNEAL_ERR_ARG, "--dtype: unknown precision '%s' (fp32, bf16, fp16)", value);
+        if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */
+            anneal_dtype dt;
+            if (!anneal_train_dtype_parse(value, &dt))
+                return anneal_set_error(ANNEAL_ERR_ARG, "--dtype: unknown precision '%s' (fp32, bf16, fp16)", value);
+            value = anneal_precision_name(dt);
+        }
         if (!strcmp(name, "loss-scale") && strcmp(value, "dynamic")) {
             errno = 0;
             double x = strtod(value, &end);
@@ -274,6 +281,13 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
         else if (o->opt.kind == ANNEAL_OPT_INT) *(int64_t *)odst = 0;
     }
     return ANNEAL_OK;
+}
+
+bool anneal_train_dtype_parse(const char *name, anneal_dtype *out) {
+    anneal_dtype dt;
+    if (!anneal_dtype_parse(name, &dt) || (dt != ANNEAL_F32 && dt != ANNEAL_BF16 && dt != ANNEAL_F16)) return false;
+    *out = dt;
+    return true;
 }
 
 static bool in_list(const char *const *list, const char *s) {
@@ -354,7 +368,7 @@ char *anneal_train_config_to_json(const anneal_train_config *c) {
         case ANNEAL_OPT_STRING:
             if (*(char *const *)src) cJSON_AddStringToObject(root, k, *(char *const *)src);
             else if (!strcmp(k, "schedule")) cJSON_AddStringToObject(root, k, "cosine");
-            else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, "fp32");
+            else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, anneal_precision_name(ANNEAL_F32));
             break;
         case ANNEAL_OPT_OPTSTRING: break; /* where a run came from is not a setting of it */
         }

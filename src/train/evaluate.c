@@ -7,35 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Batch i of an evaluation: the next batch of the val source (always full). */
+static anneal_status next_val(void *user, int64_t i, int32_t *ids, int32_t *targets, int64_t *rows) {
+    trainer *t = user;
+    *rows = t->local_batch;
+    return train_source_next(&t->val, ids, targets);
+}
+
 anneal_status train_evaluate(trainer *t, double *val_loss) {
     *val_loss = NAN;
     if (!t->has_val || t->eval_batches <= 0) return ANNEAL_OK;
-    const int64_t B = t->local_batch, T = t->cfg.seq; /* distributed: this rank's share of each batch */
     /* every evaluation reads the same batches: the val split from its beginning
      * (synthetic: the val stream from batch 0) */
     anneal_loader_cursor zero = {0, 0, 0};
     anneal_status st = train_source_set_cursor(&t->val, zero);
-    if (st != ANNEAL_OK) return st;
-    bool was_training = t->model->training;
-    t->model->training = false;
-    anneal_no_grad_begin();
-    double sum = 0;
-    for (int64_t i = 0; i < t->eval_batches && st == ANNEAL_OK; i++) {
-        anneal_scope *s = anneal_scope_open();
-        int64_t shape[2] = {B, T};
-        anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
-        if (!ids || !tg) st = anneal_last_status();
-        if (st == ANNEAL_OK) st = train_source_next(&t->val, anneal_data(ids), anneal_data(tg));
-        if (st == ANNEAL_OK) {
-            anneal_tensor *loss = anneal_gpt2_loss(t->model, ids, tg);
-            if (!loss) st = anneal_last_status();
-            else sum += anneal_item(loss);
-        }
-        anneal_scope_close(s);
-    }
-    anneal_no_grad_end();
-    t->model->training = was_training;
-    if (st == ANNEAL_OK) *val_loss = sum / (double)t->eval_batches;
+    /* distributed: this rank's share of each batch */
+    if (st == ANNEAL_OK)
+        st = anneal_model_evaluate(t->model, t->local_batch, t->cfg.seq, t->eval_batches, next_val, t, val_loss, NULL);
     if (st == ANNEAL_OK) st = train_dist_mean(t, val_loss); /* equal shares: the mean of the ranks' means */
     return st;
 }
@@ -76,10 +64,7 @@ anneal_status train_sample(trainer *t, char **text) {
     anneal_sampler_config sc = {.temperature = (float)c->sample_temperature, .top_k = 40, .top_p = 1.0f,
                                 .seed = (uint64_t)c->seed};
     sample_sink sink = {0};
-    bool was_training = t->model->training;
-    t->model->training = false;
-    st = anneal_gpt2_generate(t->model, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
-    t->model->training = was_training;
+    st = anneal_model_generate(t->model, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
     if (st == ANNEAL_OK && sink.failed) st = anneal_set_error(ANNEAL_ERR_OOM, "sample: out of memory");
     /* the text: the prompt as given (without a leading end-of-text) and what followed */
     char *gen = NULL;

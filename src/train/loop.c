@@ -26,38 +26,63 @@ typedef struct step_out {
     float loss_scale; /* fp16: the scale this step ran with (0: no scaler) */
 } step_out;
 
+
+/* The mean of the K micro-batch losses kept on the device: one read for the step (a
+ * sum in micro-batch order, in double, as the losses were produced). */
+static anneal_status read_losses(trainer *t, double *mean) {
+    int64_t K = t->cfg.accum;
+    anneal_status st;
+    if (K == 1) {
+        st = anneal_to_f32_buffer(t->losses[0], t->host_losses);
+    } else {
+        anneal_scope *s = anneal_scope_open();
+        for (int64_t k = 0; k < K; k++) t->losses[k] = anneal_reshape(t->losses[k], 1, (int64_t[]){1});
+        anneal_tensor *all = anneal_cat((int)K, t->losses, 0);
+        st = all ? anneal_to_f32_buffer(all, t->host_losses) : anneal_last_status();
+        anneal_scope_close(s);
+    }
+    double sum = 0;
+    for (int64_t k = 0; k < K; k++) sum += (double)t->host_losses[k];
+    *mean = sum / (double)K;
+    return st;
+}
+
 static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     const anneal_train_config *c = &t->cfg;
     anneal_rng_state rs = {(uint64_t)c->seed, (uint64_t)(step + 1) << 40};
     anneal_rng_set(rs);
-    t->model->training = true;
+    anneal_model_set_training(t->model, true);
     anneal_params_zero_grad(t->model->params);
     bool inject = train_inject_nan(t, step + 1);
     bool ddp = train_dist_active(t);
-    double sum = 0;
-    for (int64_t k = 0; k < c->accum; k++) {
+    anneal_device dev = anneal_model_device(t->model);
+    int64_t shape[2] = {t->local_batch, c->seq};
+    anneal_scope *step_scope = anneal_scope_open(); /* holds the micro-batches' losses */
+    anneal_status st = ANNEAL_OK;
+    for (int64_t k = 0; k < c->accum && st == ANNEAL_OK; k++) {
         /* distributed: gradients are communicated on the last micro-step only */
-        if (ddp && anneal_ddp_begin_backward(t->ddp, k == c->accum - 1) != ANNEAL_OK) return anneal_last_status();
+        if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
-        int64_t shape[2] = {t->local_batch, c->seq};
-        anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
-        anneal_status st = ids && tg ? train_source_next(&t->train, anneal_data(ids), anneal_data(tg))
-                                     : anneal_last_status();
+        /* the batch is made on the host and uploaded to the model's device */
+        st = train_source_next(&t->train, t->host_ids, t->host_tg);
         if (st == ANNEAL_OK) {
-            anneal_tensor *loss = anneal_gpt2_loss(t->model, ids, tg);
+            anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_ids);
+            anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_tg);
+            anneal_tensor *loss = anneal_model_loss(t->model, ids, tg);
             if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
             anneal_tensor *obj = c->accum > 1 ? anneal_scale(loss, 1.0f / (float)c->accum) : loss;
             obj = train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
             st = obj ? anneal_backward(obj) : anneal_last_status();
-            if (st == ANNEAL_OK) sum += anneal_item(loss);
+            /* kept (without its graph) until every micro-batch is done: read once below */
+            if (st == ANNEAL_OK) t->losses[k] = anneal_keep(anneal_detach(loss), step_scope);
         }
         anneal_scope_close(s);
-        if (st != ANNEAL_OK) return st;
     }
-    o->loss = sum / (double)c->accum;
+    if (st == ANNEAL_OK) st = read_losses(t, &o->loss);
+    anneal_scope_close(step_scope);
+    if (st != ANNEAL_OK) return st;
     o->lr = anneal_schedule_lr(&t->sch, step);
     float norm = NAN;
-    anneal_status st;
     if (ddp) {
         /* the mean gradient over ranks, its global norm, and the mean loss: the same on
          * every rank, so every rank takes the same branch below */
@@ -190,11 +215,11 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
 
 static void print_header(trainer *t) {
     const anneal_train_config *c = &t->cfg;
-    const anneal_gpt2_config *m = &t->mcfg;
+    const anneal_model_config *m = &t->mcfg;
     char b1[32], b2[32];
-    anneal_progress_note(t->prog, "model: %d layers, %d heads, %d channels, vocab %d, context %d: %.2fM parameters (%s)%s",
-                         m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->n_ctx,
-                         (double)anneal_gpt2_num_params(t->model) / 1e6, t->model_source,
+    anneal_progress_note(t->prog, "model: %s, %d layers, %d heads, %d channels, vocab %d, context %d: %.2fM parameters (%s)%s",
+                         m->arch, m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->n_ctx,
+                         (double)anneal_model_num_params(t->model) / 1e6, t->model_source,
                          c->init && !c->resume ? ", weights from --init" : "");
     if (c->synthetic)
         anneal_progress_note(t->prog, "data: synthetic Markov chain (4 successors per token: best possible loss ln 4 = 1.386)");
@@ -222,7 +247,7 @@ static void print_header(trainer *t) {
 
 static void print_summary(trainer *t, anneal_train_result *res, double first_loss, int signo) {
     char d[32], tk[32], tps[32];
-    anneal_memory_stats mem = anneal_memory_stats_get(ANNEAL_CPU);
+    anneal_memory_stats mem = anneal_memory_stats_get(anneal_model_device(t->model));
     int64_t ran = t->st.step - t->start_step;
     double run_tokens = (double)ran * (double)t->tokens_per_step;
     anneal_progress_note(t->prog, "%s: %lld steps (%lld in this run) in %s, %s tokens, %s tok/s",

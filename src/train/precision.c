@@ -1,8 +1,8 @@
 /* Mixed precision in the trainer (--dtype, --loss-scale, --scale-growth-interval),
  * autocast-like: parameters, gradients, optimizer state, norms, softmax and the loss
  * stay f32; the operands of every GEMM are rounded to bf16 or f16 (the model's compute
- * precision, set for the whole run, so evaluation and samples run at it too) and
- * accumulated in f32. f16's range needs loss scaling: the loss is multiplied by the
+ * precision, set for the whole run, so evaluation and samples run at it too; each op
+ * records it for its backward) and accumulated in f32. f16's range needs loss scaling: the loss is multiplied by the
  * scale before backward and the gradients by 1/scale after it (and after the
  * gradient all-reduce), before the norm and clipping. With a dynamic scale, NaN/Inf
  * gradients under a finite loss are an overflow: the update is skipped, the scale
@@ -14,15 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The --dtype names. */
-static const char *dtype_label(anneal_dtype dt) {
-    return dt == ANNEAL_BF16 ? "bf16" : dt == ANNEAL_F16 ? "fp16" : "fp32";
-}
-
 anneal_status train_setup_precision(trainer *t, bool *usage) {
     const anneal_train_config *c = &t->cfg;
-    const char *d = c->dtype ? c->dtype : "fp32";
-    t->dtype = !strcmp(d, "bf16") ? ANNEAL_BF16 : !strcmp(d, "fp16") ? ANNEAL_F16 : ANNEAL_F32;
+    t->dtype = ANNEAL_F32;
+    if (c->dtype && !anneal_train_dtype_parse(c->dtype, &t->dtype)) { /* checked when it was set */
+        *usage = true;
+        return anneal_set_error(ANNEAL_ERR_ARG, "--dtype: unknown precision '%s' (fp32, bf16, fp16)", c->dtype);
+    }
     bool dynamic = !c->loss_scale || !strcmp(c->loss_scale, "dynamic");
     t->use_scaler = t->dtype == ANNEAL_F16;
     if (!t->use_scaler && !dynamic)
@@ -53,22 +51,19 @@ anneal_status train_setup_precision(trainer *t, bool *usage) {
     t->st.dtype = t->dtype;
     t->st.loss_scale = t->use_scaler ? t->scaler.scale : 0.0f;
     t->st.loss_scale_growth_tracker = t->use_scaler ? t->scaler.growth_tracker : 0;
-    t->model->compute = t->dtype; /* every GEMM and attention op of the model runs at it */
-    return ANNEAL_OK;
+    return anneal_model_set_compute(t->model, t->dtype);
 }
-
-void train_teardown_precision(trainer *t) { (void)t; }
 
 void train_note_precision(trainer *t) {
     if (t->resume_ckpt[0] && t->resumed_dtype != t->dtype)
         anneal_progress_note(t->prog, "note: the checkpoint was trained with --dtype %s; this run continues with --dtype %s",
-                             dtype_label(t->resumed_dtype), dtype_label(t->dtype));
+                             anneal_precision_name(t->resumed_dtype), anneal_precision_name(t->dtype));
     if (t->dtype == ANNEAL_F32) {
         anneal_progress_note(t->prog, "precision: fp32");
         return;
     }
     anneal_progress_note(t->prog, "precision: %s matmul operands, fp32 accumulation; fp32 weights, optimizer, norms, "
-                         "softmax and loss", dtype_label(t->dtype));
+                         "softmax and loss", anneal_precision_name(t->dtype));
     if (!t->use_scaler) return;
     const anneal_loss_scaler *s = &t->scaler;
     if (!s->cfg.dynamic)

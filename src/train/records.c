@@ -51,12 +51,12 @@ void train_log_start(trainer *t) {
     cJSON_AddNumberToObject(m, "n_embd", t->mcfg.n_embd);
     cJSON_AddNumberToObject(m, "vocab_size", t->mcfg.vocab_size);
     cJSON_AddNumberToObject(m, "n_ctx", t->mcfg.n_ctx);
-    cJSON_AddNumberToObject(m, "params", (double)anneal_gpt2_num_params(t->model));
+    cJSON_AddNumberToObject(m, "params", (double)anneal_model_num_params(t->model));
     cJSON_AddNumberToObject(o, "flops_per_token", t->flops_per_token);
     cJSON_AddNumberToObject(o, "peak_gflops", t->peak_gflops);
     cJSON_AddStringToObject(o, "peak_source", t->peak_source);
     cJSON_AddNumberToObject(o, "threads", anneal_get_num_threads());
-    cJSON_AddStringToObject(o, "dtype", t->dtype == ANNEAL_BF16 ? "bf16" : t->dtype == ANNEAL_F16 ? "fp16" : "fp32");
+    cJSON_AddStringToObject(o, "dtype", anneal_precision_name(t->dtype));
     if (t->use_scaler) cJSON_AddNumberToObject(o, "loss_scale", (double)t->scaler.scale);
     else cJSON_AddNullToObject(o, "loss_scale");
     cJSON *cfg = cJSON_Parse(t->config_json);

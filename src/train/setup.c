@@ -126,7 +126,7 @@ anneal_status anneal_train_resume_config(const anneal_train_config *c, char *ckp
     if (!arg)
         return anneal_set_error(ANNEAL_ERR_ARG, "--resume: which run? give --resume DIR or --out DIR");
     if (anneal_checkpoint_resolve(arg, ckpt_dir, ckpt_dir_len) != ANNEAL_OK) return prefix_error("--resume: ");
-    anneal_gpt2_config mc;
+    anneal_model_config mc;
     if (anneal_checkpoint_read_config(ckpt_dir, &mc, config_json) != ANNEAL_OK) return prefix_error("--resume: ");
     return ANNEAL_OK;
 }
@@ -214,7 +214,7 @@ static anneal_status load_tokenizer(trainer *t) {
 
 /* Where the run lives and, for a resume, which checkpoint it continues from (nothing
  * is created yet). */
-static anneal_status resolve_run_dir(trainer *t, bool *usage, anneal_gpt2_config *ck_cfg) {
+static anneal_status resolve_run_dir(trainer *t, bool *usage, anneal_model_config *ck_cfg) {
     anneal_train_config *c = &t->cfg;
     if (c->resume) {
         char *json = NULL;
@@ -323,18 +323,18 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
 
 /* The model config: --config, --model, the checkpoint being resumed, --init's, or
  * the tiny preset; the data's vocabulary for presets. */
-static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_config *ck_cfg) {
+static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_config *ck_cfg) {
     anneal_train_config *c = &t->cfg;
-    anneal_gpt2_config mc;
+    anneal_model_config mc;
     bool from_preset = false;
     if (c->config) {
-        if (anneal_gpt2_config_from_hf_json(c->config, &mc) != ANNEAL_OK) {
+        if (anneal_model_config_from_hf_file(c->config, &mc) != ANNEAL_OK) {
             *usage = true;
             return prefix_error("--config: ");
         }
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "config %s", c->config);
     } else if (c->model) {
-        if (!anneal_gpt2_preset(c->model, &mc)) return USAGE("--model: unknown preset '%s'", c->model);
+        if (!anneal_model_preset(c->model, &mc)) return USAGE("--model: unknown preset '%s'", c->model);
         from_preset = true;
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "preset %s", c->model);
     } else if (c->resume) {
@@ -353,11 +353,11 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_co
             if (!path_join(cfgp, sizeof cfgp, dirname(tmp), "config.json") || !exists(cfgp))
                 return USAGE("--init %s: cannot tell the model's shape: give --model or --config (no config.json beside it)",
                              c->init);
-            if (anneal_gpt2_config_from_hf_json(cfgp, &mc) != ANNEAL_OK) return prefix_error("--init: ");
+            if (anneal_model_config_from_hf_file(cfgp, &mc) != ANNEAL_OK) return prefix_error("--init: ");
         }
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "the config of --init");
     } else {
-        anneal_gpt2_preset("tiny", &mc);
+        anneal_model_preset("tiny", &mc);
         from_preset = true;
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "preset tiny");
     }
@@ -371,15 +371,20 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_co
     mc.recompute = ANNEAL_RECOMPUTE_NONE;
     if (c->recompute && !anneal_recompute_parse(c->recompute, &mc.recompute))
         return USAGE("--recompute: unknown mode '%s' (none, attn, block)", c->recompute);
-    if (anneal_gpt2_config_check(&mc) != ANNEAL_OK) {
+    if (anneal_model_config_check(&mc) != ANNEAL_OK) {
         *usage = true;
         return prefix_error(c->config ? "--config: " : "model: ");
     }
     if (c->seq > mc.n_ctx) return USAGE("--seq: %lld is more than the model's n_ctx %d", (long long)c->seq, mc.n_ctx);
     if (c->resume) {
-        const anneal_gpt2_config *k = ck_cfg;
+        const anneal_model_config *k = ck_cfg;
+        if (strcmp(k->arch, mc.arch))
+            return USAGE("--resume: the checkpoint %s holds a %s model but this run asks for %s: a resume cannot change "
+                         "the architecture (start a new run, e.g. with --init %s)",
+                         t->resume_ckpt, k->arch, mc.arch, t->resume_ckpt);
         if (k->n_layer != mc.n_layer || k->n_head != mc.n_head || k->n_embd != mc.n_embd ||
-            k->vocab_size != mc.vocab_size || k->n_ctx != mc.n_ctx)
+            k->vocab_size != mc.vocab_size || k->n_ctx != mc.n_ctx || k->n_kv_head != mc.n_kv_head ||
+            k->n_ff != mc.n_ff)
             return USAGE("--resume: the checkpoint %s holds a model of n_layer %d, n_head %d, n_embd %d, vocab %d, "
                          "n_ctx %d, but this run asks for n_layer %d, n_head %d, n_embd %d, vocab %d, n_ctx %d: a resume "
                          "cannot change the model's shape (start a new run, e.g. with --init %s)",
@@ -393,10 +398,11 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_gpt2_co
 /* Weights: random init, then --init, or everything from the resumed checkpoint. */
 static anneal_status build_model(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
-    t->model = anneal_gpt2_new(&t->mcfg);
+    /* the device the model lives on (a --device flag chooses it once there is more than one) */
+    t->model = anneal_model_new(&t->mcfg, ANNEAL_CPU);
     if (!t->model) return prefix_error("model: ");
     if (!c->resume) {
-        if (anneal_gpt2_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
+        if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
         if (c->init) {
             anneal_status st;
             if (is_dir(c->init)) {
@@ -405,7 +411,7 @@ static anneal_status build_model(trainer *t, bool *usage) {
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
                 if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
             } else {
-                st = anneal_gpt2_load_hf_safetensors(t->model, c->init);
+                st = anneal_model_load_safetensors(t->model, c->init);
             }
             if (st != ANNEAL_OK) return prefix_error("--init: ");
         }
@@ -470,6 +476,14 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
         return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
                      "split evenly over the ranks)", (long long)c->batch, t->world);
     t->local_batch = c->batch / t->world;
+    size_t rows = (size_t)(t->local_batch * c->seq);
+    t->host_ids = malloc(rows * sizeof *t->host_ids);
+    t->host_tg = malloc(rows * sizeof *t->host_tg);
+    t->losses = calloc((size_t)c->accum, sizeof *t->losses);
+    t->host_losses = calloc((size_t)c->accum, sizeof *t->host_losses);
+    if (!t->host_ids || !t->host_tg || !t->losses || !t->host_losses)
+        return anneal_set_error(ANNEAL_ERR_OOM, "train: out of memory for a batch of %lld x %lld",
+                                (long long)t->local_batch, (long long)c->seq);
     if (c->threads > 0) anneal_set_num_threads((int)c->threads);
     else if (t->comm && !getenv("OMP_NUM_THREADS")) anneal_set_num_threads(default_rank_threads(t->comm));
     if (c->pin_threads && anneal_set_thread_pinning(true, t->pin_desc, sizeof t->pin_desc) != ANNEAL_OK)
@@ -480,15 +494,15 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
     if (train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
 
-    anneal_gpt2_config ck_cfg;
+    anneal_model_config ck_cfg;
     memset(&ck_cfg, 0, sizeof ck_cfg);
     anneal_status st;
     if ((st = resolve_run_dir(t, usage, &ck_cfg))) return st;
     /* synthetic tokens use the vocabulary of the model they train */
-    anneal_gpt2_config pre;
+    anneal_model_config pre;
     int32_t synth_vocab = 512;
-    if (c->config && anneal_gpt2_config_from_hf_json(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
-    else if (c->model && anneal_gpt2_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
+    if (c->config && anneal_model_config_from_hf_file(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
+    else if (c->model && anneal_model_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
     else if (c->resume) synth_vocab = ck_cfg.vocab_size;
     anneal_clear_error();
     if ((st = open_data(t, usage, synth_vocab))) return st;
@@ -521,7 +535,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
         if (t->eval_batches > cap) t->eval_batches = cap;
     }
 
-    t->flops_per_token = anneal_gpt2_flops_per_token(t->model, c->seq);
+    t->flops_per_token = anneal_model_flops_per_token(t->model, c->seq);
     if (c->peak_gflops > 0) {
         t->peak_gflops = c->peak_gflops;
         t->peak_source = "--peak-gflops";
@@ -541,10 +555,9 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
 }
 
 void train_teardown(trainer *t) {
-    train_teardown_precision(t);
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
-    anneal_gpt2_free(t->model);
+    anneal_model_free(t->model);
     train_source_close(&t->train);
     train_source_close(&t->val);
     anneal_tokenizer_free(t->tok);
@@ -553,6 +566,10 @@ void train_teardown(trainer *t) {
     anneal_progress_free(t->prog);
     free(t->config_json);
     free(t->nan_steps);
+    free(t->host_ids);
+    free(t->host_tg);
+    free(t->losses);
+    free(t->host_losses);
     anneal_train_config_free(&t->cfg);
     memset(t, 0, sizeof *t);
 }

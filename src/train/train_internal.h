@@ -42,10 +42,13 @@ typedef struct trainer {
     anneal_jsonl *log, *log_extra;
     char run_dir[PATH_MAX];
     char resume_ckpt[PATH_MAX]; /* checkpoint a resume starts from ("" for a new run) */
-    anneal_gpt2_config mcfg;
+    anneal_model_config mcfg;
     const char *model_source;  /* "preset tiny", "config.json", "checkpoint" ... (for the start line) */
     char model_source_buf[PATH_MAX + 32];
-    anneal_gpt2 *model;
+    anneal_model *model;       /* any registered architecture: the loop knows only the interface */
+    int32_t *host_ids, *host_tg; /* a micro-batch as the source fills it (local_batch x seq) */
+    anneal_tensor **losses;    /* the step's micro-batch losses (accum), read once per step */
+    float *host_losses;        /* their values (accum) */
     anneal_optimizer *opt;
     anneal_schedule sch;
     train_source train, val;
@@ -76,7 +79,7 @@ typedef struct trainer {
     int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
     /* mixed precision (precision.c) */
-    anneal_dtype dtype;              /* matmul precision of the run (the thread's setting while it runs) */
+    anneal_dtype dtype;              /* matmul precision of the run (the model's compute precision) */
     bool use_scaler;                 /* fp16: loss scaling */
     anneal_loss_scaler scaler;
     anneal_dtype resumed_dtype;      /* precision of the checkpoint resumed from */
@@ -90,7 +93,8 @@ void train_teardown(trainer *t);
 /* Creates the run directory and opens the logs (setup does it itself for one process). */
 anneal_status train_create_run_dir(trainer *t);
 
-/* evaluate.c: mean loss over the val split's first eval_batches batches. */
+/* evaluate.c: mean loss over the val split's first eval_batches batches
+ * (anneal_model_evaluate on this rank's rows, then the mean over ranks). */
 anneal_status train_evaluate(trainer *t, double *val_loss);
 /* A generated text from the sample prompt (malloc'd, valid UTF-8). */
 anneal_status train_sample(trainer *t, char **text);
@@ -100,11 +104,10 @@ anneal_status train_log_json(trainer *t, void *cjson_object); /* takes ownership
 /* Writes the "start" record. */
 void train_log_start(trainer *t);
 
-/* precision.c: --dtype, --loss-scale. Setup sets the thread's matmul dtype for the
- * run (evaluation and samples included) and the fp16 loss scaler (restored from the
- * checkpoint resumed when it scaled too); teardown restores the thread's setting. */
+/* precision.c: --dtype, --loss-scale. Setup sets the model's compute precision for
+ * the run (evaluation and samples included) and the fp16 loss scaler (restored from the
+ * checkpoint resumed when it scaled too). */
 anneal_status train_setup_precision(trainer *t, bool *usage);
-void train_teardown_precision(trainer *t);
 /* The start line's precision note ("precision: ..."). */
 void train_note_precision(trainer *t);
 /* fp16: obj * scale (the loss scaled before backward); otherwise obj itself. */

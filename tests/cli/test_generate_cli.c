@@ -81,7 +81,7 @@ TEST(bad_flags_name_the_flag) {
 /* ------------------------------------------------ a checkpoint made here */
 
 static anneal_tokenizer *tok;
-static anneal_gpt2 *model;
+static anneal_model *model;
 static char run_dir[400], bad_run_dir[400];
 static uint64_t fp;
 
@@ -92,13 +92,14 @@ static const char *setup(void) {
     if (!make_tmpdir()) return "cannot make a temporary directory";
     if (anneal_tokenizer_load("gpt2", &tok) != ANNEAL_OK) return "GPT-2's tokenizer files (data/gpt2) are not there";
     fp = anneal_tokenizer_fingerprint(tok);
-    anneal_gpt2_config c = {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = anneal_tokenizer_vocab_size(tok),
-                            .n_ctx = 64, .dropout = 0.0f, .ln_eps = 1e-5f};
-    model = anneal_gpt2_new(&c);
-    if (!model || anneal_gpt2_init(model, 5) != ANNEAL_OK) return "cannot make the model";
+    anneal_model_config c = {.arch = "gpt2", .n_layer = 2, .n_head = 2, .n_embd = 32,
+                             .vocab_size = anneal_tokenizer_vocab_size(tok), .n_ctx = 64, .dropout = 0.0f,
+                             .norm_eps = 1e-5f};
+    model = anneal_model_new(&c, ANNEAL_CPU);
+    if (!model || anneal_model_init(model, 5) != ANNEAL_OK) return "cannot make the model";
     /* a sharper output distribution than the init's near-uniform one */
     anneal_scope *sc = anneal_scope_open();
-    anneal_init_normal_(model->wte, 0.0f, 0.3f);
+    anneal_init_normal_(anneal_params_find(model->params, "transformer.wte.weight")->tensor, 0.0f, 0.3f);
     anneal_scope_close(sc);
     anneal_train_state st = {.step = 3, .tokens = 100, .tokenizer_fingerprint = fp, .best_val_loss = NAN};
     snprintf(run_dir, sizeof run_dir, "%s/run", tmpdir);
@@ -134,7 +135,7 @@ TEST(generate_streams_the_same_text_as_in_process_generation) {
     REQUIRE(anneal_tokenizer_encode(tok, prompt, strlen(prompt), false, &p) == ANNEAL_OK);
     anneal_sampler_config sc = {.temperature = 0.9f, .top_k = 40, .top_p = 0.9f, .seed = 7};
     collected got = {{0}};
-    REQUIRE(anneal_gpt2_generate(model, p.ids, (int64_t)p.n, 30, &sc, anneal_tokenizer_eot(tok), collect, &got) ==
+    REQUIRE(anneal_model_generate(model, p.ids, (int64_t)p.n, 30, &sc, anneal_tokenizer_eot(tok), collect, &got) ==
             ANNEAL_OK);
     char *text = NULL;
     size_t len = 0;
@@ -252,8 +253,8 @@ static double reference_loss(const char *path, int T, int64_t *tokens) {
             tg[t] = (int32_t)anneal_shard_token(sh, (uint64_t)(w * T + t + 1));
         }
         anneal_scope *sc = anneal_scope_open();
-        anneal_tensor *l = anneal_gpt2_loss(model, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, T}, ids),
-                                            anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, T}, tg));
+        anneal_tensor *l = anneal_model_loss(model, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, T}, ids),
+                                             anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, T}, tg));
         sum += l ? anneal_item(l) : NAN;
         anneal_scope_close(sc);
     }
@@ -335,7 +336,7 @@ int main(void) {
     RUN(eval_prints_the_loss_over_every_window);
     RUN(eval_refuses_shards_of_another_tokenizer_or_a_larger_vocabulary);
     int rc = anneal_test_summary();
-    anneal_gpt2_free(model);
+    anneal_model_free(model);
     anneal_tokenizer_free(tok);
     if (tmpdir[0]) {
         char cmd[512];

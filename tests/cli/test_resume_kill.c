@@ -115,7 +115,7 @@ TEST(kill_at_many_moments_then_resume_equals_straight) {
         /* whatever moment it died at, the newest complete checkpoint validates, and
          * once there was one there always is one */
         if (anneal_checkpoint_resolve(run, ck, sizeof ck) == ANNEAL_OK) {
-            anneal_gpt2_config mc;
+            anneal_model_config mc;
             char *cfg = NULL;
             CHECK(anneal_checkpoint_read_config(ck, &mc, &cfg) == ANNEAL_OK, "kill %s: %s does not validate: %s",
                   plan[i].what, ck, anneal_last_error());

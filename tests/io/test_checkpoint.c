@@ -25,9 +25,9 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static anneal_gpt2_config tiny_cfg(void) {
-    return (anneal_gpt2_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .n_ctx = 16,
-                                .dropout = 0.1f, .ln_eps = 1e-5f};
+static anneal_model_config tiny_cfg(void) {
+    return (anneal_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .n_ctx = 16,
+                                .dropout = 0.1f, .norm_eps = 1e-5f};
 }
 
 /* A fresh temporary directory (static buffer rotation of 4). */
@@ -104,7 +104,7 @@ static float train_step(anneal_gpt2 *m, anneal_optimizer *opt, int step) {
     uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(step + 1);
     for (int i = 0; i < 17; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int32_t v = (int32_t)((s >> 33) % (uint64_t)m->cfg.vocab_size);
+        int32_t v = (int32_t)((s >> 33) % (uint64_t)m->base.cfg.vocab_size);
         if (i < 16) ids[i] = v;
         if (i > 0) tg[i - 1] = v;
     }
@@ -114,10 +114,10 @@ static float train_step(anneal_gpt2 *m, anneal_optimizer *opt, int step) {
     anneal_tensor *loss = anneal_gpt2_loss(m, ti, tt);
     float v = NAN;
     double lr = 1e-2 * (step + 1) / 6.0;
-    if (loss && anneal_backward(loss) == ANNEAL_OK && anneal_clip_grad_norm(m->params, 1.0f, NULL) == ANNEAL_OK &&
+    if (loss && anneal_backward(loss) == ANNEAL_OK && anneal_clip_grad_norm(m->base.params, 1.0f, NULL) == ANNEAL_OK &&
         anneal_optimizer_step(opt, lr) == ANNEAL_OK)
         v = (float)anneal_item(loss);
-    anneal_params_zero_grad(m->params);
+    anneal_params_zero_grad(m->base.params);
     anneal_scope_close(sc);
     return v;
 }
@@ -131,11 +131,11 @@ static anneal_optim_config adamw_cfg(void) {
 
 /* A trained tiny model + AdamW after n steps. */
 static bool make_trained(anneal_gpt2 **m, anneal_optimizer **opt, int n, anneal_optim_config oc) {
-    anneal_gpt2_config cfg = tiny_cfg();
+    anneal_model_config cfg = tiny_cfg();
     *m = anneal_gpt2_new(&cfg);
     if (!*m || anneal_gpt2_init(*m, 7) != ANNEAL_OK) return false;
-    (*m)->training = true;
-    *opt = anneal_optimizer_new((*m)->params, oc);
+    (*m)->base.ctx.training = true;
+    *opt = anneal_optimizer_new((*m)->base.params, oc);
     if (!*opt) return false;
     for (int i = 0; i < n; i++)
         if (!isfinite(train_step(*m, *opt, i))) return false;
@@ -158,9 +158,9 @@ static anneal_train_state sample_state(int64_t step) {
 
 /* True when every parameter of a equals b's bit for bit. */
 static bool params_equal(const anneal_gpt2 *a, const anneal_gpt2 *b) {
-    if (a->params->n != b->params->n) return false;
-    for (int i = 0; i < a->params->n; i++) {
-        const anneal_tensor *x = a->params->items[i].tensor, *y = b->params->items[i].tensor;
+    if (a->base.params->n != b->base.params->n) return false;
+    for (int i = 0; i < a->base.params->n; i++) {
+        const anneal_tensor *x = a->base.params->items[i].tensor, *y = b->base.params->items[i].tensor;
         if (anneal_numel(x) != anneal_numel(y) ||
             memcmp(anneal_data(x), anneal_data(y), (size_t)anneal_numel(x) * sizeof(float)) != 0)
             return false;
@@ -192,7 +192,7 @@ TEST(round_trip_is_bit_exact) {
     const char *run = tmp_dir();
     REQUIRE(run);
     anneal_train_state st = sample_state(3);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, k_config, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, k_config, 0) == ANNEAL_OK);
 
     char *latest = slurp(path2(run, "latest"), NULL);
     CHECK(latest && strcmp(latest, "ckpt_00000003\n") == 0, "latest holds '%s'", latest ? latest : "(none)");
@@ -210,26 +210,26 @@ TEST(round_trip_is_bit_exact) {
     CHECK(contains(state_txt, k_config), "state.json: %s", state_txt ? state_txt : "(none)");
     CHECK_TRUE(contains(state_txt, "\"seed\":\t\"18364758544493064720\""));
     free(state_txt);
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     char *cfg_txt = NULL;
     REQUIRE(anneal_checkpoint_read_config(dir, &cfg, &cfg_txt) == ANNEAL_OK);
     CHECK(cfg_txt && strcmp(cfg_txt, k_config) == 0, "config %s", cfg_txt ? cfg_txt : "(null)");
     free(cfg_txt);
     CHECK_TRUE(cfg.n_layer == 2 && cfg.n_head == 2 && cfg.n_embd == 32 && cfg.vocab_size == 64 && cfg.n_ctx == 16);
-    CHECK(cfg.dropout == 0.1f && cfg.ln_eps == 1e-5f && !cfg.recompute, "dropout %.9g eps %.9g", (double)cfg.dropout,
-          (double)cfg.ln_eps);
+    CHECK(cfg.dropout == 0.1f && cfg.norm_eps == 1e-5f && !cfg.recompute, "dropout %.9g eps %.9g", (double)cfg.dropout,
+          (double)cfg.norm_eps);
 
     /* Load into a differently initialised model and a fresh optimizer. */
     m2 = anneal_gpt2_new(&cfg);
     REQUIRE(m2 && anneal_gpt2_init(m2, 99) == ANNEAL_OK);
-    opt2 = anneal_optimizer_new(m2->params, adamw_cfg());
+    opt2 = anneal_optimizer_new(m2->base.params, adamw_cfg());
     REQUIRE(opt2);
     anneal_train_state got;
     memset(&got, 0xab, sizeof got);
-    REQUIRE(anneal_checkpoint_load(dir, m2, opt2, &got) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_load(dir, &m2->base, opt2, &got) == ANNEAL_OK);
     CHECK_TRUE(params_equal(m, m2));
     const char *names[] = {"exp_avg", "exp_avg_sq"};
-    CHECK_TRUE(opt_equal(opt, opt2, m->params->n, names, 2));
+    CHECK_TRUE(opt_equal(opt, opt2, m->base.params->n, names, 2));
     CHECK_TRUE(anneal_optimizer_param_steps(opt2, 0) == 3 && anneal_optimizer_step_count(opt2) == 3);
     CHECK_TRUE(got.step == st.step && got.tokens == st.tokens && got.rng.seed == st.rng.seed &&
                got.rng.offset == st.rng.offset && got.cursor.epoch == 2 && got.cursor.index == 12345 &&
@@ -239,17 +239,17 @@ TEST(round_trip_is_bit_exact) {
     /* NaN best loss is stored as null and read back as NaN; no config -> NULL. */
     st.best_val_loss = NAN;
     st.step = 4;
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
-    REQUIRE(anneal_checkpoint_load(path2(run, "ckpt_00000004"), m2, opt2, &got) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_load(path2(run, "ckpt_00000004"), &m2->base, opt2, &got) == ANNEAL_OK);
     CHECK_TRUE(isnan(got.best_val_loss));
     cfg_txt = (char *)1;
     CHECK_TRUE(anneal_checkpoint_read_config(path2(run, "ckpt_00000004"), NULL, &cfg_txt) == ANNEAL_OK && !cfg_txt);
 
     /* A config that is not a JSON object is refused before anything is written. */
     st.step = 5;
-    CHECK_TRUE(anneal_checkpoint_save(run, m, opt, &st, "[1,2]", 0) == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_checkpoint_save(run, &m->base, opt, &st, "[1,2]", 0) == ANNEAL_ERR_ARG);
     anneal_clear_error();
-    CHECK_TRUE(anneal_checkpoint_save(run, m, opt, &st, "{\"a\":1} trailing", 0) == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_checkpoint_save(run, &m->base, opt, &st, "{\"a\":1} trailing", 0) == ANNEAL_ERR_ARG);
     anneal_clear_error();
     CHECK_TRUE(!exists(path2(run, "ckpt_00000005")));
 
@@ -268,30 +268,30 @@ TEST(round_trip_sgd_and_no_optimizer) {
     REQUIRE(make_trained(&m, &opt, 2, oc));
     const char *run = tmp_dir();
     anneal_train_state st = sample_state(2);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, k_config, 0) == ANNEAL_OK);
-    anneal_gpt2_config cfg = tiny_cfg();
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, k_config, 0) == ANNEAL_OK);
+    anneal_model_config cfg = tiny_cfg();
     m2 = anneal_gpt2_new(&cfg);
-    opt2 = anneal_optimizer_new(m2->params, oc);
+    opt2 = anneal_optimizer_new(m2->base.params, oc);
     REQUIRE(m2 && opt2);
     const char *dir = path2(run, "ckpt_00000002");
-    REQUIRE(anneal_checkpoint_load(dir, m2, opt2, NULL) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_load(dir, &m2->base, opt2, NULL) == ANNEAL_OK);
     const char *names[] = {"momentum"};
-    CHECK_TRUE(params_equal(m, m2) && opt_equal(opt, opt2, m->params->n, names, 1));
+    CHECK_TRUE(params_equal(m, m2) && opt_equal(opt, opt2, m->base.params->n, names, 1));
 
     /* An AdamW run cannot resume SGD state. */
-    anneal_optimizer *adam = anneal_optimizer_new(m2->params, adamw_cfg());
-    CHECK_TRUE(anneal_checkpoint_load(dir, m2, adam, NULL) == ANNEAL_ERR_ARG);
+    anneal_optimizer *adam = anneal_optimizer_new(m2->base.params, adamw_cfg());
+    CHECK_TRUE(anneal_checkpoint_load(dir, &m2->base, adam, NULL) == ANNEAL_ERR_ARG);
     CHECK(contains(anneal_last_error(), "optimizer is sgd"), "%s", anneal_last_error());
     anneal_clear_error();
     anneal_optimizer_free(adam);
 
     /* Without an optimizer: no optimizer.safetensors; loading one then is refused. */
     st.step = 9;
-    REQUIRE(anneal_checkpoint_save(run, m, NULL, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, NULL, &st, NULL, 0) == ANNEAL_OK);
     dir = path2(run, "ckpt_00000009");
     CHECK_TRUE(!exists(path2(dir, "optimizer.safetensors")) && exists(path2(dir, "model.safetensors")));
-    CHECK_TRUE(anneal_checkpoint_load(dir, m2, NULL, NULL) == ANNEAL_OK);
-    CHECK_TRUE(anneal_checkpoint_load(dir, m2, opt2, NULL) == ANNEAL_ERR_FORMAT);
+    CHECK_TRUE(anneal_checkpoint_load(dir, &m2->base, NULL, NULL) == ANNEAL_OK);
+    CHECK_TRUE(anneal_checkpoint_load(dir, &m2->base, opt2, NULL) == ANNEAL_ERR_FORMAT);
     CHECK(contains(anneal_last_error(), "no optimizer state"), "%s", anneal_last_error());
     anneal_clear_error();
 
@@ -321,21 +321,21 @@ TEST(resume_continues_bit_for_bit) {
     const char *run = tmp_dir();
     anneal_train_state st = sample_state(HALF);
     st.rng = anneal_rng_get();
-    REQUIRE(anneal_checkpoint_save(run, b, ob, &st, k_config, 2) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &b->base, ob, &st, k_config, 2) == ANNEAL_OK);
     anneal_optimizer_free(ob);
     anneal_gpt2_free(b);
 
     anneal_manual_seed(4242); /* a resumed process starts with some other generator state */
     char dir[1024];
     REQUIRE(anneal_checkpoint_resolve(run, dir, sizeof dir) == ANNEAL_OK);
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     REQUIRE(anneal_checkpoint_read_config(dir, &cfg, NULL) == ANNEAL_OK);
     b = anneal_gpt2_new(&cfg);
     REQUIRE(b && anneal_gpt2_init(b, 1) == ANNEAL_OK);
-    b->training = true;
-    ob = anneal_optimizer_new(b->params, adamw_cfg());
+    b->base.ctx.training = true;
+    ob = anneal_optimizer_new(b->base.params, adamw_cfg());
     anneal_train_state got;
-    REQUIRE(ob && anneal_checkpoint_load(dir, b, ob, &got) == ANNEAL_OK);
+    REQUIRE(ob && anneal_checkpoint_load(dir, &b->base, ob, &got) == ANNEAL_OK);
     anneal_rng_set(got.rng);
     for (int s = (int)got.step; s < N; s++) lb[s] = train_step(b, ob, s);
 
@@ -344,7 +344,7 @@ TEST(resume_continues_bit_for_bit) {
               (double)la[s], (double)lb[s]);
     CHECK_TRUE(params_equal(a, b));
     const char *names[] = {"exp_avg", "exp_avg_sq"};
-    CHECK_TRUE(opt_equal(oa, ob, a->params->n, names, 2));
+    CHECK_TRUE(opt_equal(oa, ob, a->base.params->n, names, 2));
     anneal_optimizer_free(oa);
     anneal_optimizer_free(ob);
     anneal_gpt2_free(a);
@@ -370,9 +370,9 @@ TEST(async_writes_the_same_bytes_as_sync) {
     static const char *files[] = {"model.safetensors", "optimizer.safetensors", "config.json", "state.json"};
     for (int round = 0; round < 2; round++) { /* the second round reuses the snapshot buffers */
         anneal_train_state st = sample_state(2 + round);
-        REQUIRE(anneal_checkpoint_save(sync_run, m, opt, &st, k_config, 0) == ANNEAL_OK);
+        REQUIRE(anneal_checkpoint_save(sync_run, &m->base, opt, &st, k_config, 0) == ANNEAL_OK);
         double t0 = now_s();
-        REQUIRE(anneal_checkpointer_save(c, m, opt, &st, k_config) == ANNEAL_OK);
+        REQUIRE(anneal_checkpointer_save(c, &m->base, opt, &st, k_config) == ANNEAL_OK);
         double t1 = now_s();
         /* Training goes on while the thread writes: the files hold the snapshot. */
         float loss = train_step(m, opt, 2 + round);
@@ -395,7 +395,7 @@ TEST(async_writes_the_same_bytes_as_sync) {
     /* A failing background write is reported by wait(), on the caller's thread. */
     anneal_checkpointer *bad = anneal_checkpointer_new("/proc/anneal_no_such_dir/run", 0);
     anneal_train_state st = sample_state(1);
-    REQUIRE(bad && anneal_checkpointer_save(bad, m, opt, &st, NULL) == ANNEAL_OK);
+    REQUIRE(bad && anneal_checkpointer_save(bad, &m->base, opt, &st, NULL) == ANNEAL_OK);
     CHECK_TRUE(anneal_checkpointer_wait(bad) == ANNEAL_ERR_IO);
     CHECK(contains(anneal_last_error(), "checkpoint step 1") && contains(anneal_last_error(), "/proc/anneal_no_such_dir"),
           "%s", anneal_last_error());
@@ -417,7 +417,7 @@ TEST(keep_prunes_old_checkpoints_but_never_latest) {
     const char *run = tmp_dir();
     for (int s = 1; s <= 5; s++) {
         anneal_train_state st = sample_state(s);
-        REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 2) == ANNEAL_OK);
+        REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 2) == ANNEAL_OK);
     }
     CHECK_TRUE(count_prefix(run, "ckpt_") == 2);
     CHECK_TRUE(exists(path2(run, "ckpt_00000004")) && exists(path2(run, "ckpt_00000005")));
@@ -427,20 +427,20 @@ TEST(keep_prunes_old_checkpoints_but_never_latest) {
 
     /* Saving an older step (a run resumed from it) keeps the newest two and latest. */
     anneal_train_state st = sample_state(2);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 2) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 2) == ANNEAL_OK);
     CHECK_TRUE(count_prefix(run, "ckpt_") == 3 && exists(path2(run, "ckpt_00000002")));
     latest = slurp(path2(run, "latest"), NULL);
     CHECK_TRUE(latest && strcmp(latest, "ckpt_00000002\n") == 0);
     free(latest);
 
     /* Replacing a checkpoint of the same step: new contents, nothing left aside. */
-    float *w = anneal_data(m->wte);
+    float *w = anneal_data(m->wte.weight);
     float old = w[0];
     w[0] = 123.5f;
     st = sample_state(5);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     w[0] = old;
-    REQUIRE(anneal_checkpoint_load(path2(run, "ckpt_00000005"), m, NULL, NULL) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_load(path2(run, "ckpt_00000005"), &m->base, NULL, NULL) == ANNEAL_OK);
     CHECK(w[0] == 123.5f, "wte[0] %g", (double)w[0]);
     CHECK_TRUE(count_prefix(run, ".trash") == 0 && count_prefix(run, ".tmp") == 0 &&
                count_prefix(run, "latest.tmp") == 0);
@@ -467,7 +467,7 @@ TEST(missing_or_dangling_latest) {
     REQUIRE(make_trained(&m, &opt, 1, adamw_cfg()));
     for (int s = 1; s <= 2; s++) {
         anneal_train_state st = sample_state(s);
-        REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+        REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     }
     /* No latest: the newest complete checkpoint. */
     unlink(path2(run, "latest"));
@@ -515,7 +515,7 @@ TEST(crash_leftovers_and_corrupt_files) {
     const char *run = tmp_dir();
     for (int s = 1; s <= 3; s++) {
         anneal_train_state st = sample_state(s);
-        REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+        REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     }
     /* What a kill -9 in the middle of a save leaves: a temporary directory. */
     const char *stale = path2(run, ".tmp_ckpt_00000004_999999");
@@ -528,9 +528,9 @@ TEST(crash_leftovers_and_corrupt_files) {
     REQUIRE(anneal_checkpoint_resolve(run, dir, sizeof dir) == ANNEAL_OK);
     CHECK(strcmp(dir, path2(run, "ckpt_00000003")) == 0, "%s", dir);
     anneal_train_state got;
-    CHECK_TRUE(anneal_checkpoint_load(dir, m, opt, &got) == ANNEAL_OK && got.step == 3);
+    CHECK_TRUE(anneal_checkpoint_load(dir, &m->base, opt, &got) == ANNEAL_OK && got.step == 3);
 
-    CHECK_TRUE(anneal_checkpoint_load(path2(run, "ckpt_00000001"), m, opt, &got) == ANNEAL_ERR_FORMAT);
+    CHECK_TRUE(anneal_checkpoint_load(path2(run, "ckpt_00000001"), &m->base, opt, &got) == ANNEAL_ERR_FORMAT);
     CHECK(contains(anneal_last_error(), "ckpt_00000001/model.safetensors") && contains(anneal_last_error(), "truncated"),
           "%s", anneal_last_error());
     anneal_clear_error();
@@ -541,7 +541,7 @@ TEST(crash_leftovers_and_corrupt_files) {
 
     /* The next save clears the leftover. */
     anneal_train_state st = sample_state(4);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     CHECK_TRUE(!exists(stale) && exists(path2(run, "ckpt_00000004/state.json")));
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
@@ -554,7 +554,7 @@ TEST(corrupt_state_json) {
     REQUIRE(make_trained(&m, &opt, 1, adamw_cfg()));
     const char *run = tmp_dir();
     anneal_train_state st = sample_state(1);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, k_config, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, k_config, 0) == ANNEAL_OK);
     const char *dir = path2(run, "ckpt_00000001"), *sj = path2(dir, "state.json");
     char *good = slurp(sj, NULL);
     REQUIRE(good);
@@ -586,7 +586,7 @@ TEST(corrupt_state_json) {
         REQUIRE(txt);
         write_text(sj, txt);
         free(txt);
-        anneal_status s = anneal_checkpoint_load(dir, m, opt, NULL);
+        anneal_status s = anneal_checkpoint_load(dir, &m->base, opt, NULL);
         CHECK(s == cases[i].want && contains(anneal_last_error(), "state.json") &&
               contains(anneal_last_error(), cases[i].msg),
               "case %zu: %s: %s", i, anneal_status_name(s), anneal_last_error());
@@ -595,7 +595,7 @@ TEST(corrupt_state_json) {
         anneal_clear_error();
     }
     write_text(sj, good);
-    CHECK_TRUE(anneal_checkpoint_load(dir, m, opt, NULL) == ANNEAL_OK);
+    CHECK_TRUE(anneal_checkpoint_load(dir, &m->base, opt, NULL) == ANNEAL_OK);
     free(good);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
@@ -608,7 +608,7 @@ TEST(incompatible_model_is_refused) {
     REQUIRE(make_trained(&m, &opt, 1, adamw_cfg()));
     const char *run = tmp_dir();
     anneal_train_state st = sample_state(1);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     const char *dir = path2(run, "ckpt_00000001");
     static const struct {
         int n_layer, n_head, n_embd;
@@ -620,20 +620,20 @@ TEST(incompatible_model_is_refused) {
         {2, 4, 32, "n_head 2, the model 4", "model.safetensors"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        anneal_gpt2_config cfg = tiny_cfg();
+        anneal_model_config cfg = tiny_cfg();
         cfg.n_layer = cases[i].n_layer;
         cfg.n_head = cases[i].n_head;
         cfg.n_embd = cases[i].n_embd;
         anneal_gpt2 *other = anneal_gpt2_new(&cfg);
         REQUIRE(other && anneal_gpt2_init(other, 3) == ANNEAL_OK);
-        float before = ((float *)anneal_data(other->ln_f_w))[0] = 0.25f;
-        anneal_optimizer *oo = anneal_optimizer_new(other->params, adamw_cfg());
-        anneal_status s = anneal_checkpoint_load(dir, other, oo, NULL);
+        float before = ((float *)anneal_data(other->ln_f.weight))[0] = 0.25f;
+        anneal_optimizer *oo = anneal_optimizer_new(other->base.params, adamw_cfg());
+        anneal_status s = anneal_checkpoint_load(dir, &other->base, oo, NULL);
         CHECK(s == ANNEAL_ERR_SHAPE && contains(anneal_last_error(), cases[i].msg1) &&
               contains(anneal_last_error(), cases[i].msg2),
               "case %zu: %s: %s", i, anneal_status_name(s), anneal_last_error());
         anneal_clear_error();
-        CHECK_TRUE(((float *)anneal_data(other->ln_f_w))[0] == before); /* untouched */
+        CHECK_TRUE(((float *)anneal_data(other->ln_f.weight))[0] == before); /* untouched */
         anneal_optimizer_free(oo);
         anneal_gpt2_free(other);
     }
@@ -650,17 +650,17 @@ TEST(unwritable_run_dir_leaves_previous_checkpoint) {
     /* A run directory below a regular file cannot be created (even by root). */
     write_text(path2(base, "file"), "x");
     anneal_train_state st = sample_state(1);
-    anneal_status s = anneal_checkpoint_save(path2(base, "file/run"), m, opt, &st, NULL, 0);
+    anneal_status s = anneal_checkpoint_save(path2(base, "file/run"), &m->base, opt, &st, NULL, 0);
     CHECK(s == ANNEAL_ERR_IO && contains(anneal_last_error(), "file/run"), "%s: %s", anneal_status_name(s),
           anneal_last_error());
     anneal_clear_error();
 
     const char *run = path2(base, "run");
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     st.step = 2;
     if (geteuid() != 0) { /* permissions bind only non-root users */
         REQUIRE(chmod(run, 0500) == 0);
-        CHECK_TRUE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_ERR_IO);
+        CHECK_TRUE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_ERR_IO);
         anneal_clear_error();
         chmod(run, 0755);
         CHECK_TRUE(!exists(path2(run, "ckpt_00000002")));
@@ -670,7 +670,7 @@ TEST(unwritable_run_dir_leaves_previous_checkpoint) {
     char blocker[64];
     snprintf(blocker, sizeof blocker, "latest.tmp.%ld", (long)getpid());
     REQUIRE(mkdir(path2(run, blocker), 0755) == 0);
-    s = anneal_checkpoint_save(run, m, opt, &st, NULL, 0);
+    s = anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0);
     CHECK(s == ANNEAL_ERR_IO && contains(anneal_last_error(), "latest"), "%s: %s", anneal_status_name(s),
           anneal_last_error());
     anneal_clear_error();
@@ -681,7 +681,7 @@ TEST(unwritable_run_dir_leaves_previous_checkpoint) {
     char dir[1024];
     CHECK_TRUE(anneal_checkpoint_resolve(run, dir, sizeof dir) == ANNEAL_OK &&
                strcmp(dir, path2(run, "ckpt_00000001")) == 0 &&
-               anneal_checkpoint_load(dir, m, opt, NULL) == ANNEAL_OK);
+               anneal_checkpoint_load(dir, &m->base, opt, NULL) == ANNEAL_OK);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
     anneal_ckpt_remove_tree(base);
@@ -693,7 +693,7 @@ TEST(full_disk_fails_cleanly) {
     REQUIRE(make_trained(&m, &opt, 1, adamw_cfg()));
     const char *run = tmp_dir();
     anneal_train_state st = sample_state(1);
-    REQUIRE(anneal_checkpoint_save(run, m, opt, &st, NULL, 0) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_save(run, &m->base, opt, &st, NULL, 0) == ANNEAL_OK);
     fflush(NULL);
     pid_t pid = fork();
     REQUIRE(pid >= 0);
@@ -704,7 +704,7 @@ TEST(full_disk_fails_cleanly) {
         struct rlimit rl = {40000, 40000};
         setrlimit(RLIMIT_FSIZE, &rl);
         anneal_train_state st2 = sample_state(2);
-        anneal_status s = anneal_checkpoint_save(run, m, opt, &st2, NULL, 0);
+        anneal_status s = anneal_checkpoint_save(run, &m->base, opt, &st2, NULL, 0);
         bool ok = s == ANNEAL_ERR_IO && contains(anneal_last_error(), "File too large");
         if (!ok) fprintf(stderr, "child: %s: %s\n", anneal_status_name(s), anneal_last_error());
         _exit(ok ? 0 : 1);
@@ -716,7 +716,7 @@ TEST(full_disk_fails_cleanly) {
     CHECK_TRUE(latest && strcmp(latest, "ckpt_00000001\n") == 0);
     free(latest);
     CHECK_TRUE(!exists(path2(run, "ckpt_00000002")) && count_prefix(run, ".tmp") == 0);
-    CHECK_TRUE(anneal_checkpoint_load(path2(run, "ckpt_00000001"), m, opt, NULL) == ANNEAL_OK);
+    CHECK_TRUE(anneal_checkpoint_load(path2(run, "ckpt_00000001"), &m->base, opt, NULL) == ANNEAL_OK);
     anneal_optimizer_free(opt);
     anneal_gpt2_free(m);
     anneal_ckpt_remove_tree(run);
@@ -742,13 +742,13 @@ TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
         if (pid == 0) {
             close(fds[0]);
             for (int64_t step = 1 + 1000 * round;; step++) {
-                for (int i = 0; i < m->params->n; i++) {
-                    anneal_tensor *t = m->params->items[i].tensor;
+                for (int i = 0; i < m->base.params->n; i++) {
+                    anneal_tensor *t = m->base.params->items[i].tensor;
                     float *d = anneal_data(t);
                     for (int64_t k = 0; k < anneal_numel(t); k++) d[k] = (float)step;
                 }
                 anneal_train_state st = sample_state(step);
-                if (anneal_checkpoint_save(run, m, opt, &st, k_config, 2) != ANNEAL_OK) _exit(3);
+                if (anneal_checkpoint_save(run, &m->base, opt, &st, k_config, 2) != ANNEAL_OK) _exit(3);
                 if (step == 1 + 1000 * round && write(fds[1], "s", 1) != 1) _exit(4);
             }
         }
@@ -770,14 +770,14 @@ TEST(kill_during_saves_leaves_a_loadable_checkpoint) {
             continue;
         }
         anneal_train_state got;
-        anneal_status s = anneal_checkpoint_load(dir, m, opt, &got);
+        anneal_status s = anneal_checkpoint_load(dir, &m->base, opt, &got);
         CHECK(s == ANNEAL_OK, "round %d: %s", round, anneal_last_error());
         anneal_clear_error();
         if (s != ANNEAL_OK) continue;
         CHECK(got.step >= 1 + 1000 * round, "round %d: latest is step %lld, older than this round's first save",
               round, (long long)got.step);
-        CHECK(((float *)anneal_data(m->wte))[5] == (float)got.step && ((float *)anneal_data(m->ln_f_b))[0] == (float)got.step,
-              "round %d: step %lld holds %g", round, (long long)got.step, (double)((float *)anneal_data(m->wte))[5]);
+        CHECK(((float *)anneal_data(m->wte.weight))[5] == (float)got.step && ((float *)anneal_data(m->ln_f.bias))[0] == (float)got.step,
+              "round %d: step %lld holds %g", round, (long long)got.step, (double)((float *)anneal_data(m->wte.weight))[5]);
         checked++;
     }
     CHECK(checked == 8, "only %d of 8 rounds had a loadable checkpoint", checked);

@@ -42,32 +42,38 @@ static void write_text(const char *p, const char *txt) {
 
 static bool contains(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
-static anneal_gpt2_config fixture_cfg(void) {
-    return (anneal_gpt2_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 100, .n_ctx = 16,
-                                .dropout = 0.1f, .ln_eps = 1e-5f};
+static anneal_model_config fixture_cfg(void) {
+    return (anneal_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 100, .n_ctx = 16,
+                                .dropout = 0.1f, .norm_eps = 1e-5f};
 }
 
 /* ------------------------------------------------------------------ config */
 
 TEST(fixture_config_parses) {
-    anneal_gpt2_config c;
+    anneal_model_config c;
     memset(&c, 0x5a, sizeof c);
-    REQUIRE(anneal_gpt2_config_from_hf_json(fixture("config.json"), &c) == ANNEAL_OK);
-    anneal_gpt2_config w = fixture_cfg();
+    REQUIRE(anneal_model_config_from_hf_file(fixture("config.json"), &c) == ANNEAL_OK);
+    anneal_model_config w = fixture_cfg();
     CHECK(c.n_layer == w.n_layer && c.n_head == w.n_head && c.n_embd == w.n_embd && c.vocab_size == w.vocab_size &&
-              c.n_ctx == w.n_ctx && c.dropout == w.dropout && c.ln_eps == w.ln_eps && !c.recompute,
+              c.n_ctx == w.n_ctx && c.dropout == w.dropout && c.norm_eps == w.norm_eps && !c.recompute,
           "got L%d H%d C%d V%d ctx%d drop %g eps %g", c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_ctx,
-          (double)c.dropout, (double)c.ln_eps);
+          (double)c.dropout, (double)c.norm_eps);
 }
 
 TEST(config_write_read_round_trip) {
-    anneal_gpt2_config w = {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .n_ctx = 1024,
-                            .dropout = 0.05f, .ln_eps = 1e-6f};
+    anneal_model_config w;
+    memset(&w, 0, sizeof w); /* memcmp below: padding included */
+    snprintf(w.arch, sizeof w.arch, "gpt2");
+    w.n_layer = 12, w.n_head = 12, w.n_embd = 768, w.vocab_size = 50257, w.n_ctx = 1024;
+    w.dropout = 0.05f, w.norm_eps = 1e-6f;
     const char *p = scratch("written.json");
-    REQUIRE(anneal_gpt2_config_write_hf_json(p, &w) == ANNEAL_OK);
-    anneal_gpt2_config c;
-    REQUIRE(anneal_gpt2_config_from_hf_json(p, &c) == ANNEAL_OK);
-    CHECK_TRUE(memcmp(&c, &w, offsetof(anneal_gpt2_config, recompute)) == 0 && !c.recompute);
+    char *hf = anneal_model_config_to_hf_json(&w);
+    REQUIRE(hf);
+    write_text(p, hf);
+    free(hf);
+    anneal_model_config c;
+    REQUIRE(anneal_model_config_from_hf_file(p, &c) == ANNEAL_OK);
+    CHECK_TRUE(memcmp(&c, &w, offsetof(anneal_model_config, recompute)) == 0 && !c.recompute);
     char *txt = NULL;
     REQUIRE(anneal_ckpt_read_file(p, 1 << 16, &txt, NULL) == ANNEAL_OK);
     CHECK(contains(txt, "\"model_type\": \"gpt2\"") && contains(txt, "\"GPT2LMHeadModel\"") &&
@@ -77,7 +83,7 @@ TEST(config_write_read_round_trip) {
           "%s", txt);
     free(txt);
     w.n_head = 7; /* 768 % 7 != 0: the writer checks the config */
-    CHECK_TRUE(anneal_gpt2_config_write_hf_json(p, &w) == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_model_config_to_hf_json(&w) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
     anneal_clear_error();
 }
 
@@ -124,12 +130,12 @@ TEST(config_validation) {
         if (cases[i].extra) snprintf(txt, sizeof txt, "{%s%s}", base, cases[i].extra);
         else snprintf(txt, sizeof txt, "%s", cases[i].text);
         write_text(p, txt);
-        anneal_gpt2_config c;
+        anneal_model_config c;
         memset(&c, 0, sizeof c);
-        anneal_status s = anneal_gpt2_config_from_hf_json(p, &c);
+        anneal_status s = anneal_model_config_from_hf_file(p, &c);
         if (cases[i].want == ANNEAL_OK) {
             CHECK(s == ANNEAL_OK && c.n_ctx == cases[i].n_ctx && c.n_embd == 32 && c.dropout == 0.1f &&
-                      c.ln_eps == 1e-5f,
+                      c.norm_eps == 1e-5f,
                   "case %zu: %s %s (n_ctx %d)", i, anneal_status_name(s), anneal_last_error(), c.n_ctx);
         } else {
             CHECK(s == cases[i].want && contains(anneal_last_error(), cases[i].msg) && contains(anneal_last_error(), p),
@@ -137,8 +143,8 @@ TEST(config_validation) {
         }
         anneal_clear_error();
     }
-    anneal_gpt2_config c;
-    CHECK_TRUE(anneal_gpt2_config_from_hf_json(scratch("absent.json"), &c) == ANNEAL_ERR_IO);
+    anneal_model_config c;
+    CHECK_TRUE(anneal_model_config_from_hf_file(scratch("absent.json"), &c) == ANNEAL_ERR_IO);
     anneal_clear_error();
 }
 
@@ -165,21 +171,21 @@ static void check_logits(anneal_gpt2 *m, const char *what) {
 }
 
 static bool params_equal(const anneal_gpt2 *a, const anneal_gpt2 *b) {
-    for (int i = 0; i < a->params->n; i++) {
-        const anneal_tensor *x = a->params->items[i].tensor, *y = b->params->items[i].tensor;
+    for (int i = 0; i < a->base.params->n; i++) {
+        const anneal_tensor *x = a->base.params->items[i].tensor, *y = b->base.params->items[i].tensor;
         if (memcmp(anneal_data(x), anneal_data(y), (size_t)anneal_numel(x) * sizeof(float)) != 0) return false;
     }
     return true;
 }
 
 TEST(both_conventions_load_and_match_pytorch) {
-    anneal_gpt2_config cfg;
-    REQUIRE(anneal_gpt2_config_from_hf_json(fixture("config.json"), &cfg) == ANNEAL_OK);
+    anneal_model_config cfg;
+    REQUIRE(anneal_model_config_from_hf_file(fixture("config.json"), &cfg) == ANNEAL_OK);
     anneal_gpt2 *a = anneal_gpt2_new(&cfg), *b = anneal_gpt2_new(&cfg);
     REQUIRE(a && b);
-    CHECK(anneal_gpt2_load_hf_safetensors(a, fixture("model.safetensors")) == ANNEAL_OK, "%s", anneal_last_error());
+    CHECK(anneal_model_load_safetensors(&a->base, fixture("model.safetensors")) == ANNEAL_OK, "%s", anneal_last_error());
     check_logits(a, "GPT2LMHeadModel file");
-    CHECK(anneal_gpt2_load_hf_safetensors(b, fixture("model_noprefix.safetensors")) == ANNEAL_OK, "%s",
+    CHECK(anneal_model_load_safetensors(&b->base, fixture("model_noprefix.safetensors")) == ANNEAL_OK, "%s",
           anneal_last_error());
     check_logits(b, "GPT2Model file");
     CHECK_TRUE(params_equal(a, b));
@@ -223,10 +229,10 @@ static bool write_variant(const char *out, const char *drop, const char *extra, 
 }
 
 TEST(malformed_weight_files_are_refused) {
-    anneal_gpt2_config cfg = fixture_cfg();
+    anneal_model_config cfg = fixture_cfg();
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     REQUIRE(m && anneal_gpt2_init(m, 5) == ANNEAL_OK);
-    float wte0 = ((float *)anneal_data(m->wte))[0];
+    float wte0 = ((float *)anneal_data(m->wte.weight))[0];
     static const struct {
         const char *drop, *extra, *bump;
         anneal_status want;
@@ -242,16 +248,16 @@ TEST(malformed_weight_files_are_refused) {
     const char *p = scratch("variant.safetensors");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         REQUIRE(write_variant(p, cases[i].drop, cases[i].extra, cases[i].bump));
-        anneal_status s = anneal_gpt2_load_hf_safetensors(m, p);
+        anneal_status s = anneal_model_load_safetensors(&m->base, p);
         CHECK(s == cases[i].want && contains(anneal_last_error(), cases[i].msg1) &&
                   contains(anneal_last_error(), cases[i].msg2) && contains(anneal_last_error(), p),
               "case %zu: %s: %s", i, anneal_status_name(s), anneal_last_error());
         anneal_clear_error();
-        CHECK(((float *)anneal_data(m->wte))[0] == wte0, "case %zu: model modified", i);
+        CHECK(((float *)anneal_data(m->wte.weight))[0] == wte0, "case %zu: model modified", i);
     }
     /* lm_head.weight absent (tied, as transformers saves it) is fine. */
     REQUIRE(write_variant(p, "lm_head.weight", NULL, NULL));
-    CHECK(anneal_gpt2_load_hf_safetensors(m, p) == ANNEAL_OK, "%s", anneal_last_error());
+    CHECK(anneal_model_load_safetensors(&m->base, p) == ANNEAL_OK, "%s", anneal_last_error());
     check_logits(m, "without lm_head.weight");
 
     /* Models of another size: the mismatching tensors are named. */
@@ -264,19 +270,19 @@ TEST(malformed_weight_files_are_refused) {
         {1, 100, "12 tensor(s) that a GPT-2 with n_layer 1 does not have", "h.1.attn.c_attn.bias"},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        anneal_gpt2_config c2 = fixture_cfg();
+        anneal_model_config c2 = fixture_cfg();
         c2.n_layer = sizes[i].n_layer;
         c2.vocab_size = sizes[i].vocab;
         anneal_gpt2 *o = anneal_gpt2_new(&c2);
         REQUIRE(o);
-        anneal_status s = anneal_gpt2_load_hf_safetensors(o, fixture("model_noprefix.safetensors"));
+        anneal_status s = anneal_model_load_safetensors(&o->base, fixture("model_noprefix.safetensors"));
         CHECK(s != ANNEAL_OK && contains(anneal_last_error(), sizes[i].msg1) &&
                   contains(anneal_last_error(), sizes[i].msg2),
               "size case %zu: %s: %s", i, anneal_status_name(s), anneal_last_error());
         anneal_clear_error();
         anneal_gpt2_free(o);
     }
-    CHECK_TRUE(anneal_gpt2_load_hf_safetensors(m, scratch("absent.safetensors")) == ANNEAL_ERR_IO);
+    CHECK_TRUE(anneal_model_load_safetensors(&m->base, scratch("absent.safetensors")) == ANNEAL_ERR_IO);
     anneal_clear_error();
     anneal_gpt2_free(m);
 }

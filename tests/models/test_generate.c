@@ -7,8 +7,8 @@
 
 /* A tiny random GPT-2: 2 layers, 4 heads, 32 channels. */
 static anneal_gpt2 *tiny_model(int vocab, int n_ctx, uint64_t seed) {
-    anneal_gpt2_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = vocab,
-                            .n_ctx = n_ctx, .dropout = 0.0f, .ln_eps = 1e-5f};
+    anneal_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = vocab,
+                            .n_ctx = n_ctx, .dropout = 0.0f, .norm_eps = 1e-5f};
     anneal_gpt2 *m = anneal_gpt2_new(&c);
     if (m && anneal_gpt2_init(m, seed) != ANNEAL_OK) {
         anneal_gpt2_free(m);
@@ -17,11 +17,11 @@ static anneal_gpt2 *tiny_model(int vocab, int n_ctx, uint64_t seed) {
     /* larger weights than GPT-2's init so the logits are far from uniform */
     anneal_scope *sc = anneal_scope_open();
     for (int l = 0; m && l < c.n_layer; l++) {
-        anneal_init_normal_(m->blocks[l].c_attn_w, 0.0f, 0.3f);
-        anneal_init_normal_(m->blocks[l].c_fc_w, 0.0f, 0.2f);
+        anneal_init_normal_(m->blocks[l].attn.qkv.weight, 0.0f, 0.3f);
+        anneal_init_normal_(m->blocks[l].mlp.fc.weight, 0.0f, 0.2f);
     }
-    if (m) anneal_init_normal_(m->wte, 0.0f, 0.15f);
-    if (m) anneal_init_normal_(m->wpe, 0.0f, 1.0f); /* positions matter: a shifted window shows */
+    if (m) anneal_init_normal_(m->wte.weight, 0.0f, 0.15f);
+    if (m) anneal_init_normal_(m->wpe.weight, 0.0f, 1.0f); /* positions matter: a shifted window shows */
     anneal_scope_close(sc);
     return m;
 }
@@ -45,7 +45,7 @@ TEST(cached_forward_matches_full_forward) {
     anneal_no_grad_end();
     REQUIRE(full);
     const float *F = anneal_data(full);
-    anneal_gpt2_kv_cache *kv = anneal_gpt2_kv_cache_new(m, B, 16);
+    anneal_kv_cache *kv = anneal_model_kv_cache_new(&m->base, B, 16);
     REQUIRE(kv);
     const int chunks[] = {5, 1, 1, 3};
     int at = 0;
@@ -56,7 +56,7 @@ TEST(cached_forward_matches_full_forward) {
             for (int t = 0; t < n; t++) part[b * n + t] = ids[b * T + at + t];
         anneal_tensor *pid = anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, n}, part);
         int64_t before = anneal_scope_count(sc);
-        anneal_tensor *lg = anneal_gpt2_forward_cached(m, kv, pid);
+        anneal_tensor *lg = anneal_model_forward_cached(&m->base, kv, pid);
         REQUIRE(lg);
         /* only the logits are added to the caller's scope: intermediates died inside */
         CHECK(anneal_scope_count(sc) == before + 1, "scope grew by %lld", (long long)(anneal_scope_count(sc) - before));
@@ -69,24 +69,24 @@ TEST(cached_forward_matches_full_forward) {
         REQUIRE(anneal_to_f32_buffer(lg, got) == ANNEAL_OK);
         CHECK_ALLCLOSE(got, want, (int64_t)B * n * V, 1e-5, 0.0);
         at += n;
-        CHECK(anneal_gpt2_kv_cache_len(kv) == at, "cache len %lld", (long long)anneal_gpt2_kv_cache_len(kv));
+        CHECK(anneal_kv_cache_len(kv) == at, "cache len %lld", (long long)anneal_kv_cache_len(kv));
     }
     /* past max_len: a shape error, the cache unchanged */
     anneal_clear_error();
     anneal_tensor *too_many = anneal_zeros(ANNEAL_I32, 2, (int64_t[]){B, 7});
-    CHECK(anneal_gpt2_forward_cached(m, kv, too_many) == NULL && anneal_last_status() == ANNEAL_ERR_SHAPE,
+    CHECK(anneal_model_forward_cached(&m->base, kv, too_many) == NULL && anneal_last_status() == ANNEAL_ERR_SHAPE,
           "exceeding max_len: %s", anneal_last_error());
-    CHECK(anneal_gpt2_kv_cache_len(kv) == 10, "len after failure");
+    CHECK(anneal_kv_cache_len(kv) == 10, "len after failure");
     /* wrong batch */
     anneal_clear_error();
-    CHECK(anneal_gpt2_forward_cached(m, kv, anneal_zeros(ANNEAL_I32, 2, (int64_t[]){1, 1})) == NULL &&
+    CHECK(anneal_model_forward_cached(&m->base, kv, anneal_zeros(ANNEAL_I32, 2, (int64_t[]){1, 1})) == NULL &&
               anneal_last_status() == ANNEAL_ERR_SHAPE, "wrong batch accepted");
     /* reset: the first chunk again gives the first rows again */
     anneal_clear_error();
-    anneal_gpt2_kv_cache_reset(kv);
-    CHECK(anneal_gpt2_kv_cache_len(kv) == 0, "reset");
+    anneal_kv_cache_reset(kv);
+    CHECK(anneal_kv_cache_len(kv) == 0, "reset");
     int32_t first[B * 2] = {ids[0], ids[1], ids[T], ids[T + 1]};
-    anneal_tensor *lg = anneal_gpt2_forward_cached(m, kv, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, 2}, first));
+    anneal_tensor *lg = anneal_model_forward_cached(&m->base, kv, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, 2}, first));
     REQUIRE(lg);
     float got[B * 2 * 64], want[B * 2 * 64];
     REQUIRE(anneal_to_f32_buffer(lg, got) == ANNEAL_OK);
@@ -95,9 +95,9 @@ TEST(cached_forward_matches_full_forward) {
     CHECK_ALLCLOSE(got, want, B * 2 * V, 1e-5, 0.0);
     /* max_len beyond n_ctx is refused */
     anneal_clear_error();
-    CHECK(anneal_gpt2_kv_cache_new(m, 1, 33) == NULL && anneal_last_status() == ANNEAL_ERR_ARG, "max_len > n_ctx");
+    CHECK(anneal_model_kv_cache_new(&m->base, 1, 33) == NULL && anneal_last_status() == ANNEAL_ERR_ARG, "max_len > n_ctx");
     anneal_clear_error();
-    anneal_gpt2_kv_cache_free(kv);
+    anneal_kv_cache_free(kv);
     anneal_scope_close(sc);
     anneal_gpt2_free(m);
 }
@@ -316,7 +316,7 @@ static bool on_token(int32_t id, void *user) {
  * would exceed n_ctx the window restarts from the last n_ctx/2 tokens. */
 static int reference(anneal_gpt2 *m, const int32_t *prompt, int n_prompt, int max_new,
                      const anneal_sampler_config *c, int32_t *out) {
-    int n_ctx = m->cfg.n_ctx, V = m->cfg.vocab_size;
+    int n_ctx = m->base.cfg.n_ctx, V = m->base.cfg.vocab_size;
     int32_t seq[256];
     memcpy(seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
     int n = n_prompt, start = 0;
@@ -347,7 +347,7 @@ TEST(generate_matches_hand_rolled_loop_with_context_rebuilds) {
         int32_t want[40];
         REQUIRE(reference(m, prompt, 5, 40, &cfgs[c], want) == 40);
         collect got = {.n = 0};
-        anneal_status s = anneal_gpt2_generate(m, prompt, 5, 40, &cfgs[c], -1, on_token, &got);
+        anneal_status s = anneal_model_generate(&m->base, prompt, 5, 40, &cfgs[c], -1, on_token, &got);
         CHECK(s == ANNEAL_OK, "generate: %s", anneal_last_error());
         REQUIRE(got.n == 40);
         int first_diff = -1;
@@ -368,11 +368,11 @@ TEST(generate_matches_hand_rolled_loop_with_context_rebuilds) {
         int first = 0;
         while (want[first] != stop) first++;
         collect st = {.n = 0};
-        CHECK(anneal_gpt2_generate(m, prompt, 5, 40, &cfgs[c], stop, on_token, &st) == ANNEAL_OK, "stop run");
+        CHECK(anneal_model_generate(&m->base, prompt, 5, 40, &cfgs[c], stop, on_token, &st) == ANNEAL_OK, "stop run");
         CHECK(st.n == first, "stop at %d: got %d tokens, want %d", stop, st.n, first);
         /* on_token returning false stops after that token */
         collect early = {.n = 0, .stop_after = 6};
-        CHECK(anneal_gpt2_generate(m, prompt, 5, 40, &cfgs[c], -1, on_token, &early) == ANNEAL_OK, "early");
+        CHECK(anneal_model_generate(&m->base, prompt, 5, 40, &cfgs[c], -1, on_token, &early) == ANNEAL_OK, "early");
         CHECK(early.n == 6 && !memcmp(early.ids, want, sizeof(int32_t) * 6), "early stop gave %d tokens", early.n);
     }
     /* a prompt longer than n_ctx starts from its last n_ctx/2 tokens */
@@ -382,14 +382,14 @@ TEST(generate_matches_hand_rolled_loop_with_context_rebuilds) {
     int32_t want[12];
     REQUIRE(reference(m, long_prompt, 21, 12, &cfgs[1], want) == 12);
     collect got = {.n = 0};
-    CHECK(anneal_gpt2_generate(m, long_prompt, 21, 12, &cfgs[1], -1, on_token, &got) == ANNEAL_OK, "long prompt");
+    CHECK(anneal_model_generate(&m->base, long_prompt, 21, 12, &cfgs[1], -1, on_token, &got) == ANNEAL_OK, "long prompt");
     CHECK(got.n == 12 && !memcmp(got.ids, want, sizeof want), "long prompt differs");
     /* bad arguments */
     anneal_clear_error();
-    CHECK(anneal_gpt2_generate(m, prompt, 0, 5, &cfgs[0], -1, on_token, &got) == ANNEAL_ERR_ARG, "empty prompt");
+    CHECK(anneal_model_generate(&m->base, prompt, 0, 5, &cfgs[0], -1, on_token, &got) == ANNEAL_ERR_ARG, "empty prompt");
     anneal_clear_error();
     const int32_t bad[2] = {1, 48};
-    CHECK(anneal_gpt2_generate(m, bad, 2, 5, &cfgs[0], -1, on_token, &got) != ANNEAL_OK, "id out of range");
+    CHECK(anneal_model_generate(&m->base, bad, 2, 5, &cfgs[0], -1, on_token, &got) != ANNEAL_OK, "id out of range");
     anneal_clear_error();
     anneal_gpt2_free(m);
 }

@@ -29,13 +29,13 @@ static int meta_int(const anneal_safetensors *st, const char *k) {
 }
 
 static anneal_gpt2 *fixture_model(const anneal_safetensors *st, bool recompute) {
-    anneal_gpt2_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
+    anneal_model_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
                               .n_embd = meta_int(st, "n_embd"), .vocab_size = meta_int(st, "vocab_size"),
-                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .ln_eps = 1e-5f,
+                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .norm_eps = 1e-5f,
                               .recompute = recompute};
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     if (!m) return NULL;
-    if (anneal_params_load(m->params, st, "") != ANNEAL_OK) {
+    if (anneal_params_load(m->base.params, st, "") != ANNEAL_OK) {
         anneal_gpt2_free(m);
         return NULL;
     }
@@ -67,8 +67,8 @@ TEST(forward_and_gradients_match_pytorch) {
           anneal_item(loss), ref_loss[0]);
     free(ref_loss);
     REQUIRE(anneal_backward(loss) == ANNEAL_OK);
-    for (int i = 0; i < m->params->n; i++) {
-        anneal_param *p = &m->params->items[i];
+    for (int i = 0; i < m->base.params->n; i++) {
+        anneal_param *p = &m->base.params->items[i];
         char name[256];
         snprintf(name, sizeof name, "grad.%s", p->name);
         float *g_ref = entry_f32(st, name, &n);
@@ -92,7 +92,7 @@ static bool train_10(anneal_gpt2 *m, const anneal_safetensors *st, float *losses
     oc.beta2 = 0.95;
     oc.eps = 1e-8;
     oc.weight_decay = 0.1;
-    anneal_optimizer *opt = anneal_optimizer_new(m->params, oc);
+    anneal_optimizer *opt = anneal_optimizer_new(m->base.params, oc);
     anneal_schedule sch = {.kind = ANNEAL_SCHED_COSINE, .max_lr = 1e-2, .min_lr = 1e-3,
                            .warmup_steps = 3, .total_steps = 10};
     bool ok = opt != NULL;
@@ -102,10 +102,10 @@ static bool train_10(anneal_gpt2 *m, const anneal_safetensors *st, float *losses
         anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
         anneal_tensor *loss = anneal_gpt2_loss(m, ids, tg);
         ok = loss && anneal_backward(loss) == ANNEAL_OK &&
-             anneal_clip_grad_norm(m->params, 1.0f, &norms[step]) == ANNEAL_OK &&
+             anneal_clip_grad_norm(m->base.params, 1.0f, &norms[step]) == ANNEAL_OK &&
              anneal_optimizer_step(opt, anneal_schedule_lr(&sch, step)) == ANNEAL_OK;
         if (loss) losses[step] = (float)anneal_item(loss);
-        anneal_params_zero_grad(m->params);
+        anneal_params_zero_grad(m->base.params);
         anneal_scope_close(s);
     }
     anneal_optimizer_free(opt);
@@ -126,8 +126,8 @@ TEST(ten_adamw_steps_match_pytorch) {
     CHECK(losses[9] < 0.6 * losses[0], "loss must fall: %g -> %g", losses[0], losses[9]);
     free(ref_l);
     free(ref_n);
-    for (int i = 0; i < m->params->n; i++) {
-        anneal_param *p = &m->params->items[i];
+    for (int i = 0; i < m->base.params->n; i++) {
+        anneal_param *p = &m->base.params->items[i];
         char name[256];
         snprintf(name, sizeof name, "final.%s", p->name);
         float *ref = entry_f32(st, name, &n);
@@ -152,10 +152,10 @@ TEST(training_is_bit_deterministic) {
     REQUIRE(train_10(a, st, la, na));
     REQUIRE(train_10(b, st, lb, nb));
     CHECK(memcmp(la, lb, sizeof la) == 0, "losses differ between identical runs");
-    for (int i = 0; i < a->params->n; i++) {
-        float *x = tensor_f32(a->params->items[i].tensor), *y = tensor_f32(b->params->items[i].tensor);
-        CHECK(memcmp(x, y, (size_t)anneal_numel(a->params->items[i].tensor) * sizeof(float)) == 0,
-              "%s differs between identical runs", a->params->items[i].name);
+    for (int i = 0; i < a->base.params->n; i++) {
+        float *x = tensor_f32(a->base.params->items[i].tensor), *y = tensor_f32(b->base.params->items[i].tensor);
+        CHECK(memcmp(x, y, (size_t)anneal_numel(a->base.params->items[i].tensor) * sizeof(float)) == 0,
+              "%s differs between identical runs", a->base.params->items[i].name);
         free(x);
         free(y);
     }
@@ -181,8 +181,8 @@ TEST(recompute_gives_identical_gradients_and_saves_memory) {
     REQUIRE(st);
     anneal_gpt2 *a = fixture_model(st, false), *b = fixture_model(st, true);
     REQUIRE(a && b);
-    a->cfg.dropout = b->cfg.dropout = 0.1f; /* masks must be replayed exactly */
-    a->training = b->training = true;
+    a->base.cfg.dropout = b->base.cfg.dropout = 0.1f; /* masks must be replayed exactly */
+    a->base.ctx.training = b->base.ctx.training = true;
     anneal_memory_reset_peak(ANNEAL_CPU);
     int64_t base = anneal_memory_stats_get(ANNEAL_CPU).live_bytes;
     double la = grads_with(a, st);
@@ -192,12 +192,12 @@ TEST(recompute_gives_identical_gradients_and_saves_memory) {
     double lb = grads_with(b, st);
     int64_t peak_b = anneal_memory_stats_get(ANNEAL_CPU).peak_bytes - base;
     CHECK(la == lb, "loss with recompute %.9g vs without %.9g", lb, la);
-    for (int i = 0; i < a->params->n; i++) {
-        anneal_tensor *ga = a->params->items[i].tensor->grad, *gb = b->params->items[i].tensor->grad;
+    for (int i = 0; i < a->base.params->n; i++) {
+        anneal_tensor *ga = a->base.params->items[i].tensor->grad, *gb = b->base.params->items[i].tensor->grad;
         REQUIRE(ga && gb);
         float *x = tensor_f32(ga), *y = tensor_f32(gb);
         CHECK(memcmp(x, y, (size_t)anneal_numel(ga) * sizeof(float)) == 0, "%s: recompute changed the gradient",
-              a->params->items[i].name);
+              a->base.params->items[i].name);
         free(x);
         free(y);
     }
@@ -209,7 +209,7 @@ TEST(recompute_gives_identical_gradients_and_saves_memory) {
 }
 
 TEST(model_errors) {
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     CHECK_TRUE(anneal_gpt2_preset("124M", &cfg) && cfg.n_layer == 12 && cfg.n_embd == 768);
     CHECK_TRUE(anneal_gpt2_preset("gpt2-xl", &cfg) && cfg.n_layer == 48 && cfg.n_embd == 1600);
     CHECK_TRUE(!anneal_gpt2_preset("nope", &cfg));
@@ -225,10 +225,10 @@ TEST(model_errors) {
     CHECK_TRUE(anneal_gpt2_init(m, 1) == ANNEAL_OK);
     /* 124M-style parameter count check on tiny: 12*L*C^2 + 13*L*C + V*C + ctx*C + 2C */
     int64_t C = cfg.n_embd, L = cfg.n_layer;
-    CHECK(anneal_gpt2_num_params(m) == 12 * L * C * C + 13 * L * C + (int64_t)cfg.vocab_size * C +
+    CHECK(anneal_model_num_params(&m->base) == 12 * L * C * C + 13 * L * C + (int64_t)cfg.vocab_size * C +
                                            (int64_t)cfg.n_ctx * C + 2 * C,
-          "param count %lld", (long long)anneal_gpt2_num_params(m));
-    CHECK_TRUE(anneal_params_find(m->params, "transformer.h.1.attn.c_attn.weight") != NULL);
+          "param count %lld", (long long)anneal_model_num_params(&m->base));
+    CHECK_TRUE(anneal_params_find(m->base.params, "transformer.h.1.attn.c_attn.weight") != NULL);
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *ids = anneal_zeros(ANNEAL_I32, 2, (int64_t[]){1, cfg.n_ctx + 1});
     CHECK_TRUE(anneal_gpt2_forward(m, ids) == NULL && anneal_last_status() == ANNEAL_ERR_SHAPE);
@@ -241,12 +241,12 @@ TEST(model_errors) {
 }
 
 TEST(init_statistics) {
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     anneal_gpt2_preset("tiny", &cfg);
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     REQUIRE(m && anneal_gpt2_init(m, 5) == ANNEAL_OK);
     struct { anneal_tensor *t; double std; } cases[] = {
-        {m->wte, 0.02}, {m->blocks[0].c_fc_w, 0.02}, {m->blocks[1].mlp_proj_w, 0.02 / sqrt(2.0 * cfg.n_layer)},
+        {m->wte.weight, 0.02}, {m->blocks[0].mlp.fc.weight, 0.02}, {m->blocks[1].mlp.proj.weight, 0.02 / sqrt(2.0 * cfg.n_layer)},
     };
     for (int c = 0; c < 3; c++) {
         int64_t n = anneal_numel(cases[c].t);
@@ -260,8 +260,8 @@ TEST(init_statistics) {
         CHECK(fabs(mean) < 4 * cases[c].std / sqrt((double)n), "case %d mean %g", c, mean);
         CHECK(fabs(sd / cases[c].std - 1) < 0.05, "case %d std %g vs %g", c, sd, cases[c].std);
     }
-    CHECK_NEAR(anneal_item_at(m->blocks[0].ln_1_w, 3), 1.0, 0);
-    CHECK_NEAR(anneal_item_at(m->blocks[0].c_attn_b, 3), 0.0, 0);
+    CHECK_NEAR(anneal_item_at(m->blocks[0].ln_1.weight, 3), 1.0, 0);
+    CHECK_NEAR(anneal_item_at(m->blocks[0].attn.qkv.bias, 3), 0.0, 0);
     anneal_gpt2_free(m);
 }
 

@@ -1,4 +1,4 @@
-/* GPT-2 with bf16 and f16 matmuls (the model's compute precision) against PyTorch, on the
+/* GPT-2 with bf16 and f16 matmuls (anneal_model_set_compute) against PyTorch, on the
  * fixture of test_gpt2.c (tests/fixtures/gpt2_tiny.safetensors: weights, batch, fp32
  * logits, loss and gradients) and tests/fixtures/gpt2_tiny_precision.safetensors
  * (gen_gpt2_precision.py: a float64 GPT-2 that rounds both operands of every GEMM,
@@ -61,6 +61,7 @@
  *    and attention to bf16): anneal's bf16 loss within 1e-4 relative (measured 1e-7). */
 #include "anneal/anneal.h"
 #include "test.h"
+
 #include "gpt2_fixture.h"
 
 #include <stdlib.h>
@@ -125,16 +126,15 @@ static bool run_at(const anneal_safetensors *st, anneal_dtype dt, result *r) {
 static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const int32_t *targets, float loss_scale,
                            result *r) {
     memset(r, 0, sizeof *r);
-    anneal_gpt2_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
+    anneal_model_config cfg = {.n_layer = meta_int(st, "n_layer"), .n_head = meta_int(st, "n_head"),
                               .n_embd = meta_int(st, "n_embd"), .vocab_size = meta_int(st, "vocab_size"),
-                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .ln_eps = 1e-5f};
+                              .n_ctx = meta_int(st, "n_ctx"), .dropout = 0.0f, .norm_eps = 1e-5f};
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
-    if (!m || anneal_params_load(m->params, st, "") != ANNEAL_OK || m->params->n > 64) {
+    if (!m || anneal_params_load(m->base.params, st, "") != ANNEAL_OK || m->base.params->n > 64) {
         anneal_gpt2_free(m);
         return false;
     }
-    m->compute = dt;
-    bool ok = true;
+    bool ok = anneal_model_set_compute(&m->base, dt) == ANNEAL_OK;
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *ids = anneal_safetensors_load(st, "input_ids", ANNEAL_I32);
     anneal_tensor *tg = anneal_safetensors_load(st, "targets", ANNEAL_I32);
@@ -152,9 +152,9 @@ static bool run_at_targets(const anneal_safetensors *st, anneal_dtype dt, const 
         r->logits = tensor_f32(logits);
         r->n_logits = anneal_numel(logits);
         r->loss = anneal_item(loss);
-        r->n_params = m->params->n;
-        for (int i = 0; i < m->params->n && ok; i++) {
-            anneal_param *p = &m->params->items[i];
+        r->n_params = m->base.params->n;
+        for (int i = 0; i < m->base.params->n && ok; i++) {
+            anneal_param *p = &m->base.params->items[i];
             snprintf(r->names[i], sizeof r->names[i], "%s", p->name);
             ok = p->tensor->grad != NULL;
             if (ok) r->grads[i] = tensor_f32(p->tensor->grad), r->n_grad[i] = anneal_numel(p->tensor->grad);
@@ -438,18 +438,23 @@ TEST(bf16_loss_close_to_pytorch_autocast) {
     anneal_safetensors_close(px);
 }
 
-TEST(compute_precision_is_a_checked_value) {
-    anneal_scope *s = anneal_scope_open();
-    anneal_tensor *a = anneal_zeros(ANNEAL_F32, 2, (int64_t[]){2, 3}), *b = anneal_zeros(ANNEAL_F32, 2, (int64_t[]){3, 4});
+/* The compute precision is the model's value (f32 by default), checked when set. */
+TEST(compute_precision_is_a_value_and_checked) {
+    anneal_model_config cfg;
+    REQUIRE(anneal_gpt2_preset("tiny", &cfg));
+    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    REQUIRE(m);
+    CHECK_TRUE(m->base.ctx.compute == ANNEAL_F32);
     anneal_clear_error();
-    CHECK_TRUE(anneal_matmul_ex(a, b, ANNEAL_I32) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_model_set_compute(&m->base, ANNEAL_I32) == ANNEAL_ERR_ARG);
     anneal_clear_error();
-    CHECK_TRUE(anneal_matmul_ex(a, b, ANNEAL_F32) != NULL);
-    anneal_scope_close(s);
+    CHECK_TRUE(m->base.ctx.compute == ANNEAL_F32);
+    CHECK_TRUE(anneal_model_set_compute(&m->base, ANNEAL_BF16) == ANNEAL_OK && m->base.ctx.compute == ANNEAL_BF16);
+    anneal_gpt2_free(m);
 }
 
 int main(void) {
-    RUN(compute_precision_is_a_checked_value);
+    RUN(compute_precision_is_a_value_and_checked);
     RUN(bf16_matches_the_rounded_reference);
     RUN(f16_loss_matches_the_rounded_reference);
     RUN(error_against_fp32_is_the_formats_rounding);

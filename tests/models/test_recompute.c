@@ -18,15 +18,15 @@ typedef struct {
 
 static result run_mode(anneal_recompute_mode mode, int64_t B, int64_t T) {
     result r = {NAN, 0, NULL, 0};
-    anneal_gpt2_config cfg = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 512, .n_ctx = 256,
-                              .dropout = 0.1f, .ln_eps = 1e-5f, .recompute = mode};
+    anneal_model_config cfg = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 512, .n_ctx = 256,
+                              .dropout = 0.1f, .norm_eps = 1e-5f, .recompute = mode};
     anneal_gpt2 *m = anneal_gpt2_new(&cfg);
     if (!m || anneal_gpt2_init(m, 21) != ANNEAL_OK) {
         anneal_test_fail(__FILE__, __LINE__, "model: %s", anneal_last_error());
         anneal_gpt2_free(m);
         return r;
     }
-    m->training = true;
+    m->base.ctx.training = true;
     anneal_scope *s = anneal_scope_open();
     int64_t shape[2] = {B, T};
     anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
@@ -42,10 +42,10 @@ static result run_mode(anneal_recompute_mode mode, int64_t B, int64_t T) {
     else anneal_test_fail(__FILE__, __LINE__, "%s: %s", anneal_recompute_name(mode), anneal_last_error());
     r.peak = anneal_memory_stats_get(ANNEAL_CPU).peak_bytes - base;
     anneal_scope_close(s);
-    r.n = m->params->n;
+    r.n = m->base.params->n;
     r.grads = calloc((size_t)r.n, sizeof *r.grads);
     for (int i = 0; i < r.n; i++) {
-        anneal_tensor *g = m->params->items[i].tensor->grad;
+        anneal_tensor *g = m->base.params->items[i].tensor->grad;
         if (!g) continue;
         r.grads[i] = malloc((size_t)anneal_numel(g) * sizeof(float));
         memcpy(r.grads[i], anneal_data(g), (size_t)anneal_numel(g) * sizeof(float));
@@ -70,12 +70,12 @@ TEST(modes_give_identical_gradients_and_order_memory) {
     CHECK(isfinite(none.loss), "loss %g", none.loss);
     CHECK(attn.loss == none.loss, "attn loss %.9g vs none %.9g", attn.loss, none.loss);
     CHECK(block.loss == none.loss, "block loss %.9g vs none %.9g", block.loss, none.loss);
-    anneal_gpt2_config cfg = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 512, .n_ctx = 256,
-                              .dropout = 0.1f, .ln_eps = 1e-5f};
+    anneal_model_config cfg = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 512, .n_ctx = 256,
+                              .dropout = 0.1f, .norm_eps = 1e-5f};
     anneal_gpt2 *shape_model = anneal_gpt2_new(&cfg);
     REQUIRE(shape_model);
     for (int i = 0; i < none.n; i++) {
-        const anneal_param *pa = &shape_model->params->items[i];
+        const anneal_param *pa = &shape_model->base.params->items[i];
         size_t bytes = (size_t)anneal_numel(pa->tensor) * sizeof(float);
         REQUIRE(none.grads[i] && attn.grads[i] && block.grads[i]);
         CHECK(memcmp(none.grads[i], attn.grads[i], bytes) == 0, "%s: attn recompute changed the gradient", pa->name);
@@ -104,11 +104,11 @@ TEST(mode_names) {
     CHECK_TRUE(anneal_recompute_parse("on", &m) && m == ANNEAL_RECOMPUTE_BLOCK);
     CHECK_TRUE(!anneal_recompute_parse("mlp", &m) && !anneal_recompute_parse(NULL, &m));
     CHECK_TRUE(!strcmp(anneal_recompute_name(ANNEAL_RECOMPUTE_ATTN), "attn"));
-    anneal_gpt2_config cfg;
+    anneal_model_config cfg;
     REQUIRE(anneal_gpt2_preset("tiny", &cfg));
     cfg.recompute = (anneal_recompute_mode)7;
     anneal_clear_error();
-    CHECK_TRUE(anneal_gpt2_config_check(&cfg) == ANNEAL_ERR_ARG);
+    CHECK_TRUE(anneal_model_config_check(&cfg) == ANNEAL_ERR_ARG);
     CHECK(strstr(anneal_last_error(), "recompute") != NULL, "%s", anneal_last_error());
     anneal_clear_error();
     /* the trainer flag: on/off kept, stored by the canonical name, bad modes named */

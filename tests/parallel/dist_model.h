@@ -1,4 +1,4 @@
-/* A tiny GPT-2 and a fixed batch for the gradient-sync and ZeRO tests: every rank
+/* A tiny GPT-2 (through the model interface) and a fixed batch for the gradient-sync and ZeRO tests: every rank
  * builds the same batch (from a fixed seed) and takes its rows; the reference is one
  * process running the whole batch. Header-only. */
 #ifndef ANNEAL_TESTS_DIST_MODEL_H
@@ -11,9 +11,9 @@
 
 static int32_t dm_ids[DM_B * DM_T], dm_tg[DM_B * DM_T];
 
-static inline anneal_gpt2_config dm_config(void) {
-    anneal_gpt2_config c = {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .n_ctx = 16,
-                            .dropout = 0.0f, .ln_eps = 1e-5f, .recompute = false};
+static inline anneal_model_config dm_config(void) {
+    anneal_model_config c = {.arch = "gpt2", .n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .n_ctx = 16,
+                             .dropout = 0.0f, .norm_eps = 1e-5f, .recompute = ANNEAL_RECOMPUTE_NONE};
     return c;
 }
 
@@ -26,11 +26,11 @@ static inline void dm_batch(uint64_t seed) {
     }
 }
 
-static inline anneal_gpt2 *dm_model(uint64_t seed) {
-    anneal_gpt2_config c = dm_config();
-    anneal_gpt2 *m = anneal_gpt2_new(&c);
-    if (m && anneal_gpt2_init(m, seed) != ANNEAL_OK) {
-        anneal_gpt2_free(m);
+static inline anneal_model *dm_model(uint64_t seed) {
+    anneal_model_config c = dm_config();
+    anneal_model *m = anneal_model_new(&c, ANNEAL_CPU);
+    if (m && anneal_model_init(m, seed) != ANNEAL_OK) {
+        anneal_model_free(m);
         return NULL;
     }
     return m;
@@ -38,12 +38,12 @@ static inline anneal_gpt2 *dm_model(uint64_t seed) {
 
 /* Forward + backward of rows [row0, row0 + rows) (mean loss over them), gradients
  * accumulated into the parameters; the loss, NAN on failure. */
-static inline double dm_backward(anneal_gpt2 *m, int row0, int rows) {
+static inline double dm_backward(anneal_model *m, int row0, int rows) {
     anneal_scope *sc = anneal_scope_open();
     int64_t shape[2] = {rows, DM_T};
     anneal_tensor *ids = anneal_from_data(ANNEAL_I32, 2, shape, dm_ids + row0 * DM_T);
     anneal_tensor *tg = anneal_from_data(ANNEAL_I32, 2, shape, dm_tg + row0 * DM_T);
-    anneal_tensor *loss = ids && tg ? anneal_gpt2_loss(m, ids, tg) : NULL;
+    anneal_tensor *loss = ids && tg ? anneal_model_loss(m, ids, tg) : NULL;
     double v = loss && anneal_backward(loss) == ANNEAL_OK ? anneal_item(loss) : NAN;
     anneal_scope_close(sc);
     return v;

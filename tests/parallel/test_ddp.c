@@ -19,23 +19,23 @@ static float g_ref_norm;
 
 static void make_reference(void) {
     dm_batch(42);
-    anneal_gpt2 *m = dm_model(1);
+    anneal_model *m = dm_model(1);
     if (!m) return;
     g_numel = anneal_params_numel(m->params);
     g_ref_params = dm_flat(m->params, false);
     dm_backward(m, 0, DM_B);
     g_ref_grads = dm_flat(m->params, true);
     anneal_grad_norm(m->params, &g_ref_norm);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
 }
 
 /* Rank r's model: seed 1 on rank 0, a different seed elsewhere, so the broadcast is
  * what makes them equal. */
-static anneal_gpt2 *rank_model(void) { return dm_model(dt_rank() == 0 ? 1 : 7); }
+static anneal_model *rank_model(void) { return dm_model(dt_rank() == 0 ? 1 : 7); }
 
 /* One synchronised step's gradients for cfg (rows split evenly), malloc'd. */
 static float *ddp_grads(anneal_ddp_config cfg, anneal_ddp_memory *mem) {
-    anneal_gpt2 *m = rank_model();
+    anneal_model *m = rank_model();
     anneal_ddp *d = m ? anneal_ddp_new(g_comm, m->params, cfg) : NULL;
     float *g = NULL;
     if (d && anneal_ddp_broadcast_params(d) == ANNEAL_OK) {
@@ -53,7 +53,7 @@ static float *ddp_grads(anneal_ddp_config cfg, anneal_ddp_memory *mem) {
         CHECK(false, "ddp setup failed: %s", anneal_last_error());
     }
     anneal_ddp_free(d);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return g;
 }
 
@@ -97,17 +97,17 @@ TEST(gradient_accumulation) {
     REQUIRE(g_ref_grads);
     anneal_ddp_config cfg = anneal_ddp_defaults();
     cfg.bucket_bytes = 2048;
-    anneal_gpt2 *m = rank_model();
+    anneal_model *m = rank_model();
     anneal_ddp *d = m ? anneal_ddp_new(g_comm, m->params, cfg) : NULL;
     REQUIRE(d);
     CHECK_TRUE(anneal_ddp_broadcast_params(d) == ANNEAL_OK);
     int rows = DM_B / dt_world() / 2, r0 = dt_rank() * 2 * rows;
     /* The local-only gradient of the first micro-batch, from a twin model. */
-    anneal_gpt2 *twin = dm_model(1);
+    anneal_model *twin = dm_model(1);
     REQUIRE(twin);
     dm_backward(twin, r0, rows);
     float *local = dm_flat(twin->params, true);
-    anneal_gpt2_free(twin);
+    anneal_model_free(twin);
 
     CHECK_TRUE(anneal_ddp_begin_backward(d, false) == ANNEAL_OK);
     CHECK_TRUE(!isnan(dm_backward(m, r0, rows)));
@@ -124,7 +124,7 @@ TEST(gradient_accumulation) {
     CHECK(err <= DDP_TOL, "error %.3g", err);
     free(local), free(after1), free(g);
     anneal_ddp_free(d);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
 }
 
 /* Global norm and clipping: the norm of the synchronised gradients equals the
@@ -132,7 +132,7 @@ TEST(gradient_accumulation) {
  * scales by PyTorch's coefficient. */
 TEST(clip_and_scale) {
     REQUIRE(g_ref_grads);
-    anneal_gpt2 *m = rank_model();
+    anneal_model *m = rank_model();
     anneal_ddp *d = m ? anneal_ddp_new(g_comm, m->params, anneal_ddp_defaults()) : NULL;
     REQUIRE(d);
     anneal_clear_error();
@@ -164,7 +164,7 @@ TEST(clip_and_scale) {
     CHECK(bad == 0, "%d gradients not scaled", bad);
     free(before), free(after), free(half);
     anneal_ddp_free(d);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
 }
 
 /* Parameters without any gradient count as zeros: every rank ends with a zero .grad. */

@@ -157,9 +157,9 @@ static float *params_of(const char *run, int64_t *n) {
     char ck[1024];
     *n = 0;
     if (anneal_checkpoint_resolve(wpath(run), ck, sizeof ck) != ANNEAL_OK) return NULL;
-    anneal_gpt2_config mc;
+    anneal_model_config mc;
     if (anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK) return NULL;
-    anneal_gpt2 *m = anneal_gpt2_new(&mc);
+    anneal_model *m = anneal_model_new(&mc, ANNEAL_CPU);
     anneal_train_state st;
     float *out = NULL;
     if (m && anneal_checkpoint_load(ck, m, NULL, &st) == ANNEAL_OK) {
@@ -172,7 +172,7 @@ static float *params_of(const char *run, int64_t *n) {
         }
         *n = total;
     }
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return out;
 }
 

@@ -14,7 +14,7 @@
 #define STEPS 4
 
 typedef struct run {
-    anneal_gpt2 *m;
+    anneal_model *m;
     anneal_ddp *d;   /* NULL: one process, whole batch */
     anneal_optimizer *o;
     double loss;     /* last step's loss over the whole batch (mean over ranks) */
@@ -23,7 +23,7 @@ typedef struct run {
 static void run_free(run *r) {
     anneal_optimizer_free(r->o);
     anneal_ddp_free(r->d);
-    anneal_gpt2_free(r->m);
+    anneal_model_free(r->m);
     memset(r, 0, sizeof *r);
 }
 
@@ -266,7 +266,7 @@ TEST(accumulation) {
 }
 
 TEST(errors) {
-    anneal_gpt2 *m = dm_model(1);
+    anneal_model *m = dm_model(1);
     REQUIRE(m);
     anneal_ddp *d0 = anneal_ddp_new(g_comm, m->params, anneal_ddp_defaults());
     REQUIRE(d0);
@@ -283,7 +283,7 @@ TEST(errors) {
     anneal_optimizer_free(o);
     anneal_ddp_free(d1);
     anneal_ddp_free(d0);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
 }
 
 static void run_all(void) {

@@ -170,25 +170,26 @@ TEST(fp16_static_loss_scale) {
               s.scale[i], (int)s.skipped[i]);
 }
 
+
 /* Gradients of the tiny model (init seed 7) on one real-text batch (B x T) of the
  * loss / K (one of K accumulated micro-batches, as --accum K does) at matmul dtype dt,
  * with the loss multiplied by scale and the gradients unscaled by the loss scaler
  * (scale 0: no scaling). grads[i]: malloc'd copies. */
 static bool grads_at(const char *data, int64_t B, int64_t T, float K, anneal_dtype dt, float scale, float **grads,
                      int *np, char names[][128]) {
-    anneal_gpt2_config cfg;
-    anneal_gpt2_preset("tiny", &cfg);
-    anneal_gpt2 *m = anneal_gpt2_new(&cfg);
+    anneal_model_config cfg;
+    anneal_model_preset("tiny", &cfg);
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
     anneal_loader_config lc = {.batch = B, .seq = T, .seed = 7, .shuffle = false, .rank = 0, .world = 1};
     anneal_loader *l = NULL;
-    bool ok = m && anneal_gpt2_init(m, 7) == ANNEAL_OK && anneal_loader_open(data, "train", &lc, &l) == ANNEAL_OK;
+    bool ok = m && anneal_model_init(m, 7) == ANNEAL_OK && anneal_loader_open(data, "train", &lc, &l) == ANNEAL_OK;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
     ok = ok && ids && tg && anneal_loader_next(l, ids, tg) == ANNEAL_OK;
-    if (m) m->compute = dt;
+    ok = ok && anneal_model_set_compute(m, dt) == ANNEAL_OK;
     anneal_scope *sc = anneal_scope_open();
     anneal_tensor *x = ok ? anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, ids) : NULL;
     anneal_tensor *y = ok ? anneal_from_data(ANNEAL_I32, 2, (int64_t[]){B, T}, tg) : NULL;
-    anneal_tensor *loss = x && y ? anneal_gpt2_loss(m, x, y) : NULL;
+    anneal_tensor *loss = x && y ? anneal_model_loss(m, x, y) : NULL;
     anneal_tensor *obj = anneal_scale(loss, 1.0f / K);
     if (scale > 0) obj = anneal_scale(obj, scale);
     ok = obj && anneal_backward(obj) == ANNEAL_OK;
@@ -211,7 +212,7 @@ static bool grads_at(const char *data, int64_t B, int64_t T, float K, anneal_dty
     free(ids);
     free(tg);
     anneal_loader_free(l);
-    anneal_gpt2_free(m);
+    anneal_model_free(m);
     return ok;
 }
 
@@ -233,9 +234,9 @@ TEST(fp16_without_scaling_loses_small_gradients) {
     REQUIRE(grads_at(g_data, B, T, K, ANNEAL_F16, 65536.0f, gdyn, &nd, names));
     REQUIRE(grads_at(g_data, B, T, K, ANNEAL_F16, 0, gone, &n1, names));
     REQUIRE(n32 == nd && n32 == n1 && n32 > 0);
-    anneal_gpt2_config cfg;
-    anneal_gpt2_preset("tiny", &cfg);
-    anneal_gpt2 *shape = anneal_gpt2_new(&cfg);
+    anneal_model_config cfg;
+    anneal_model_preset("tiny", &cfg);
+    anneal_model *shape = anneal_model_new(&cfg, ANNEAL_CPU);
     REQUIRE(shape);
     double worst_dyn = 0, worst_one = 0;
     int worst_i = 0;
@@ -246,7 +247,7 @@ TEST(fp16_without_scaling_loses_small_gradients) {
         if (e1 > worst_one) worst_one = e1, worst_i = i;
         free(g32[i]), free(gdyn[i]), free(gone[i]);
     }
-    anneal_gpt2_free(shape);
+    anneal_model_free(shape);
     printf("    gradients vs fp32 (worst parameter, normwise): fp16 with scale 2^16 %.3g, fp16 unscaled %.3g (%s)\n",
            worst_dyn, worst_one, names[worst_i]);
     CHECK(worst_dyn <= 8 * 4.8828125e-4, "fp16 with the loss scale: gradients %.3g from fp32 (> 8u = 3.9e-3)", worst_dyn);

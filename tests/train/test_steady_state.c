@@ -87,7 +87,7 @@ int posix_memalign(void **out, size_t a, size_t n) {
 /* --------------------------------------------------------------- the step */
 
 typedef struct {
-    anneal_gpt2 *model;
+    anneal_model *model;
     anneal_optimizer *opt;
     int32_t *ids, *tg;
     int64_t B, T;
@@ -97,7 +97,7 @@ typedef struct {
  * AdamW. Returns the loss (NaN on failure). */
 static double step(run *r, int64_t k) {
     anneal_rng_set((anneal_rng_state){7, (uint64_t)(k + 1) << 40});
-    r->model->training = true;
+    anneal_model_set_training(r->model, true);
     anneal_params_zero_grad(r->model->params);
     anneal_scope *s = anneal_scope_open();
     int64_t shape[2] = {r->B, r->T};
@@ -106,7 +106,7 @@ static double step(run *r, int64_t k) {
     if (ids && tg) {
         memcpy(anneal_data(ids), r->ids, (size_t)(r->B * r->T) * sizeof(int32_t));
         memcpy(anneal_data(tg), r->tg, (size_t)(r->B * r->T) * sizeof(int32_t));
-        anneal_tensor *loss = anneal_gpt2_loss(r->model, ids, tg);
+        anneal_tensor *loss = anneal_model_loss(r->model, ids, tg);
         if (loss && anneal_backward(loss) == ANNEAL_OK) loss_v = anneal_item(loss);
     }
     anneal_scope_close(s);
@@ -119,13 +119,13 @@ static double step(run *r, int64_t k) {
 
 /* Five steps of GPT-2 tiny with the given recompute mode; steps 3-5 are checked. */
 static void steady_state(anneal_recompute_mode mode) {
-    anneal_gpt2_config cfg;
-    REQUIRE(anneal_gpt2_preset("tiny", &cfg));
+    anneal_model_config cfg;
+    REQUIRE(anneal_model_preset("tiny", &cfg));
     cfg.dropout = 0.1f;
     cfg.recompute = mode;
     run r = {.B = 4, .T = 64}; /* B*T*C = 16384: row kernels take their parallel paths, bias-sized ones not */
-    r.model = anneal_gpt2_new(&cfg);
-    REQUIRE(r.model && anneal_gpt2_init(r.model, 3) == ANNEAL_OK);
+    r.model = anneal_model_new(&cfg, ANNEAL_CPU);
+    REQUIRE(r.model && anneal_model_init(r.model, 3) == ANNEAL_OK);
     anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
     r.opt = anneal_optimizer_new(r.model->params, oc);
     REQUIRE(r.opt);
@@ -174,7 +174,7 @@ static void steady_state(anneal_recompute_mode mode) {
     free(r.ids);
     free(r.tg);
     anneal_optimizer_free(r.opt);
-    anneal_gpt2_free(r.model);
+    anneal_model_free(r.model);
 }
 
 TEST(steady_state_step_makes_no_system_allocation) { steady_state(ANNEAL_RECOMPUTE_NONE); }

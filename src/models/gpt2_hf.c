@@ -1,17 +1,15 @@
-/* Hugging Face GPT-2 interchange: config.json <-> anneal_gpt2_config, and weights
- * from a transformers safetensors file (GPT2LMHeadModel keys "transformer.h.0...."
- * with an optional "lm_head.weight", or GPT2Model keys "h.0...."), ignoring the
- * causal-mask buffers older transformers versions saved ("h.N.attn.bias",
- * "h.N.attn.masked_bias"). Everything is validated before a parameter is written. */
-#include "io/checkpoint_internal.h"
+/* GPT-2's Hugging Face interchange: config.json <-> anneal_model_config, and weights
+ * from a transformers state dict (GPT2LMHeadModel keys "transformer.h.0...." with an
+ * optional "lm_head.weight", or GPT2Model keys "h.0...."), ignoring the causal-mask
+ * buffers older transformers versions saved ("h.N.attn.bias", "h.N.attn.masked_bias").
+ * Everything is validated before a parameter is written. */
+#include "gpt2_hf.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "anneal/io.h"
-#include "anneal/fs.h"
 
 /* ------------------------------------------------------------------ config */
 
@@ -27,7 +25,7 @@ static anneal_status get_pos_int(const char *path, const cJSON *j, const char *k
     return ANNEAL_OK;
 }
 
-/* Number field `key` in [lo, hi) (hi exclusive unless hi_incl); absent -> def. */
+/* Number field `key` in [lo, hi); absent -> def. */
 static anneal_status get_num(const char *path, const cJSON *j, const char *key, double lo, double hi,
                              double def, double *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
@@ -54,17 +52,18 @@ static anneal_status require_bool(const char *path, const cJSON *j, const char *
 }
 
 /* Checks the parsed config object and fills cfg. */
-static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_gpt2_config *cfg) {
+static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_model_config *cfg) {
     if (!cJSON_IsObject(j)) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not a JSON object", path);
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     if (mt && !cJSON_IsNull(mt)) {
         if (!cJSON_IsString(mt)) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"model_type\" must be a string", path);
         if (strcmp(mt->valuestring, "gpt2") != 0)
-            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (only \"gpt2\")",
-                                    path, mt->valuestring);
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not GPT-2's (\"gpt2\")", path,
+                                    mt->valuestring);
     }
-    anneal_gpt2_config c;
+    anneal_model_config c;
     memset(&c, 0, sizeof c);
+    snprintf(c.arch, sizeof c.arch, "gpt2");
     static const char *required[] = {"n_layer", "n_head", "n_embd", "vocab_size"};
     int *dst[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.vocab_size};
     anneal_status r;
@@ -112,36 +111,43 @@ static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_gp
     if ((float)embd != (float)resid)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: embd_pdrop %g differs from resid_pdrop %g", path, embd, resid);
     c.dropout = (float)resid;
-    c.ln_eps = (float)eps;
-    c.recompute = false;
+    c.norm_eps = (float)eps;
+    c.recompute = ANNEAL_RECOMPUTE_NONE;
     if ((r = anneal_gpt2_config_check(&c)) != ANNEAL_OK) return r;
     *cfg = c;
     return ANNEAL_OK;
 }
 
-anneal_status anneal_gpt2_config_from_hf_json(const char *path, anneal_gpt2_config *cfg) {
-    if (!path || !cfg) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
-    char *txt = NULL;
-    anneal_status r = anneal_ckpt_read_file(path, 1 << 20, &txt, NULL);
-    if (r != ANNEAL_OK) return r;
-    cJSON *j = cJSON_ParseWithOpts(txt, NULL, 1);
-    free(txt);
-    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", path);
-    r = parse_hf_config(path, j, cfg);
+anneal_status anneal_gpt2_config_from_hf(const char *json, const char *source, anneal_model_config *out) {
+    if (!json || !out) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
+    if (!source) source = "config.json";
+    cJSON *j = cJSON_ParseWithOpts(json, NULL, 1);
+    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", source);
+    anneal_status r = parse_hf_config(source, j, out);
     cJSON_Delete(j);
     return r;
 }
 
-/* Writes transformers' GPT2Config keys (sorted, 2-space indent, as save_pretrained
- * does); attn_pdrop carries the same rate although anneal does not drop attention
+/* Shortest decimal text that reads back as the same float. */
+static void fmt_float(char *buf, size_t n, float v) {
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, n, "%.*g", p, (double)v);
+        if ((float)strtod(buf, NULL) == v) return;
+    }
+}
+
+/* transformers' GPT2Config keys (sorted, 2-space indent, as save_pretrained writes
+ * them); attn_pdrop carries the same rate although anneal does not drop attention
  * probabilities. */
-anneal_status anneal_gpt2_config_write_hf_json(const char *path, const anneal_gpt2_config *c) {
-    if (!path || !c) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
-    anneal_status r = anneal_gpt2_config_check(c);
-    if (r != ANNEAL_OK) return r;
+char *anneal_gpt2_config_to_hf(const anneal_model_config *c) {
+    if (!c) {
+        anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
+        return NULL;
+    }
+    if (anneal_gpt2_config_check(c) != ANNEAL_OK) return NULL;
     char drop[32], eps[32];
-    anneal_ckpt_fmt_float(drop, sizeof drop, c->dropout);
-    anneal_ckpt_fmt_float(eps, sizeof eps, c->ln_eps);
+    fmt_float(drop, sizeof drop, c->dropout);
+    fmt_float(eps, sizeof eps, c->norm_eps);
     char *txt = NULL;
     int n = asprintf(&txt,
                      "{\n"
@@ -162,10 +168,11 @@ anneal_status anneal_gpt2_config_write_hf_json(const char *path, const anneal_gp
                      "  \"vocab_size\": %d\n"
                      "}\n",
                      drop, drop, eps, c->n_ctx, c->n_embd, c->n_head, c->n_layer, c->n_ctx, drop, c->vocab_size);
-    if (n < 0) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
-    r = anneal_write_file_atomic(path, txt, (size_t)n);
-    free(txt);
-    return r;
+    if (n < 0) {
+        anneal_set_error(ANNEAL_ERR_OOM, "gpt2 config: out of memory");
+        return NULL;
+    }
+    return txt;
 }
 
 /* ----------------------------------------------------------------- weights */
@@ -195,56 +202,67 @@ static void list_finish(char *buf, size_t n, int count) {
     }
 }
 
-/* Sets *same to whether entries a and b hold the same values once converted to f32
- * (temporaries in the current scope). */
-static anneal_status compare_as_f32(const anneal_safetensors *st, const anneal_st_entry *a,
-                                    const anneal_st_entry *b, bool *same) {
+/* "(a, b)" of a shape. */
+static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int d = 0; d < ndim && used < n; d++)
+        used += (size_t)snprintf(buf + used, n - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (used < n) snprintf(buf + used, n - used, ")");
+    return buf;
+}
+
+/* Sets *same to whether tensors a and b of src hold the same values once converted to
+ * f32 (temporaries in the current scope). */
+static anneal_status same_as_f32(const anneal_tensor_source *src, const char *a, const char *b, bool *same) {
     *same = false;
-    if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof a->shape) != 0 ||
-        !anneal_dtype_is_float(a->dtype) || !anneal_dtype_is_float(b->dtype))
+    anneal_dtype da, db;
+    int na, nb;
+    int64_t sa[ANNEAL_MAX_DIMS], sb[ANNEAL_MAX_DIMS];
+    if (!src->info(src->ctx, a, &da, &na, sa) || !src->info(src->ctx, b, &db, &nb, sb) || na != nb ||
+        memcmp(sa, sb, (size_t)na * sizeof *sa) != 0 || !anneal_dtype_is_float(da) || !anneal_dtype_is_float(db))
         return ANNEAL_OK;
-    anneal_tensor *x = anneal_safetensors_load(st, a->name, ANNEAL_F32);
+    anneal_tensor *x = src->get(src->ctx, a);
     if (!x) return anneal_last_status();
-    anneal_tensor *y = anneal_safetensors_load(st, b->name, ANNEAL_F32);
+    anneal_tensor *y = src->get(src->ctx, b);
     if (!y) return anneal_last_status();
     *same = memcmp(anneal_data(x), anneal_data(y), (size_t)anneal_numel(x) * sizeof(float)) == 0;
     return ANNEAL_OK;
 }
 
-/* Classifies every entry of st against m's parameters; fills seen[i] with the entry
- * of parameter i. Errors name the unexpected, duplicated or missing tensors. */
-static anneal_status match_entries(const anneal_gpt2 *m, const anneal_safetensors *st,
-                                   const anneal_st_entry **seen, const anneal_st_entry **lm_head) {
+/* Classifies every tensor of src against m's parameters; seen[i] = the source name of
+ * parameter i. Errors name the unexpected, duplicated or missing tensors. */
+static anneal_status match_entries(const anneal_model *m, const anneal_tensor_source *src, const char **seen,
+                                   const char **lm_head) {
     const anneal_params *ps = m->params;
     const char *tp = "transformer.";
     size_t tl = strlen(tp);
     char unknown[1024] = "", key[600];
     int n_unknown = 0;
     *lm_head = NULL;
-    for (int i = 0; i < st->n_entries; i++) {
-        const anneal_st_entry *e = &st->entries[i];
-        const char *base = strncmp(e->name, tp, tl) == 0 ? e->name + tl : e->name;
-        if (base == e->name && strcmp(base, "lm_head.weight") == 0) {
-            *lm_head = e;
+    for (int i = 0; i < src->n; i++) {
+        const char *name = src->names[i];
+        const char *base = strncmp(name, tp, tl) == 0 ? name + tl : name;
+        if (base == name && strcmp(base, "lm_head.weight") == 0) {
+            *lm_head = name;
             continue;
         }
         if (is_mask_buffer(base)) continue;
         snprintf(key, sizeof key, "%s%s", tp, base);
         const anneal_param *p = anneal_params_find(ps, key);
         if (!p) {
-            list_add(unknown, sizeof unknown, &n_unknown, e->name);
+            list_add(unknown, sizeof unknown, &n_unknown, name);
             continue;
         }
         int idx = (int)(p - ps->items);
         if (seen[idx])
-            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: both %s and %s hold parameter %s", st->path,
-                                    seen[idx]->name, e->name, key);
-        seen[idx] = e;
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: both %s and %s hold parameter %s", src->what, seen[idx], name,
+                                    key);
+        seen[idx] = name;
     }
     if (n_unknown) {
         list_finish(unknown, sizeof unknown, n_unknown);
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %d tensor(s) that a GPT-2 with n_layer %d does not have: %s",
-                                st->path, n_unknown, m->cfg.n_layer, unknown);
+                                src->what, n_unknown, m->cfg.n_layer, unknown);
     }
     char missing[1024] = "";
     int n_missing = 0;
@@ -252,34 +270,72 @@ static anneal_status match_entries(const anneal_gpt2 *m, const anneal_safetensor
         if (!seen[i]) list_add(missing, sizeof missing, &n_missing, ps->items[i].name);
     if (n_missing) {
         list_finish(missing, sizeof missing, n_missing);
-        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: missing %d tensor(s): %s", st->path, n_missing, missing);
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: missing %d tensor(s): %s", src->what, n_missing, missing);
     }
     return ANNEAL_OK;
 }
 
-anneal_status anneal_gpt2_load_hf_safetensors(anneal_gpt2 *m, const char *path) {
-    if (!m || !path) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 weights: NULL argument");
-    anneal_safetensors *st = NULL;
-    anneal_status r = anneal_safetensors_open(path, &st);
-    if (r != ANNEAL_OK) return r;
-    const anneal_st_entry **seen = calloc((size_t)m->params->n + 1, sizeof *seen), *lm_head = NULL;
-    if (!seen) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
-    if (r == ANNEAL_OK) r = match_entries(m, st, seen, &lm_head);
+/* Every matched tensor has its parameter's shape and a float dtype. */
+static anneal_status check_entries(const anneal_model *m, const anneal_tensor_source *src, const char **seen) {
+    const anneal_params *ps = m->params;
+    for (int i = 0; i < ps->n; i++) {
+        const anneal_tensor *t = ps->items[i].tensor;
+        anneal_dtype dt;
+        int nd;
+        int64_t sh[ANNEAL_MAX_DIMS];
+        if (!src->info(src->ctx, seen[i], &dt, &nd, sh))
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: no tensor for parameter %s", src->what, ps->items[i].name);
+        bool same = nd == t->ndim;
+        for (int d = 0; same && d < nd; d++) same = sh[d] == t->shape[d];
+        if (!same) {
+            char a[128], b[128];
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s has shape %s, the model expects %s", src->what, seen[i],
+                                    shape_str(nd, sh, a, sizeof a), anneal_shape_str(t, b, sizeof b));
+        }
+        if (!anneal_dtype_is_float(dt))
+            return anneal_set_error(ANNEAL_ERR_DTYPE, "%s: %s is %s, expected a float dtype", src->what, seen[i],
+                                    anneal_dtype_name(dt));
+    }
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_gpt2_hf_import(anneal_model *m, const anneal_tensor_source *src) {
+    if (!m || !src) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 weights: NULL argument");
+    const anneal_params *ps = m->params;
+    const char **seen = calloc((size_t)ps->n + 1, sizeof *seen), *lm_head = NULL;
+    if (!seen) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", src->what);
+    anneal_status r = match_entries(m, src, seen, &lm_head);
     if (r == ANNEAL_OK && lm_head) {
         /* transformers ties lm_head.weight to wte; anneal has no separate head. */
-        const anneal_st_entry *wte = seen[(int)(anneal_params_find(m->params, "transformer.wte.weight") - m->params->items)];
+        const char *wte = seen[(int)(anneal_params_find(ps, "transformer.wte.weight") - ps->items)];
         anneal_scope *sc = anneal_scope_open();
         bool same = false;
-        r = compare_as_f32(st, lm_head, wte, &same);
+        r = same_as_f32(src, lm_head, wte, &same);
         anneal_scope_close(sc);
         if (r == ANNEAL_OK && !same)
             r = anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
                                  "%s: lm_head.weight differs from %s (anneal's GPT-2 ties the lm head to the token embedding)",
-                                 path, wte->name);
+                                 src->what, wte);
     }
-    /* Shapes and dtypes are checked for every entry before any parameter is written. */
-    if (r == ANNEAL_OK) r = anneal_params_load(m->params, st, "");
+    /* Shapes and dtypes are checked for every tensor before any parameter is written. */
+    if (r == ANNEAL_OK) r = check_entries(m, src, seen);
+    for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
+        anneal_tensor *p = ps->items[i].tensor;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
+        r = t ? anneal_copy_(p, t)
+          : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
+                                              : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
+        anneal_scope_close(sc);
+    }
     free(seen);
-    anneal_safetensors_close(st);
+    return r;
+}
+
+anneal_status anneal_gpt2_hf_export(const anneal_model *m, const anneal_tensor_sink *sink) {
+    if (!m || !sink) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 export: NULL argument");
+    const anneal_params *ps = m->params;
+    anneal_status r = ANNEAL_OK;
+    for (int i = 0; i < ps->n && r == ANNEAL_OK; i++) r = sink->put(sink->ctx, ps->items[i].name, ps->items[i].tensor);
     return r;
 }

@@ -1,0 +1,19 @@
+/* Helpers shared by the nn blocks. */
+#ifndef ANNEAL_NN_INTERNAL_H
+#define ANNEAL_NN_INTERNAL_H
+
+#include "anneal/nn.h"
+
+/* Longest parameter name a block registers. */
+#define ANNEAL_NN_NAME_MAX 256
+
+/* "<prefix>.<name>" (just name for an empty prefix) into buf; false + ANNEAL_ERR_ARG
+ * naming what when name is NULL or the result does not fit. */
+bool anneal_nn_name(char *buf, size_t n, const char *what, const char *prefix, const char *name);
+
+/* Registers "<prefix>.<suffix>" (just suffix for an empty prefix) of the shape in ps;
+ * NULL + an error naming the parameter when the name does not fit or creation fails. */
+anneal_tensor *anneal_nn_param(anneal_params *ps, const char *prefix, const char *suffix, int ndim,
+                               const int64_t *shape, bool decay);
+
+#endif
