@@ -13,7 +13,15 @@ Three checks, each printing every violation it finds (exit 1 if any):
 3. cycles: no two object files of the library reference each other's symbols,
    except the pairs listed in ALLOWED_CYCLES (one unit split across files).
 
+4. names (with the objects): every global symbol the library defines starts with
+   anneal_ (OpenMP's locks for named critical sections, .gomp_critical_user_anneal_*,
+   excepted), and a trailing underscore means one thing: the function works in place
+   (IN_PLACE lists them); library-internal functions shared between files are
+   declared in a folder's *_internal.h and named like public ones.
+
 Usage: check_layers.py SOURCE_DIR [OBJECT_DIR]
+       check_layers.py --self-test   (builds a small tree with one violation of each
+                                      kind and checks that each is reported)
 OBJECT_DIR is the directory holding the library's objects (CMake:
 <build>/CMakeFiles/anneal.dir); without it only the include check runs.
 """
@@ -56,6 +64,9 @@ ALLOWED_CYCLES = {
     ("cpu/gemm_avx2.c.o", "cpu/gemm_precision.c.o"),  # operand rounding used while packing
     ("parallel/comm.c.o", "parallel/comm_mpi.c.o"),  # the dispatcher and its MPI implementation
 }
+
+# The functions whose trailing underscore says they write their first argument in place.
+IN_PLACE = {"anneal_copy_", "anneal_init_fill_", "anneal_init_normal_"}
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
@@ -126,7 +137,7 @@ def object_symbols(src_root, obj_root):
                 p = os.path.join(dirpath, f)
                 if not os.path.exists(os.path.join(src_root, "src", os.path.relpath(p, src)[:-2])):
                     continue
-                out = subprocess.run(["nm", "-P", p], capture_output=True, text=True,
+                out = subprocess.run(["nm", "-g", "-P", p], capture_output=True, text=True,
                                      check=True).stdout
                 defined, undefined = set(), set()
                 for line in out.splitlines():
@@ -136,7 +147,7 @@ def object_symbols(src_root, obj_root):
                     sym, kind = parts[0], parts[1]
                     if kind == "U":
                         undefined.add(sym)
-                    elif kind in "TDBRVWCGSi":
+                    elif kind in "TDBRVWCGSi":  # -g: global symbols only
                         defined.add(sym)
                 objs[os.path.relpath(p, src)] = (folder, defined, undefined)
     return objs
@@ -160,6 +171,15 @@ def check_symbols(src_root, obj_root):
             ol = FOLDERS.get(objs[other][0])
             if layer and ol and rank(ol) > rank(layer) and (layer, ol, s) not in ALLOWED_SYMBOLS:
                 errors.append(f"{name} ({layer}) calls {s} of {other} ({ol}): a higher layer")
+    for name, (folder, defined, _) in objs.items():
+        for sym in sorted(defined):
+            if sym.startswith(".gomp_critical_user_anneal_"):
+                continue
+            if not sym.startswith("anneal_"):
+                errors.append(f"{name}: global symbol {sym} lacks the anneal_ prefix (make it static or "
+                              f"prefix it)")
+            elif sym.endswith("_") and sym not in IN_PLACE:
+                errors.append(f"{name}: {sym} ends in '_', which means 'in place' (IN_PLACE) only")
     seen = set()
     for a, targets in refs.items():
         for b in targets:
@@ -171,7 +191,46 @@ def check_symbols(src_root, obj_root):
     return errors
 
 
+def self_test():
+    """A negative control: every kind of violation in a scratch tree must be reported."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        def write(rel, text):
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            open(os.path.join(d, rel), "w").write(text)
+        write("include/anneal/core.h", "")
+        write("include/anneal/ops.h", '#include "anneal/core.h"\n')
+        write("include/anneal/optim.h", '#include "anneal/ops.h"\n')
+        write("include/anneal/backend.h", '#include "anneal/optim.h"\n')  # core header -> optim
+        write("src/core/a.c", '#include "anneal/ops.h"\nvoid anneal_cpu_k(void);\n'
+              'void anneal_core_a(void) { anneal_cpu_k(); }\nvoid helper(void) {}\n'
+              'void anneal_private_(void) {}\n')
+        write("src/cpu/b.c", '#include "core/core_internal.h"\nvoid anneal_core_a(void);\n'
+              'void anneal_cpu_k(void) { anneal_core_a(); }\n')
+        write("src/core/core_internal.h", "")
+        obj = os.path.join(d, "obj")
+        for rel in ("src/core/a.c", "src/cpu/b.c"):
+            os.makedirs(os.path.join(obj, os.path.dirname(rel)), exist_ok=True)
+            subprocess.run(["cc", "-c", "-I", os.path.join(d, "include"), "-I", os.path.join(d, "src"),
+                            os.path.join(d, rel), "-o", os.path.join(obj, rel + ".o")], check=True)
+        errors = check_includes(d) + check_symbols(d, obj)
+    want = ["src/core/a.c: #include \"anneal/ops.h\": layer core includes",
+            "src/cpu/b.c: #include \"core/core_internal.h\": a private header of another folder",
+            "include/anneal/backend.h (core): includes anneal/optim.h",
+            "core/a.c.o (core) calls anneal_cpu_k of cpu/b.c.o (backends)",
+            "reference each other's symbols (a cycle)",
+            "global symbol helper lacks the anneal_ prefix",
+            "anneal_private_ ends in '_'"]
+    missing = [w for w in want if not any(w in e for e in errors)]
+    for m in missing:
+        print("check_layers self-test: not reported:", m)
+    print(f"check_layers self-test: {len(want) - len(missing)} of {len(want)} violations reported")
+    return 1 if missing else 0
+
+
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] == "--self-test":
+        return self_test()
     if len(sys.argv) < 2:
         print(__doc__)
         return 2

@@ -136,9 +136,10 @@ struct anneal_model_arch {
     anneal_status (*config_check)(const anneal_model_config *c);
     /* Reads a Hugging Face config.json text into *out (source names it in errors):
      * ANNEAL_ERR_FORMAT for a malformed field, ANNEAL_ERR_UNSUPPORTED for a setting this
-     * architecture does not implement. */
+     * architecture does not implement. The registry then checks the result with
+     * config_check, so config_from_hf only translates. */
     anneal_status (*config_from_hf)(const char *json, const char *source, anneal_model_config *out);
-    /* The Hugging Face config.json text of c (malloc'd). */
+    /* The Hugging Face config.json text of c (malloc'd); the registry has checked c. */
     char *(*config_to_hf)(const anneal_model_config *c);
     /* A model with zero-filled parameters on device dev (NULL + error); the config has
      * passed config_check. It fills every field of anneal_model (ops, cfg, device,

@@ -141,6 +141,27 @@ typedef struct anneal_ddp_memory {
 anneal_ddp_memory anneal_ddp_memory_get(const anneal_ddp *d);
 anneal_comm *anneal_ddp_comm(const anneal_ddp *d);
 
+/* ------------------------------------------- for sharded optimizers (ZeRO) */
+
+/* What an optimizer that keeps only this rank's shard of the state (optim's
+ * anneal_optimizer_new_zero) needs from the gradient sync. */
+/* The ZeRO stage d was made with. */
+int anneal_ddp_stage(const anneal_ddp *d);
+/* The parameter set d synchronises. */
+anneal_params *anneal_ddp_params(const anneal_ddp *d);
+/* The rank's mean-gradient shard as a 1-D f32 tensor of shard_numel elements (NULL
+ * when the shard is empty); owned by d. */
+anneal_tensor *anneal_ddp_shard_grad_tensor(anneal_ddp *d);
+/* True once anneal_ddp_finish has left synchronised gradients (cleared by the next
+ * synchronising anneal_ddp_begin_backward). */
+bool anneal_ddp_synced(const anneal_ddp *d);
+/* Collective: every rank's shard (a 1-D f32 tensor in shard layout, shard_numel long,
+ * on the parameters' device; NULL when the shard is empty) is gathered into the full
+ * tensors dst[i] (parameter i's shape, f32, on that device) for every parameter. */
+anneal_status anneal_ddp_gather_shard(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst);
+/* Optimizer-state bytes a ZeRO optimizer holds for d (reported in the memory figures). */
+void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -113,8 +113,7 @@ static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_mo
     c.dropout = (float)resid;
     c.norm_eps = (float)eps;
     c.recompute = ANNEAL_RECOMPUTE_NONE;
-    if ((r = anneal_gpt2_config_check(&c)) != ANNEAL_OK) return r;
-    *cfg = c;
+    *cfg = c; /* the registry checks it with the architecture's config_check */
     return ANNEAL_OK;
 }
 
@@ -144,7 +143,6 @@ char *anneal_gpt2_config_to_hf(const anneal_model_config *c) {
         anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
         return NULL;
     }
-    if (anneal_gpt2_config_check(c) != ANNEAL_OK) return NULL;
     char drop[32], eps[32];
     fmt_float(drop, sizeof drop, c->dropout);
     fmt_float(eps, sizeof eps, c->norm_eps);

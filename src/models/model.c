@@ -195,6 +195,7 @@ anneal_status anneal_model_config_from_hf_json(const char *json, const char *sou
     memset(&c, 0, sizeof c);
     if ((r = a->config_from_hf(json, source, &c)) != ANNEAL_OK) return r;
     snprintf(c.arch, sizeof c.arch, "%s", a->name);
+    if ((r = a->config_check(&c)) != ANNEAL_OK) return r;
     *out = c;
     return ANNEAL_OK;
 }
@@ -223,7 +224,7 @@ anneal_status anneal_model_config_from_hf_file(const char *path, anneal_model_co
 
 char *anneal_model_config_to_hf_json(const anneal_model_config *cfg) {
     const anneal_model_arch *a = arch_of(cfg, "model config");
-    return a ? a->config_to_hf(cfg) : NULL;
+    return a && a->config_check(cfg) == ANNEAL_OK ? a->config_to_hf(cfg) : NULL;
 }
 
 anneal_status anneal_model_config_check(const anneal_model_config *cfg) {

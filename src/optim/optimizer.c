@@ -29,7 +29,8 @@ struct anneal_optimizer {
     int n_slots;         /* grows when ps gains parameters after creation */
     anneal_adamw_group *groups; /* n_slots entries: the one-pass AdamW's arguments */
     int64_t step_count;  /* successful anneal_optimizer_step calls */
-    struct anneal_zero *zero; /* ZeRO shard state (zero.c); NULL for a plain optimizer */
+    const anneal_optimizer_variant *variant; /* ZeRO (zero.c), or NULL for a plain optimizer */
+    void *variant_state;
 };
 
 /* PyTorch defaults for each kind. */
@@ -106,7 +107,7 @@ anneal_optimizer *anneal_optimizer_new(anneal_params *ps, anneal_optim_config cf
 /* Frees the optimizer and its state tensors (not the parameters). */
 void anneal_optimizer_free(anneal_optimizer *o) {
     if (!o) return;
-    anneal_zero_free(o->zero);
+    if (o->variant) o->variant->free_state(o->variant_state);
     anneal_scope_free(o->scope);
     free(o->slots);
     free(o->groups);
@@ -318,7 +319,7 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: NULL optimizer");
     if (!isfinite(lr) || lr < 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_step: invalid learning rate %g", (double)lr);
-    if (o->zero) return anneal_zero_step(o, lr);
+    if (o->variant) return o->variant->step(o, lr);
     if (!grow_slots(o)) return anneal_last_status();
     anneal_params *ps = o->ps;
     bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
@@ -393,7 +394,7 @@ anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o) {
  * with a step count of 0 behaves exactly like lazily created state. */
 anneal_status anneal_optimizer_init_state(anneal_optimizer *o) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_init_state: NULL optimizer");
-    if (o->zero) return anneal_optimizer_gather_state(o); /* full tensors holding the shards' state */
+    if (o->variant) return o->variant->init_state(o); /* ZeRO: full tensors holding the shards' state */
     if (!grow_slots(o)) return anneal_last_status();
     bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
     bool need_buf = adamw || o->cfg.momentum != 0;
@@ -438,11 +439,17 @@ anneal_status anneal_optimizer_set_step_count(anneal_optimizer *o, int64_t n) {
 }
 
 /* ---- the ZeRO seam (optim_internal.h) */
-struct anneal_zero *anneal_optimizer_zero_(const anneal_optimizer *o) { return o ? o->zero : NULL; }
-void anneal_optimizer_set_zero_(anneal_optimizer *o, struct anneal_zero *z) { o->zero = z; }
-anneal_scope *anneal_optimizer_scope_(anneal_optimizer *o) { return o->scope; }
-anneal_params *anneal_optimizer_params_(const anneal_optimizer *o) { return o->ps; }
-anneal_tensor **anneal_optimizer_state_slot_(anneal_optimizer *o, int i, int k) {
+void anneal_optimizer_set_variant(anneal_optimizer *o, const anneal_optimizer_variant *v, void *state) {
+    o->variant = v;
+    o->variant_state = state;
+}
+
+void *anneal_optimizer_variant_state(const anneal_optimizer *o, const anneal_optimizer_variant *v) {
+    return o && o->variant == v ? o->variant_state : NULL;
+}
+anneal_scope *anneal_optimizer_state_scope(anneal_optimizer *o) { return o->scope; }
+anneal_params *anneal_optimizer_param_set(const anneal_optimizer *o) { return o->ps; }
+anneal_tensor **anneal_optimizer_state_slot(anneal_optimizer *o, int i, int k) {
     if (!grow_slots(o)) return NULL;
     if (i < 0 || i >= o->n_slots) {
         anneal_set_error(ANNEAL_ERR_ARG, "optimizer state slot %d out of range", i);

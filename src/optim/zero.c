@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "anneal/backend.h"
-#include "parallel/ddp_internal.h"
-#include "optim/optim_internal.h"
+#include "anneal/parallel.h"
+#include "optim_internal.h"
 
 struct anneal_zero {
     anneal_ddp *d;
@@ -31,19 +31,37 @@ struct anneal_zero {
     int n_state;          /* 2 AdamW, 1 SGD with momentum, 0 plain SGD */
 };
 
-void anneal_zero_free(struct anneal_zero *z) {
+/* Frees a ZeRO state (the optimizer calls it when it is freed). */
+static void zero_free(void *state) {
+    struct anneal_zero *z = state;
     if (!z) return;
     anneal_scope_free(z->scope);
     free(z);
 }
 
+static anneal_status zero_step(anneal_optimizer *o, double lr);
+
+/* The optimizer variant: the ZeRO step, full state tensors for init_state (gathered),
+ * and the shard state freed with the optimizer. */
+static const anneal_optimizer_variant k_zero_variant = {
+    .name = "zero",
+    .step = zero_step,
+    .init_state = anneal_optimizer_gather_state,
+    .free_state = zero_free,
+};
+
+/* o's ZeRO state, or NULL for an optimizer that is not sharded. */
+static struct anneal_zero *zero_of(const anneal_optimizer *o) {
+    return anneal_optimizer_variant_state(o, &k_zero_variant);
+}
+
 /* An AdamW/SGD over ps whose state is the shard of d (stage 1 or 2, same ps). */
 anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_config cfg, anneal_ddp *d) {
-    if (!d || anneal_ddp_stage_(d) < 1) {
+    if (!d || anneal_ddp_stage(d) < 1) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_new_zero: needs a gradient sync made with zero stage 1 or 2");
         return NULL;
     }
-    if (anneal_ddp_params_(d) != ps) {
+    if (anneal_ddp_params(d) != ps) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_new_zero: the sync covers a different parameter set");
         return NULL;
     }
@@ -57,7 +75,7 @@ anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_conf
         return NULL;
     }
     z->d = d;
-    anneal_optimizer_set_zero_(o, z); /* freed with o from here on */
+    anneal_optimizer_set_variant(o, &k_zero_variant, z); /* freed with o from here on */
     z->n_state = cfg.kind == ANNEAL_OPTIM_ADAMW ? 2 : cfg.momentum != 0 ? 1 : 0;
     int64_t n = anneal_ddp_shard_numel(d);
     if (n > 0) {
@@ -76,7 +94,7 @@ anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_conf
                 return NULL;
             }
     }
-    anneal_ddp_set_state_bytes_(d, n * 4 * z->n_state);
+    anneal_ddp_set_state_bytes(d, n * 4 * z->n_state);
     return o;
 }
 
@@ -142,7 +160,7 @@ static anneal_status sgd_piece(const anneal_optim_config *c, const anneal_backen
 }
 
 static bool has_full_state(anneal_optimizer *o, const struct anneal_zero *z) {
-    anneal_params *ps = anneal_optimizer_params_(o);
+    anneal_params *ps = anneal_optimizer_param_set(o);
     for (int i = 0; i < ps->n; i++)
         for (int k = 0; k < z->n_state; k++)
             if (anneal_optimizer_state(o, i, k == 0 ? (z->n_state == 2 ? "exp_avg" : "momentum") : "exp_avg_sq"))
@@ -152,16 +170,16 @@ static bool has_full_state(anneal_optimizer *o, const struct anneal_zero *z) {
 
 /* Updates the shard's pieces, advances every parameter's step count, all-gathers the
  * parameters. Needs anneal_ddp_finish to have run. */
-anneal_status anneal_zero_step(anneal_optimizer *o, double lr) {
-    struct anneal_zero *z = anneal_optimizer_zero_(o);
+static anneal_status zero_step(anneal_optimizer *o, double lr) {
+    struct anneal_zero *z = zero_of(o);
     anneal_ddp *d = z->d;
-    if (!anneal_ddp_synced_(d))
+    if (!anneal_ddp_synced(d))
         return anneal_set_error(ANNEAL_ERR_STATE, "ZeRO optimizer step: gradients not synchronised (call anneal_ddp_finish)");
     anneal_status s = ANNEAL_OK;
     if (has_full_state(o, z) && (s = anneal_optimizer_scatter_state(o)) != ANNEAL_OK) return s;
     anneal_optim_config c = anneal_optimizer_config(o);
-    anneal_params *ps = anneal_optimizer_params_(o);
-    anneal_tensor *g = anneal_ddp_shard_grad_tensor_(d);
+    anneal_params *ps = anneal_optimizer_param_set(o);
+    anneal_tensor *g = anneal_ddp_shard_grad_tensor(d);
     const anneal_backend *be = ps->n ? anneal_backend_get(ps->items[0].tensor->device) : NULL;
     if (ps->n && !be) return anneal_last_status();
     int np = 0;
@@ -202,21 +220,21 @@ anneal_status anneal_zero_step(anneal_optimizer *o, double lr) {
 /* Full state tensors (every rank's shard gathered into each parameter's shape). */
 anneal_status anneal_optimizer_gather_state(anneal_optimizer *o) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_gather_state: NULL optimizer");
-    struct anneal_zero *z = anneal_optimizer_zero_(o);
+    struct anneal_zero *z = zero_of(o);
     if (!z) return ANNEAL_OK;
-    anneal_params *ps = anneal_optimizer_params_(o);
+    anneal_params *ps = anneal_optimizer_param_set(o);
     anneal_tensor **dst = malloc((size_t)(ps->n > 0 ? ps->n : 1) * sizeof *dst);
     if (!dst) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory gathering optimizer state");
     anneal_status s = ANNEAL_OK;
     for (int k = 0; k < z->n_state && s == ANNEAL_OK; k++) {
         for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
-            anneal_tensor **slot = anneal_optimizer_state_slot_(o, i, k);
+            anneal_tensor **slot = anneal_optimizer_state_slot(o, i, k);
             if (!slot) {
                 s = anneal_last_status();
                 break;
             }
             if (!*slot) {
-                anneal_scope_enter(anneal_optimizer_scope_(o));
+                anneal_scope_enter(anneal_optimizer_state_scope(o));
                 *slot = anneal_zeros_like(ps->items[i].tensor);
                 anneal_scope_leave();
                 if (!*slot) {
@@ -226,7 +244,7 @@ anneal_status anneal_optimizer_gather_state(anneal_optimizer *o) {
             }
             dst[i] = *slot;
         }
-        if (s == ANNEAL_OK) s = anneal_ddp_gather_shard_(z->d, z->s[k], dst);
+        if (s == ANNEAL_OK) s = anneal_ddp_gather_shard(z->d, z->s[k], dst);
     }
     free(dst);
     return s;
@@ -236,14 +254,14 @@ anneal_status anneal_optimizer_gather_state(anneal_optimizer *o) {
  * tensors are freed. */
 anneal_status anneal_optimizer_scatter_state(anneal_optimizer *o) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_scatter_state: NULL optimizer");
-    struct anneal_zero *z = anneal_optimizer_zero_(o);
+    struct anneal_zero *z = zero_of(o);
     if (!z) return ANNEAL_OK;
-    anneal_params *ps = anneal_optimizer_params_(o);
+    anneal_params *ps = anneal_optimizer_param_set(o);
     int np = 0;
     const anneal_ddp_piece *pcs = anneal_ddp_shard_pieces(z->d, &np);
     for (int k = 0; k < z->n_state; k++) {
         for (int j = 0; j < np; j++) {
-            anneal_tensor **slot = anneal_optimizer_state_slot_(o, pcs[j].param, k);
+            anneal_tensor **slot = anneal_optimizer_state_slot(o, pcs[j].param, k);
             if (!slot) return anneal_last_status();
             const anneal_tensor *full = *slot;
             if (!full) continue;
@@ -260,7 +278,7 @@ anneal_status anneal_optimizer_scatter_state(anneal_optimizer *o) {
             if (s != ANNEAL_OK) return s;
         }
         for (int i = 0; i < ps->n; i++) {
-            anneal_tensor **slot = anneal_optimizer_state_slot_(o, i, k);
+            anneal_tensor **slot = anneal_optimizer_state_slot(o, i, k);
             if (!slot) return anneal_last_status();
             if (!*slot) continue;
             anneal_tensor *t = anneal_keep(*slot, NULL); /* out of the optimizer's scope ... */

@@ -74,8 +74,8 @@ void anneal_comm_free(anneal_comm *c) {
     free(c);
 }
 
-bool anneal_comm_threads_ok_(const anneal_comm *c) { return c && c->threads_ok; }
-bool anneal_comm_request_done_(const anneal_comm_request *r) { return !r || r->done; }
+bool anneal_comm_threads_ok(const anneal_comm *c) { return c && c->threads_ok; }
+bool anneal_comm_request_done(const anneal_comm_request *r) { return !r || r->done; }
 
 int anneal_comm_rank(const anneal_comm *c) { return c ? c->rank : 0; }
 int anneal_comm_size(const anneal_comm *c) { return c ? c->size : 1; }
@@ -85,7 +85,7 @@ const char *anneal_comm_backend(const anneal_comm *c) { return c && c->mpi ? "mp
 
 /* Common checks; `reduce` restricts dtypes to f32/bf16. MPI counts are ints: the
  * elements moved by one call (count * size for the gathered side) must fit. */
-anneal_device anneal_comm_device_(const anneal_comm *c) {
+anneal_device anneal_comm_device(const anneal_comm *c) {
     (void)c;
     return ANNEAL_CPU;
 }

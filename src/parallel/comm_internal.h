@@ -42,11 +42,11 @@ struct anneal_comm_request {
 
 /* The device whose memory c's collectives read and write: host memory, the CPU's, for
  * the single-process and the MPI communicators (a NCCL one would say CUDA). */
-anneal_device anneal_comm_device_(const anneal_comm *c);
+anneal_device anneal_comm_device(const anneal_comm *c);
 /* True when c can be driven from a progress thread (see ddp.c). */
-bool anneal_comm_threads_ok_(const anneal_comm *c);
+bool anneal_comm_threads_ok(const anneal_comm *c);
 /* True when the request's transport has finished (after a successful test). */
-bool anneal_comm_request_done_(const anneal_comm_request *r);
+bool anneal_comm_request_done(const anneal_comm_request *r);
 
 /* Runs the request's post step (mean division, bf16 rounding) and frees its staging. */
 void anneal_comm_request_post(anneal_comm_request *r);

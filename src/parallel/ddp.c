@@ -38,7 +38,6 @@
  * (each gradient lands in its bucket by a converting copy); only the collectives see
  * raw addresses, so the communicator must address that device's memory: MPI moves
  * host memory, and parameters elsewhere are refused at anneal_ddp_new. */
-#include "parallel/ddp_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -247,7 +246,7 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
                          (long long)cfg.bucket_bytes);
         return NULL;
     }
-    anneal_device dev = anneal_comm_device_(c);
+    anneal_device dev = anneal_comm_device(c);
     for (int i = 0; i < ps->n; i++) {
         const anneal_tensor *t = ps->items[i].tensor;
         if (t->dtype != ANNEAL_F32 || !anneal_is_contiguous(t)) {
@@ -274,7 +273,7 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
     d->dev = dev;
     d->be = be;
     const char *prog = getenv("ANNEAL_DDP_PROGRESS");
-    d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok_(c);
+    d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok(c);
     d->n = ps->n;
     size_t n1 = (size_t)(d->n > 0 ? d->n : 1);
     d->offset = calloc(n1, sizeof *d->offset);
@@ -432,7 +431,7 @@ static void *progress_main(void *arg) {
         bool stop = d->thread_stop;
         for (int k = 0; k < d->next_launch && !stop && d->err == ANNEAL_OK; k++) {
             anneal_comm_request *r = d->b[k].req;
-            if (!r || anneal_comm_request_done_(r)) continue;
+            if (!r || anneal_comm_request_done(r)) continue;
             bool done = false;
             anneal_status s = anneal_comm_test(r, &done);
             if (s != ANNEAL_OK) {
@@ -673,7 +672,7 @@ static anneal_status gather_unpack(anneal_ddp *d, int k, anneal_comm_request **r
 
 /* Gathers shard-layout data from every rank into full per-parameter tensors, bucket by
  * bucket (in bucket order on every rank), GATHER_WINDOW buckets in flight. */
-anneal_status anneal_ddp_gather_shard_(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst) {
+anneal_status anneal_ddp_gather_shard(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst) {
     if (!d || d->cfg.zero_stage == 0)
         return anneal_set_error(ANNEAL_ERR_STATE, "gathering a shard needs a ZeRO stage 1-2 sync");
     const anneal_backend *be = d->be;
@@ -730,7 +729,7 @@ anneal_status anneal_ddp_gather_params(anneal_ddp *d) {
         s = copy_release(d, flat(shard, pc->shard_offset, pc->len), flat(d->ps->items[pc->param].tensor, pc->offset, pc->len));
     }
     for (int i = 0; i < d->n; i++) dst[i] = d->ps->items[i].tensor;
-    if (s == ANNEAL_OK) s = anneal_ddp_gather_shard_(d, shard, dst);
+    if (s == ANNEAL_OK) s = anneal_ddp_gather_shard(d, shard, dst);
     anneal_release(shard);
     free(dst);
     return s;
@@ -751,10 +750,10 @@ anneal_ddp_memory anneal_ddp_memory_get(const anneal_ddp *d) {
 }
 
 anneal_comm *anneal_ddp_comm(const anneal_ddp *d) { return d ? d->c : NULL; }
-int anneal_ddp_stage_(const anneal_ddp *d) { return d ? d->cfg.zero_stage : 0; }
-anneal_params *anneal_ddp_params_(const anneal_ddp *d) { return d ? d->ps : NULL; }
-anneal_tensor *anneal_ddp_shard_grad_tensor_(anneal_ddp *d) { return d ? d->shard_grad : NULL; }
-bool anneal_ddp_synced_(const anneal_ddp *d) { return d && d->synced; }
-void anneal_ddp_set_state_bytes_(anneal_ddp *d, int64_t bytes) {
+int anneal_ddp_stage(const anneal_ddp *d) { return d ? d->cfg.zero_stage : 0; }
+anneal_params *anneal_ddp_params(const anneal_ddp *d) { return d ? d->ps : NULL; }
+anneal_tensor *anneal_ddp_shard_grad_tensor(anneal_ddp *d) { return d ? d->shard_grad : NULL; }
+bool anneal_ddp_synced(const anneal_ddp *d) { return d && d->synced; }
+void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes) {
     if (d) d->state_bytes = bytes;
 }

@@ -40,7 +40,7 @@ static uint64_t hash_text(const char *s) {
     return h;
 }
 
-bool train_dist_active(const trainer *t) { return t->ddp != NULL; }
+bool anneal_train_dist_active(const trainer *t) { return t->ddp != NULL; }
 
 /* True when the run needs the collective path at all. */
 static bool distributed(const trainer *t) { return t->comm && (t->world > 1 || t->cfg.zero > 0); }
@@ -54,7 +54,7 @@ static anneal_status restate(anneal_status code, const char *prefix) {
     return anneal_set_error(code, "%s%s", prefix, msg);
 }
 
-anneal_status train_dist_agree(trainer *t, anneal_status local, const char *phase) {
+anneal_status anneal_train_dist_agree(trainer *t, anneal_status local, const char *phase) {
     if (!t->comm || t->world <= 1) return local;
     int32_t *all = calloc((size_t)t->world, sizeof *all);
     if (!all) anneal_comm_abort(t->comm, 1, "out of memory");
@@ -181,7 +181,7 @@ static anneal_status make_zero_optimizer(trainer *t) {
     anneal_params *ps = t->model->params;
     anneal_optimizer *z = anneal_optimizer_new_zero(ps, anneal_optimizer_config(plain), t->ddp);
     /* (a failure here, out of memory, may leave the other ranks inside a collective) */
-    if (!z) return train_dist_fatal(t, restate(anneal_last_status(), "ZeRO optimizer: "));
+    if (!z) return anneal_train_dist_fatal(t, restate(anneal_last_status(), "ZeRO optimizer: "));
     anneal_status st = ANNEAL_OK;
     if (t->resume_ckpt[0]) {
         /* the checkpoint holds the full state (any world size wrote it): assemble the full
@@ -210,7 +210,7 @@ static anneal_status make_zero_optimizer(trainer *t) {
     return st;
 }
 
-anneal_status train_dist_setup(trainer *t, bool *usage) {
+anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     if (!distributed(t)) return ANNEAL_OK;
     anneal_status st = t->world > 1 ? check_same_run(t, usage) : ANNEAL_OK;
     if (st != ANNEAL_OK) return st;
@@ -228,20 +228,20 @@ anneal_status train_dist_setup(trainer *t, bool *usage) {
     dc.zero_stage = (int)t->cfg.zero;
     t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
-    st = train_dist_agree(t, st, "setting up the gradient sync");
+    st = anneal_train_dist_agree(t, st, "setting up the gradient sync");
     if (st != ANNEAL_OK) return st;
     /* a new run: every rank starts from rank 0's weights (the same seed gives the same
      * ones anyway; --init files could differ between hosts); a resume: the same */
     if ((st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK) return restate(st, "broadcast of the parameters: ");
     if (t->cfg.zero > 0) st = make_zero_optimizer(t);
-    if ((st = train_dist_agree(t, st, "setting up the optimizer")) != ANNEAL_OK) return st;
+    if ((st = anneal_train_dist_agree(t, st, "setting up the optimizer")) != ANNEAL_OK) return st;
     /* only now, so a job refused for its settings leaves no run directory behind */
-    if (t->world > 1) st = train_dist_agree(t, t->rank == 0 ? train_create_run_dir(t) : ANNEAL_OK,
+    if (t->world > 1) st = anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
                                             "creating the run directory");
     return st;
 }
 
-anneal_status train_dist_mean(trainer *t, double *x) {
+anneal_status anneal_train_dist_mean(trainer *t, double *x) {
     if (!distributed(t) || t->world <= 1) return ANNEAL_OK;
     float v = (float)*x;
     anneal_status st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_MEAN);
@@ -249,7 +249,7 @@ anneal_status train_dist_mean(trainer *t, double *x) {
     return st;
 }
 
-anneal_status train_dist_any(trainer *t, bool *flag) {
+anneal_status anneal_train_dist_any(trainer *t, bool *flag) {
     if (!t->comm || t->world <= 1) return ANNEAL_OK;
     float v = *flag ? 1.0f : 0.0f;
     anneal_status st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM);
@@ -257,12 +257,12 @@ anneal_status train_dist_any(trainer *t, bool *flag) {
     return st;
 }
 
-anneal_status train_dist_ckpt_begin(trainer *t) {
+anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     return anneal_optimizer_gather_state(t->opt);
 }
 
-anneal_status train_dist_ckpt_end(trainer *t) {
+anneal_status anneal_train_dist_ckpt_end(trainer *t) {
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     return anneal_optimizer_scatter_state(t->opt);
 }
@@ -282,13 +282,13 @@ static void memory_of(trainer *t, double out[3]) {
     }
 }
 
-void train_dist_note_memory(trainer *t) {
+void anneal_train_dist_note_memory(trainer *t) {
     double m[3];
     memory_of(t, m);
     for (int i = 0; i < 3; i++) t->dist_mem_peak[i] = fmax(t->dist_mem_peak[i], m[i]);
 }
 
-anneal_status train_dist_report_memory(trainer *t, const char *when) {
+anneal_status anneal_train_dist_report_memory(trainer *t, const char *when) {
     if (!distributed(t)) return ANNEAL_OK;
     float mine[3], *all = calloc((size_t)t->world * 3, sizeof *all);
     if (!all) anneal_comm_abort(t->comm, 1, "out of memory");
@@ -319,13 +319,13 @@ anneal_status train_dist_report_memory(trainer *t, const char *when) {
             cJSON_AddNumberToObject(e, "optim_mib", (double)all[3 * r + 2]);
             cJSON_AddItemToArray(ranks, e);
         }
-        train_log_json(t, o);
+        anneal_train_log_json(t, o);
     }
     free(all);
     return st;
 }
 
-void train_dist_print_header(trainer *t) {
+void anneal_train_dist_print_header(trainer *t) {
     if (!distributed(t)) return; /* one process: nothing to say */
     const anneal_train_config *c = &t->cfg;
     anneal_progress_note(t->prog,
@@ -336,12 +336,12 @@ void train_dist_print_header(trainer *t) {
                          anneal_get_num_threads(), anneal_get_num_threads() > 1 ? "s" : "");
 }
 
-void train_dist_teardown(trainer *t) {
+void anneal_train_dist_teardown(trainer *t) {
     if (t->ddp) anneal_ddp_free(t->ddp);
     t->ddp = NULL;
 }
 
-anneal_status train_dist_fatal(trainer *t, anneal_status st) {
+anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st) {
     if (st == ANNEAL_OK || !t->comm || t->world <= 1) return st;
     char msg[1200];
     snprintf(msg, sizeof msg, "rank %d: anneal train: %s (ending the job)", t->rank, anneal_last_error());

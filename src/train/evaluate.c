@@ -11,20 +11,20 @@
 static anneal_status next_val(void *user, int64_t i, int32_t *ids, int32_t *targets, int64_t *rows) {
     trainer *t = user;
     *rows = t->local_batch;
-    return train_source_next(&t->val, ids, targets);
+    return anneal_train_source_next(&t->val, ids, targets);
 }
 
-anneal_status train_evaluate(trainer *t, double *val_loss) {
+anneal_status anneal_train_evaluate(trainer *t, double *val_loss) {
     *val_loss = NAN;
     if (!t->has_val || t->eval_batches <= 0) return ANNEAL_OK;
     /* every evaluation reads the same batches: the val split from its beginning
      * (synthetic: the val stream from batch 0) */
     anneal_loader_cursor zero = {0, 0, 0};
-    anneal_status st = train_source_set_cursor(&t->val, zero);
+    anneal_status st = anneal_train_source_set_cursor(&t->val, zero);
     /* distributed: this rank's share of each batch */
     if (st == ANNEAL_OK)
         st = anneal_model_evaluate(t->model, t->local_batch, t->cfg.seq, t->eval_batches, next_val, t, val_loss, NULL);
-    if (st == ANNEAL_OK) st = train_dist_mean(t, val_loss); /* equal shares: the mean of the ranks' means */
+    if (st == ANNEAL_OK) st = anneal_train_dist_mean(t, val_loss); /* equal shares: the mean of the ranks' means */
     return st;
 }
 
@@ -42,7 +42,7 @@ static bool collect(int32_t id, void *user) {
     return true;
 }
 
-anneal_status train_sample(trainer *t, char **text) {
+anneal_status anneal_train_sample(trainer *t, char **text) {
     *text = NULL;
     if (!t->tok) return ANNEAL_OK;
     const anneal_train_config *c = &t->cfg;

@@ -12,27 +12,27 @@ static volatile sig_atomic_t stop_signo; /* 0: keep going; else the signal (or -
 
 void anneal_train_request_stop(int signo) { stop_signo = signo > 0 ? signo : -1; }
 
-bool train_stop_requested(int *signo) {
+bool anneal_train_stop_requested(int *signo) {
     int s = stop_signo;
     if (signo) *signo = s;
     return s != 0;
 }
 
-void train_stop_reset(void) { stop_signo = 0; }
+void anneal_train_stop_reset(void) { stop_signo = 0; }
 
-double train_cpu_ms(void) {
+double anneal_train_cpu_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-double train_now_ms(void) {
+double anneal_train_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-anneal_status train_parse_nan_steps(const char *spec, int64_t **steps, int *n) {
+anneal_status anneal_train_parse_nan_steps(const char *spec, int64_t **steps, int *n) {
     *steps = NULL;
     *n = 0;
     if (!spec || !*spec) return ANNEAL_OK;
@@ -69,7 +69,7 @@ bad:
     return anneal_set_error(ANNEAL_ERR_ARG, "ANNEAL_TEST_INJECT_NAN: expected steps like \"3,7-9\", got '%s'", spec);
 }
 
-bool train_inject_nan(const trainer *t, int64_t step1) {
+bool anneal_train_inject_nan(const trainer *t, int64_t step1) {
     for (int i = 0; i < t->n_nan_steps; i++)
         if (t->nan_steps[i] == step1) return true;
     return false;

@@ -53,8 +53,8 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     anneal_rng_set(rs);
     anneal_model_set_training(t->model, true);
     anneal_params_zero_grad(t->model->params);
-    bool inject = train_inject_nan(t, step + 1);
-    bool ddp = train_dist_active(t);
+    bool inject = anneal_train_inject_nan(t, step + 1);
+    bool ddp = anneal_train_dist_active(t);
     anneal_device dev = anneal_model_device(t->model);
     int64_t shape[2] = {t->local_batch, c->seq};
     anneal_scope *step_scope = anneal_scope_open(); /* holds the micro-batches' losses */
@@ -64,14 +64,14 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
         /* the batch is made on the host and uploaded to the model's device */
-        st = train_source_next(&t->train, t->host_ids, t->host_tg);
+        st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
         if (st == ANNEAL_OK) {
             anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_ids);
             anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_tg);
             anneal_tensor *loss = anneal_model_loss(t->model, ids, tg);
             if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
             anneal_tensor *obj = c->accum > 1 ? anneal_scale(loss, 1.0f / (float)c->accum) : loss;
-            obj = train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
+            obj = anneal_train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
             st = obj ? anneal_backward(obj) : anneal_last_status();
             /* kept (without its graph) until every micro-batch is done: read once below */
             if (st == ANNEAL_OK) t->losses[k] = anneal_keep(anneal_detach(loss), step_scope);
@@ -87,14 +87,14 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         /* the mean gradient over ranks, its global norm, and the mean loss: the same on
          * every rank, so every rank takes the same branch below */
         if ((st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
-        train_dist_note_memory(t);
-        if ((st = train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st;
+        anneal_train_dist_note_memory(t);
+        if ((st = anneal_train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st;
         /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
-        if ((st = train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
+        if ((st = anneal_train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
         st = anneal_ddp_clip_grad_norm(t->ddp, c->clip > 0 ? (float)c->clip : 0.0f, &norm);
     } else {
         /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
-        if ((st = train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
+        if ((st = anneal_train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
         st = c->clip > 0 ? anneal_clip_grad_norm(t->model->params, (float)c->clip, &norm)
                          : anneal_grad_norm(t->model->params, &norm);
     }
@@ -125,17 +125,17 @@ static anneal_status wait_checkpoint(trainer *t, bool report) {
 /* Starts a checkpoint of the current state on the background writer and logs how
  * long the loop waited (the previous write, if still running, plus the snapshot). */
 static void save_checkpoint(trainer *t) {
-    double t0 = train_now_ms();
+    double t0 = anneal_train_now_ms();
     wait_checkpoint(t, true);
-    double t1 = train_now_ms();
+    double t1 = anneal_train_now_ms();
     /* distributed: every rank takes part in assembling the (ZeRO) optimizer state, rank
      * 0 alone snapshots and writes the world-size independent checkpoint */
-    anneal_status st = train_dist_fatal(t, train_dist_ckpt_begin(t));
+    anneal_status st = anneal_train_dist_fatal(t, anneal_train_dist_ckpt_begin(t));
     if (st == ANNEAL_OK && t->rank == 0)
         st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
-    anneal_status se = train_dist_fatal(t, train_dist_ckpt_end(t));
+    anneal_status se = anneal_train_dist_fatal(t, anneal_train_dist_ckpt_end(t));
     if (st == ANNEAL_OK) st = se;
-    double t2 = train_now_ms();
+    double t2 = anneal_train_now_ms();
     t->last_ckpt_step = t->st.step;
     t->ckpt_good = st == ANNEAL_OK; /* so far: the write itself is checked by the next wait */
     if (st != ANNEAL_OK) {
@@ -153,7 +153,7 @@ static void save_checkpoint(trainer *t) {
     cJSON_AddStringToObject(o, "dir", name);
     cJSON_AddNumberToObject(o, "stall_ms", t2 - t0);
     cJSON_AddNumberToObject(o, "snapshot_ms", t2 - t1);
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
 }
 
 static void log_eval(trainer *t, double val) {
@@ -162,17 +162,17 @@ static void log_eval(trainer *t, double val) {
     cJSON_AddNumberToObject(o, "step", (double)t->st.step);
     cJSON_AddNumberToObject(o, "val_loss", val);
     cJSON_AddNumberToObject(o, "batches", (double)t->eval_batches);
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
 }
 
 /* Evaluates, prints and logs; returns the status of the evaluation. */
 static anneal_status do_eval(trainer *t, double *val) {
-    double t0 = train_now_ms();
-    anneal_status st = train_evaluate(t, val);
+    double t0 = anneal_train_now_ms();
+    anneal_status st = anneal_train_evaluate(t, val);
     if (st != ANNEAL_OK) return st;
     if (isfinite(*val) && !(*val >= t->st.best_val_loss)) t->st.best_val_loss = *val;
     anneal_progress_note(t->prog, "step %lld: val loss %.4f (%lld batches, %.1f s)", (long long)t->st.step, *val,
-                         (long long)t->eval_batches, (train_now_ms() - t0) / 1e3);
+                         (long long)t->eval_batches, (anneal_train_now_ms() - t0) / 1e3);
     log_eval(t, *val);
     return ANNEAL_OK;
 }
@@ -180,7 +180,7 @@ static anneal_status do_eval(trainer *t, double *val) {
 static anneal_status do_sample(trainer *t) {
     if (t->rank != 0) return ANNEAL_OK; /* samples are rank 0's (no collectives in generation) */
     char *text = NULL;
-    anneal_status st = train_sample(t, &text);
+    anneal_status st = anneal_train_sample(t, &text);
     if (st != ANNEAL_OK || !text) return st;
     anneal_progress_note(t->prog, "--- sample at step %lld (temperature %g) ---\n%s\n---", (long long)t->st.step,
                          t->cfg.sample_temperature, text);
@@ -188,7 +188,7 @@ static anneal_status do_sample(trainer *t) {
     cJSON_AddStringToObject(o, "type", "sample");
     cJSON_AddNumberToObject(o, "step", (double)t->st.step);
     cJSON_AddStringToObject(o, "text", text);
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
     free(text);
     return ANNEAL_OK;
 }
@@ -210,7 +210,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
         cJSON_AddBoolToObject(o, "overflow", so->overflow);
     }
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
 }
 
 static void print_header(trainer *t) {
@@ -225,7 +225,7 @@ static void print_header(trainer *t) {
         anneal_progress_note(t->prog, "data: synthetic Markov chain (4 successors per token: best possible loss ln 4 = 1.386)");
     else
         anneal_progress_note(t->prog, "data: %s: %s windows of %lld tokens%s%s", c->data,
-                             anneal_format_count((double)train_source_windows(&t->train), b1, sizeof b1),
+                             anneal_format_count((double)anneal_train_source_windows(&t->train), b1, sizeof b1),
                              (long long)c->seq, t->has_val ? ", val split for evaluation" : ", no val split",
                              c->shuffle ? ", shuffled" : "");
     anneal_progress_note(t->prog,
@@ -242,7 +242,7 @@ static void print_header(trainer *t) {
     anneal_progress_note(t->prog, "MFU against %.1f GFLOP/s (%s)", t->peak_gflops, t->peak_source);
     if (t->resume_ckpt[0])
         anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
-    train_note_precision(t);
+    anneal_train_note_precision(t);
 }
 
 static void print_summary(trainer *t, anneal_train_result *res, double first_loss, int signo) {
@@ -289,7 +289,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     cJSON_AddNumberToObject(o, "allocator_system_allocs", (double)mem.n_system_allocs);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)anneal_peak_rss_bytes());
     cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
 }
 
 /* Re-records the current error with "step N: " in front. */
@@ -310,29 +310,29 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
                                     anneal_train_result *res) {
     memset(res, 0, sizeof *res);
     res->train_loss = res->val_loss = NAN;
-    double t_start = train_now_ms();
+    double t_start = anneal_train_now_ms();
     trainer *t = calloc(1, sizeof *t);
     if (!t) return anneal_set_error(ANNEAL_ERR_OOM, "train: out of memory");
     bool usage = false;
     t->comm = comm;
-    anneal_status fail = train_setup(t, cfg, out, &usage);
+    anneal_status fail = anneal_train_setup(t, cfg, out, &usage);
     t->comm = comm; /* also when setup failed early */
     if (comm) t->rank = anneal_comm_rank(comm), t->world = anneal_comm_size(comm);
     /* distributed: no rank goes on unless every rank's setup worked */
-    fail = train_dist_agree(t, fail, "setup");
-    if (fail == ANNEAL_OK) fail = train_dist_setup(t, &usage);
+    fail = anneal_train_dist_agree(t, fail, "setup");
+    if (fail == ANNEAL_OK) fail = anneal_train_dist_setup(t, &usage);
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;
-        train_dist_teardown(t);
-        train_teardown(t);
+        anneal_train_dist_teardown(t);
+        anneal_train_teardown(t);
         free(t);
         return fail;
     }
     print_header(t);
-    train_dist_print_header(t);
-    train_log_start(t);
-    if ((fail = train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = train_dist_fatal(t, fail);
+    anneal_train_dist_print_header(t);
+    anneal_train_log_start(t);
+    if ((fail = anneal_train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = anneal_train_dist_fatal(t, fail);
     if (t->st.step >= t->total_steps)
         anneal_progress_note(t->prog, "nothing to do: the run has %lld of %lld steps (raise --steps to go on)",
                              (long long)t->st.step, (long long)t->total_steps);
@@ -343,17 +343,17 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     int bad_in_row = 0, signo = 0;
     bool interrupted = false;
     for (int64_t step = t->st.step; step < t->total_steps; step++) {
-        double t0 = train_now_ms(), c0 = train_cpu_ms();
+        double t0 = anneal_train_now_ms(), c0 = anneal_train_cpu_ms();
         step_out so;
         if (run_step(t, step, &so) != ANNEAL_OK) {
-            fail = train_dist_fatal(t, step_error(step + 1));
+            fail = anneal_train_dist_fatal(t, step_error(step + 1));
             break;
         }
-        double now = train_now_ms(), ms = now - t0, cpu_ms = train_cpu_ms() - c0;
+        double now = anneal_train_now_ms(), ms = now - t0, cpu_ms = anneal_train_cpu_ms() - c0;
         t->st.step = step + 1;
         t->st.tokens += t->tokens_per_step;
         t->st.rng = anneal_rng_get();
-        t->st.cursor = train_source_get_cursor(&t->train);
+        t->st.cursor = anneal_train_source_get_cursor(&t->train);
         if (so.overflow) t->st.overflow_steps++; /* fp16: the loss scaler handles it, not a bad step */
         else if (so.skipped) t->st.skipped_steps++, bad_in_row++;
         else bad_in_row = 0;
@@ -387,7 +387,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         }
         bool last = t->st.step == t->total_steps;
         if (c->eval_every > 0 && t->st.step % c->eval_every == 0 && t->has_val && t->eval_batches > 0) {
-            if ((fail = train_dist_fatal(t, do_eval(t, &val))) != ANNEAL_OK) break;
+            if ((fail = anneal_train_dist_fatal(t, do_eval(t, &val))) != ANNEAL_OK) break;
             last_eval_step = t->st.step;
         }
         if (c->sample_every > 0 && t->st.step % c->sample_every == 0 && t->tok) {
@@ -395,8 +395,8 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
             last_sample_step = t->st.step;
         }
         /* a signal may reach one rank only: the ranks stop together or not at all */
-        bool stop = train_stop_requested(&signo);
-        if ((fail = train_dist_fatal(t, train_dist_any(t, &stop))) != ANNEAL_OK) break;
+        bool stop = anneal_train_stop_requested(&signo);
+        if ((fail = anneal_train_dist_fatal(t, anneal_train_dist_any(t, &stop))) != ANNEAL_OK) break;
         if (stop && !signo) signo = -1; /* the signal reached another rank */
         if ((stop || (c->stop_at > 0 && t->st.step >= c->stop_at)) && !last) {
             interrupted = true;
@@ -408,7 +408,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     if (fail == ANNEAL_OK) {
         /* the end: evaluation and sample at the final step, then the final checkpoint */
         if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step)
-            fail = train_dist_fatal(t, do_eval(t, &val));
+            fail = anneal_train_dist_fatal(t, do_eval(t, &val));
         if (fail == ANNEAL_OK && !interrupted && ran > 0 && c->sample_every > 0 && t->tok &&
             last_sample_step != t->st.step)
             fail = do_sample(t);
@@ -448,14 +448,14 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     res->train_loss = last_loss;
     res->val_loss = val;
     res->interrupted = interrupted;
-    res->seconds = (train_now_ms() - t_start) / 1e3;
+    res->seconds = (anneal_train_now_ms() - t_start) / 1e3;
     /* every rank gets here (a failure on one rank alone ended the job): collective */
-    anneal_status mr = train_dist_report_memory(t, "at end");
+    anneal_status mr = anneal_train_dist_report_memory(t, "at end");
     if (mr != ANNEAL_OK && fail == ANNEAL_OK) fail = mr;
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
-    train_stop_reset();
-    train_dist_teardown(t);
-    train_teardown(t);
+    anneal_train_stop_reset();
+    anneal_train_dist_teardown(t);
+    anneal_train_teardown(t);
     free(t);
     return fail;
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-anneal_status train_setup_precision(trainer *t, bool *usage) {
+anneal_status anneal_train_setup_precision(trainer *t, bool *usage) {
     const anneal_train_config *c = &t->cfg;
     t->dtype = ANNEAL_F32;
     if (c->dtype && !anneal_train_dtype_parse(c->dtype, &t->dtype)) { /* checked when it was set */
@@ -54,7 +54,7 @@ anneal_status train_setup_precision(trainer *t, bool *usage) {
     return anneal_model_set_compute(t->model, t->dtype);
 }
 
-void train_note_precision(trainer *t) {
+void anneal_train_note_precision(trainer *t) {
     if (t->resume_ckpt[0] && t->resumed_dtype != t->dtype)
         anneal_progress_note(t->prog, "note: the checkpoint was trained with --dtype %s; this run continues with --dtype %s",
                              anneal_precision_name(t->resumed_dtype), anneal_precision_name(t->dtype));
@@ -77,12 +77,12 @@ void train_note_precision(trainer *t) {
                              (double)s->scale, (long long)s->cfg.growth_interval);
 }
 
-anneal_tensor *train_scale_loss(trainer *t, anneal_tensor *obj) {
+anneal_tensor *anneal_train_scale_loss(trainer *t, anneal_tensor *obj) {
     if (!t->use_scaler || !obj) return obj;
     return anneal_scale(obj, t->scaler.scale);
 }
 
-anneal_status train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used) {
+anneal_status anneal_train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used) {
     *overflow = false;
     *scale_used = 0;
     if (!t->use_scaler) return ANNEAL_OK;

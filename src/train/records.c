@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-anneal_status train_log_json(trainer *t, void *obj) {
+anneal_status anneal_train_log_json(trainer *t, void *obj) {
     cJSON *o = obj;
     if (!o) return anneal_set_error(ANNEAL_ERR_OOM, "log: out of memory");
     char *s = cJSON_PrintUnformatted(o);
@@ -30,7 +30,7 @@ anneal_status train_log_json(trainer *t, void *obj) {
     return st;
 }
 
-void train_log_start(trainer *t) {
+void anneal_train_log_start(trainer *t) {
     cJSON *o = cJSON_CreateObject();
     char stamp[32];
     time_t now = time(NULL);
@@ -61,5 +61,5 @@ void train_log_start(trainer *t) {
     else cJSON_AddNullToObject(o, "loss_scale");
     cJSON *cfg = cJSON_Parse(t->config_json);
     if (cfg) cJSON_AddItemToObject(o, "config", cfg);
-    train_log_json(t, o);
+    anneal_train_log_json(t, o);
 }

@@ -278,14 +278,14 @@ static anneal_status create_run_dir(trainer *t) {
     return ANNEAL_OK;
 }
 
-anneal_status train_create_run_dir(trainer *t) { return create_run_dir(t); }
+anneal_status anneal_train_create_run_dir(trainer *t) { return create_run_dir(t); }
 
 /* Opens the train (and, when present, val) split or the synthetic streams. */
 static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
-        train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
-        train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
+        anneal_train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
+        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
         t->has_val = true;
         return ANNEAL_OK;
     }
@@ -297,14 +297,14 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     }
     if (!has_split(c->data, "train"))
         return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no train_*.bin shards (make them with anneal prepare)", c->data);
-    if (train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
+    if (anneal_train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
                                  t->rank, t->world) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
         return prefix_error("--data: ");
     }
     t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
     if (has_split(c->data, "val") && c->eval_batches > 0) {
-        if (train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
+        if (anneal_train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
                                      t->rank, t->world) != ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
             anneal_progress_note(t->prog, "note: val split unusable (%s): no evaluation", anneal_last_error());
@@ -433,7 +433,7 @@ static anneal_status build_model(trainer *t, bool *usage) {
                          (unsigned long long)st.tokenizer_fingerprint, c->data, (unsigned long long)t->data_fingerprint);
         t->st = st;
         t->st.tokenizer_fingerprint = t->data_fingerprint;
-        if (train_source_set_cursor(&t->train, st.cursor) != ANNEAL_OK)
+        if (anneal_train_source_set_cursor(&t->train, st.cursor) != ANNEAL_OK)
             return prefix_error("--resume: cannot restore the data position (--batch or --seq changed?): ");
         anneal_rng_set(st.rng);
     }
@@ -454,7 +454,7 @@ static int default_rank_threads(const anneal_comm *comm) {
     return n > 0 ? n : 1;
 }
 
-anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage) {
+anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage) {
     anneal_comm *comm = t->comm; /* the one field the caller sets (dist.c) */
     memset(t, 0, sizeof *t);
     *usage = false;
@@ -492,7 +492,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     absolutize(&c->config);
     if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
     const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
-    if (train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
+    if (anneal_train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
 
     anneal_model_config ck_cfg;
     memset(&ck_cfg, 0, sizeof ck_cfg);
@@ -512,8 +512,8 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
         return st;
     }
     if ((st = build_model(t, usage))) return st;
-    if ((st = train_setup_precision(t, usage))) return st; /* --dtype, fp16 loss scaler */
-    /* distributed: rank 0 creates it once every rank's setup worked (train_dist_setup) */
+    if ((st = anneal_train_setup_precision(t, usage))) return st; /* --dtype, fp16 loss scaler */
+    /* distributed: rank 0 creates it once every rank's setup worked (anneal_train_dist_setup) */
     if (t->world == 1 && (st = create_run_dir(t))) return st;
 
     /* length and schedule */
@@ -530,7 +530,7 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     /* evaluation size: at most one pass over the val split */
     t->eval_batches = c->eval_batches;
     if (t->has_val && !c->synthetic) {
-        uint64_t w = train_source_windows(&t->val), per = (uint64_t)c->batch;
+        uint64_t w = anneal_train_source_windows(&t->val), per = (uint64_t)c->batch;
         int64_t cap = (int64_t)(w / per > 0 ? w / per : 1);
         if (t->eval_batches > cap) t->eval_batches = cap;
     }
@@ -554,12 +554,12 @@ anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out,
     return ANNEAL_OK;
 }
 
-void train_teardown(trainer *t) {
+void anneal_train_teardown(trainer *t) {
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
     anneal_model_free(t->model);
-    train_source_close(&t->train);
-    train_source_close(&t->val);
+    anneal_train_source_close(&t->train);
+    anneal_train_source_close(&t->val);
     anneal_tokenizer_free(t->tok);
     anneal_jsonl_close(t->log);
     anneal_jsonl_close(t->log_extra);

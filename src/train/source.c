@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-anneal_status train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
+anneal_status anneal_train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
                                        uint64_t seed, bool shuffle, bool prefetch, int rank, int world) {
     memset(s, 0, sizeof *s);
     s->B = B;
@@ -20,7 +20,7 @@ anneal_status train_source_open_loader(train_source *s, const char *dir, const c
     return st;
 }
 
-void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
+void anneal_train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
                                  int rank, int world) {
     memset(s, 0, sizeof *s);
     s->B = B;
@@ -54,7 +54,7 @@ static void synthetic_row(const train_source *s, uint64_t g, int32_t *ids, int32
     }
 }
 
-anneal_status train_source_next(train_source *s, int32_t *ids, int32_t *targets) {
+anneal_status anneal_train_source_next(train_source *s, int32_t *ids, int32_t *targets) {
     if (s->loader) return anneal_loader_next(s->loader, ids, targets);
     /* the global row sequence, split like the loader's: the same rows for any world size */
     uint64_t first = (s->served * (uint64_t)s->world + (uint64_t)s->rank) * (uint64_t)s->B;
@@ -63,23 +63,23 @@ anneal_status train_source_next(train_source *s, int32_t *ids, int32_t *targets)
     return ANNEAL_OK;
 }
 
-anneal_loader_cursor train_source_get_cursor(const train_source *s) {
+anneal_loader_cursor anneal_train_source_get_cursor(const train_source *s) {
     if (s->loader) return anneal_loader_get_cursor(s->loader);
     anneal_loader_cursor c = {.epoch = 0, .index = s->served * (uint64_t)s->B * (uint64_t)s->world, .step = s->served};
     return c;
 }
 
-anneal_status train_source_set_cursor(train_source *s, anneal_loader_cursor c) {
+anneal_status anneal_train_source_set_cursor(train_source *s, anneal_loader_cursor c) {
     if (s->loader) return anneal_loader_set_cursor(s->loader, c);
     s->served = c.step;
     return ANNEAL_OK;
 }
 
-uint64_t train_source_windows(const train_source *s) {
+uint64_t anneal_train_source_windows(const train_source *s) {
     return s->loader ? anneal_loader_windows(s->loader) : UINT64_MAX;
 }
 
-void train_source_close(train_source *s) {
+void anneal_train_source_close(train_source *s) {
     anneal_loader_free(s->loader);
     memset(s, 0, sizeof *s);
 }

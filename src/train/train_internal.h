@@ -3,7 +3,14 @@
 #ifndef ANNEAL_TRAIN_INTERNAL_H
 #define ANNEAL_TRAIN_INTERNAL_H
 
-#include "anneal/anneal.h"
+#include "anneal/autograd.h"
+#include "anneal/checkpoint.h"
+#include "anneal/data.h"
+#include "anneal/io.h"
+#include "anneal/model.h"
+#include "anneal/ops.h"
+#include "anneal/optim.h"
+#include "anneal/parallel.h"
 #include "anneal/obs.h"
 #include "anneal/train.h"
 
@@ -22,17 +29,17 @@ typedef struct train_source {
 } train_source;
 
 /* B is the per-rank batch (the global one over world). */
-anneal_status train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
+anneal_status anneal_train_source_open_loader(train_source *s, const char *dir, const char *split, int64_t B, int64_t T,
                                        uint64_t seed, bool shuffle, bool prefetch, int rank, int world);
-void train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
+void anneal_train_source_open_synthetic(train_source *s, int64_t B, int64_t T, uint64_t seed, uint64_t stream, int32_t vocab,
                                  int rank, int world);
 /* Fills ids and targets (B*T each). */
-anneal_status train_source_next(train_source *s, int32_t *ids, int32_t *targets);
-anneal_loader_cursor train_source_get_cursor(const train_source *s);
-anneal_status train_source_set_cursor(train_source *s, anneal_loader_cursor c);
+anneal_status anneal_train_source_next(train_source *s, int32_t *ids, int32_t *targets);
+anneal_loader_cursor anneal_train_source_get_cursor(const train_source *s);
+anneal_status anneal_train_source_set_cursor(train_source *s, anneal_loader_cursor c);
 /* Windows of T tokens in one epoch (synthetic: unbounded, UINT64_MAX). */
-uint64_t train_source_windows(const train_source *s);
-void train_source_close(train_source *s);
+uint64_t anneal_train_source_windows(const train_source *s);
+void anneal_train_source_close(train_source *s);
 
 /* A run in progress. */
 typedef struct trainer {
@@ -88,80 +95,80 @@ typedef struct trainer {
 
 /* setup.c: everything before the first step (config resolution, run directory, data,
  * model, optimizer, resume). Errors are recorded; *usage says a setting is at fault. */
-anneal_status train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage);
-void train_teardown(trainer *t);
+anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FILE *out, bool *usage);
+void anneal_train_teardown(trainer *t);
 /* Creates the run directory and opens the logs (setup does it itself for one process). */
-anneal_status train_create_run_dir(trainer *t);
+anneal_status anneal_train_create_run_dir(trainer *t);
 
 /* evaluate.c: mean loss over the val split's first eval_batches batches
  * (anneal_model_evaluate on this rank's rows, then the mean over ranks). */
-anneal_status train_evaluate(trainer *t, double *val_loss);
+anneal_status anneal_train_evaluate(trainer *t, double *val_loss);
 /* A generated text from the sample prompt (malloc'd, valid UTF-8). */
-anneal_status train_sample(trainer *t, char **text);
+anneal_status anneal_train_sample(trainer *t, char **text);
 
 /* records.c: JSON-lines records, written to every open log. */
-anneal_status train_log_json(trainer *t, void *cjson_object); /* takes ownership */
+anneal_status anneal_train_log_json(trainer *t, void *cjson_object); /* takes ownership */
 /* Writes the "start" record. */
-void train_log_start(trainer *t);
+void anneal_train_log_start(trainer *t);
 
 /* precision.c: --dtype, --loss-scale. Setup sets the model's compute precision for
  * the run (evaluation and samples included) and the fp16 loss scaler (restored from the
  * checkpoint resumed when it scaled too). */
-anneal_status train_setup_precision(trainer *t, bool *usage);
+anneal_status anneal_train_setup_precision(trainer *t, bool *usage);
 /* The start line's precision note ("precision: ..."). */
-void train_note_precision(trainer *t);
+void anneal_train_note_precision(trainer *t);
 /* fp16: obj * scale (the loss scaled before backward); otherwise obj itself. */
-anneal_tensor *train_scale_loss(trainer *t, anneal_tensor *obj);
+anneal_tensor *anneal_train_scale_loss(trainer *t, anneal_tensor *obj);
 /* fp16, after backward (and the gradient all-reduce) and before the norm: gradients
  * multiplied by 1/scale. With a dynamic scale and a finite loss, NaN/Inf gradients
  * are an overflow (*overflow: the caller skips the update without counting a bad
  * step); the scaler is updated (backoff or growth) and its state copied into t->st.
  * *scale_used: the scale this step ran with (0 without a scaler). */
-anneal_status train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used);
+anneal_status anneal_train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used);
 
 /* faults.c: the stop request and the test hooks. */
-bool train_stop_requested(int *signo);
-void train_stop_reset(void);
+bool anneal_train_stop_requested(int *signo);
+void anneal_train_stop_reset(void);
 /* Parses ANNEAL_TEST_INJECT_NAN ("3,7-9": 1-based steps whose loss becomes NaN). */
-anneal_status train_parse_nan_steps(const char *spec, int64_t **steps, int *n);
-bool train_inject_nan(const trainer *t, int64_t step1);
+anneal_status anneal_train_parse_nan_steps(const char *spec, int64_t **steps, int *n);
+bool anneal_train_inject_nan(const trainer *t, int64_t step1);
 
 /* Milliseconds on the monotonic clock. */
-double train_now_ms(void);
+double anneal_train_now_ms(void);
 /* CPU time of the whole process (all threads), in ms: a step's cost that other processes
  * holding the cores do not inflate. */
-double train_cpu_ms(void);
+double anneal_train_cpu_ms(void);
 
 /* dist.c: the distributed side of a run. Every function is collective (every rank calls
  * it at the same point) and a no-op on the single-process path unless said otherwise. */
 /* Agrees on the outcome of a setup phase: every rank learns whether any failed. A rank
  * that failed keeps its own error; the others get one naming the failed ranks. */
-anneal_status train_dist_agree(trainer *t, anneal_status local, const char *phase);
+anneal_status anneal_train_dist_agree(trainer *t, anneal_status local, const char *phase);
 /* After a successful local setup: checks every rank runs the same anneal version and
  * the same resolved settings, builds the gradient sync (ZeRO optimizer, broadcast of
  * rank 0's parameters, re-sharded optimizer state on resume). */
-anneal_status train_dist_setup(trainer *t, bool *usage);
+anneal_status anneal_train_dist_setup(trainer *t, bool *usage);
 /* True when the run uses the DDP/ZeRO path. */
-bool train_dist_active(const trainer *t);
+bool anneal_train_dist_active(const trainer *t);
 /* The mean over ranks of x (every rank gets the same value). */
-anneal_status train_dist_mean(trainer *t, double *x);
+anneal_status anneal_train_dist_mean(trainer *t, double *x);
 /* True on every rank when any rank's flag is set. */
-anneal_status train_dist_any(trainer *t, bool *flag);
+anneal_status anneal_train_dist_any(trainer *t, bool *flag);
 /* Brackets a checkpoint snapshot: assembles the full ZeRO optimizer state on every
  * rank (begin) and drops it again (end). */
-anneal_status train_dist_ckpt_begin(trainer *t);
-anneal_status train_dist_ckpt_end(trainer *t);
+anneal_status anneal_train_dist_ckpt_begin(trainer *t);
+anneal_status anneal_train_dist_ckpt_end(trainer *t);
 /* Notes this rank's memory in the middle of a step (gradients synchronised, before the
  * update: when it holds the most); not collective. */
-void train_dist_note_memory(trainer *t);
+void anneal_train_dist_note_memory(trainer *t);
 /* Prints (rank 0) every rank's memory for parameters, gradients and optimizer state:
  * now ("at start"), or the peak noted during the steps ("at end"). */
-anneal_status train_dist_report_memory(trainer *t, const char *when);
+anneal_status anneal_train_dist_report_memory(trainer *t, const char *when);
 /* Line for the header: world size, backend, ZeRO stage, buckets, per-rank batch. */
-void train_dist_print_header(trainer *t);
-void train_dist_teardown(trainer *t);
+void anneal_train_dist_print_header(trainer *t);
+void anneal_train_dist_teardown(trainer *t);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
-anneal_status train_dist_fatal(trainer *t, anneal_status st);
+anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st);
 
 #endif
