@@ -14,8 +14,8 @@ Three checks, each printing every violation it finds (exit 1 if any):
    except the pairs listed in ALLOWED_CYCLES (one unit split across files).
 
 4. names (with the objects): every global symbol the library defines starts with
-   anneal_ (OpenMP's locks for named critical sections, .gomp_critical_user_anneal_*,
-   excepted), and a trailing underscore means one thing: the function works in place
+   anneal_ (what the compiler makes for them excepted: OpenMP's locks for named
+   critical sections, AddressSanitizer's ODR markers), and a trailing underscore means one thing: the function works in place
    (IN_PLACE lists them); library-internal functions shared between files are
    declared in a folder's *_internal.h and named like public ones.
 
@@ -173,8 +173,8 @@ def check_symbols(src_root, obj_root):
                 errors.append(f"{name} ({layer}) calls {s} of {other} ({ol}): a higher layer")
     for name, (folder, defined, _) in objs.items():
         for sym in sorted(defined):
-            if sym.startswith(".gomp_critical_user_anneal_"):
-                continue
+            if sym.startswith((".gomp_critical_user_anneal_", "__odr_asan.anneal_", "__asan_")):
+                continue  # made by the compiler: OpenMP's named-critical locks, ASan's ODR markers
             if not sym.startswith("anneal_"):
                 errors.append(f"{name}: global symbol {sym} lacks the anneal_ prefix (make it static or "
                               f"prefix it)")
