@@ -6,6 +6,7 @@
 #include "anneal/backend.h"
 #include "anneal/autograd.h"
 #include "anneal/ops.h"
+#include "anneal/custom_op.h"
 #include "anneal/io.h"
 #include "anneal/nn.h"
 #include "anneal/parallel.h"

@@ -3,12 +3,22 @@
  * copy_from_host (anneal_from_data_on), never by writing tensor memory. */
 #include "ops_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
-/* The values are made in a host buffer (on the stack up to ARANGE_STACK values, so a
- * step's position ids make no system allocation) and handed to the device; the buffer
- * is released after the device's synchronize (what copy_from_host asks of it). */
-#define ARANGE_STACK 4096
+/* Ranges inside [0, IOTA_MAX) (every position id of a model with up to 64K positions)
+ * are copied from one immutable host table filled once, which outlives any queued copy:
+ * no synchronisation and no allocation, so a forward pass does not wait for the device.
+ * Other ranges are made in a host buffer released after the device's synchronize (what
+ * copy_from_host asks of it). */
+#define IOTA_MAX 65536
+
+static int32_t g_iota[IOTA_MAX];
+static pthread_once_t g_iota_once = PTHREAD_ONCE_INIT;
+
+static void iota_fill(void) {
+    for (int32_t i = 0; i < IOTA_MAX; i++) g_iota[i] = i;
+}
 
 anneal_tensor *anneal_arange(anneal_device dev, int64_t start, int64_t n) {
     if (n < 0 || start < INT32_MIN || start > INT32_MAX || (n > 0 && start + (n - 1) > INT32_MAX)) {
@@ -16,8 +26,11 @@ anneal_tensor *anneal_arange(anneal_device dev, int64_t start, int64_t n) {
                          (long long)start, (long long)n);
         return NULL;
     }
-    int32_t stack[ARANGE_STACK];
-    int32_t *host = n <= ARANGE_STACK ? stack : malloc((size_t)n * sizeof *host);
+    if (start >= 0 && start + n <= IOTA_MAX) {
+        pthread_once(&g_iota_once, iota_fill);
+        return anneal_from_data_on(dev, ANNEAL_I32, 1, &n, g_iota + start);
+    }
+    int32_t *host = malloc((size_t)(n ? n : 1) * sizeof *host);
     if (!host) {
         anneal_set_error(ANNEAL_ERR_OOM, "arange: out of memory for %lld values", (long long)n);
         return NULL;
@@ -25,7 +38,7 @@ anneal_tensor *anneal_arange(anneal_device dev, int64_t start, int64_t n) {
     for (int64_t i = 0; i < n; i++) host[i] = (int32_t)(start + i);
     anneal_tensor *t = anneal_from_data_on(dev, ANNEAL_I32, 1, &n, host);
     if (t && anneal_device_synchronize(dev) != ANNEAL_OK) t = NULL;
-    if (host != stack) free(host);
+    free(host);
     return t;
 }
 

@@ -63,8 +63,11 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         /* distributed: gradients are communicated on the last micro-step only */
         if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
-        /* the batch is made on the host and uploaded to the model's device */
-        st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
+        /* the batch is made on the host and uploaded to the model's device; the host
+         * buffers are refilled only once the device has read the last micro-batch's
+         * (a queued copy reads them until the device's synchronize) */
+        if (k > 0) st = anneal_device_synchronize(dev);
+        if (st == ANNEAL_OK) st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
         if (st == ANNEAL_OK) {
             anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_ids);
             anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_tg);
