@@ -172,7 +172,9 @@ int64_t anneal_size(const anneal_tensor *t, int dim);
 bool anneal_is_contiguous(const anneal_tensor *t);
 /* Pointer to the first element (storage data + offset). */
 void *anneal_data(const anneal_tensor *t);
-/* Writes "(2, 3, 4)" into buf; returns buf. */
+/* Writes "(2, 3, 4)" into buf; returns buf. anneal_dims_str does it for a shape given
+ * as (ndim, shape). */
+const char *anneal_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
 const char *anneal_shape_str(const anneal_tensor *t, char *buf, size_t n);
 /* True when two tensors have identical shapes. */
 bool anneal_same_shape(const anneal_tensor *a, const anneal_tensor *b);

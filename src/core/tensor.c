@@ -38,12 +38,16 @@ void *anneal_data(const anneal_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)anneal_dtype_size(t->dtype);
 }
 
-const char *anneal_shape_str(const anneal_tensor *t, char *buf, size_t n) {
+const char *anneal_dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t used = (size_t)snprintf(buf, n, "(");
-    for (int i = 0; t && i < t->ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (used < n) snprintf(buf + used, n - used, ")");
     return buf;
+}
+
+const char *anneal_shape_str(const anneal_tensor *t, char *buf, size_t n) {
+    return anneal_dims_str(t ? t->ndim : 0, t ? t->shape : NULL, buf, n);
 }
 
 bool anneal_same_shape(const anneal_tensor *a, const anneal_tensor *b) {

@@ -335,15 +335,6 @@ static bool entry_is(const anneal_st_entry *e, int ndim, const int64_t *shape) {
     return true;
 }
 
-/* "(a, b)" of a shape. */
-static const char *dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
-    size_t used = (size_t)snprintf(buf, n, "(");
-    for (int d = 0; d < ndim && used < n; d++)
-        used += (size_t)snprintf(buf + used, n - used, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (used < n) snprintf(buf + used, n - used, ")");
-    return buf;
-}
-
 /* The file holds exactly what m's architecture exports: every tensor, as a float of
  * the model's shape, and nothing else; same architecture and heads. Errors name the
  * tensor and both shapes. */
@@ -370,7 +361,7 @@ static anneal_status check_model_file(const anneal_safetensors *st, const anneal
             r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: no tensor %s (%s)", st->path, f.names[i], cfgs);
         else if (!entry_is(e, f.ndim[i], f.shape[i]))
             r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: %s is %s in the checkpoint but %s in the model (%s)", st->path,
-                                 f.names[i], entry_shape(e, b1, sizeof b1), dims_str(f.ndim[i], f.shape[i], b2, sizeof b2),
+                                 f.names[i], entry_shape(e, b1, sizeof b1), anneal_dims_str(f.ndim[i], f.shape[i], b2, sizeof b2),
                                  cfgs);
         else if (!anneal_dtype_is_float(e->dtype))
             r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s is %s, not a float dtype", st->path, f.names[i],

@@ -200,15 +200,6 @@ static void list_finish(char *buf, size_t n, int count) {
     }
 }
 
-/* "(a, b)" of a shape. */
-static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
-    size_t used = (size_t)snprintf(buf, n, "(");
-    for (int d = 0; d < ndim && used < n; d++)
-        used += (size_t)snprintf(buf + used, n - used, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (used < n) snprintf(buf + used, n - used, ")");
-    return buf;
-}
-
 /* Sets *same to whether tensors a and b of src hold the same values once converted to
  * f32 (temporaries in the current scope). */
 static anneal_status same_as_f32(const anneal_tensor_source *src, const char *a, const char *b, bool *same) {
@@ -288,7 +279,7 @@ static anneal_status check_entries(const anneal_model *m, const anneal_tensor_so
         if (!same) {
             char a[128], b[128];
             return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s has shape %s, the model expects %s", src->what, seen[i],
-                                    shape_str(nd, sh, a, sizeof a), anneal_shape_str(t, b, sizeof b));
+                                    anneal_dims_str(nd, sh, a, sizeof a), anneal_shape_str(t, b, sizeof b));
         }
         if (!anneal_dtype_is_float(dt))
             return anneal_set_error(ANNEAL_ERR_DTYPE, "%s: %s is %s, expected a float dtype", src->what, seen[i],

@@ -6,6 +6,7 @@
  * device instead of calling a missing kernel; copies between devices go through the
  * host; the gradient sync refuses parameters its communicator cannot address. */
 #include "anneal/anneal.h"
+#include "backend_clone.h"
 #include "test.h"
 
 #include <string.h>
@@ -32,11 +33,7 @@ static anneal_status ext_sync(void *ctx) {
 
 /* A second device made of the CPU's slots (host memory), named "testdev". */
 static bool ext_register(void) {
-    const anneal_backend *cpu = anneal_backend_get(ANNEAL_CPU);
-    if (!cpu) return false;
-    g_ext = *cpu;
-    g_ext.name = "testdev";
-    g_ext.device = EXT;
+    if (!anneal_test_cpu_clone(&g_ext, "testdev", EXT)) return false;
     g_ext.supports_op = ext_supports;
     g_ext.synchronize = ext_sync;
     return anneal_backend_register(&g_ext) == ANNEAL_OK;

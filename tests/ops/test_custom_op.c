@@ -9,6 +9,7 @@
 #include "anneal/anneal.h"
 #include "gradcheck.h"
 #include "swiglu_op.h"
+#include "backend_clone.h"
 #include "test.h"
 
 #include <string.h>
@@ -21,11 +22,7 @@
  * so CPU kernels can stand in for a device's kernels. */
 static anneal_backend g_ext;
 static bool ext_register(void) {
-    const anneal_backend *cpu = anneal_backend_get(ANNEAL_CPU);
-    if (!cpu) return false;
-    g_ext = *cpu;
-    g_ext.name = "ext";
-    g_ext.device = EXT;
+    if (!anneal_test_cpu_clone(&g_ext, "ext", EXT)) return false;
     return anneal_backend_register(&g_ext) == ANNEAL_OK;
 }
 

@@ -9,6 +9,7 @@
  * f32 additions in ascending k and its product bit-identical to the plain one. */
 #include "anneal/anneal.h"
 #include "gradcheck.h"
+#include "backend_clone.h"
 #include "test.h"
 
 #include <math.h>
@@ -40,11 +41,7 @@ static bool rec_supports(void *ctx, const anneal_op_query *q) {
 }
 
 static bool rec_register(void) {
-    const anneal_backend *cpu = anneal_backend_get(ANNEAL_CPU);
-    if (!cpu) return false;
-    g_rec = *cpu;
-    g_rec.name = "recorder";
-    g_rec.device = EXT;
+    if (!anneal_test_cpu_clone(&g_rec, "recorder", EXT)) return false;
     g_rec.matmul = rec_matmul;
     g_rec.supports_op = rec_supports;
     return anneal_backend_register(&g_rec) == ANNEAL_OK;

@@ -6,6 +6,7 @@
  * devices, and the loss scaler's overflow check on the same path. */
 #include "anneal/anneal.h"
 #include "gradcheck.h"
+#include "backend_clone.h"
 #include "test.h"
 
 #include <math.h>
@@ -30,11 +31,7 @@ static anneal_status ext_to_host(void *ctx, void *dst, const void *src, size_t n
 /* A second device made of the CPU's slots (host memory) that counts synchronisations
  * and copies to the host. */
 static bool ext_register(void) {
-    const anneal_backend *cpu = anneal_backend_get(ANNEAL_CPU);
-    if (!cpu) return false;
-    g_ext = *cpu;
-    g_ext.name = "counting";
-    g_ext.device = EXT;
+    if (!anneal_test_cpu_clone(&g_ext, "counting", EXT)) return false;
     g_ext.synchronize = ext_sync;
     g_ext.copy_to_host = ext_to_host;
     return anneal_backend_register(&g_ext) == ANNEAL_OK;
