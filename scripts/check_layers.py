@@ -75,7 +75,19 @@ def rank(layer):
     return LAYERS.index(layer)
 
 
+def registered_backend_folders(src_root):
+    """src/<name>/ of every backend registered in src/backends/registry.c
+    (X(anneal_<name>_backend_register)): a backend's registration line also says
+    where it sits, so a new backend folder needs no line here."""
+    path = os.path.join(src_root, "src", "backends", "registry.c")
+    if not os.path.exists(path):
+        return {}
+    text = open(path, encoding="utf-8").read()
+    return {n: "backends" for n in re.findall(r"X\(anneal_([a-z0-9_]+)_backend_register\)", text)}
+
+
 def check_includes(src_root):
+    FOLDERS.update(registered_backend_folders(src_root))
     errors = []
     for folder in sorted(os.listdir(os.path.join(src_root, "src"))):
         path = os.path.join(src_root, "src", folder)
