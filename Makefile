@@ -11,6 +11,7 @@ all: build
 
 bootstrap:
 	@bash scripts/bootstrap.sh
+	@bash scripts/pyenv.sh
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -69,4 +70,4 @@ bench-torch:
 	fi
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) .venv

@@ -2,6 +2,9 @@
 #include "test.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 int anneal_test_failures, anneal_test_passed, anneal_test_failed, anneal_test_skipped;
 const char *anneal_test_current = "";
@@ -25,6 +28,38 @@ void anneal_test_skip(const char *fmt, ...) {
     putchar('\n');
     va_end(ap);
     anneal_test_was_skipped = true;
+}
+
+void anneal_test_skip_promised(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *strict = getenv("ANNEAL_TEST_STRICT");
+    if (strict && strcmp(strict, "1") == 0)
+        anneal_test_fail(__FILE__, __LINE__, "%s (ANNEAL_TEST_STRICT=1: make test promises it)", msg);
+    else
+        anneal_test_skip("%s", msg);
+}
+
+const char *anneal_test_python(const char *modules) {
+    static char checked[8][256];
+    static bool ok[8];
+    static int n_checked;
+    const char *py = getenv("ANNEAL_PYTHON");
+    if (!py || !*py || access(py, X_OK) != 0) return NULL;
+    for (int i = 0; i < n_checked; i++)
+        if (strcmp(checked[i], modules) == 0) return ok[i] ? py : NULL;
+    char cmd[1024], list[256];
+    snprintf(list, sizeof list, "%s", modules);
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import %s' >/dev/null 2>&1", py, list);
+    bool good = system(cmd) == 0;
+    if (n_checked < 8) {
+        snprintf(checked[n_checked], sizeof checked[0], "%s", modules);
+        ok[n_checked++] = good;
+    }
+    return good ? py : NULL;
 }
 
 void anneal_test_run(const char *name, void (*fn)(void)) {

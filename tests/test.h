@@ -23,6 +23,14 @@ int anneal_test_summary(void);
 /* Marks the current test skipped with a reason printed to stdout. */
 void anneal_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern bool anneal_test_was_skipped;
+/* Marks the current test skipped for lack of something `make test` promises to set up
+ * (../shared beside the checkout, the Python clients of scripts/pyenv.sh, mpirun):
+ * a failure instead when ANNEAL_TEST_STRICT=1 (CI), a skip otherwise. */
+void anneal_test_skip_promised(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The Python of scripts/pyenv.sh (ANNEAL_PYTHON) if it imports every module of the
+ * comma-separated list (checked once per list), else NULL: callers skip with
+ * SKIP_PROMISED("... needs the Python clients (make test sets them up)"). */
+const char *anneal_test_python(const char *modules);
 /* Path of a file in the source tree (ANNEAL_SOURCE_DIR or "."); static buffer rotation of 4. */
 const char *anneal_test_path(const char *rel);
 /* True in the ASan/UBSan build (ANNEAL_TEST_SANITIZED=1), where code runs ~10x slower:
@@ -44,6 +52,7 @@ float *anneal_test_nan_buf(int64_t n);
 #define TEST(name) static void name(void)
 #define RUN(name) anneal_test_run(#name, name)
 #define SKIP(...) do { anneal_test_skip(__VA_ARGS__); return; } while (0)
+#define SKIP_PROMISED(...) do { anneal_test_skip_promised(__VA_ARGS__); return; } while (0)
 
 #define CHECK(cond, ...) do { if (!(cond)) { \
     anneal_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond); \
