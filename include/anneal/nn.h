@@ -22,7 +22,26 @@ typedef struct anneal_param {
     char *name;
     anneal_tensor *tensor; /* f32 leaf, requires_grad */
     bool decay;            /* receives weight decay (matmul weights, not biases/norms/embeddings) */
+    bool trainable;        /* false: frozen (no grad, no optimizer state; LoRA's base weights) */
 } anneal_param;
+
+struct anneal_nn_dense;
+struct anneal_nn_lora;
+
+/* A dense layer created in the set through anneal_nn_dense_create, with the prefix it
+ * was created under ("transformer.h.0.attn.c_attn"): what LoRA targets by name. */
+typedef struct anneal_params_dense {
+    char *prefix;
+    struct anneal_nn_dense *dense; /* the caller's block: must stay at this address while the set lives */
+    struct anneal_nn_lora *lora;   /* its adapter (owned by the set), or NULL */
+} anneal_params_dense;
+
+/* The LoRA settings a set's adapters were made with (see anneal_lora_apply). */
+typedef struct anneal_params_lora {
+    int rank;             /* 0: no adapters */
+    float alpha, dropout;
+    char *targets;        /* comma-separated last name components, as given */
+} anneal_params_lora;
 
 /* The parameters of a model, in registration order, owning their tensors. */
 typedef struct anneal_params {
@@ -30,6 +49,9 @@ typedef struct anneal_params {
     anneal_param *items;
     anneal_scope *scope; /* holds every parameter tensor */
     anneal_device device; /* where anneal_params_create puts them */
+    int n_dense, cap_dense;
+    anneal_params_dense *dense; /* the dense layers, in creation order */
+    anneal_params_lora lora;
 } anneal_params;
 
 /* Empty parameter set whose parameters live on the CPU (NULL + error on OOM). */
@@ -48,10 +70,26 @@ anneal_param *anneal_params_find(const anneal_params *ps, const char *name);
 int64_t anneal_params_numel(const anneal_params *ps);
 /* Drops every gradient (set to none). */
 void anneal_params_zero_grad(anneal_params *ps);
+/* Marks p trainable (requires_grad) or frozen (no grad: its gradient is dropped, the
+ * optimizers skip it and keep no state for it). */
+anneal_status anneal_params_set_trainable(anneal_params *ps, anneal_param *p, bool trainable);
+/* Elements over the trainable parameters. */
+int64_t anneal_params_numel_trainable(const anneal_params *ps);
+/* Records d, created under prefix, as a dense layer of the set (anneal_nn_dense_create
+ * does it). ANNEAL_ERR_OOM. */
+anneal_status anneal_params_add_dense(anneal_params *ps, const char *prefix, struct anneal_nn_dense *d);
+/* Replaces parameter p's tensor by t (same shape; e.g. a bf16 copy of a frozen weight),
+ * taking t into the set's scope and releasing the old one. Blocks holding the old
+ * pointer must be updated by the caller. */
+anneal_status anneal_params_replace(anneal_params *ps, anneal_param *p, anneal_tensor *t);
 
 /* In-place initialisers (no autograd), drawing from the global Philox generator. */
 anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std);
 anneal_status anneal_init_fill_(anneal_tensor *t, float value);
+/* U(lo, hi) from the global Philox generator (one counter per 4 elements, 24-bit
+ * uniforms), host-side then copied to t's device. PEFT's kaiming-uniform LoRA A is
+ * U(-1/sqrt(in), 1/sqrt(in)). */
+anneal_status anneal_init_uniform_(anneal_tensor *t, float lo, float hi);
 
 /* ==================================================================== blocks
  *
@@ -67,23 +105,62 @@ anneal_status anneal_init_fill_(anneal_tensor *t, float value);
 
 /* ------------------------------------------------------------------ dense */
 
-/* A dense (fully connected) layer: y = x W (+ b), W in either layout. */
+/* A LoRA adapter of a dense layer (PEFT's LoraLayer): y += scale * (dropout(x) A^T) B^T. */
+typedef struct anneal_nn_lora {
+    anneal_tensor *a; /* (rank, in): "<prefix>.lora_A.weight", kaiming-uniform */
+    anneal_tensor *b; /* (out, rank): "<prefix>.lora_B.weight", zero at creation */
+    int rank;
+    float alpha, scale; /* scale = alpha / rank */
+    float dropout;      /* on the adapter's input while training */
+} anneal_nn_lora;
+
+/* A dense (fully connected) layer: y = x W (+ b), W in either layout, plus an optional
+ * LoRA adapter. */
 typedef struct anneal_nn_dense {
-    anneal_tensor *weight; /* (out, in) for ANNEAL_WEIGHT_OUT_IN, (in, out) for IN_OUT */
+    anneal_tensor *weight; /* (out, in) for ANNEAL_WEIGHT_OUT_IN, (in, out) for IN_OUT; f32, or bf16 when frozen */
     anneal_tensor *bias;   /* (out), or NULL */
     anneal_weight_layout layout;
     int64_t in, out;
+    anneal_nn_lora *lora;  /* NULL: none (owned by the parameter set) */
 } anneal_nn_dense;
 
-/* Registers "<prefix>.weight" (weight decay on) and, with bias, "<prefix>.bias". */
+/* Registers "<prefix>.weight" (weight decay on) and, with bias, "<prefix>.bias", and
+ * records d under prefix in ps (so anneal_lora_apply can find it: d must stay at its
+ * address while ps lives). */
 anneal_status anneal_nn_dense_create(anneal_nn_dense *d, anneal_params *ps, const char *prefix, int64_t in,
                                      int64_t out, anneal_weight_layout layout, bool bias);
 /* x (..., in) -> x W + b (..., out), one GEMM at ctx->compute. */
 anneal_tensor *anneal_nn_dense_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x);
 /* The same with act fused into the GEMM's epilogue (ANNEAL_ACT_SILU_MUL multiplies by mul,
- * shaped like the output; NULL otherwise). */
+ * shaped like the output; NULL otherwise). With a LoRA adapter: act(x W + b + scale *
+ * (dropout(x) A^T) B^T), the activation then a pass of its own. */
 anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                            anneal_activation act, anneal_tensor *mul);
+
+/* ------------------------------------------------------------------- LoRA */
+
+/* What anneal_lora_apply adds (PEFT's LoraConfig). */
+typedef struct anneal_lora_config {
+    int rank;                    /* r > 0 */
+    float alpha;                 /* lora_alpha > 0; scale = alpha / rank */
+    float dropout;               /* lora_dropout in [0, 1) */
+    const char *const *targets;  /* last name components ("q_proj", "c_attn") */
+    int n_targets;
+    anneal_dtype base_dtype;     /* frozen dense weights: ANNEAL_F32 (0) or ANNEAL_BF16 (half the memory) */
+} anneal_lora_config;
+
+/* Adds an adapter to every dense layer of ps whose prefix's last component is a target
+ * ("<prefix>.lora_A.weight" (rank, in) U(-1/sqrt(in), 1/sqrt(in)) from the global
+ * generator in creation order, "<prefix>.lora_B.weight" (out, rank) zero; trainable,
+ * weight decay on) and freezes every other parameter; with base_dtype BF16 the frozen
+ * dense weights are stored in bf16 (the blocks updated). A target that matches no dense
+ * layer is ANNEAL_ERR_ARG naming it and the layers' names; a set with adapters already,
+ * bad rank/alpha/dropout too. */
+anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *cfg);
+/* Number of dense layers of ps with an adapter. */
+int anneal_lora_count(const anneal_params *ps);
+/* x (..., in) -> scale * (dropout(x) A^T) B^T (..., out), at ctx's precision. */
+anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_ctx *ctx, anneal_tensor *x);
 
 /* -------------------------------------------------------------- embedding */
 

@@ -29,7 +29,7 @@ typedef struct anneal_optimizer anneal_optimizer;
 /* Optimizer over every parameter of ps (state allocated lazily on the first step). */
 anneal_optimizer *anneal_optimizer_new(anneal_params *ps, anneal_optim_config cfg);
 void anneal_optimizer_free(anneal_optimizer *o);
-/* One update with learning rate lr. Parameters without a gradient are skipped
+/* One update with learning rate lr. Parameters without a gradient, and frozen ones, are skipped
  * (and their step count not advanced), as in PyTorch. */
 anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr);
 /* Number of steps taken. */

@@ -1,7 +1,8 @@
 /* The dense layer block: a weight in torch.nn.Linear's (out, in) or Hugging Face
  * Conv1D's (in, out) layout, an optional bias, and one GEMM per forward with the
- * activation fused into its epilogue (anneal_dense). Also the name helper of every
- * block. */
+ * activation fused into its epilogue (anneal_dense); with a LoRA adapter (lora.c) the
+ * base product plus the adapter's, then the activation unfused. Also the name helper
+ * of every block. */
 #include "nn_internal.h"
 
 #include <stdio.h>
@@ -35,14 +36,30 @@ anneal_status anneal_nn_dense_create(anneal_nn_dense *d, anneal_params *ps, cons
     int64_t shape[2] = {layout == ANNEAL_WEIGHT_IN_OUT ? in : out, layout == ANNEAL_WEIGHT_IN_OUT ? out : in};
     if (!(d->weight = anneal_nn_param(ps, prefix, "weight", 2, shape, true))) return anneal_last_status();
     if (bias && !(d->bias = anneal_nn_param(ps, prefix, "bias", 1, &out, false))) return anneal_last_status();
-    return ANNEAL_OK;
+    return anneal_params_add_dense(ps, prefix, d);
 }
 
 anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                            anneal_activation act, anneal_tensor *mul) {
     if (!d || !x) return NULL;
     anneal_dense_opts o = {.layout = d->layout, .act = act, .mul = mul, .compute = ctx ? ctx->compute : ANNEAL_F32};
-    return anneal_dense(x, d->weight, d->bias, &o);
+    if (!d->lora) return anneal_dense(x, d->weight, d->bias, &o);
+    /* with an adapter the activation cannot sit in the base GEMM's epilogue: its input
+     * is the sum of the base product and the adapter's */
+    if (act != ANNEAL_ACT_SILU_MUL && mul) {
+        anneal_set_error(ANNEAL_ERR_ARG, "nn dense: mul is only for ANNEAL_ACT_SILU_MUL");
+        return NULL;
+    }
+    o.act = ANNEAL_ACT_NONE;
+    o.mul = NULL;
+    anneal_tensor *pre = anneal_add(anneal_dense(x, d->weight, d->bias, &o), anneal_nn_lora_forward(d->lora, ctx, x));
+    switch (act) {
+    case ANNEAL_ACT_NONE: return pre;
+    case ANNEAL_ACT_GELU_TANH: return anneal_gelu(pre, true);
+    case ANNEAL_ACT_SILU_MUL: return anneal_mul(anneal_silu(pre), mul);
+    }
+    anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
+    return NULL;
 }
 
 anneal_tensor *anneal_nn_dense_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x) {

@@ -36,6 +36,12 @@ void anneal_params_free(anneal_params *ps) {
     anneal_scope_free(ps->scope);
     for (int i = 0; i < ps->n; i++) free(ps->items[i].name);
     free(ps->items);
+    for (int i = 0; i < ps->n_dense; i++) {
+        free(ps->dense[i].prefix);
+        free(ps->dense[i].lora);
+    }
+    free(ps->dense);
+    free(ps->lora.targets);
     free(ps);
 }
 
@@ -90,8 +96,61 @@ anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndi
         free(copy);
         return NULL;
     }
-    ps->items[ps->n++] = (anneal_param){.name = copy, .tensor = t, .decay = decay};
+    ps->items[ps->n++] = (anneal_param){.name = copy, .tensor = t, .decay = decay, .trainable = true};
     return t;
+}
+
+/* Appends (prefix copy, d) to the set's dense records. */
+anneal_status anneal_params_add_dense(anneal_params *ps, const char *prefix, struct anneal_nn_dense *d) {
+    if (!ps || !d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_add_dense: NULL set or block");
+    if (ps->n_dense == ps->cap_dense) {
+        int cap = ps->cap_dense ? 2 * ps->cap_dense : 16;
+        anneal_params_dense *r = realloc(ps->dense, (size_t)cap * sizeof *r);
+        if (!r) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory recording dense layer '%s'", prefix);
+        ps->dense = r;
+        ps->cap_dense = cap;
+    }
+    char *copy = strdup(prefix ? prefix : "");
+    if (!copy) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory recording dense layer '%s'", prefix);
+    ps->dense[ps->n_dense++] = (anneal_params_dense){.prefix = copy, .dense = d};
+    return ANNEAL_OK;
+}
+
+/* requires_grad follows the flag; a frozen parameter's gradient is dropped. */
+anneal_status anneal_params_set_trainable(anneal_params *ps, anneal_param *p, bool trainable) {
+    if (!ps || !p || !p->tensor) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_set_trainable: NULL argument");
+    if (trainable && p->tensor->dtype != ANNEAL_F32)
+        return anneal_set_error(ANNEAL_ERR_DTYPE, "parameter %s is %s: only f32 parameters can be trained", p->name,
+                                anneal_dtype_name(p->tensor->dtype));
+    anneal_grad_clear(p->tensor);
+    anneal_status s = anneal_set_requires_grad(p->tensor, trainable);
+    if (s == ANNEAL_OK) p->trainable = trainable;
+    return s;
+}
+
+/* Sum of numel over the trainable parameters. */
+int64_t anneal_params_numel_trainable(const anneal_params *ps) {
+    int64_t n = 0;
+    for (int i = 0; ps && i < ps->n; i++)
+        if (ps->items[i].trainable) n += anneal_numel(ps->items[i].tensor);
+    return n;
+}
+
+/* Swaps p's tensor for t: t gets the set's scope (the caller's reference stays the
+ * caller's), the old tensor's scope reference is dropped. */
+anneal_status anneal_params_replace(anneal_params *ps, anneal_param *p, anneal_tensor *t) {
+    if (!ps || !p || !t) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_replace: NULL argument");
+    if (!anneal_same_shape(t, p->tensor)) {
+        char a[96], b[96];
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "anneal_params_replace: %s is %s, the replacement %s", p->name,
+                                anneal_shape_str(p->tensor, a, sizeof a), anneal_shape_str(t, b, sizeof b));
+    }
+    if (!anneal_keep(t, ps->scope) || !anneal_set_name(t, p->name)) return anneal_last_status();
+    anneal_status s = anneal_set_requires_grad(t, p->trainable);
+    if (s != ANNEAL_OK) return s;
+    anneal_release(p->tensor);
+    p->tensor = t;
+    return ANNEAL_OK;
 }
 
 /* Sum of numel over the registered parameters (0 for NULL). */
@@ -143,6 +202,38 @@ anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
     anneal_status s = be->randn(be->ctx, tmp, mean, std, rs.seed, offset);
     if (s == ANNEAL_OK) s = be->copy(be->ctx, t, tmp);
     anneal_release(tmp);
+    return s;
+}
+
+/* Host-side uniforms: counter block c of the reserved range gives elements 4c..4c+3,
+ * each the top 24 bits of its word scaled to [0, 1). */
+anneal_status anneal_init_uniform_(anneal_tensor *t, float lo, float hi) {
+    const anneal_backend *be = init_backend("anneal_init_uniform_", t);
+    if (!be) return anneal_last_status();
+    if (!anneal_dtype_is_float(t->dtype))
+        return anneal_set_error(ANNEAL_ERR_DTYPE, "anneal_init_uniform_: needs a float tensor, got %s",
+                                anneal_dtype_name(t->dtype));
+    if (!isfinite(lo) || !isfinite(hi) || hi < lo)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_init_uniform_: bad range [%g, %g)", (double)lo, (double)hi);
+    int64_t n = anneal_numel(t);
+    if (n == 0) return ANNEAL_OK;
+    anneal_rng_state rs = anneal_rng_get();
+    uint64_t offset = anneal_rng_reserve(4 * (((uint64_t)n + 3) / 4));
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) return anneal_set_error(ANNEAL_ERR_OOM, "anneal_init_uniform_: out of memory for %lld values", (long long)n);
+    for (int64_t i = 0; i < n; i += 4) {
+        uint32_t r[4];
+        uint64_t c = offset / 4 + (uint64_t)i / 4;
+        anneal_philox4x32(rs.seed, 0, c, r);
+        for (int k = 0; k < 4 && i + k < n; k++) h[i + k] = lo + (hi - lo) * (float)(r[k] >> 8) * 0x1p-24f;
+    }
+    anneal_scope_enter(NULL);
+    anneal_tensor *src = anneal_from_data_on(t->device, ANNEAL_F32, t->ndim, t->shape, h);
+    anneal_scope_leave();
+    free(h);
+    if (!src) return anneal_last_status();
+    anneal_status s = be->copy(be->ctx, t, src);
+    anneal_release(src);
     return s;
 }
 

@@ -10,7 +10,9 @@
  * Backward: d_pre = dy (NONE), dy * gelu'(pre) (GELU), dy * mul * silu'(pre) and
  * d_mul = dy * silu(pre) (SILU_MUL); then dx = d_pre @ op(W)^T, dW in W's own layout
  * (linear: d_pre^T x, conv1d: x^T d_pre), db = column sums of d_pre (conv1d: taken by
- * the dW GEMM while it packs d_pre, epilogue BSUM). */
+ * the dW GEMM while it packs d_pre, epilogue BSUM).
+ * A weight that requires no gradient may be bf16 (a frozen LoRA base): it is widened to
+ * an f32 temporary for each GEMM (exact) and saved as bf16 for backward. */
 #include "ops_internal.h"
 
 #include <string.h>
@@ -35,6 +37,17 @@ static bool epilogue_ok(const anneal_backend *be, anneal_epilogue ep, anneal_dty
 /* 2-D (rows, cols) contiguous alias of a contiguous tensor t. */
 static anneal_tensor *as_2d(const anneal_tensor *t, int64_t rows, int64_t cols) {
     return t ? anneal_alias(t, 2, (int64_t[]){rows, cols}, (int64_t[]){cols, 1}, t->offset) : NULL;
+}
+
+/* A frozen bf16 weight as the f32 operand the GEMM reads: a contiguous copy in the
+ * current scope, exact (every bf16 value is an f32 value), so at compute bf16 the
+ * product equals the one of the f32 weight it was rounded from. Other weights: the
+ * GEMM operand itself. */
+static anneal_tensor *weight_operand(const anneal_backend *be, anneal_tensor *w) {
+    if (!w || w->dtype == ANNEAL_F32) return anneal_ops_gemm_operand(w);
+    anneal_tensor *f = anneal_empty_on(w->device, ANNEAL_F32, w->ndim, w->shape);
+    if (!f || be->copy(be->ctx, f, w) != ANNEAL_OK) return NULL;
+    return f;
 }
 
 /* ------------------------------------------------------------- backward */
@@ -82,7 +95,7 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
     anneal_tensor *x2 = node->saved[0], *w = node->saved[1];
     anneal_tensor *dy = anneal_ops_flat_operand(gout[0]); /* (rows, out) */
     const anneal_backend *be = dy ? anneal_backend_get(dy->device) : NULL;
-    if (!be) return anneal_last_status();
+    if (!be || !(w = weight_operand(be, w))) return anneal_last_status(); /* bf16 (frozen): f32 for this backward */
     int64_t R = dy->shape[0], n_out = dy->shape[1], n_in = x2->shape[1];
     anneal_tensor *dmul = NULL;
     bool want_mul = im >= 0 && anneal_node_input_needs_grad(node, im);
@@ -181,7 +194,9 @@ anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b
         anneal_set_error(ANNEAL_ERR_ARG, "%s: mul is only for ANNEAL_ACT_SILU_MUL", name);
         return NULL;
     }
-    if (!anneal_ops_require_f32(name, "x", x) || !anneal_ops_require_f32(name, "weight", w) ||
+    /* a frozen weight may be stored in bf16 (LoRA's base); a trained one is f32 */
+    bool w_bf16 = w->dtype == ANNEAL_BF16 && !w->requires_grad;
+    if (!anneal_ops_require_f32(name, "x", x) || (!w_bf16 && !anneal_ops_require_f32(name, "weight", w)) ||
         (b && !anneal_ops_require_f32(name, "bias", b)) || (silu && !anneal_ops_require_f32(name, "mul", o.mul)) ||
         !anneal_ops_check_compute(name, o.compute))
         return NULL;
@@ -227,7 +242,7 @@ anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b
     anneal_scope *tmp = y ? anneal_scope_new() : NULL;
     if (!tmp) return NULL;
     anneal_scope_enter(tmp); /* views, copies and pre die with tmp unless saved */
-    anneal_tensor *x2 = anneal_ops_flat_operand(x), *wc = anneal_ops_gemm_operand(w);
+    anneal_tensor *x2 = anneal_ops_flat_operand(x), *wc = weight_operand(be, w);
     anneal_tensor *bc = b ? anneal_ops_contiguous_raw(b) : NULL;
     anneal_tensor *y2 = as_2d(y, R, n_out);
     anneal_tensor *wop = wc ? (out_in ? anneal_ops_mT(wc) : wc) : NULL; /* (in, out) */
@@ -248,7 +263,7 @@ anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b
             node->ints[3] = ib;
             node->ints[4] = im;
             anneal_node_save(node, x2);
-            anneal_node_save(node, wc);
+            anneal_node_save(node, w_bf16 ? w : wc); /* bf16: converted again in backward, not kept as f32 */
             if (pre) anneal_node_save(node, pre);
             if (mul2) anneal_node_save(node, mul2);
             if (node->n_saved != 2 + (pre != NULL) + (mul2 != NULL)) s = anneal_last_status();

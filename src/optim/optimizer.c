@@ -1,7 +1,8 @@
 /* AdamW and SGD (with momentum / Nesterov) over an anneal_params set, following
  * PyTorch's torch.optim semantics: state is created lazily, zero-filled, in an
  * optimizer-owned scope; every parameter keeps its own step count (bias correction
- * uses it), and parameters without a gradient are skipped without advancing it.
+ * uses it), and parameters without a gradient are skipped without advancing it;
+ * frozen parameters (anneal_param.trainable false) are never updated and get no state.
  * Updates go through the backend table only (be->adamw for AdamW; be->fill /
  * be->binary / be->copy for SGD), so they run on whatever device the parameters
  * live on. No autograd is recorded: the kernels write the tensors directly. */
@@ -210,7 +211,7 @@ static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled
     *handled = 0;
     for (int i = 0; i < ps->n; i++) {
         const anneal_tensor *p = ps->items[i].tensor;
-        if (!p->grad) continue;
+        if (!p->grad || !ps->items[i].trainable) continue;
         const anneal_backend *pb = anneal_backend_get(p->device);
         if (!pb) return ANNEAL_OK;
         if (be && pb != be) return ANNEAL_OK; /* mixed devices: per parameter */
@@ -225,7 +226,7 @@ static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled
     for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
         const anneal_param *pa = &ps->items[i];
         anneal_tensor *g = pa->tensor->grad;
-        if (!g) continue;
+        if (!g || !pa->trainable) continue;
         if (!(g = contiguous_grad(be, g))) {
             s = anneal_last_status();
             break;
@@ -242,7 +243,7 @@ static anneal_status adamw_one_pass(anneal_optimizer *o, double lr, int *handled
     if (s == ANNEAL_OK) s = be->adamw_multi(be->ctx, o->groups, n, lr, c->beta1, c->beta2, c->eps);
     if (s == ANNEAL_OK)
         for (int i = 0; i < ps->n; i++)
-            if (ps->items[i].tensor->grad) o->slots[i].steps++;
+            if (ps->items[i].tensor->grad && ps->items[i].trainable) o->slots[i].steps++;
     anneal_scope_close(tmp);
     return s;
 }
@@ -325,10 +326,11 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
     bool adamw = o->cfg.kind == ANNEAL_OPTIM_ADAMW;
     bool need_buf = adamw || o->cfg.momentum != 0;
     for (int i = 0; i < ps->n; i++)
-        if (ps->items[i].tensor->grad && !check_param(&ps->items[i])) return anneal_last_status();
+        if (ps->items[i].tensor->grad && ps->items[i].trainable && !check_param(&ps->items[i]))
+            return anneal_last_status();
     for (int i = 0; i < ps->n; i++) {
         const anneal_param *pa = &ps->items[i];
-        if (!pa->tensor->grad) continue;
+        if (!pa->tensor->grad || !pa->trainable) continue;
         optim_slot *sl = &o->slots[i];
         if (need_buf && !sl->s0 && !(sl->s0 = new_state(o, pa->tensor))) return anneal_last_status();
         if (adamw && !sl->s1 && !(sl->s1 = new_state(o, pa->tensor))) return anneal_last_status();
@@ -345,7 +347,7 @@ anneal_status anneal_optimizer_step(anneal_optimizer *o, double lr) {
     for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) {
         const anneal_param *pa = &ps->items[i];
         anneal_tensor *g = pa->tensor->grad;
-        if (!g) continue; /* PyTorch: no grad, no update, step count unchanged */
+        if (!g || !pa->trainable) continue; /* PyTorch: no grad, no update, step count unchanged; frozen: never */
         const anneal_backend *be = anneal_backend_get(pa->tensor->device);
         if (!be) return anneal_last_status();
         /* Per-parameter scope for temporaries (contiguous grad copy, SGD terms), so
@@ -390,7 +392,7 @@ anneal_optim_config anneal_optimizer_config(const anneal_optimizer *o) {
 
 /* Creates, zero-filled, every state tensor the kind needs (AdamW: exp_avg and
  * exp_avg_sq; SGD with momentum: the momentum buffer; plain SGD: none) that does not
- * exist yet, for every registered parameter. Existing state is kept. A zero buffer
+ * exist yet, for every trainable parameter (frozen ones have none). Existing state is kept. A zero buffer
  * with a step count of 0 behaves exactly like lazily created state. */
 anneal_status anneal_optimizer_init_state(anneal_optimizer *o) {
     if (!o) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_init_state: NULL optimizer");
@@ -401,6 +403,7 @@ anneal_status anneal_optimizer_init_state(anneal_optimizer *o) {
     for (int i = 0; i < o->ps->n; i++) {
         const anneal_tensor *p = o->ps->items[i].tensor;
         optim_slot *sl = &o->slots[i];
+        if (!o->ps->items[i].trainable) continue; /* frozen: no state */
         if (need_buf && !sl->s0 && !(sl->s0 = new_state(o, p))) return anneal_last_status();
         if (adamw && !sl->s1 && !(sl->s1 = new_state(o, p))) return anneal_last_status();
     }

@@ -1,0 +1,153 @@
+/* LoRA adapters on dense layers, as PEFT's LoraLayer: y = base(x) + scale * (dropout(x)
+ * A^T) B^T with A (r, in), B (out, r), scale = alpha / r. anneal_lora_apply finds the
+ * dense layers of a parameter set by the last component of the prefix they were
+ * created under (PEFT's target_modules), adds the adapters as trainable parameters
+ * "<prefix>.lora_A.weight" / "<prefix>.lora_B.weight" (PEFT's names without the
+ * "base_model.model." wrapper and adapter name), and freezes every other parameter;
+ * optionally the frozen dense weights move to bf16 (anneal_dense reads them at compute
+ * bf16 without a change in the numbers). */
+#include "nn_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Last dot-separated component of a prefix ("c_attn" of "transformer.h.0.attn.c_attn"). */
+static const char *last_component(const char *prefix) {
+    const char *dot = strrchr(prefix, '.');
+    return dot ? dot + 1 : prefix;
+}
+
+static anneal_status check_config(const anneal_params *ps, const anneal_lora_config *c) {
+    if (!ps || !c) return anneal_set_error(ANNEAL_ERR_ARG, "lora: NULL parameter set or config");
+    if (ps->lora.rank > 0) return anneal_set_error(ANNEAL_ERR_STATE, "lora: the model has adapters already");
+    if (c->rank <= 0 || c->rank > 65536) return anneal_set_error(ANNEAL_ERR_ARG, "lora: rank %d must be in [1, 65536]", c->rank);
+    if (!(c->alpha > 0.0f) || !isfinite(c->alpha))
+        return anneal_set_error(ANNEAL_ERR_ARG, "lora: alpha %g must be positive", (double)c->alpha);
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return anneal_set_error(ANNEAL_ERR_ARG, "lora: dropout %g must be in [0, 1)", (double)c->dropout);
+    if (c->n_targets <= 0 || !c->targets) return anneal_set_error(ANNEAL_ERR_ARG, "lora: no target modules");
+    if (c->base_dtype != ANNEAL_F32 && c->base_dtype != ANNEAL_BF16)
+        return anneal_set_error(ANNEAL_ERR_ARG, "lora: frozen weights are kept in f32 or bf16, not %s",
+                                anneal_dtype_name(c->base_dtype));
+    return ANNEAL_OK;
+}
+
+/* ANNEAL_ERR_ARG naming the first target that matches no dense layer, with the names
+ * the set's dense layers end in. */
+static anneal_status check_targets(const anneal_params *ps, const anneal_lora_config *c) {
+    for (int t = 0; t < c->n_targets; t++) {
+        const char *want = c->targets[t];
+        if (!want || !*want) return anneal_set_error(ANNEAL_ERR_ARG, "lora: empty target module name");
+        bool hit = false;
+        for (int i = 0; i < ps->n_dense && !hit; i++) hit = strcmp(last_component(ps->dense[i].prefix), want) == 0;
+        if (hit) continue;
+        char known[512] = "";
+        size_t k = 0;
+        for (int i = 0; i < ps->n_dense && k + 2 < sizeof known; i++) {
+            const char *n = last_component(ps->dense[i].prefix);
+            bool seen = false;
+            for (int j = 0; j < i && !seen; j++) seen = strcmp(last_component(ps->dense[j].prefix), n) == 0;
+            if (!seen) k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", k ? ", " : "", n);
+        }
+        return anneal_set_error(ANNEAL_ERR_ARG, "lora: target module '%s' matches no dense layer of the model (its dense "
+                                "layers: %s)", want, k ? known : "none");
+    }
+    return ANNEAL_OK;
+}
+
+static bool is_target(const anneal_lora_config *c, const char *prefix) {
+    const char *n = last_component(prefix);
+    for (int t = 0; t < c->n_targets; t++)
+        if (strcmp(c->targets[t], n) == 0) return true;
+    return false;
+}
+
+/* "a,b,c" of the targets (malloc'd). */
+static char *join_targets(const anneal_lora_config *c) {
+    size_t n = 1;
+    for (int t = 0; t < c->n_targets; t++) n += strlen(c->targets[t]) + 1;
+    char *s = malloc(n), *p = s;
+    if (!s) return NULL;
+    for (int t = 0; t < c->n_targets; t++) p += sprintf(p, "%s%s", t ? "," : "", c->targets[t]);
+    *p = '\0';
+    return s;
+}
+
+/* The frozen weight w as a bf16 tensor put in its place (parameter and block). */
+static anneal_status weight_to_bf16(anneal_params *ps, anneal_nn_dense *d) {
+    anneal_param *p = NULL;
+    for (int i = 0; i < ps->n && !p; i++)
+        if (ps->items[i].tensor == d->weight) p = &ps->items[i];
+    if (!p) return anneal_set_error(ANNEAL_ERR_STATE, "lora: a dense weight is not in the parameter set");
+    if (p->tensor->dtype == ANNEAL_BF16) return ANNEAL_OK;
+    anneal_scope_enter(NULL);
+    anneal_tensor *h = anneal_empty_on(p->tensor->device, ANNEAL_BF16, p->tensor->ndim, p->tensor->shape);
+    anneal_scope_leave();
+    if (!h) return anneal_last_status();
+    anneal_status s = anneal_copy_(h, p->tensor);
+    if (s == ANNEAL_OK) s = anneal_params_replace(ps, p, h);
+    if (s != ANNEAL_OK) {
+        anneal_release(h);
+        return s;
+    }
+    d->weight = h; /* the set's scope holds our reference now */
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *c) {
+    anneal_status s = check_config(ps, c);
+    if (s == ANNEAL_OK) s = check_targets(ps, c);
+    if (s != ANNEAL_OK) return s;
+    char *targets = join_targets(c);
+    if (!targets) return anneal_set_error(ANNEAL_ERR_OOM, "lora: out of memory");
+    int n_base = ps->n;
+    for (int i = 0; i < n_base && s == ANNEAL_OK; i++) s = anneal_params_set_trainable(ps, &ps->items[i], false);
+    for (int i = 0; i < ps->n_dense && s == ANNEAL_OK; i++) {
+        anneal_params_dense *r = &ps->dense[i];
+        if (!is_target(c, r->prefix)) continue;
+        anneal_nn_dense *d = r->dense;
+        anneal_nn_lora *l = calloc(1, sizeof *l);
+        if (!l) {
+            s = anneal_set_error(ANNEAL_ERR_OOM, "lora: out of memory");
+            break;
+        }
+        *l = (anneal_nn_lora){.rank = c->rank, .alpha = c->alpha, .scale = c->alpha / (float)c->rank,
+                              .dropout = c->dropout};
+        r->lora = l;
+        int64_t sa[2] = {c->rank, d->in}, sb[2] = {d->out, c->rank};
+        l->a = anneal_nn_param(ps, r->prefix, "lora_A.weight", 2, sa, true);
+        l->b = l->a ? anneal_nn_param(ps, r->prefix, "lora_B.weight", 2, sb, true) : NULL;
+        if (!l->b) {
+            s = anneal_last_status();
+            break;
+        }
+        float bound = 1.0f / sqrtf((float)d->in); /* kaiming_uniform_(a=sqrt(5)) on (r, in) */
+        s = anneal_init_uniform_(l->a, -bound, bound);
+        if (s == ANNEAL_OK) d->lora = l;
+    }
+    for (int i = 0; i < ps->n_dense && s == ANNEAL_OK && c->base_dtype == ANNEAL_BF16; i++)
+        s = weight_to_bf16(ps, ps->dense[i].dense);
+    if (s != ANNEAL_OK) {
+        free(targets);
+        return s;
+    }
+    ps->lora = (anneal_params_lora){.rank = c->rank, .alpha = c->alpha, .dropout = c->dropout, .targets = targets};
+    return ANNEAL_OK;
+}
+
+int anneal_lora_count(const anneal_params *ps) {
+    int n = 0;
+    for (int i = 0; ps && i < ps->n_dense; i++) n += ps->dense[i].lora != NULL && ps->dense[i].dense->lora != NULL;
+    return n;
+}
+
+anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_ctx *ctx, anneal_tensor *x) {
+    if (!l || !x) return NULL;
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = ctx ? ctx->compute : ANNEAL_F32};
+    bool train = ctx && ctx->training;
+    anneal_tensor *h = l->dropout > 0.0f ? anneal_dropout(x, l->dropout, train) : x;
+    anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
+    return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
+}
