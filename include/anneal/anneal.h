@@ -8,6 +8,7 @@
 #include "anneal/ops.h"
 #include "anneal/custom_op.h"
 #include "anneal/io.h"
+#include "anneal/peft.h"
 #include "anneal/nn.h"
 #include "anneal/parallel.h"
 #include "anneal/optim.h"

@@ -157,6 +157,11 @@ typedef struct anneal_lora_config {
  * layer is ANNEAL_ERR_ARG naming it and the layers' names; a set with adapters already,
  * bad rank/alpha/dropout too. */
 anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *cfg);
+/* Folds every adapter into its base weight, W += scale * B A (the (in, out) layout:
+ * W += (scale * B A)^T, PEFT's fan_in_fan_out), in f32 on the host, then removes the
+ * adapters from the set and makes every parameter trainable again: the set is the
+ * merged plain model (PEFT's merge_and_unload). Base weights must be f32. */
+anneal_status anneal_lora_merge(anneal_params *ps);
 /* Number of dense layers of ps with an adapter. */
 int anneal_lora_count(const anneal_params *ps);
 /* x (..., in) -> scale * (dropout(x) A^T) B^T (..., out), at ctx's precision. */

@@ -14,6 +14,7 @@ int anneal_cmd_inspect(int argc, char **argv);       /* cmd_inspect.c */
 int anneal_cmd_generate(int argc, char **argv);      /* cmd_generate.c */
 int anneal_cmd_eval(int argc, char **argv);          /* cmd_eval.c */
 int anneal_cmd_bench(int argc, char **argv);         /* cmd_bench.c: "bench peak" */
+int anneal_cmd_lora(int argc, char **argv);          /* cmd_lora.c: "lora merge" */
 
 struct anneal_model;
 struct anneal_train_state;

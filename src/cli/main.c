@@ -19,7 +19,8 @@ static void usage(void) {
            "  eval       loss and perplexity of a checkpoint on token shards\n"
            "  inspect    describe a shard file\n"
            "  info       version, CPU features, threads\n"
-           "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n",
+           "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n"
+           "  lora       lora merge: fold a PEFT LoRA adapter into its base model\n",
            anneal_version());
 }
 
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return anneal_cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return anneal_cmd_eval(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return anneal_cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "lora")) return anneal_cmd_lora(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("anneal %s\n", anneal_version());
         return 0;

@@ -151,3 +151,75 @@ anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_c
     anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
     return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
 }
+
+/* W (as stored, either layout) += scale * B A, one dense layer, on host copies. */
+static anneal_status merge_one(anneal_nn_dense *d) {
+    const anneal_nn_lora *l = d->lora;
+    if (d->weight->dtype != ANNEAL_F32)
+        return anneal_set_error(ANNEAL_ERR_DTYPE, "lora merge: base weight %s is %s, not f32", d->weight->name,
+                                anneal_dtype_name(d->weight->dtype));
+    int64_t in = d->in, out = d->out, r = l->rank;
+    float *w = malloc((size_t)(in * out) * sizeof *w), *a = malloc((size_t)(r * in) * sizeof *a),
+          *b = malloc((size_t)(out * r) * sizeof *b), *delta = malloc((size_t)in * sizeof *delta);
+    anneal_status s = w && a && b && delta ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "lora merge: out of memory");
+    if (s == ANNEAL_OK) s = anneal_to_f32_buffer(d->weight, w);
+    if (s == ANNEAL_OK) s = anneal_to_f32_buffer(l->a, a);
+    if (s == ANNEAL_OK) s = anneal_to_f32_buffer(l->b, b);
+    bool in_out = d->layout == ANNEAL_WEIGHT_IN_OUT;
+    for (int64_t o = 0; s == ANNEAL_OK && o < out; o++) {
+        /* row o of B A in f32, then times scale (PEFT: (B @ A) * scaling) */
+        for (int64_t i = 0; i < in; i++) delta[i] = 0.0f;
+        for (int64_t k = 0; k < r; k++) {
+            float bk = b[o * r + k];
+            for (int64_t i = 0; i < in; i++) delta[i] += bk * a[k * in + i];
+        }
+        for (int64_t i = 0; i < in; i++) w[in_out ? i * out + o : o * in + i] += delta[i] * l->scale;
+    }
+    if (s == ANNEAL_OK) {
+        anneal_scope_enter(NULL);
+        anneal_tensor *h = anneal_from_data_on(d->weight->device, ANNEAL_F32, 2, d->weight->shape, w);
+        anneal_scope_leave();
+        s = h ? anneal_copy_(d->weight, h) : anneal_last_status();
+        anneal_release(h);
+    }
+    free(w);
+    free(a);
+    free(b);
+    free(delta);
+    return s;
+}
+
+anneal_status anneal_lora_merge(anneal_params *ps) {
+    if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "lora merge: NULL parameter set");
+    if (anneal_lora_count(ps) == 0) return anneal_set_error(ANNEAL_ERR_STATE, "lora merge: the model has no adapters");
+    anneal_status s = ANNEAL_OK;
+    for (int i = 0; i < ps->n_dense && s == ANNEAL_OK; i++)
+        if (ps->dense[i].dense->lora) s = merge_one(ps->dense[i].dense);
+    if (s != ANNEAL_OK) return s;
+    /* drop the adapter parameters (compacting the list) and unfreeze the rest */
+    int k = 0;
+    for (int i = 0; i < ps->n; i++) {
+        anneal_param p = ps->items[i];
+        bool adapter = false;
+        for (int j = 0; j < ps->n_dense && !adapter; j++) {
+            const anneal_nn_lora *l = ps->dense[j].lora;
+            adapter = l && (p.tensor == l->a || p.tensor == l->b);
+        }
+        if (adapter) {
+            anneal_release(p.tensor);
+            free(p.name);
+            continue;
+        }
+        ps->items[k++] = p;
+    }
+    ps->n = k;
+    for (int j = 0; j < ps->n_dense; j++) {
+        if (ps->dense[j].dense) ps->dense[j].dense->lora = NULL;
+        free(ps->dense[j].lora);
+        ps->dense[j].lora = NULL;
+    }
+    for (int i = 0; i < ps->n && s == ANNEAL_OK; i++) s = anneal_params_set_trainable(ps, &ps->items[i], true);
+    free(ps->lora.targets);
+    ps->lora = (anneal_params_lora){0};
+    return s;
+}
