@@ -32,6 +32,9 @@ typedef struct anneal_train_state {
     float loss_scale;               /* f16 loss scaler's scale after the last step; 0: none recorded */
     int64_t loss_scale_growth_tracker; /* its clean steps in a row */
     int64_t overflow_steps;         /* f16 steps skipped for a gradient overflow (not in skipped_steps) */
+    /* LoRA (a model with frozen parameters): the base the adapters belong to */
+    uint64_t lora_base_fingerprint; /* anneal_params_fingerprint of the base weights; 0: not a LoRA run */
+    char lora_base[1024];           /* where the base weights came from ("": the architecture's init) */
 } anneal_train_state;
 
 /* Writes checkpoint "<run_dir>/ckpt_<step, 8 digits>" synchronously: model, optimizer
@@ -66,9 +69,18 @@ anneal_status anneal_checkpoint_resolve(const char *path, char *out, size_t out_
  * files. */
 anneal_status anneal_checkpoint_read_config(const char *ckpt_dir, anneal_model_config *model_cfg,
                                             char **config_json);
+/* A checkpoint of a LoRA run holds only what changes: the adapters as a PEFT directory
+ * (adapter_config.json + adapter_model.safetensors, loadable by PeftModel.from_pretrained
+ * on the base), the optimizer state of the trainable parameters, config.json of the
+ * base and, in state.json "lora", the base's path and fingerprint. *is_lora says
+ * whether ckpt_dir is one; base (n bytes) and *fingerprint get the reference. */
+anneal_status anneal_checkpoint_lora_base(const char *ckpt_dir, bool *is_lora, char *base, size_t n,
+                                          uint64_t *fingerprint);
 /* Loads parameters into m (the file must hold exactly what m's architecture exports,
  * shapes equal: an incompatible model is refused with the mismatching tensor named;
- * then its hf_import reads it), optimizer state into opt (may be NULL) and *st. */
+ * then its hf_import reads it), optimizer state into opt (may be NULL) and *st. A LoRA
+ * checkpoint loads into a model with the same adapters (anneal_peft_load: the base
+ * weights are the caller's), the optimizer state of its trainable parameters only. */
 anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st);
 

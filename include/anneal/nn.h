@@ -75,6 +75,10 @@ void anneal_params_zero_grad(anneal_params *ps);
 anneal_status anneal_params_set_trainable(anneal_params *ps, anneal_param *p, bool trainable);
 /* Elements over the trainable parameters. */
 int64_t anneal_params_numel_trainable(const anneal_params *ps);
+/* FNV-1a 64 over the names, shapes and f32 values (bf16 ones widened) of the
+ * parameters, in order; frozen_only: of the frozen ones only. 0 and an error when a
+ * value cannot be read. Identifies the base weights a LoRA run was made on. */
+uint64_t anneal_params_fingerprint(const anneal_params *ps, bool frozen_only);
 /* Records d, created under prefix, as a dense layer of the set (anneal_nn_dense_create
  * does it). ANNEAL_ERR_OOM. */
 anneal_status anneal_params_add_dense(anneal_params *ps, const char *prefix, struct anneal_nn_dense *d);

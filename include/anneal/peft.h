@@ -35,6 +35,14 @@ anneal_status anneal_peft_read_config(const char *dir, anneal_peft_config *out);
  * true when the adapted layers have Conv1D's (in, out) weights, and the f32 tensors. */
 anneal_status anneal_peft_save(const char *dir, const anneal_params *ps, const char *base_model);
 
+/* The adapter_config.json text (malloc'd; NULL + ANNEAL_ERR_OOM) for adapters made with
+ * lora, base_model (NULL: null). */
+char *anneal_peft_config_json(const anneal_params_lora *lora, const char *base_model, bool fan_in_fan_out);
+/* True when some adapted layer of ps has Conv1D's (in, out) weight (PEFT's fan_in_fan_out). */
+bool anneal_peft_fan_in_fan_out(const anneal_params *ps);
+/* PEFT's key of parameter `name` of the model ("base_model.model.<name>"). */
+#define ANNEAL_PEFT_KEY_PREFIX "base_model.model."
+
 /* Loads a PEFT LoRA directory into ps: without adapters yet, applies its config
  * (anneal_lora_apply with base_dtype); with adapters, the config's r, alpha and targets
  * must be theirs. Every adapter tensor must be in the file with its shape for r (a

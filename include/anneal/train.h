@@ -61,6 +61,12 @@ typedef struct anneal_train_config {
     char *log_jsonl;          /* extra copy of the JSON-lines log */
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
+    /* LoRA fine-tuning (src/train/lora.c): the base frozen, adapters trained */
+    int64_t lora_rank;        /* 0: off (every parameter trained) */
+    double lora_alpha;        /* scale = alpha / rank; 0: alpha = rank */
+    char *lora_targets;       /* comma-separated module names; NULL: the architecture's default */
+    double lora_dropout;      /* on the adapters' input */
+    char *lora_init;          /* a PEFT adapter directory the adapters start from */
     int64_t log_every;        /* plain-text progress every N steps (not a terminal) */
     /* distributed (mpirun -np N anneal train): --batch is the global batch */
     int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */

@@ -26,6 +26,7 @@
 #include "anneal/backend.h"
 #include "anneal/io.h"
 #include "anneal/fs.h"
+#include "anneal/peft.h"
 
 /* ------------------------------------------------------------------ snapshot */
 
@@ -83,6 +84,7 @@ static void free_bufs(anneal_ckpt_buf *b, int n) {
 void anneal_ckpt_snapshot_release(anneal_ckpt_snapshot *s) {
     if (!s) return;
     free(s->config_json);
+    free(s->lora_config_json);
     free_bufs(s->model, s->cap_model);
     free_bufs(s->state, s->n_params * s->n_state);
     free(s->param_steps);
@@ -180,9 +182,27 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_mo
     snapshot_sink sink_ctx = {s, 0};
     anneal_tensor_sink sink = {.ctx = &sink_ctx, .put = snapshot_put};
     s->n_model = 0;
-    if ((r = anneal_model_hf_export(m, &sink)) != ANNEAL_OK) return r;
     const anneal_params *ps = m->params;
-    int k = 0;
+    free(s->lora_config_json);
+    s->lora_config_json = NULL;
+    s->lora = anneal_lora_count(ps) > 0;
+    char name[640];
+    if (s->lora) {
+        /* only what changes: the trainable parameters (the adapters) under PEFT's keys */
+        s->lora_config_json = anneal_peft_config_json(&ps->lora, st->lora_base[0] ? st->lora_base : NULL,
+                                                      anneal_peft_fan_in_fan_out(ps));
+        if (!s->lora_config_json) return anneal_last_status();
+        for (int i = 0; i < ps->n && r == ANNEAL_OK; i++) {
+            if (!ps->items[i].trainable) continue;
+            snprintf(name, sizeof name, ANNEAL_PEFT_KEY_PREFIX "%s", ps->items[i].name);
+            r = snapshot_put(&sink_ctx, name, ps->items[i].tensor);
+        }
+    } else {
+        r = anneal_model_hf_export(m, &sink);
+    }
+    if (r != ANNEAL_OK) return r;
+    int k = 0, n_kept = 0;
+    for (int i = 0; i < ps->n; i++) n_kept += ps->items[i].trainable || !s->lora;
     s->has_opt = opt != NULL;
     if (opt) {
         s->opt_cfg = anneal_optimizer_config(opt);
@@ -196,21 +216,22 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_mo
             k = 1;
         }
     }
-    if ((r = snapshot_arrays(s, ps->n, k)) != ANNEAL_OK) return r;
-    char name[640];
-    for (int i = 0; i < ps->n; i++) {
+    if ((r = snapshot_arrays(s, n_kept, k)) != ANNEAL_OK) return r;
+    for (int i = 0, q = -1; i < ps->n; i++) {
         const anneal_param *p = &ps->items[i];
-        if (!s->param_names[i] || strcmp(s->param_names[i], p->name)) {
+        if (s->lora && !p->trainable) continue; /* frozen: no state, not in the checkpoint */
+        q++;
+        if (!s->param_names[q] || strcmp(s->param_names[q], p->name)) {
             char *nm = dup_str(p->name);
             if (!nm) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
-            free(s->param_names[i]);
-            s->param_names[i] = nm;
+            free(s->param_names[q]);
+            s->param_names[q] = nm;
         }
-        s->param_steps[i] = 0;
+        s->param_steps[q] = 0;
         if (!opt) continue;
-        if ((s->param_steps[i] = anneal_optimizer_param_steps(opt, i)) < 0) return anneal_last_status();
+        if ((s->param_steps[q] = anneal_optimizer_param_steps(opt, i)) < 0) return anneal_last_status();
         for (int j = 0; j < k; j++) {
-            anneal_ckpt_buf *b = &s->state[i * k + j];
+            anneal_ckpt_buf *b = &s->state[q * k + j];
             snprintf(name, sizeof name, "%s.%s", p->name, s->state_names[j]);
             if ((r = buf_fit(b, name, p->tensor)) != ANNEAL_OK) return r;
             anneal_tensor *t = anneal_optimizer_state(opt, i, s->state_names[j]);
@@ -441,6 +462,13 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         /* The trainer's config text, inserted verbatim (validated as an object when
          * the snapshot was taken). */
         cJSON_AddItemToObject(j, "config", s->config_json ? cJSON_CreateRaw(s->config_json) : cJSON_CreateNull());
+        if (s->lora) { /* the base the adapters belong to */
+            cJSON *lora = cJSON_AddObjectToObject(j, "lora");
+            char fp[17];
+            snprintf(fp, sizeof fp, "%016" PRIx64, st->lora_base_fingerprint);
+            ok = lora && cJSON_AddStringToObject(lora, "base", st->lora_base) &&
+                 cJSON_AddStringToObject(lora, "base_fingerprint", fp);
+        }
         cJSON_AddItemToObject(j, "files", files);
     } else {
         cJSON_Delete(rng);
@@ -449,7 +477,8 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
         cJSON_Delete(files);
     }
     anneal_status r = ok ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
-    if (r == ANNEAL_OK) r = add_file_entry(files, dir, "model.safetensors");
+    if (r == ANNEAL_OK) r = add_file_entry(files, dir, s->lora ? "adapter_model.safetensors" : "model.safetensors");
+    if (r == ANNEAL_OK && s->lora) r = add_file_entry(files, dir, "adapter_config.json");
     if (r == ANNEAL_OK && s->has_opt) r = add_file_entry(files, dir, "optimizer.safetensors");
     if (r == ANNEAL_OK) r = add_file_entry(files, dir, "config.json");
     *out = NULL;
@@ -471,10 +500,16 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
 
 /* Writes every file of the checkpoint into dir (which exists and is empty). */
 static anneal_status write_files(const char *dir, const anneal_ckpt_snapshot *s) {
-    char *model = join(dir, "model.safetensors"), *optim = join(dir, "optimizer.safetensors"),
+    char *model = join(dir, s->lora ? "adapter_model.safetensors" : "model.safetensors"),
+         *optim = join(dir, "optimizer.safetensors"),
          *cfg = join(dir, "config.json"), *state = join(dir, "state.json"), *txt = NULL;
     anneal_status r = model && optim && cfg && state ? ANNEAL_OK : anneal_last_status();
     if (r == ANNEAL_OK) r = write_model(model, s);
+    if (r == ANNEAL_OK && s->lora) { /* with adapter_model.safetensors, a PEFT adapter directory */
+        char *ac = join(dir, "adapter_config.json");
+        r = ac ? anneal_write_file_atomic(ac, s->lora_config_json, strlen(s->lora_config_json)) : anneal_last_status();
+        free(ac);
+    }
     if (r == ANNEAL_OK && s->has_opt) r = write_optimizer(optim, s);
     if (r == ANNEAL_OK) {
         char *hf = anneal_model_config_to_hf_json(&s->model_cfg);

@@ -29,7 +29,7 @@ typedef struct anneal_ckpt_snapshot {
     char *config_json;         /* trainer config (owned), NULL for none */
     int n_model, cap_model;
     anneal_ckpt_buf *model;    /* n_model (cap_model allocated): what hf_export put, in order */
-    int n_params;              /* the model's parameters (the optimizer's state is per parameter) */
+    int n_params;              /* the model's parameters (the optimizer's state is per parameter; LoRA: the trainable ones) */
     char **param_names;        /* n_params, registration order (owned) */
     bool has_opt;
     anneal_optim_config opt_cfg;
@@ -38,6 +38,9 @@ typedef struct anneal_ckpt_snapshot {
     const char *state_names[2];
     anneal_ckpt_buf *state;    /* n_params * n_state, parameter-major */
     int64_t *param_steps;      /* n_params */
+    /* LoRA: the model file is the adapters (PEFT keys), the optimizer state the trainable parameters' */
+    bool lora;
+    char *lora_config_json;    /* adapter_config.json text (owned) */
 } anneal_ckpt_snapshot;
 
 /* Fills s from the model, optimizer (may be NULL), state and config text (may be

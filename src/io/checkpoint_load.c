@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "anneal/io.h"
+#include "anneal/peft.h"
 
 /* ------------------------------------------------------------------ resolve */
 
@@ -166,6 +167,19 @@ static anneal_status parse_train_state(const char *file, const cJSON *j, anneal_
         st->loss_scale_growth_tracker = (int64_t)tracker;
         st->overflow_steps = (int64_t)overflow;
     }
+    /* LoRA: the base the adapters belong to */
+    st->lora_base_fingerprint = 0;
+    st->lora_base[0] = '\0';
+    const cJSON *lora = cJSON_GetObjectItemCaseSensitive(j, "lora");
+    if (lora) {
+        const cJSON *base = cJSON_GetObjectItemCaseSensitive(lora, "base");
+        if (!cJSON_IsObject(lora) || !cJSON_IsString(base) || strlen(base->valuestring) >= sizeof st->lora_base)
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"lora\" must be an object with a \"base\" path", file);
+        if ((r = get_hex(file, lora, "base_fingerprint", &st->lora_base_fingerprint)) != ANNEAL_OK) return r;
+        if (!st->lora_base_fingerprint)
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"lora.base_fingerprint\" is zero", file);
+        snprintf(st->lora_base, sizeof st->lora_base, "%s", base->valuestring);
+    }
     return ANNEAL_OK;
 }
 
@@ -226,8 +240,12 @@ static anneal_status open_checkpoint(const char *dir, cJSON **out, anneal_train_
     const cJSON *files = r == ANNEAL_OK ? get_obj(path, j, "files") : NULL;
     if (r == ANNEAL_OK && !files) r = anneal_last_status();
     static const char *const required[] = {"model.safetensors", "config.json"};
-    for (int i = 0; r == ANNEAL_OK && i < 2; i++)
-        if (!cJSON_GetObjectItemCaseSensitive(files, required[i]))
+    static const char *const lora_required[] = {"adapter_model.safetensors", "config.json", "adapter_config.json"};
+    bool lora = cJSON_GetObjectItemCaseSensitive(j, "lora") != NULL;
+    for (int i = 0; r == ANNEAL_OK && i < (lora ? 3 : 2); i++)
+        if (lora && !cJSON_GetObjectItemCaseSensitive(files, lora_required[i]))
+            r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"files\" does not list %s", path, lora_required[i]);
+        else if (!lora && !cJSON_GetObjectItemCaseSensitive(files, required[i]))
             r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: \"files\" does not list %s", path, required[i]);
     const cJSON *f;
     if (r == ANNEAL_OK) cJSON_ArrayForEach(f, files) {
@@ -430,6 +448,7 @@ static anneal_status check_optimizer_file(const anneal_safetensors *st, const an
     char key[640], b1[128], b2[128];
     for (int i = 0; i < m->params->n; i++) {
         const anneal_param *p = &m->params->items[i];
+        if (!p->trainable) continue; /* frozen (LoRA's base): no state */
         snprintf(key, sizeof key, "%s.step", p->name);
         if (!parse_count(anneal_safetensors_meta(st, key), &steps[i]))
             return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata \"%s\" missing or invalid", st->path, key);
@@ -455,6 +474,7 @@ static anneal_status restore_optimizer(const anneal_safetensors *st, const annea
     int k = state_names(&oc, names);
     char key[640];
     for (int i = 0; r == ANNEAL_OK && i < m->params->n; i++) {
+        if (!m->params->items[i].trainable) continue;
         for (int j = 0; r == ANNEAL_OK && j < k; j++) {
             snprintf(key, sizeof key, "%s.%s", m->params->items[i].name, names[j]);
             anneal_tensor *dst = anneal_optimizer_state(opt, i, names[j]);
@@ -486,8 +506,17 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     int64_t *steps = calloc((size_t)m->params->n + 1, sizeof *steps), step_count = 0;
     if (!steps) r = anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
     if (r == ANNEAL_OK) r = model_config(ckpt_dir, j, &ck);
-    if (r == ANNEAL_OK) r = anneal_safetensors_open(model_path, &mst);
-    if (r == ANNEAL_OK) r = check_model_file(mst, m, &ck);
+    bool lora = ts.lora_base_fingerprint != 0;
+    if (r == ANNEAL_OK && lora != (anneal_lora_count(m->params) > 0))
+        r = lora ? anneal_set_error(ANNEAL_ERR_ARG, "%s: a LoRA checkpoint (adapters of the base %s): it loads into a model "
+                                    "with the same adapters (--lora-rank, --lora-targets)", ckpt_dir,
+                                    ts.lora_base[0] ? ts.lora_base : "of the architecture's init")
+                 : anneal_set_error(ANNEAL_ERR_ARG, "%s: not a LoRA checkpoint, but the model has LoRA adapters", ckpt_dir);
+    if (r == ANNEAL_OK && !lora) r = anneal_safetensors_open(model_path, &mst);
+    if (r == ANNEAL_OK && !lora) r = check_model_file(mst, m, &ck);
+    if (r == ANNEAL_OK && lora && strcmp(ck.arch, m->cfg.arch))
+        r = anneal_set_error(ANNEAL_ERR_SHAPE, "%s: the checkpoint holds adapters of a %s model, the model is %s",
+                             ckpt_dir, ck.arch, m->cfg.arch);
     if (r == ANNEAL_OK && opt) {
         const cJSON *files = cJSON_GetObjectItemCaseSensitive(j, "files");
         if (!cJSON_GetObjectItemCaseSensitive(files, "optimizer.safetensors"))
@@ -496,9 +525,11 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
         if (r == ANNEAL_OK) r = anneal_safetensors_open(opt_path, &ost);
         if (r == ANNEAL_OK) r = check_optimizer_file(ost, m, opt, steps, &step_count);
     }
-    /* Everything checked: restore (the architecture reads its own export). */
+    /* Everything checked: restore (the architecture reads its own export; LoRA: the
+     * adapters, checked tensor by tensor before any is written, then the state) */
     anneal_st_source src;
-    if (r == ANNEAL_OK && (r = anneal_st_source_init(&src, mst)) == ANNEAL_OK) {
+    if (r == ANNEAL_OK && lora) r = anneal_peft_load(ckpt_dir, m->params, ANNEAL_F32);
+    if (r == ANNEAL_OK && !lora && (r = anneal_st_source_init(&src, mst)) == ANNEAL_OK) {
         r = anneal_model_hf_import(m, &src.src);
         anneal_st_source_free(&src);
     }
@@ -509,4 +540,21 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     free(steps);
     cJSON_Delete(j);
     return r;
+}
+
+anneal_status anneal_checkpoint_lora_base(const char *ckpt_dir, bool *is_lora, char *base, size_t n,
+                                          uint64_t *fingerprint) {
+    cJSON *j = NULL;
+    anneal_train_state ts;
+    memset(&ts, 0, sizeof ts);
+    anneal_status r = open_checkpoint(ckpt_dir, &j, &ts);
+    cJSON_Delete(j);
+    if (r != ANNEAL_OK) return r;
+    if (is_lora) *is_lora = ts.lora_base_fingerprint != 0;
+    if (fingerprint) *fingerprint = ts.lora_base_fingerprint;
+    if (base && n) {
+        if (strlen(ts.lora_base) >= n) return anneal_set_error(ANNEAL_ERR_ARG, "%s: the base path is too long", ckpt_dir);
+        snprintf(base, n, "%s", ts.lora_base);
+    }
+    return ANNEAL_OK;
 }

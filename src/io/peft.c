@@ -145,22 +145,22 @@ static anneal_status make_dir(const char *dir) {
     return anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create the adapter directory: %s", dir, strerror(errno));
 }
 
-/* The adapter_config.json text (malloc'd). */
-static char *config_json(const anneal_params *ps, const char *base_model, bool fan_in_fan_out) {
+char *anneal_peft_config_json(const anneal_params_lora *lora, const char *base_model, bool fan_in_fan_out) {
     cJSON *j = cJSON_CreateObject(), *t = cJSON_CreateArray();
-    if (!j || !t) {
+    if (!j || !t || !lora) {
         cJSON_Delete(j);
         cJSON_Delete(t);
+        anneal_set_error(ANNEAL_ERR_OOM, "peft: out of memory");
         return NULL;
     }
     cJSON_AddStringToObject(j, "peft_type", "LORA");
     cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
     if (base_model) cJSON_AddStringToObject(j, "base_model_name_or_path", base_model);
     else cJSON_AddNullToObject(j, "base_model_name_or_path");
-    cJSON_AddNumberToObject(j, "r", ps->lora.rank);
-    cJSON_AddNumberToObject(j, "lora_alpha", ps->lora.alpha);
-    cJSON_AddNumberToObject(j, "lora_dropout", ps->lora.dropout);
-    const char *p = ps->lora.targets;
+    cJSON_AddNumberToObject(j, "r", lora->rank);
+    cJSON_AddNumberToObject(j, "lora_alpha", lora->alpha);
+    cJSON_AddNumberToObject(j, "lora_dropout", lora->dropout);
+    const char *p = lora->targets;
     while (p && *p) {
         const char *comma = strchr(p, ',');
         size_t n = comma ? (size_t)(comma - p) : strlen(p);
@@ -179,7 +179,14 @@ static char *config_json(const anneal_params *ps, const char *base_model, bool f
     cJSON_AddBoolToObject(j, "use_dora", false);
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
+    if (!txt) anneal_set_error(ANNEAL_ERR_OOM, "peft: out of memory");
     return txt;
+}
+
+bool anneal_peft_fan_in_fan_out(const anneal_params *ps) {
+    for (int i = 0; ps && i < ps->n_dense; i++)
+        if (ps->dense[i].dense->lora && ps->dense[i].dense->layout == ANNEAL_WEIGHT_IN_OUT) return true;
+    return false;
 }
 
 anneal_status anneal_peft_save(const char *dir, const anneal_params *ps, const char *base_model) {
@@ -193,11 +200,9 @@ anneal_status anneal_peft_save(const char *dir, const anneal_params *ps, const c
     float **bufs = calloc((size_t)(2 * n), sizeof *bufs);
     if (!e || !names || !bufs) s = anneal_set_error(ANNEAL_ERR_OOM, "peft save %s: out of memory", dir);
     int k = 0;
-    bool fan_in_fan_out = false;
     for (int i = 0; i < ps->n_dense && s == ANNEAL_OK; i++) {
         const anneal_nn_dense *d = ps->dense[i].dense;
         if (!d->lora) continue;
-        fan_in_fan_out |= d->layout == ANNEAL_WEIGHT_IN_OUT;
         const anneal_tensor *t[2] = {d->lora->a, d->lora->b};
         for (int ab = 0; ab < 2 && s == ANNEAL_OK; ab++, k++) {
             if (asprintf(&names[k], PEFT_KEY_PREFIX "%s.lora_%c.weight", ps->dense[i].prefix, ab ? 'B' : 'A') < 0) {
@@ -219,9 +224,8 @@ anneal_status anneal_peft_save(const char *dir, const anneal_params *ps, const c
         s = anneal_safetensors_write(path, k, e, 1, mk, mv);
     }
     if (s == ANNEAL_OK && (s = path_in(path, sizeof path, dir, "adapter_config.json")) == ANNEAL_OK) {
-        char *txt = config_json(ps, base_model, fan_in_fan_out);
-        s = txt ? anneal_write_file_atomic(path, txt, strlen(txt))
-                : anneal_set_error(ANNEAL_ERR_OOM, "peft save %s: out of memory", dir);
+        char *txt = anneal_peft_config_json(&ps->lora, base_model, anneal_peft_fan_in_fan_out(ps));
+        s = txt ? anneal_write_file_atomic(path, txt, strlen(txt)) : anneal_last_status();
         free(txt);
     }
     for (int i = 0; names && i < 2 * n; i++) free(names[i]);

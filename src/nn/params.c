@@ -100,6 +100,36 @@ anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndi
     return t;
 }
 
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Host copies one parameter at a time (f32), hashed with its name and shape. */
+uint64_t anneal_params_fingerprint(const anneal_params *ps, bool frozen_only) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = 0; ps && i < ps->n; i++) {
+        const anneal_param *p = &ps->items[i];
+        if (frozen_only && p->trainable) continue;
+        int64_t n = anneal_numel(p->tensor);
+        float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+        if (!buf) {
+            anneal_set_error(ANNEAL_ERR_OOM, "fingerprint of %s: out of memory", p->name);
+            return 0;
+        }
+        if (anneal_to_f32_buffer(p->tensor, buf) != ANNEAL_OK) {
+            free(buf);
+            return 0;
+        }
+        h = fnv1a(h, p->name, strlen(p->name) + 1);
+        h = fnv1a(h, p->tensor->shape, (size_t)p->tensor->ndim * sizeof p->tensor->shape[0]);
+        h = fnv1a(h, buf, (size_t)n * sizeof *buf);
+        free(buf);
+    }
+    return h ? h : 1;
+}
+
 /* Appends (prefix copy, d) to the set's dense records. */
 anneal_status anneal_params_add_dense(anneal_params *ps, const char *prefix, struct anneal_nn_dense *d) {
     if (!ps || !d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_add_dense: NULL set or block");

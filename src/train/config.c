@@ -79,6 +79,14 @@ static const option_def defs[] = {
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
+    {{"lora-rank", ANNEAL_OPT_INT, "LoRA fine-tuning: adapters of rank R on --lora-targets, the base frozen (bf16 "
+      "with --dtype bf16); 0 = train every parameter (default 0)"}, OFF(lora_rank), 0, 65536, 0, 0, NULL},
+    {{"lora-alpha", ANNEAL_OPT_FLOAT, "LoRA: scale = alpha / rank (default: alpha = rank)"}, OFF(lora_alpha), 0, 1e6, 0, 0, NULL},
+    {{"lora-targets", ANNEAL_OPT_STRING, "LoRA: comma-separated names of the layers to adapt (q_proj,k_proj,v_proj,o_proj,"
+      "gate_proj,up_proj,down_proj; GPT-2: c_attn,c_proj,c_fc; default q_proj,v_proj, GPT-2 c_attn)"}, OFF(lora_targets), 0, 0, 0, 0, NULL},
+    {{"lora-dropout", ANNEAL_OPT_FLOAT, "LoRA: dropout on the adapters' input (default 0)"}, OFF(lora_dropout), 0, 1, 0, 1, NULL},
+    {{"lora-init", ANNEAL_OPT_STRING, "LoRA: start the adapters from a PEFT adapter directory (adapter_config.json + "
+      "adapter_model.safetensors; its r, alpha, targets unless given)"}, OFF(lora_init), 0, 0, 0, 0, NULL},
     {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients (default 0)"}, OFF(zero), 0, 2, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},

@@ -416,6 +416,9 @@ static anneal_status build_model(trainer *t, bool *usage) {
             if (st != ANNEAL_OK) return prefix_error("--init: ");
         }
     }
+    /* LoRA (lora.c): adapters on the base, the base frozen; on resume the base rebuilt first */
+    anneal_status ls = anneal_train_setup_lora(t, usage);
+    if (ls != ANNEAL_OK) return ls;
     anneal_optim_config oc = anneal_optim_defaults(ANNEAL_OPTIM_ADAMW);
     oc.beta1 = c->beta1;
     oc.beta2 = c->beta2;

@@ -111,6 +111,13 @@ anneal_status anneal_train_log_json(trainer *t, void *cjson_object); /* takes ow
 /* Writes the "start" record. */
 void anneal_train_log_start(trainer *t);
 
+/* lora.c: --lora-rank & co. after the base weights are in place: adds the adapters,
+ * freezes the base (bf16 dense weights at --dtype bf16) and records the base (path,
+ * fingerprint) in t->st; on the resume of a LoRA checkpoint rebuilds the base from
+ * the recorded path, refuses a changed one, and adds the same adapters (the checkpoint
+ * then fills them). A no-op for other runs. */
+anneal_status anneal_train_setup_lora(trainer *t, bool *usage);
+
 /* precision.c: --dtype, --loss-scale. Setup sets the model's compute precision for
  * the run (evaluation and samples included) and the fp16 loss scaler (restored from the
  * checkpoint resumed when it scaled too). */
