@@ -66,7 +66,7 @@ ALLOWED_CYCLES = {
 }
 
 # The functions whose trailing underscore says they write their first argument in place.
-IN_PLACE = {"anneal_copy_", "anneal_init_fill_", "anneal_init_normal_"}
+IN_PLACE = {"anneal_copy_", "anneal_init_fill_", "anneal_init_normal_", "anneal_init_uniform_"}
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 

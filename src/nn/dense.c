@@ -39,6 +39,16 @@ anneal_status anneal_nn_dense_create(anneal_nn_dense *d, anneal_params *ps, cons
     return anneal_params_add_dense(ps, prefix, d);
 }
 
+/* The adapter's path (lora.c adds adapters; running one is the dense layer's). */
+anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_ctx *ctx, anneal_tensor *x) {
+    if (!l || !x) return NULL;
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = ctx ? ctx->compute : ANNEAL_F32};
+    bool train = ctx && ctx->training;
+    anneal_tensor *h = l->dropout > 0.0f ? anneal_dropout(x, l->dropout, train) : x;
+    anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
+    return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
+}
+
 anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                            anneal_activation act, anneal_tensor *mul) {
     if (!d || !x) return NULL;

@@ -143,14 +143,6 @@ int anneal_lora_count(const anneal_params *ps) {
     return n;
 }
 
-anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_ctx *ctx, anneal_tensor *x) {
-    if (!l || !x) return NULL;
-    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = ctx ? ctx->compute : ANNEAL_F32};
-    bool train = ctx && ctx->training;
-    anneal_tensor *h = l->dropout > 0.0f ? anneal_dropout(x, l->dropout, train) : x;
-    anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
-    return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
-}
 
 /* W (as stored, either layout) += scale * B A, one dense layer, on host copies. */
 static anneal_status merge_one(anneal_nn_dense *d) {
