@@ -105,6 +105,11 @@ static anneal_status parse_rope_scaling(const char *path, const cJSON *j, anneal
         return ANNEAL_OK;
     }
     r->scaling = ANNEAL_ROPE_SCALING_LLAMA3;
+    if (!field(rs, "low_freq_factor") || !field(rs, "high_freq_factor") || !field(rs, "original_max_position_embeddings"))
+        return anneal_set_error(ANNEAL_ERR_FORMAT,
+                                "%s: \"rope_scaling\" of type llama3 needs low_freq_factor, high_freq_factor and "
+                                "original_max_position_embeddings",
+                                path);
     int omp = 0;
     if ((s = get_num(path, "rope_scaling.", rs, "low_freq_factor", 0.0, 1e9, NAN, &lo)) != ANNEAL_OK ||
         (s = get_num(path, "rope_scaling.", rs, "high_freq_factor", 0.0, 1e9, NAN, &hi)) != ANNEAL_OK ||

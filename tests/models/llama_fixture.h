@@ -9,7 +9,7 @@
 #include "test.h"
 
 /* dir/name into a rotating static buffer. */
-static const char *llama_fx_join(const char *dir, const char *name) {
+static inline const char *llama_fx_join(const char *dir, const char *name) {
     static char bufs[4][1024];
     static int next;
     char *b = bufs[next++ & 3];
@@ -19,7 +19,7 @@ static const char *llama_fx_join(const char *dir, const char *name) {
 
 /* The model of HF directory dir (config.json read through the registry, weights through
  * hf_import), or NULL after a recorded failure. */
-static anneal_model *llama_fx_load(const char *dir) {
+static inline anneal_model *llama_fx_load(const char *dir) {
     anneal_model_config cfg;
     if (anneal_model_config_from_hf_file(llama_fx_join(dir, "config.json"), &cfg) != ANNEAL_OK) {
         anneal_test_fail(__FILE__, __LINE__, "%s: config: %s", dir, anneal_last_error());
@@ -36,7 +36,7 @@ static anneal_model *llama_fx_load(const char *dir) {
 
 /* Largest |a - b| over n floats divided by the largest |b|: the error relative to the
  * tensor's scale. */
-static double llama_fx_rel_err(const float *a, const float *b, int64_t n) {
+static inline double llama_fx_rel_err(const float *a, const float *b, int64_t n) {
     double e = 0, s = 0;
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
@@ -55,7 +55,7 @@ typedef struct llama_fx_errors {
 /* Runs m on the reference's ids at m's current compute precision: logits (no grad),
  * then the loss on targets and its backward; compares with the reference (every
  * parameter's gradient against "grad.<name>"). Missing tensors are failures. */
-static llama_fx_errors llama_fx_compare(anneal_model *m, const char *dir) {
+static inline llama_fx_errors llama_fx_compare(anneal_model *m, const char *dir) {
     llama_fx_errors e = {NAN, NAN, NAN, NULL, 0};
     anneal_safetensors *ref = NULL;
     if (anneal_safetensors_open(llama_fx_join(dir, "reference.safetensors"), &ref) != ANNEAL_OK) {
