@@ -157,7 +157,8 @@ typedef struct anneal_lora_config {
  * ("<prefix>.lora_A.weight" (rank, in) U(-1/sqrt(in), 1/sqrt(in)) from the global
  * generator in creation order, "<prefix>.lora_B.weight" (out, rank) zero; trainable,
  * weight decay on) and freezes every other parameter; with base_dtype BF16 the frozen
- * dense weights are stored in bf16 (the blocks updated). A target that matches no dense
+ * dense weights are stored in bf16 (the blocks updated; not "lm_head", which the fused
+ * loss reads in f32, and which cannot be a target: ANNEAL_ERR_UNSUPPORTED). A target that matches no dense
  * layer is ANNEAL_ERR_ARG naming it and the layers' names; a set with adapters already,
  * bad rank/alpha/dropout too. */
 anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *cfg);

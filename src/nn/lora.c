@@ -19,6 +19,11 @@ static const char *last_component(const char *prefix) {
     return dot ? dot + 1 : prefix;
 }
 
+/* The output head ("lm_head") is a dense layer whose weight models hand to the fused
+ * lm-head loss directly (anneal_linear_cross_entropy), not through the dense forward:
+ * an adapter there would be ignored, and the loss needs its weight in f32. */
+static bool is_head(const char *prefix) { return strcmp(last_component(prefix), "lm_head") == 0; }
+
 static anneal_status check_config(const anneal_params *ps, const anneal_lora_config *c) {
     if (!ps || !c) return anneal_set_error(ANNEAL_ERR_ARG, "lora: NULL parameter set or config");
     if (ps->lora.rank > 0) return anneal_set_error(ANNEAL_ERR_STATE, "lora: the model has adapters already");
@@ -40,6 +45,9 @@ static anneal_status check_targets(const anneal_params *ps, const anneal_lora_co
     for (int t = 0; t < c->n_targets; t++) {
         const char *want = c->targets[t];
         if (!want || !*want) return anneal_set_error(ANNEAL_ERR_ARG, "lora: empty target module name");
+        if (is_head(want))
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "lora: target module 'lm_head': adapters on the output head "
+                                    "are not supported (the fused lm-head loss reads its weight directly)");
         bool hit = false;
         for (int i = 0; i < ps->n_dense && !hit; i++) hit = strcmp(last_component(ps->dense[i].prefix), want) == 0;
         if (hit) continue;
@@ -47,6 +55,7 @@ static anneal_status check_targets(const anneal_params *ps, const anneal_lora_co
         size_t k = 0;
         for (int i = 0; i < ps->n_dense && k + 2 < sizeof known; i++) {
             const char *n = last_component(ps->dense[i].prefix);
+            if (is_head(n)) continue;
             bool seen = false;
             for (int j = 0; j < i && !seen; j++) seen = strcmp(last_component(ps->dense[j].prefix), n) == 0;
             if (!seen) k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", k ? ", " : "", n);
@@ -128,7 +137,7 @@ anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *c) 
         if (s == ANNEAL_OK) d->lora = l;
     }
     for (int i = 0; i < ps->n_dense && s == ANNEAL_OK && c->base_dtype == ANNEAL_BF16; i++)
-        s = weight_to_bf16(ps, ps->dense[i].dense);
+        if (!is_head(ps->dense[i].prefix)) s = weight_to_bf16(ps, ps->dense[i].dense);
     if (s != ANNEAL_OK) {
         free(targets);
         return s;

@@ -5,7 +5,8 @@
  *   - the adapter anneal saves loads with PeftModel.from_pretrained on the same base and
  *     gives anneal's logits; merge_and_unload() too;
  *   - `anneal lora merge` writes a model transformers loads with those logits;
- * all fp32 within 1e-4 of the largest logit. And without Python: save/load round trip,
+ * all fp32 within 1e-4 of the largest logit; the same for a Llama (GQA, untied head) with
+ * adapters on q/k/v/o and on all seven projections. And without Python: save/load round trip,
  * and the bad input (unknown peft_type, r that does not match the tensors, a missing
  * tensor, a target the model lacks, a tensor no layer owns, malformed JSON, a regex
  * target_modules, rslora). */
@@ -179,6 +180,76 @@ TEST(anneal_adapter_loads_into_peft_and_merges) {
     anneal_model_free(m);
 }
 
+/* Llama (GQA 4/2, untied head): a PEFT adapter on q/k/v/o loads into anneal, and
+ * anneal's adapter on every projection loads into PEFT and merges, as for GPT-2. */
+TEST(llama_adapters_both_ways) {
+    const char *python = anneal_test_python("torch,transformers,peft");
+    if (!python) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP("ANNEAL_BIN not set (run through ctest)");
+    REQUIRE(py(python, "llama llama") && py(python, "random_adapter llama llama_peft q_proj,k_proj,v_proj,o_proj"));
+    REQUIRE(py(python, "logits llama llama_peft ids.safetensors llama_peft_logits.safetensors"));
+    anneal_model *m = load_hf(tmp_path("llama"));
+    REQUIRE(m);
+    CHECK(anneal_peft_load(tmp_path("llama_peft"), m->params, ANNEAL_F32) == ANNEAL_OK, "load: %s", anneal_last_error());
+    CHECK_TRUE(anneal_lora_count(m->params) == 8);
+    int64_t V = m->cfg.vocab_size, n = B_ * T_ * V;
+    float *got = logits_of(m, V), *want = read_tensor(tmp_path("llama_peft_logits.safetensors"), "logits", n);
+    REQUIRE(got && want);
+    double d = rel_diff(got, want, n);
+    printf("    Llama, PEFT-made q/k/v/o adapter: anneal vs PEFT logits %.3g (relative)\n", d);
+    CHECK(d <= 1e-4, "logits differ by %g relative", d);
+    free(got);
+    free(want);
+    anneal_model_free(m);
+    /* anneal's adapter on all seven projections */
+    REQUIRE((m = load_hf(tmp_path("llama"))));
+    anneal_manual_seed(4);
+    const char *tg[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    anneal_lora_config c = {.rank = 4, .alpha = 8, .targets = tg, .n_targets = 7};
+    REQUIRE(anneal_lora_apply(m->params, &c) == ANNEAL_OK);
+    CHECK_TRUE(anneal_lora_count(m->params) == 14);
+    for (int i = 0; i < m->params->n_dense; i++)
+        if (m->params->dense[i].lora) anneal_init_normal_(m->params->dense[i].lora->b, 0.0f, 0.1f);
+    got = logits_of(m, V);
+    REQUIRE(got);
+    REQUIRE(anneal_peft_save(tmp_path("llama_anneal"), m->params, tmp_path("llama")) == ANNEAL_OK);
+    anneal_peft_config pc;
+    REQUIRE(anneal_peft_read_config(tmp_path("llama_anneal"), &pc) == ANNEAL_OK);
+    CHECK_TRUE(!pc.fan_in_fan_out && pc.n_targets == 7);
+    anneal_peft_config_free(&pc);
+    REQUIRE(py(python, "logits llama llama_anneal ids.safetensors llama_anneal_logits.safetensors"));
+    float *peft = read_tensor(tmp_path("llama_anneal_logits.safetensors"), "logits", n);
+    float *merged = read_tensor(tmp_path("llama_anneal_logits.safetensors"), "merged", n);
+    REQUIRE(peft && merged);
+    double d1 = rel_diff(got, peft, n), d2 = rel_diff(got, merged, n);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s lora merge --base %s --adapter %s --out %s > %s/merge.log 2>&1", bin,
+             tmp_path("llama"), tmp_path("llama_anneal"), tmp_path("llama_merged"), g_dir);
+    CHECK(system(cmd) == 0, "anneal lora merge failed (%s/merge.log)", g_dir);
+    REQUIRE(py(python, "hf_logits llama_merged ids.safetensors llama_merged_logits.safetensors"));
+    float *hf = read_tensor(tmp_path("llama_merged_logits.safetensors"), "logits", n);
+    REQUIRE(hf);
+    double d3 = rel_diff(hf, merged, n);
+    printf("    Llama, anneal adapter on 7 projections: PEFT %.3g, merge_and_unload %.3g, anneal lora merge in "
+           "transformers %.3g (relative)\n", d1, d2, d3);
+    CHECK(d1 <= 1e-4 && d2 <= 1e-4 && d3 <= 1e-4, "differences %g %g %g", d1, d2, d3);
+    /* the output head is not a target */
+    anneal_model *m2 = load_hf(tmp_path("llama"));
+    const char *head[] = {"lm_head"};
+    anneal_lora_config hc = {.rank = 2, .alpha = 2, .targets = head, .n_targets = 1};
+    anneal_clear_error();
+    CHECK(anneal_lora_apply(m2->params, &hc) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "lm_head"), "%s",
+          anneal_last_error());
+    anneal_clear_error();
+    anneal_model_free(m2);
+    free(got);
+    free(peft);
+    free(merged);
+    free(hf);
+    anneal_model_free(m);
+}
+
 /* ------------------------------------------------------------ without Python */
 
 static anneal_model *tiny(void) {
@@ -302,6 +373,7 @@ int main(void) {
     RUN(round_trip_and_bad_input);
     RUN(peft_adapter_loads_into_anneal);
     RUN(anneal_adapter_loads_into_peft_and_merges);
+    RUN(llama_adapters_both_ways);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) return 1;
