@@ -154,10 +154,11 @@ static bool py(const char *python, const char *dir, const char *args) {
 #define B_ 2
 #define T_ 32
 
-static void loss_curve(const char *kind, const char *targets, bool check_learns) {
-    const char *python = anneal_test_python("torch,transformers,peft");
-    if (!python) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
-    TU_DIR_AND_DATA(dir, data, "lora_peft");
+static void loss_curve(const char *python, const char *top, const char *data, const char *kind, const char *targets,
+                       bool check_learns) {
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s", top, kind);
+    REQUIRE(mkdir(dir, 0777) == 0);
     char src[600];
     snprintf(src, sizeof src, "%s base 512", kind);
     REQUIRE(py(python, dir, src));
@@ -210,14 +211,17 @@ static void loss_curve(const char *kind, const char *targets, bool check_learns)
            kind, targets, mine[0], mine[STEPS - 1], theirs[0], theirs[STEPS - 1], worst);
     CHECK(!check_learns || mine[STEPS - 1] < mine[0] - 0.05, "the adapters learn: %g -> %g", mine[0], mine[STEPS - 1]);
     anneal_safetensors_close(sf);
-    tu_rmrf(dir);
 }
 
 TEST(loss_curve_matches_peft) {
-    loss_curve("base", "c_attn,c_proj,c_fc", true);
+    const char *python = anneal_test_python("torch,transformers,peft");
+    if (!python) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    TU_DIR_AND_DATA(dir, data, "lora_peft");
+    loss_curve(python, dir, data, "base", "c_attn,c_proj,c_fc", true);
     /* attention adapters alone on a random Llama barely move its loss in 20 steps: the
      * match is the point */
-    loss_curve("llama", "q_proj,k_proj,v_proj,o_proj", false);
+    loss_curve(python, dir, data, "llama", "q_proj,k_proj,v_proj,o_proj", false);
+    tu_rmrf(dir);
 }
 
 int main(void) {
