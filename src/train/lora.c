@@ -154,5 +154,6 @@ anneal_status anneal_train_setup_lora(trainer *t, bool *usage) {
     if (s != ANNEAL_OK) return s;
     t->st.lora_base_fingerprint = fp;
     snprintf(t->st.lora_base, sizeof t->st.lora_base, "%s", base);
+    anneal_memory_release_cache(t->model->device); /* the f32 copies of weights now kept in bf16 */
     return ANNEAL_OK;
 }
