@@ -246,6 +246,7 @@ static void print_header(trainer *t) {
     if (t->resume_ckpt[0])
         anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
     anneal_train_note_precision(t);
+    anneal_train_note_lora(t);
 }
 
 static void print_summary(trainer *t, anneal_train_result *res, double first_loss, int signo) {

@@ -123,10 +123,10 @@ anneal_status anneal_train_setup_lora(trainer *t, bool *usage) {
     } else if (!c->lora_rank && !c->lora_init) {
         return ANNEAL_OK;
     }
-    if (t->world > 1) {
+    if (t->world > 1 || c->zero > 0) {
         *usage = true;
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--lora-rank: LoRA runs on one process (data parallel LoRA is "
-                                "not supported yet)");
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--lora-rank: LoRA runs on one process without --zero (data "
+                                "parallel LoRA is not supported yet)");
     }
     anneal_params *ps = t->model->params;
     if (c->resume) {
@@ -156,4 +156,17 @@ anneal_status anneal_train_setup_lora(trainer *t, bool *usage) {
     snprintf(t->st.lora_base, sizeof t->st.lora_base, "%s", base);
     anneal_memory_release_cache(t->model->device); /* the f32 copies of weights now kept in bf16 */
     return ANNEAL_OK;
+}
+
+void anneal_train_note_lora(trainer *t) {
+    const anneal_params *ps = t->model ? t->model->params : NULL;
+    if (!ps || anneal_lora_count(ps) == 0) return;
+    bool bf16 = false;
+    for (int i = 0; i < ps->n; i++) bf16 |= ps->items[i].tensor->dtype == ANNEAL_BF16;
+    anneal_progress_note(t->prog, "lora: rank %d, alpha %g, dropout %g on %s (%d layers): %.3fM trainable of %.2fM "
+                         "parameters, the base frozen%s; base %s (fingerprint %016llx)", ps->lora.rank,
+                         (double)ps->lora.alpha, (double)ps->lora.dropout, ps->lora.targets, anneal_lora_count(ps),
+                         (double)anneal_params_numel_trainable(ps) / 1e6, (double)anneal_params_numel(ps) / 1e6,
+                         bf16 ? " (dense weights in bf16)" : "", t->st.lora_base[0] ? t->st.lora_base : "the seeded init",
+                         (unsigned long long)t->st.lora_base_fingerprint);
 }

@@ -117,6 +117,8 @@ void anneal_train_log_start(trainer *t);
  * the recorded path, refuses a changed one, and adds the same adapters (the checkpoint
  * then fills them). A no-op for other runs. */
 anneal_status anneal_train_setup_lora(trainer *t, bool *usage);
+/* The start line's LoRA note (nothing without adapters). */
+void anneal_train_note_lora(trainer *t);
 
 /* precision.c: --dtype, --loss-scale. Setup sets the model's compute precision for
  * the run (evaluation and samples included) and the fp16 loss scaler (restored from the

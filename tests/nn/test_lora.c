@@ -4,7 +4,8 @@
  * (x A^T) B^T, with each fused activation unfused correctly), finite-difference
  * gradients of x, A and B in both weight layouts, dropout on the adapter input only
  * while training, bf16 frozen weights (the same bits as f32 ones at compute bf16), the
- * optimizer leaving frozen parameters alone (no state), and the errors (unknown
+ * optimizer leaving frozen parameters alone (no state), GPT-2's recompute modes giving
+ * the adapters the same gradients, and the errors (unknown
  * target named, bad rank/alpha/dropout, adapters twice). */
 #include "blocks_util.h"
 #include "test.h"
@@ -260,6 +261,59 @@ TEST(optimizer_skips_frozen_parameters) {
     anneal_scope_close(s);
 }
 
+/* GPT-2 with adapters on every dense layer and dropout on: the gradients of A and B are
+ * the same bits with recompute none, attn and block (the regions replay the adapters'
+ * dropout masks and reach their leaves). */
+TEST(gpt2_recompute_modes_agree_with_adapters) {
+    anneal_recompute_mode mode[3] = {ANNEAL_RECOMPUTE_NONE, ANNEAL_RECOMPUTE_ATTN, ANNEAL_RECOMPUTE_BLOCK};
+    float *ref = NULL;
+    int64_t total = 0;
+    for (int k = 0; k < 3; k++) {
+        anneal_scope *s = anneal_scope_open();
+        anneal_model_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 23, .n_ctx = 8,
+                                 .norm_eps = 1e-5f, .dropout = 0.1f, .recompute = mode[k]};
+        snprintf(c.arch, sizeof c.arch, "gpt2");
+        anneal_model *m = anneal_model_new(&c, ANNEAL_CPU);
+        REQUIRE(m && anneal_model_init(m, 3) == ANNEAL_OK);
+        const char *tg[] = {"c_attn", "c_proj", "c_fc"};
+        anneal_lora_config lc = {.rank = 2, .alpha = 4, .dropout = 0.2f, .targets = tg, .n_targets = 3};
+        REQUIRE(anneal_lora_apply(m->params, &lc) == ANNEAL_OK);
+        for (int i = 0; i < m->params->n_dense; i++)
+            if (m->params->dense[i].lora) anneal_init_normal_(m->params->dense[i].lora->b, 0.0f, 0.2f);
+        m->ctx.training = true;
+        int32_t ids[2 * 8], tgt[2 * 8];
+        for (int i = 0; i < 16; i++) ids[i] = (i * 7) % 23, tgt[i] = (i * 5 + 1) % 23;
+        anneal_manual_seed(77);
+        anneal_tensor *loss = anneal_model_loss(m, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){2, 8}, ids),
+                                                anneal_from_data(ANNEAL_I32, 2, (int64_t[]){2, 8}, tgt));
+        REQUIRE(anneal_backward(loss) == ANNEAL_OK);
+        int64_t n = 0;
+        for (int i = 0; i < m->params->n; i++) {
+            const anneal_param *p = &m->params->items[i];
+            CHECK(p->trainable == (p->tensor->grad != NULL), "%s: trainable %d, grad %p", p->name, p->trainable,
+                  (void *)p->tensor->grad);
+            if (p->trainable) n += anneal_numel(p->tensor);
+        }
+        float *g = malloc((size_t)n * sizeof *g), *w = g;
+        for (int i = 0; i < m->params->n; i++) {
+            const anneal_param *p = &m->params->items[i];
+            if (!p->trainable || !p->tensor->grad) continue;
+            anneal_to_f32_buffer(p->tensor->grad, w);
+            w += anneal_numel(p->tensor);
+        }
+        if (k == 0) {
+            ref = g;
+            total = n;
+        } else {
+            CHECK(n == total && memcmp(g, ref, (size_t)n * sizeof *g) == 0, "recompute mode %d changed the gradients", k);
+            free(g);
+        }
+        anneal_model_free(m);
+        anneal_scope_close(s);
+    }
+    free(ref);
+}
+
 int main(void) {
     RUN(apply_targets_by_last_component);
     RUN(apply_errors);
@@ -267,5 +321,6 @@ int main(void) {
     RUN(dropout_only_on_the_adapter_while_training);
     RUN(bf16_frozen_weights_equal_f32_at_compute_bf16);
     RUN(optimizer_skips_frozen_parameters);
+    RUN(gpt2_recompute_modes_agree_with_adapters);
     return anneal_test_summary();
 }
