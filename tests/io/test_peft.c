@@ -294,7 +294,9 @@ TEST(round_trip_and_bad_input) {
     anneal_model *m2 = tiny();
     REQUIRE(anneal_peft_load(dir, m2->params, ANNEAL_BF16) == ANNEAL_OK);
     CHECK_TRUE(anneal_lora_count(m2->params) == 2 && m2->params->lora.rank == 2 && m2->params->lora.alpha == 16.0f);
-    float x[16], y[16];
+    int64_t nb = anneal_numel(m->params->dense[0].lora->b); /* (3 * 8, 2) */
+    REQUIRE(nb == 48 && anneal_numel(m2->params->dense[0].lora->b) == nb);
+    float x[48], y[48];
     anneal_to_f32_buffer(m->params->dense[0].lora->b, x);
     anneal_to_f32_buffer(m2->params->dense[0].lora->b, y);
     CHECK_TRUE(memcmp(x, y, sizeof x) == 0);
