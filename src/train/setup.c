@@ -321,6 +321,17 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     return ANNEAL_OK;
 }
 
+/* True when an --init path is a checkpoint or run directory (state.json, a latest
+ * pointer, or no config.json: the checkpoint code names what is missing), false for
+ * a Hugging Face model directory or a weights file. */
+static bool init_is_checkpoint(const char *p) {
+    char f[PATH_MAX + 16];
+    if (!is_dir(p)) return false;
+    if (path_join(f, sizeof f, p, "state.json") && exists(f)) return true;
+    if (path_join(f, sizeof f, p, "latest") && exists(f)) return true;
+    return !(path_join(f, sizeof f, p, "config.json") && exists(f));
+}
+
 /* The model config: --config, --model, the checkpoint being resumed, --init's, or
  * the tiny preset; the data's vocabulary for presets. */
 static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_config *ck_cfg) {
@@ -342,11 +353,14 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_c
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "from the checkpoint");
     } else if (c->init) {
         char cfgp[PATH_MAX + 16];
-        if (is_dir(c->init)) {
+        if (init_is_checkpoint(c->init)) {
             char ck[PATH_MAX];
             if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||
                 anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK)
                 return prefix_error("--init: ");
+        } else if (is_dir(c->init)) { /* a Hugging Face model directory */
+            if (anneal_hf_config_path(c->init, cfgp, sizeof cfgp) != ANNEAL_OK) return prefix_error("--init: ");
+            if (anneal_model_config_from_hf_file(cfgp, &mc) != ANNEAL_OK) return prefix_error("--init: ");
         } else {
             char tmp[PATH_MAX];
             snprintf(tmp, sizeof tmp, "%s", c->init);
@@ -405,13 +419,13 @@ static anneal_status build_model(trainer *t, bool *usage) {
         if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
         if (c->init) {
             anneal_status st;
-            if (is_dir(c->init)) {
+            if (init_is_checkpoint(c->init)) {
                 char ck[PATH_MAX];
                 anneal_train_state tmp;
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
                 if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
-            } else {
-                st = anneal_model_load_safetensors(t->model, c->init);
+            } else { /* a model directory, a .safetensors file or a sharded set's index */
+                st = anneal_model_load_hf_weights(t->model, c->init);
             }
             if (st != ANNEAL_OK) return prefix_error("--init: ");
         }
@@ -488,8 +502,16 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     else if (t->comm && !getenv("OMP_NUM_THREADS")) anneal_set_num_threads(default_rank_threads(t->comm));
     if (c->pin_threads && anneal_set_thread_pinning(true, t->pin_desc, sizeof t->pin_desc) != ANNEAL_OK)
         return prefix_error("--pin-threads: ");
+    /* --model DIR names a model to start from: the same as --init DIR */
+    anneal_model_config preset_cfg;
+    if (c->model && !anneal_model_preset(c->model, &preset_cfg)) {
+        if (c->init) return USAGE("--model %s and --init %s: give the starting weights once", c->model, c->init);
+        c->init = c->model;
+        c->model = NULL;
+    }
     absolutize(&c->data);
     absolutize(&c->config);
+    absolutize(&c->init);
     if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
     const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
     if (anneal_train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
