@@ -167,6 +167,9 @@ int anneal_cmd_generate(int argc, char **argv) {
     if ((ckpt != NULL) + (model_arg != NULL) + (hf_model != NULL) != 1)
         return USAGE_ERR("give one of --ckpt DIR or --model DIR|PRESET (--hf-model is the older spelling of --model)");
     if (hf_config && !hf_model) return USAGE_ERR("--hf-config goes with --hf-model (--model finds config.json itself)");
+    if (hf_model && !hf_config && access(hf_model, F_OK) != 0)
+        return USAGE_ERR("--hf-model %s: no such file or directory (give a model directory, or weights with --hf-config "
+                         "config.json)", hf_model);
     if (max_tokens < 0 || max_tokens > INT32_MAX) return USAGE_ERR("--max-tokens: %lld is out of range", (long long)max_tokens);
     if (temperature < 0) return USAGE_ERR("--temperature: %g must be >= 0", temperature);
     if (top_k < 0 || top_k > INT32_MAX) return USAGE_ERR("--top-k: %lld must be >= 0", (long long)top_k);

@@ -526,6 +526,17 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->config && anneal_model_config_from_hf_file(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
     else if (c->model && anneal_model_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
     else if (c->resume) synth_vocab = ck_cfg.vocab_size;
+    else if (c->init && !init_is_checkpoint(c->init)) { /* a Hugging Face model's vocabulary */
+        char cfgp[PATH_MAX + 16];
+        if (anneal_hf_config_path(c->init, cfgp, sizeof cfgp) == ANNEAL_OK &&
+            anneal_model_config_from_hf_file(cfgp, &pre) == ANNEAL_OK)
+            synth_vocab = pre.vocab_size;
+    } else if (c->init) {
+        char ck[PATH_MAX];
+        if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) == ANNEAL_OK &&
+            anneal_checkpoint_read_config(ck, &pre, NULL) == ANNEAL_OK)
+            synth_vocab = pre.vocab_size;
+    }
     anneal_clear_error();
     if ((st = open_data(t, usage, synth_vocab))) return st;
     if ((st = resolve_model(t, usage, &ck_cfg))) return st;

@@ -1,0 +1,277 @@
+/* Hugging Face model directories both ways, proven by transformers itself (the .venv
+ * clients; tests/fixtures/hf_dirs.py):
+ * - transformers -> anneal: GPT-2 directories written by save_pretrained (one f32 file,
+ *   f32 sharded with an index, bf16 sharded, f16) give transformers' logits on fixed
+ *   tokens (<= 1e-4 relative) through anneal_model_load_hf, and `anneal eval --model DIR
+ *   --json` gives transformers' mean loss over the same windows and the same count;
+ * - anneal -> transformers: a checkpoint after a few training steps and `anneal export
+ *   --format hf` (fp32, bf16 sharded, fp16) load in AutoModelForCausalLM.from_pretrained
+ *   with no missing, unexpected or mismatched keys and give anneal's logits and loss. */
+#include "anneal/anneal.h"
+#include "test.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define T 16
+#define N_IDS (4 * T + 1)
+#define VOCAB 301
+
+static char tmpdir[256];
+static const char *py;
+static int32_t ids[N_IDS];
+static char out[1 << 16], err[1 << 16];
+
+/* Runs a shell command, stdout into out, stderr into err; returns the exit code. */
+static int sh(const char *cmd) {
+    char full[8192], errpath[400];
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", tmpdir);
+    snprintf(full, sizeof full, "%s 2>'%s'", cmd, errpath);
+    FILE *f = popen(full, "r");
+    if (!f) return -1;
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    FILE *e = fopen(errpath, "rb");
+    size_t ge = e ? fread(err, 1, sizeof err - 1, e) : 0;
+    err[ge] = '\0';
+    if (e) fclose(e);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* "$ANNEAL_BIN args". */
+static int anneal_cli(const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s", getenv("ANNEAL_BIN"), args);
+    return sh(cmd);
+}
+
+/* The ids of the windows and a val shard of them under tmpdir/data. */
+static bool setup(void) {
+    if (tmpdir[0]) return true;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/anneal_hf_dirs_XXXXXX");
+    if (!mkdtemp(tmpdir)) return false;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < N_IDS; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % VOCAB);
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/ids.bin", tmpdir);
+    FILE *f = fopen(p, "wb");
+    if (!f || fwrite(ids, sizeof ids[0], N_IDS, f) != N_IDS) return false;
+    fclose(f);
+    snprintf(p, sizeof p, "%s/data", tmpdir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/data/val_000000.bin", tmpdir);
+    anneal_shard_writer *w = NULL;
+    if (anneal_shard_writer_open(p, VOCAB, -1, 0, &w) != ANNEAL_OK) return false;
+    if (anneal_shard_writer_append(w, ids, N_IDS) != ANNEAL_OK) return false;
+    return anneal_shard_writer_finish(w) == ANNEAL_OK;
+}
+
+/* What transformers says about a model directory. */
+typedef struct hf_view {
+    cJSON *json;
+    float *logits; /* (1, T, V) */
+    int64_t n;
+} hf_view;
+
+static void hf_view_free(hf_view *v) {
+    cJSON_Delete(v->json);
+    free(v->logits);
+}
+
+/* hf_dirs.py check DIR: loading info, loss and first-window logits. */
+static bool py_check(const char *dir, const char *tag, hf_view *v) {
+    memset(v, 0, sizeof *v);
+    char cmd[4096], base[400], p[512];
+    snprintf(base, sizeof base, "%s/%s", tmpdir, tag);
+    snprintf(cmd, sizeof cmd,
+             "TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 '%s' '%s/tests/fixtures/hf_dirs.py' check '%s' '%s/ids.bin' %d '%s'",
+             py, getenv("ANNEAL_SOURCE_DIR") ? getenv("ANNEAL_SOURCE_DIR") : ".", dir, tmpdir, T, base);
+    if (sh(cmd) != 0) {
+        fprintf(stderr, "hf_dirs.py check %s failed:\n%s\n", dir, err);
+        return false;
+    }
+    snprintf(p, sizeof p, "%s.json", base);
+    FILE *f = fopen(p, "rb");
+    if (!f) return false;
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    v->json = cJSON_Parse(out);
+    snprintf(p, sizeof p, "%s.safetensors", base);
+    anneal_safetensors *st = NULL;
+    if (!v->json || anneal_safetensors_open(p, &st) != ANNEAL_OK) return false;
+    const anneal_st_entry *e = anneal_safetensors_find(st, "logits");
+    bool ok = e && e->dtype == ANNEAL_F32 && e->ndim == 3 && e->shape[1] == T;
+    if (ok) {
+        v->n = e->shape[0] * e->shape[1] * e->shape[2];
+        v->logits = malloc((size_t)v->n * sizeof(float));
+        memcpy(v->logits, anneal_safetensors_data(st, e), (size_t)v->n * sizeof(float));
+    }
+    anneal_safetensors_close(st);
+    return ok;
+}
+
+/* No missing, unexpected or mismatched keys, no error messages. */
+static void check_clean_load(const hf_view *v, const char *what) {
+    static const char *keys[] = {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(v->json, keys[i]);
+        CHECK(cJSON_IsArray(a) && cJSON_GetArraySize(a) == 0, "%s: transformers reports %s: %s", what, keys[i],
+              a ? cJSON_PrintUnformatted(a) : "(absent)");
+    }
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(v->json, "class");
+    CHECK(cJSON_IsString(c) && !strcmp(c->valuestring, "GPT2LMHeadModel"), "%s: loaded as %s", what,
+          cJSON_IsString(c) ? c->valuestring : "?");
+}
+
+/* anneal's logits of the first window's inputs equal transformers'. */
+static void check_logits(anneal_model *m, const hf_view *v, const char *what) {
+    anneal_scope *sc = anneal_scope_open();
+    int64_t shape[2] = {1, T};
+    anneal_tensor *x = anneal_from_data(ANNEAL_I32, 2, shape, ids);
+    anneal_tensor *lg = anneal_model_logits(m, x);
+    REQUIRE(lg);
+    int64_t n = anneal_numel(lg);
+    CHECK(n == v->n, "%s: %lld logits vs transformers' %lld", what, (long long)n, (long long)v->n);
+    float *a = malloc((size_t)n * sizeof(float));
+    REQUIRE(anneal_to_f32_buffer(lg, a) == ANNEAL_OK);
+    if (n == v->n) CHECK_ALLCLOSE(a, v->logits, n, 1e-5, 1e-4);
+    free(a);
+    anneal_scope_close(sc);
+}
+
+/* `anneal eval --model DIR --json` against transformers' loss and count. */
+static void check_eval_json(const char *model, const hf_view *v, const char *what) {
+    char args[2048];
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s/data' --seq %d --batch 3 --json", model, tmpdir, T);
+    int rc = anneal_cli(args);
+    CHECK(rc == 0, "%s: anneal eval exited %d: %s", what, rc, err);
+    cJSON *j = cJSON_Parse(out);
+    REQUIRE(j);
+    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"), *tokens = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    double want = cJSON_GetObjectItemCaseSensitive(v->json, "loss")->valuedouble;
+    CHECK(cJSON_IsNumber(loss) && fabs(loss->valuedouble - want) <= 1e-5 * want, "%s: eval loss %.9g vs transformers %.9g",
+          what, cJSON_IsNumber(loss) ? loss->valuedouble : NAN, want);
+    CHECK(cJSON_IsNumber(tokens) && tokens->valuedouble == cJSON_GetObjectItemCaseSensitive(v->json, "tokens")->valuedouble,
+          "%s: eval counted %s tokens", what, cJSON_PrintUnformatted(j));
+    cJSON_Delete(j);
+}
+
+static bool make_hf_dirs(void) {
+    static int made;
+    if (made) return made > 0;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "TRANSFORMERS_VERBOSITY=error '%s' '%s/tests/fixtures/hf_dirs.py' make '%s/hf'", py,
+             getenv("ANNEAL_SOURCE_DIR") ? getenv("ANNEAL_SOURCE_DIR") : ".", tmpdir);
+    made = sh(cmd) == 0 ? 1 : -1;
+    if (made < 0) fprintf(stderr, "hf_dirs.py make failed:\n%s\n", err);
+    return made > 0;
+}
+
+TEST(transformers_dirs_load_into_anneal) {
+    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!(py = anneal_test_python("torch,transformers,safetensors,numpy")))
+        SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    REQUIRE(setup());
+    REQUIRE(make_hf_dirs());
+    const char *kinds[] = {"f32", "sharded", "bf16", "f16"};
+    for (int k = 0; k < 4; k++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/hf/%s", tmpdir, kinds[k]);
+        if (k == 1 || k == 2) { /* really sharded */
+            char idx[600];
+            snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+            CHECK(access(idx, F_OK) == 0, "%s: transformers wrote no index", dir);
+        }
+        hf_view v;
+        REQUIRE(py_check(dir, kinds[k], &v));
+        check_clean_load(&v, dir);
+        anneal_model *m = NULL;
+        CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
+        if (m) check_logits(m, &v, dir);
+        anneal_model_free(m);
+        check_eval_json(dir, &v, dir);
+        hf_view_free(&v);
+    }
+}
+
+TEST(anneal_checkpoints_and_exports_load_in_transformers) {
+    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!(py = anneal_test_python("torch,transformers,safetensors,numpy")))
+        SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    REQUIRE(setup());
+    REQUIRE(make_hf_dirs());
+    char args[2048], ck[512];
+    /* a few steps from transformers' weights (odd sizes, non-zero biases), so every tensor moved */
+    snprintf(args, sizeof args,
+             "train --model '%s/hf/f32' --synthetic --steps 3 --batch 2 --seq %d --lr 1e-2 --warmup 0 --seed 7 --out '%s/run'",
+             tmpdir, T, tmpdir);
+    int rc = anneal_cli(args);
+    REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", err), 0));
+    snprintf(ck, sizeof ck, "%s/run/ckpt_00000003", tmpdir);
+    anneal_model_config cfg;
+    REQUIRE(anneal_checkpoint_read_config(ck, &cfg, NULL) == ANNEAL_OK);
+    anneal_model *trained = anneal_model_new(&cfg, ANNEAL_CPU);
+    anneal_train_state st;
+    REQUIRE(trained && anneal_checkpoint_load(ck, trained, NULL, &st) == ANNEAL_OK);
+
+    hf_view v;
+    REQUIRE(py_check(ck, "ckpt", &v));
+    check_clean_load(&v, "checkpoint");
+    check_logits(trained, &v, "checkpoint");
+    check_eval_json(ck, &v, "checkpoint");
+    hf_view_free(&v);
+
+    struct {
+        const char *name, *flags;
+        bool sharded;
+    } exports[] = {
+        {"exp_fp32", "--dtype fp32", false},
+        {"exp_bf16", "--dtype bf16 --max-shard-size 30KB", true},
+        {"exp_fp16", "--dtype fp16 --max-shard-size 1GB", false},
+    };
+    for (int i = 0; i < 3; i++) {
+        char dir[512], p[600];
+        snprintf(dir, sizeof dir, "%s/%s", tmpdir, exports[i].name);
+        snprintf(args, sizeof args, "export --ckpt '%s/run' --format hf --out '%s' %s", tmpdir, dir, exports[i].flags);
+        rc = anneal_cli(args);
+        CHECK(rc == 0, "%s: exit %d: %s", args, rc, err);
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+        CHECK((access(p, F_OK) == 0) == exports[i].sharded, "%s: index present: %d", dir, access(p, F_OK) == 0);
+        snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
+        if (exports[i].sharded) CHECK(access(p, F_OK) != 0, "%s: 30KB shards should be more than two", dir);
+        REQUIRE(py_check(dir, exports[i].name, &v));
+        check_clean_load(&v, dir);
+        /* the stored weights (rounded for bf16/fp16) read back by anneal give transformers' logits */
+        anneal_model *m = NULL;
+        CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
+        if (m) check_logits(m, &v, dir);
+        if (i == 0) check_logits(trained, &v, "fp32 export vs the trained model");
+        anneal_model_free(m);
+        check_eval_json(dir, &v, dir);
+        hf_view_free(&v);
+    }
+    anneal_model_free(trained);
+}
+
+int main(void) {
+    RUN(transformers_dirs_load_into_anneal);
+    RUN(anneal_checkpoints_and_exports_load_in_transformers);
+    int rc = anneal_test_summary();
+    if (tmpdir[0]) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+    return rc;
+}
