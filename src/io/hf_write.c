@@ -263,12 +263,6 @@ static anneal_status fsync_path(const char *path) {
     return ANNEAL_OK;
 }
 
-/* tokenizer.json + tokenizer_config.json of tok into dir. */
-static anneal_status save_tokenizer(const anneal_tokenizer *tok, const char *dir) {
-    (void)tok;
-    return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: writing the tokenizer needs anneal_tokenizer_save_hf", dir);
-}
-
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts) {
     if (!m || !dir || !*dir) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_model_save_hf: NULL argument");
     anneal_hf_save_opts o = opts ? *opts : (anneal_hf_save_opts){0};
@@ -289,7 +283,7 @@ anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const
     if (r == ANNEAL_OK && mkdir(tmp, 0755) != 0) r = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     bool made = r == ANNEAL_OK;
     if (r == ANNEAL_OK) r = anneal_hf_write_files(tmp, &m->cfg, g.n, g.e, &o);
-    if (r == ANNEAL_OK && o.tokenizer) r = save_tokenizer(o.tokenizer, tmp);
+    if (r == ANNEAL_OK && o.tokenizer) r = anneal_tokenizer_save_hf(o.tokenizer, tmp);
     if (r == ANNEAL_OK) r = fsync_path(tmp);
     if (r == ANNEAL_OK && rename(tmp, clean) != 0) /* replaces an empty directory */
         r = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot rename %s into place: %s", clean, tmp, strerror(errno));

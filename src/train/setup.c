@@ -188,7 +188,8 @@ static anneal_status load_tokenizer(trainer *t) {
             free(spec);
             return prefix_error("--tokenizer: ");
         }
-        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off",
+        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off, "
+                                      "checkpoints carry no tokenizer",
                              spec, anneal_last_error());
         anneal_clear_error();
         free(spec);
@@ -206,7 +207,8 @@ static anneal_status load_tokenizer(trainer *t) {
             free(spec);
             return e;
         }
-        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off", spec);
+        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off, "
+                                      "checkpoints carry no tokenizer", spec);
     }
     free(spec);
     return ANNEAL_OK;
@@ -540,7 +542,8 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     anneal_clear_error();
     if ((st = open_data(t, usage, synth_vocab))) return st;
     if ((st = resolve_model(t, usage, &ck_cfg))) return st;
-    if (c->sample_every > 0 && (st = load_tokenizer(t))) {
+    /* the tokenizer: for samples, and carried by every checkpoint */
+    if ((c->sample_every > 0 || c->tokenizer || (c->data && !c->synthetic)) && (st = load_tokenizer(t))) {
         *usage = st == ANNEAL_ERR_ARG;
         return st;
     }
@@ -584,6 +587,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     t->config_json = anneal_train_config_to_json(c);
     t->ckpt = anneal_checkpointer_new(t->run_dir, (int)c->keep);
     if (!t->config_json || !t->ckpt) return prefix_error("checkpointer: ");
+    anneal_checkpointer_set_tokenizer(t->ckpt, t->tok); /* tokenizer.json + tokenizer_config.json in each checkpoint */
     return ANNEAL_OK;
 }
 

@@ -6,7 +6,9 @@
  *   --json` gives transformers' mean loss over the same windows and the same count;
  * - anneal -> transformers: a checkpoint after a few training steps and `anneal export
  *   --format hf` (fp32, bf16 sharded, fp16) load in AutoModelForCausalLM.from_pretrained
- *   with no missing, unexpected or mismatched keys and give anneal's logits and loss. */
+ *   with no missing, unexpected or mismatched keys and give anneal's logits and loss;
+ *   both carry the training run's tokenizer, which AutoTokenizer.from_pretrained loads
+ *   and which encodes a text to anneal's ids. */
 #include "anneal/anneal.h"
 #include "test.h"
 
@@ -52,6 +54,18 @@ static int anneal_cli(const char *args) {
     return sh(cmd);
 }
 
+/* A val shard of ids in tmpdir/<name>, marked as made by the tokenizer fp. */
+static bool write_shard(const char *name, uint64_t fp) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/%s/val_000000.bin", tmpdir, name);
+    anneal_shard_writer *w = NULL;
+    if (anneal_shard_writer_open(p, VOCAB, -1, fp, &w) != ANNEAL_OK) return false;
+    if (anneal_shard_writer_append(w, ids, N_IDS) != ANNEAL_OK) return false;
+    return anneal_shard_writer_finish(w) == ANNEAL_OK;
+}
+
 /* The ids of the windows and a val shard of them under tmpdir/data. */
 static bool setup(void) {
     if (tmpdir[0]) return true;
@@ -67,13 +81,7 @@ static bool setup(void) {
     FILE *f = fopen(p, "wb");
     if (!f || fwrite(ids, sizeof ids[0], N_IDS, f) != N_IDS) return false;
     fclose(f);
-    snprintf(p, sizeof p, "%s/data", tmpdir);
-    mkdir(p, 0755);
-    snprintf(p, sizeof p, "%s/data/val_000000.bin", tmpdir);
-    anneal_shard_writer *w = NULL;
-    if (anneal_shard_writer_open(p, VOCAB, -1, 0, &w) != ANNEAL_OK) return false;
-    if (anneal_shard_writer_append(w, ids, N_IDS) != ANNEAL_OK) return false;
-    return anneal_shard_writer_finish(w) == ANNEAL_OK;
+    return write_shard("data", 0);
 }
 
 /* What transformers says about a model directory. */
@@ -121,6 +129,29 @@ static bool py_check(const char *dir, const char *tag, hf_view *v) {
     return ok;
 }
 
+/* The text hf_dirs.py encodes with AutoTokenizer (its TEXT). */
+static const char TEXT[] = "Hello world! In the beginning God created the heaven and the earth.\n  1234 caf\xc3\xa9";
+
+/* AutoTokenizer.from_pretrained(dir) loaded and gave anneal's ids for TEXT. */
+static void check_tokenizer(const char *dir, const hf_view *v) {
+    const cJSON *hf = cJSON_GetObjectItemCaseSensitive(v->json, "text_ids");
+    CHECK(cJSON_IsArray(hf), "%s: transformers found no tokenizer", dir);
+    anneal_tokenizer *tok = NULL;
+    CHECK(anneal_tokenizer_load(dir, &tok) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
+    if (!tok || !cJSON_IsArray(hf)) {
+        anneal_tokenizer_free(tok);
+        return;
+    }
+    anneal_ids ids2 = {0};
+    REQUIRE(anneal_tokenizer_encode(tok, TEXT, strlen(TEXT), false, &ids2) == ANNEAL_OK);
+    CHECK((int)ids2.n == cJSON_GetArraySize(hf), "%s: %zu ids vs AutoTokenizer's %d", dir, ids2.n, cJSON_GetArraySize(hf));
+    int i = 0;
+    for (const cJSON *x = hf->child; x && i < (int)ids2.n; x = x->next, i++)
+        CHECK(x->valueint == ids2.ids[i], "%s: id %d: anneal %d, AutoTokenizer %d", dir, i, ids2.ids[i], x->valueint);
+    anneal_ids_free(&ids2);
+    anneal_tokenizer_free(tok);
+}
+
 /* No missing, unexpected or mismatched keys, no error messages. */
 static void check_clean_load(const hf_view *v, const char *what) {
     static const char *keys[] = {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"};
@@ -151,9 +182,9 @@ static void check_logits(anneal_model *m, const hf_view *v, const char *what) {
 }
 
 /* `anneal eval --model DIR --json` against transformers' loss and count. */
-static void check_eval_json(const char *model, const hf_view *v, const char *what) {
+static void check_eval_json(const char *model, const char *data, const hf_view *v, const char *what) {
     char args[2048];
-    snprintf(args, sizeof args, "eval --model '%s' --data '%s/data' --seq %d --batch 3 --json", model, tmpdir, T);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s/%s' --seq %d --batch 3 --json", model, tmpdir, data, T);
     int rc = anneal_cli(args);
     CHECK(rc == 0, "%s: anneal eval exited %d: %s", what, rc, err);
     cJSON *j = cJSON_Parse(out);
@@ -200,7 +231,7 @@ TEST(transformers_dirs_load_into_anneal) {
         CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
         if (m) check_logits(m, &v, dir);
         anneal_model_free(m);
-        check_eval_json(dir, &v, dir);
+        check_eval_json(dir, "data", &v, dir);
         hf_view_free(&v);
     }
 }
@@ -212,15 +243,40 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
     REQUIRE(setup());
     REQUIRE(make_hf_dirs());
     char args[2048], ck[512];
+    /* text, a 300-id tokenizer trained on it (the model has 301 ids) and its shards */
+    char p[600];
+    snprintf(p, sizeof p, "%s/text.txt", tmpdir);
+    FILE *f = fopen(p, "wb");
+    REQUIRE(f);
+    static const char *words[] = {"the", "LORD", "said", "unto", "Moses,", "and", "God", "created", "heaven", "earth.\n"};
+    uint64_t x = 7;
+    for (int i = 0; i < 6000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        fprintf(f, "%s ", words[x % 10]);
+    }
+    fclose(f);
+    snprintf(args, sizeof args, "tokenizer train --vocab-size 300 --input '%s/text.txt' --out '%s/tok' --threads 1", tmpdir,
+             tmpdir);
+    REQUIRE(anneal_cli(args) == 0 || (fprintf(stderr, "%s\n", err), 0));
+    snprintf(args, sizeof args, "prepare --tokenizer '%s/tok' --input '%s/text.txt' --out '%s/kdata' --val-fraction 0.1 --threads 1",
+             tmpdir, tmpdir, tmpdir);
+    REQUIRE(anneal_cli(args) == 0 || (fprintf(stderr, "%s\n", err), 0));
     /* a few steps from transformers' weights (odd sizes, non-zero biases), so every tensor moved */
     snprintf(args, sizeof args,
-             "train --model '%s/hf/f32' --synthetic --steps 3 --batch 2 --seq %d --lr 1e-2 --warmup 0 --seed 7 --out '%s/run'",
-             tmpdir, T, tmpdir);
+             "train --model '%s/hf/f32' --data '%s/kdata' --steps 3 --batch 2 --seq %d --lr 1e-2 --warmup 0 --seed 7 "
+             "--eval-every 0 --out '%s/run'",
+             tmpdir, tmpdir, T, tmpdir);
     int rc = anneal_cli(args);
     REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", err), 0));
     snprintf(ck, sizeof ck, "%s/run/ckpt_00000003", tmpdir);
     anneal_model_config cfg;
     REQUIRE(anneal_checkpoint_read_config(ck, &cfg, NULL) == ANNEAL_OK);
+    /* the eval windows again, as shards of the run's tokenizer (eval checks the fingerprint) */
+    anneal_tokenizer *tok = NULL;
+    snprintf(p, sizeof p, "%s/tok", tmpdir);
+    REQUIRE(anneal_tokenizer_load(p, &tok) == ANNEAL_OK);
+    REQUIRE(write_shard("data2", anneal_tokenizer_fingerprint(tok)));
+    anneal_tokenizer_free(tok);
     anneal_model *trained = anneal_model_new(&cfg, ANNEAL_CPU);
     anneal_train_state st;
     REQUIRE(trained && anneal_checkpoint_load(ck, trained, NULL, &st) == ANNEAL_OK);
@@ -228,8 +284,9 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
     hf_view v;
     REQUIRE(py_check(ck, "ckpt", &v));
     check_clean_load(&v, "checkpoint");
+    check_tokenizer(ck, &v);
     check_logits(trained, &v, "checkpoint");
-    check_eval_json(ck, &v, "checkpoint");
+    check_eval_json(ck, "data2", &v, "checkpoint");
     hf_view_free(&v);
 
     struct {
@@ -241,7 +298,7 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
         {"exp_fp16", "--dtype fp16 --max-shard-size 1GB", false},
     };
     for (int i = 0; i < 3; i++) {
-        char dir[512], p[600];
+        char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", tmpdir, exports[i].name);
         snprintf(args, sizeof args, "export --ckpt '%s/run' --format hf --out '%s' %s", tmpdir, dir, exports[i].flags);
         rc = anneal_cli(args);
@@ -252,13 +309,14 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
         if (exports[i].sharded) CHECK(access(p, F_OK) != 0, "%s: 30KB shards should be more than two", dir);
         REQUIRE(py_check(dir, exports[i].name, &v));
         check_clean_load(&v, dir);
+        check_tokenizer(dir, &v);
         /* the stored weights (rounded for bf16/fp16) read back by anneal give transformers' logits */
         anneal_model *m = NULL;
         CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
         if (m) check_logits(m, &v, dir);
         if (i == 0) check_logits(trained, &v, "fp32 export vs the trained model");
         anneal_model_free(m);
-        check_eval_json(dir, &v, dir);
+        check_eval_json(dir, "data2", &v, dir);
         hf_view_free(&v);
     }
     anneal_model_free(trained);
