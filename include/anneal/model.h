@@ -49,6 +49,12 @@ typedef struct anneal_model_config {
     anneal_rope_desc rope; /* rotary scaling (architectures with RoPE) */
     bool tie_embeddings; /* lm head shares the token embedding (GPT-2: always, whatever is set) */
     anneal_recompute_mode recompute;
+    /* Llama family (zero elsewhere): */
+    bool qkv_bias;       /* biases on the q/k/v projections (Qwen2; Llama's attention_bias) */
+    bool out_bias;       /* bias on the attention output projection (Llama's attention_bias) */
+    char hf_model_type[ANNEAL_ARCH_NAME_MAX]; /* the Hugging Face model_type read, written back by
+                                                 config_to_hf ("qwen2" stays "qwen2"); "": the
+                                                 architecture's own */
 } anneal_model_config;
 
 typedef struct anneal_model anneal_model;

@@ -69,6 +69,9 @@ anneal_status anneal_gpt2_config_check(const anneal_model_config *c) {
     if (c->rope_theta != 0.0f || c->rope.scaling != ANNEAL_ROPE_SCALING_NONE)
         return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: rotary embeddings are not part of GPT-2 (rope_theta %g)",
                                 (double)c->rope_theta);
+    if (c->qkv_bias || c->out_bias || (c->hf_model_type[0] && strcmp(c->hf_model_type, "gpt2")))
+        return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: qkv_bias, out_bias and hf_model_type '%.32s' are Llama-family "
+                                "settings", c->hf_model_type);
     return ANNEAL_OK;
 }
 

@@ -6,6 +6,7 @@
 
 #define ANNEAL_BUILTIN_ARCHS(X) \
     X(anneal_gpt2_arch)         \
+    X(anneal_llama_arch)        \
     /* one line per architecture, above this comment */
 
 #define ANNEAL_DECLARE_ARCH(a) extern const anneal_model_arch a;

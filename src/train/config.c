@@ -26,10 +26,10 @@ typedef struct option_def {
 #define BIG 9.2e18
 
 static const option_def defs[] = {
-    {{"model", ANNEAL_OPT_STRING, "preset: tiny, d6, 124M, 350M, 774M, 1.5B (default tiny; with --data the "
+    {{"model", ANNEAL_OPT_STRING, "preset: tiny, d6, 124M, 350M, 774M, 1.5B, llama-tiny, llama-125M (default tiny; with --data the "
       "vocabulary is the data's), or a Hugging Face model directory to start from (as --init DIR)"}, OFF(model), 0, 0, 0, 0, "config"},
     {{"config", ANNEAL_OPT_STRING, "Hugging Face config.json instead of a preset (its model_type picks the "
-      "architecture: gpt2, ...)"}, OFF(config), 0, 0, 0, 0, "model"},
+      "architecture: gpt2, llama, mistral, qwen2)"}, OFF(config), 0, 0, 0, 0, "model"},
     {{"init", ANNEAL_OPT_STRING, "start from weights: a Hugging Face model directory (config.json + model.safetensors "
       "or a sharded index), a .safetensors file (config.json beside it), or a checkpoint"}, OFF(init), 0, 0, 0, 0, NULL},
     {{"data", ANNEAL_OPT_STRING, "directory of token shards from anneal prepare (train_*.bin, val_*.bin)"}, OFF(data), 0, 0, 0, 0, NULL},

@@ -107,7 +107,7 @@ TEST(config_validation) {
         {", \"n_positions\": 0", NULL, ANNEAL_ERR_FORMAT, "\"n_positions\"", 0},
         {", \"n_positions\": 16, \"activation_function\": \"relu\"", NULL, ANNEAL_ERR_UNSUPPORTED, "\"relu\"", 0},
         {", \"n_positions\": 16, \"activation_function\": 3", NULL, ANNEAL_ERR_FORMAT, "activation_function", 0},
-        {", \"n_positions\": 16, \"model_type\": \"llama\"", NULL, ANNEAL_ERR_UNSUPPORTED, "llama", 0},
+        {", \"n_positions\": 16, \"model_type\": \"gemma\"", NULL, ANNEAL_ERR_UNSUPPORTED, "gemma", 0},
         {", \"n_positions\": 16, \"tie_word_embeddings\": false", NULL, ANNEAL_ERR_UNSUPPORTED, "tie_word_embeddings", 0},
         {", \"n_positions\": 16, \"scale_attn_by_inverse_layer_idx\": true", NULL, ANNEAL_ERR_UNSUPPORTED,
          "scale_attn_by_inverse_layer_idx", 0},

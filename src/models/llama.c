@@ -1,0 +1,332 @@
+/* The Llama family (Llama 2/3, Mistral, Qwen2), written with the nn blocks and read top
+ * to bottom as transformers' LlamaForCausalLM: token embedding, N pre-norm decoder
+ * layers (RMSNorm -> q/k/v projections -> rotary embedding -> grouped-query causal
+ * attention -> o_proj -> residual; RMSNorm -> SwiGLU MLP -> residual), final RMSNorm,
+ * lm head (tied to the embedding or its own matrix). No biases, but Qwen2's q/k/v
+ * biases and Llama's attention_bias. Parameter names and layouts are Hugging Face's
+ * (torch Linear weights (out, in)), so weights load and save without renaming or
+ * transposing; the config.json and weight translation is llama_hf.c. */
+#include "anneal/autograd.h"
+#include "llama_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ config */
+
+static const char *const llama_preset_names[] = {"llama-tiny", "llama-125M", NULL};
+
+/* Fills *out with a named preset: llama-tiny (tests, demos: 2 layers of 64, GQA 4/2)
+ * and llama-125M (12 layers of 768, GQA 12/4, SwiGLU 2048, 32000 ids: the benchmark's).
+ * False for another name. */
+static bool llama_preset(const char *name, anneal_model_config *out) {
+    static const struct {
+        const char *name;
+        int L, H, Hkv, C, F, V, ctx;
+    } presets[] = {
+        {"llama-tiny", 2, 4, 2, 64, 176, 512, 256},
+        {"llama-125M", 12, 12, 4, 768, 2048, 32000, 1024},
+    };
+    for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(name, presets[i].name)) continue;
+        memset(out, 0, sizeof *out);
+        snprintf(out->arch, sizeof out->arch, "llama");
+        snprintf(out->hf_model_type, sizeof out->hf_model_type, "llama");
+        out->n_layer = presets[i].L;
+        out->n_head = presets[i].H;
+        out->n_kv_head = presets[i].Hkv;
+        out->n_embd = presets[i].C;
+        out->n_ff = presets[i].F;
+        out->vocab_size = presets[i].V;
+        out->n_ctx = presets[i].ctx;
+        out->norm_eps = 1e-5f;
+        out->rope_theta = 10000.0f;
+        out->rope.theta = 10000.0f;
+        return true;
+    }
+    return false;
+}
+
+/* Checks a Llama-family config (ANNEAL_ERR_ARG naming the field): positive sizes,
+ * n_head divisible into n_embd and by n_kv_head, n_ff > 0, RoPE base > 0 and a valid
+ * scaling, biases as the model_type has them, no dropout. */
+static anneal_status llama_config_check(const anneal_model_config *c) {
+    if (!c) return anneal_set_error(ANNEAL_ERR_ARG, "llama: NULL config");
+    if (c->arch[0] && strcmp(c->arch, "llama"))
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: the config is of architecture '%.32s'", c->arch);
+    if (c->n_layer <= 0 || c->n_head <= 0 || c->n_embd <= 0 || c->vocab_size <= 0 || c->n_ctx <= 0 || c->n_ff <= 0)
+        return anneal_set_error(ANNEAL_ERR_ARG,
+                                "llama: sizes must be positive (n_layer %d, n_head %d, n_embd %d, n_ff %d, "
+                                "vocab_size %d, n_ctx %d)",
+                                c->n_layer, c->n_head, c->n_embd, c->n_ff, c->vocab_size, c->n_ctx);
+    if (c->n_embd % c->n_head || (c->n_embd / c->n_head) % 2)
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: n_embd %d must be n_head %d times an even head size",
+                                c->n_embd, c->n_head);
+    int hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
+    if (hkv < 0 || hkv > c->n_head || c->n_head % hkv)
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: n_kv_head %d must divide n_head %d", c->n_kv_head, c->n_head);
+    if (!(c->norm_eps > 0.0f)) return anneal_set_error(ANNEAL_ERR_ARG, "llama: norm_eps must be positive");
+    if (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta))
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: rope_theta %g must be positive", (double)c->rope_theta);
+    if (c->rope.theta != 0.0f && c->rope.theta != c->rope_theta)
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: rope.theta %g differs from rope_theta %g",
+                                (double)c->rope.theta, (double)c->rope_theta);
+    const anneal_rope_desc *r = &c->rope;
+    if (r->scaling == ANNEAL_ROPE_SCALING_LINEAR && !(r->factor > 0.0f))
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: linear rope scaling needs factor > 0 (got %g)",
+                                (double)r->factor);
+    if (r->scaling == ANNEAL_ROPE_SCALING_LLAMA3 &&
+        !(r->factor > 0.0f && r->low_freq_factor > 0.0f && r->high_freq_factor > r->low_freq_factor &&
+          r->original_max_pos > 0))
+        return anneal_set_error(ANNEAL_ERR_ARG,
+                                "llama: llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+                                "and original_max_position_embeddings > 0");
+    if ((unsigned)r->scaling > ANNEAL_ROPE_SCALING_LLAMA3)
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: unknown rope scaling %d", (int)r->scaling);
+    if (c->dropout != 0.0f)
+        return anneal_set_error(ANNEAL_ERR_ARG,
+                                "llama: dropout %g is not supported (Llama-family models have no dropout layers)",
+                                (double)c->dropout);
+    if ((unsigned)c->recompute > ANNEAL_RECOMPUTE_ATTN)
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: unknown recompute mode %d", (int)c->recompute);
+    const char *t = anneal_llama_hf_type(c);
+    if (!strcmp(t, "llama")) {
+        if (c->qkv_bias != c->out_bias)
+            return anneal_set_error(ANNEAL_ERR_ARG,
+                                    "llama: model_type llama has biases on all four attention projections or none "
+                                    "(attention_bias): qkv_bias %d, out_bias %d",
+                                    c->qkv_bias, c->out_bias);
+    } else if (!strcmp(t, "qwen2")) {
+        if (!c->qkv_bias || c->out_bias)
+            return anneal_set_error(ANNEAL_ERR_ARG, "llama: model_type qwen2 has q/k/v biases and no o_proj bias");
+    } else if (!strcmp(t, "mistral")) {
+        if (c->qkv_bias || c->out_bias)
+            return anneal_set_error(ANNEAL_ERR_ARG, "llama: model_type mistral has no attention biases");
+    } else {
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: hf_model_type '%.32s' is not llama, mistral or qwen2", t);
+    }
+    return ANNEAL_OK;
+}
+
+/* ------------------------------------------------------------------ create */
+
+static const anneal_model_ops llama_ops;
+
+static void llama_free(anneal_llama *m) {
+    if (!m) return;
+    anneal_params_free(m->base.params);
+    free(m->blocks);
+    free(m);
+}
+
+/* Registers every parameter in transformers' order: embed_tokens, each layer (q, k, v,
+ * o projections, gate, up, down, input_layernorm, post_attention_layernorm), norm,
+ * lm_head (untied only). */
+static anneal_model *llama_create(const anneal_model_config *cfg, anneal_device dev) {
+    anneal_llama *m = calloc(1, sizeof *m);
+    if (!m || !(m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks)) ||
+        !(m->base.params = anneal_params_new_on(dev))) {
+        if (m) free(m->blocks);
+        free(m);
+        anneal_set_error(ANNEAL_ERR_OOM, "llama: out of memory");
+        return NULL;
+    }
+    m->base.ops = &llama_ops;
+    m->base.cfg = *cfg;
+    snprintf(m->base.cfg.arch, sizeof m->base.cfg.arch, "llama");
+    if (!m->base.cfg.hf_model_type[0]) snprintf(m->base.cfg.hf_model_type, sizeof m->base.cfg.hf_model_type, "llama");
+    m->base.device = dev;
+    m->rope = cfg->rope;
+    m->rope.theta = cfg->rope_theta;
+    anneal_params *ps = m->base.params;
+    int64_t C = cfg->n_embd;
+    float eps = cfg->norm_eps;
+    anneal_status s = anneal_nn_embedding_create(&m->embed, ps, "model.embed_tokens", cfg->vocab_size, C);
+    anneal_nn_attention_config ac = {.n_embd = C, .n_head = cfg->n_head, .n_kv_head = cfg->n_kv_head,
+                                     .layout = ANNEAL_WEIGHT_OUT_IN, .qkv_bias = cfg->qkv_bias,
+                                     .out_bias = cfg->out_bias, .q_name = "q_proj", .k_name = "k_proj",
+                                     .v_name = "v_proj", .out_name = "o_proj", .rope = &m->rope};
+    for (int l = 0; l < cfg->n_layer && s == ANNEAL_OK; l++) {
+        anneal_llama_block *b = &m->blocks[l];
+        b->model = m;
+        b->layer = l;
+        char p[96], q[128];
+        snprintf(p, sizeof p, "model.layers.%d", l);
+        snprintf(q, sizeof q, "%s.self_attn", p);
+        s = anneal_nn_attention_create(&b->attn, ps, q, &ac);
+        snprintf(q, sizeof q, "%s.mlp", p);
+        if (s == ANNEAL_OK) s = anneal_nn_mlp_create_swiglu(&b->mlp, ps, q, C, cfg->n_ff, ANNEAL_WEIGHT_OUT_IN, false);
+        snprintf(q, sizeof q, "%s.input_layernorm", p);
+        if (s == ANNEAL_OK) s = anneal_nn_rms_norm_create(&b->input_layernorm, ps, q, C, eps);
+        snprintf(q, sizeof q, "%s.post_attention_layernorm", p);
+        if (s == ANNEAL_OK) s = anneal_nn_rms_norm_create(&b->post_attention_layernorm, ps, q, C, eps);
+    }
+    if (s == ANNEAL_OK) s = anneal_nn_rms_norm_create(&m->norm, ps, "model.norm", C, eps);
+    if (s == ANNEAL_OK && !cfg->tie_embeddings)
+        s = anneal_nn_dense_create(&m->lm_head, ps, "lm_head", C, cfg->vocab_size, ANNEAL_WEIGHT_OUT_IN, false);
+    if (s != ANNEAL_OK) {
+        llama_free(m);
+        return NULL;
+    }
+    return &m->base;
+}
+
+/* N(0, 0.02) for the embedding, the projections and the head; the projections into the
+ * residual stream (o_proj, down_proj) N(0, 0.02 / sqrt(2 n_layer)) as GPT-2's; biases
+ * zero, RMSNorm weights one. */
+static anneal_status llama_init(anneal_llama *m, uint64_t seed) {
+    anneal_manual_seed(seed);
+    int L = m->base.cfg.n_layer;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
+    anneal_status s = anneal_init_normal_(m->embed.weight, 0.0f, std);
+    for (int l = 0; l < L && s == ANNEAL_OK; l++) {
+        anneal_llama_block *b = &m->blocks[l];
+        anneal_nn_dense *in[5] = {&b->attn.q, &b->attn.k, &b->attn.v, &b->mlp.gate, &b->mlp.up};
+        for (int i = 0; i < 5 && s == ANNEAL_OK; i++) s = anneal_init_normal_(in[i]->weight, 0.0f, std);
+        if (s == ANNEAL_OK) s = anneal_init_normal_(b->attn.out.weight, 0.0f, proj_std);
+        if (s == ANNEAL_OK) s = anneal_init_normal_(b->mlp.down.weight, 0.0f, proj_std);
+        if (s == ANNEAL_OK) s = anneal_init_fill_(b->input_layernorm.weight, 1.0f);
+        if (s == ANNEAL_OK) s = anneal_init_fill_(b->post_attention_layernorm.weight, 1.0f);
+    }
+    if (s == ANNEAL_OK) s = anneal_init_fill_(m->norm.weight, 1.0f);
+    if (s == ANNEAL_OK && m->lm_head.weight) s = anneal_init_normal_(m->lm_head.weight, 0.0f, std);
+    return s;
+}
+
+/* ----------------------------------------------------------------- forward */
+
+/* q/k/v projections + RoPE + causal attention of one layer (ctx = the block): in[0] =
+ * the input_layernorm output (B, T, C) -> (B, T, Hq D) before o_proj. Also the
+ * recompute region of ANNEAL_RECOMPUTE_ATTN. */
+static anneal_tensor *attn_core(void *ctx, anneal_tensor *const *in) {
+    const anneal_llama_block *b = ctx;
+    return anneal_nn_attention_core(&b->attn, &b->model->base.ctx, in[0], NULL, 0);
+}
+
+/* One decoder layer on x (B, T, C): kv NULL for training (attn recompute as the config
+ * says), or the positions after the cached ones. */
+static anneal_tensor *block_forward(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    const anneal_model *m = &b->model->base;
+    const anneal_nn_ctx *ctx = &m->ctx;
+    /* attention: RMSNorm -> q, k, v (+ RoPE) -> causal GQA attention -> o_proj -> residual */
+    anneal_tensor *h = anneal_nn_rms_norm_forward(&b->input_layernorm, x);
+    anneal_tensor *att = kv ? anneal_nn_attention_core(&b->attn, ctx, h, kv, b->layer)
+                         : m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(attn_core, (void *)b, 1, &h)
+                                                                     : attn_core((void *)b, &h);
+    x = anneal_add(x, anneal_nn_dense_forward(&b->attn.out, ctx, att));
+    /* MLP: RMSNorm -> down(silu(gate h) * up h) (the SiLU product in the gate GEMM) -> residual */
+    h = anneal_nn_rms_norm_forward(&b->post_attention_layernorm, x);
+    return anneal_add(x, anneal_nn_mlp_forward(&b->mlp, ctx, h));
+}
+
+/* One training layer as a recompute region (ctx is the block). */
+static anneal_tensor *block_region(void *ctx, anneal_tensor *const *in) { return block_forward(ctx, in[0], NULL); }
+
+/* Final hidden states (B, T, C) of ids (B, T): positions [0, T), or with a cache the
+ * positions after the cached ones. */
+static anneal_tensor *hidden(anneal_llama *m, anneal_tensor *ids, anneal_kv_cache *kv) {
+    if (!m || !ids) return NULL;
+    const anneal_model_config *cfg = &m->base.cfg;
+    if (ids->ndim != 2) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "llama: ids must be (B, T), got %d dims", ids->ndim);
+        return NULL;
+    }
+    int64_t T = ids->shape[1], pos0 = anneal_kv_cache_len(kv);
+    if (pos0 + T > cfg->n_ctx) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "llama: sequence length %lld exceeds n_ctx (max_position_embeddings) %d",
+                         (long long)(pos0 + T), cfg->n_ctx);
+        return NULL;
+    }
+    anneal_tensor *x = anneal_nn_embedding_forward(&m->embed, ids); /* (B, T, C); positions are RoPE's */
+    for (int l = 0; l < cfg->n_layer; l++) {
+        anneal_llama_block *b = &m->blocks[l];
+        x = !kv && cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, b, 1, &x)
+                                                            : block_forward(b, x, kv);
+    }
+    return anneal_nn_rms_norm_forward(&m->norm, x);
+}
+
+/* The lm head's weight (vocab, C): the embedding when tied. */
+static anneal_tensor *head_weight(const anneal_llama *m) {
+    return m->lm_head.weight ? m->lm_head.weight : m->embed.weight;
+}
+
+/* logits = h @ W^T (B, T, vocab). */
+static anneal_tensor *lm_head(anneal_llama *m, anneal_tensor *h) {
+    anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+    return anneal_dense(h, head_weight(m), NULL, &o);
+}
+
+/* ------------------------------------------------------ the model interface */
+
+static void op_free(anneal_model *m) { llama_free((anneal_llama *)m); }
+
+static anneal_status op_init(anneal_model *m, uint64_t seed) { return llama_init((anneal_llama *)m, seed); }
+
+static anneal_tensor *op_loss(anneal_model *mm, anneal_tensor *ids, anneal_tensor *targets) {
+    /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
+    anneal_llama *m = (anneal_llama *)mm;
+    anneal_tensor *h = hidden(m, ids, NULL);
+    return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
+}
+
+static anneal_tensor *op_logits(anneal_model *mm, anneal_tensor *ids) {
+    anneal_llama *m = (anneal_llama *)mm;
+    return lm_head(m, hidden(m, ids, NULL));
+}
+
+static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
+    const anneal_model_config *c = &m->cfg;
+    int hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
+    return anneal_kv_cache_new(m->device, c->n_layer, batch, hkv, c->n_embd / c->n_head, max_len, m);
+}
+
+static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, anneal_tensor *ids, int64_t rows) {
+    anneal_llama *m = (anneal_llama *)mm;
+    anneal_tensor *h = hidden(m, ids, kv);
+    if (h && rows < h->shape[1]) h = anneal_narrow(h, 1, h->shape[1] - rows, rows);
+    return lm_head(m, h);
+}
+
+/* Training FLOPs per token: 6 per weight of every matrix product (q, k, v, o, gate,
+ * up, down of each layer and the lm head; the embedding is a lookup unless it is the
+ * tied head; norms and biases are negligible), plus attention's QK^T and AV over T
+ * keys: 2 * 2 * T * Hq D forward per layer, times 3 with backward (12 L T Hq D; no
+ * discount for the causal mask, as GPT-2's count). */
+static double op_flops(const anneal_model *m, int64_t T) {
+    const anneal_model_config *c = &m->cfg;
+    double C = c->n_embd, D = (double)c->n_embd / c->n_head, Hq = c->n_head;
+    double Hkv = c->n_kv_head ? c->n_kv_head : c->n_head, F = c->n_ff, V = c->vocab_size, L = c->n_layer;
+    double per_layer = C * Hq * D + 2.0 * C * Hkv * D + Hq * D * C + 3.0 * C * F;
+    return 6.0 * (L * per_layer + C * V) + 12.0 * L * (double)T * Hq * D;
+}
+
+static const anneal_model_ops llama_ops = {
+    .free = op_free,
+    .init = op_init,
+    .loss = op_loss,
+    .logits = op_logits,
+    .kv_cache_new = op_kv_cache_new,
+    .forward_cached = op_forward_cached,
+    .flops_per_token = op_flops,
+    .hf_import = anneal_llama_hf_import,
+    .hf_export = anneal_llama_hf_export,
+};
+
+/* The model_types of the family: other types (gemma, phi, ...) are refused by the
+ * registry with the list of these. */
+static const char *const llama_hf_types[] = {"llama", "mistral", "qwen2", NULL};
+
+const anneal_model_arch anneal_llama_arch = {
+    .name = "llama",
+    .hf_model_types = llama_hf_types,
+    .hf_architecture = "LlamaForCausalLM", /* config_to_hf writes the model_type's own */
+    .preset = llama_preset,
+    .preset_names = llama_preset_names,
+    .config_check = llama_config_check,
+    .config_from_hf = anneal_llama_config_from_hf,
+    .config_to_hf = anneal_llama_config_to_hf,
+    .create = llama_create,
+};
