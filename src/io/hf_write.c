@@ -49,23 +49,56 @@ static anneal_status write_json(const char *dir, const char *name, const cJSON *
     return r;
 }
 
+/* The config text with "torch_dtype" set to dt, edited as text so the architecture's
+ * formatting survives (transformers checks types: rope_scaling's factor must stay a
+ * float like 2.0, which a cJSON round trip would print as 2). malloc'd, NULL + error. */
+static char *with_torch_dtype(const char *text, const cJSON *j, anneal_dtype dt, const char *dir) {
+    const char *want = torch_dtype(dt);
+    size_t n = strlen(text), w = strlen(want);
+    char *out = malloc(n + w + 64);
+    if (!out) {
+        anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
+        return NULL;
+    }
+    const cJSON *td = cJSON_GetObjectItemCaseSensitive(j, "torch_dtype");
+    const char *key = td ? strstr(text, "\"torch_dtype\"") : NULL;
+    const char *q1 = key && cJSON_IsString(td) ? strchr(key + 13, '"') : NULL;
+    const char *q2 = q1 ? strchr(q1 + 1, '"') : NULL;
+    if (q2 && (size_t)(q2 - q1 - 1) == strlen(td->valuestring) && !strncmp(q1 + 1, td->valuestring, (size_t)(q2 - q1 - 1))) {
+        snprintf(out, n + w + 64, "%.*s%s%s", (int)(q1 + 1 - text), text, want, q2);
+        return out;
+    }
+    if (td) { /* present but not a plain string: refuse rather than write two keys */
+        free(out);
+        anneal_set_error(ANNEAL_ERR_FORMAT, "%s: config.json's torch_dtype is not a string", dir);
+        return NULL;
+    }
+    const char *end = strrchr(text, '}');
+    const char *last = end;
+    while (last > text && (last[-1] == ' ' || last[-1] == '\n' || last[-1] == '\t' || last[-1] == '\r')) last--;
+    bool empty = last > text && last[-1] == '{';
+    snprintf(out, n + w + 64, "%.*s%s\n  \"torch_dtype\": \"%s\"\n%s", (int)(last - text), text, empty ? "" : ",", want, end);
+    return out;
+}
+
 /* config.json (torch_dtype set to the stored dtype) and generation_config.json (the
  * config's bos/eos ids, as transformers derives it from a model config). */
 static anneal_status write_configs(const char *dir, const anneal_model_config *cfg, anneal_dtype dt) {
     char *text = anneal_model_config_to_hf_json(cfg);
     if (!text) return anneal_last_status();
     cJSON *j = cJSON_Parse(text);
-    free(text);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
+        free(text);
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the %s architecture's config_to_hf is not a JSON object", dir,
                                 cfg->arch);
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
-    cJSON_AddStringToObject(j, "torch_dtype", torch_dtype(dt));
-    anneal_status r = write_json(dir, "config.json", j);
-    cJSON *g = cJSON_CreateObject();
-    if (!g) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
+    char *edited = with_torch_dtype(text, j, dt, dir);
+    free(text);
+    anneal_status r = edited ? write_text(dir, "config.json", edited) : anneal_last_status();
+    free(edited);
+    cJSON *g = r == ANNEAL_OK ? cJSON_CreateObject() : NULL;
+    if (r == ANNEAL_OK && !g) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
     if (r == ANNEAL_OK) {
         cJSON_AddBoolToObject(g, "_from_model_config", true);
         static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};

@@ -1,7 +1,8 @@
 /* Hugging Face model directories both ways, proven by transformers itself (the .venv
  * clients; tests/fixtures/hf_dirs.py):
  * - transformers -> anneal: GPT-2 directories written by save_pretrained (one f32 file,
- *   f32 sharded with an index, bf16 sharded, f16) give transformers' logits on fixed
+ *   f32 sharded with an index, bf16 sharded, f16), Llama (GQA, untied head, linear rope
+ *   scaling; f32 and bf16 sharded) and Qwen2 (q/k/v biases, sharded) give transformers' logits on fixed
  *   tokens (<= 1e-4 relative) through anneal_model_load_hf, and `anneal eval --model DIR
  *   --json` gives transformers' mean loss over the same windows and the same count;
  * - anneal -> transformers: a checkpoint after a few training steps and `anneal export
@@ -152,8 +153,8 @@ static void check_tokenizer(const char *dir, const hf_view *v) {
     anneal_tokenizer_free(tok);
 }
 
-/* No missing, unexpected or mismatched keys, no error messages. */
-static void check_clean_load(const hf_view *v, const char *what) {
+/* No missing, unexpected or mismatched keys, no error messages; loaded as class cls. */
+static void check_clean_load(const hf_view *v, const char *what, const char *cls) {
     static const char *keys[] = {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"};
     for (int i = 0; i < 4; i++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(v->json, keys[i]);
@@ -161,7 +162,7 @@ static void check_clean_load(const hf_view *v, const char *what) {
               a ? cJSON_PrintUnformatted(a) : "(absent)");
     }
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(v->json, "class");
-    CHECK(cJSON_IsString(c) && !strcmp(c->valuestring, "GPT2LMHeadModel"), "%s: loaded as %s", what,
+    CHECK(cJSON_IsString(c) && !strcmp(c->valuestring, cls), "%s: loaded as %s", what,
           cJSON_IsString(c) ? c->valuestring : "?");
 }
 
@@ -215,18 +216,26 @@ TEST(transformers_dirs_load_into_anneal) {
         SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
     REQUIRE(setup());
     REQUIRE(make_hf_dirs());
-    const char *kinds[] = {"f32", "sharded", "bf16", "f16"};
-    for (int k = 0; k < 4; k++) {
+    static const struct {
+        const char *kind, *cls;
+        bool sharded;
+    } kinds[] = {
+        {"f32", "GPT2LMHeadModel", false},         {"sharded", "GPT2LMHeadModel", true},
+        {"bf16", "GPT2LMHeadModel", true},         {"f16", "GPT2LMHeadModel", false},
+        {"llama_f32", "LlamaForCausalLM", false},  {"llama_bf16", "LlamaForCausalLM", true},
+        {"qwen2", "Qwen2ForCausalLM", true},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         char dir[512];
-        snprintf(dir, sizeof dir, "%s/hf/%s", tmpdir, kinds[k]);
-        if (k == 1 || k == 2) { /* really sharded */
+        snprintf(dir, sizeof dir, "%s/hf/%s", tmpdir, kinds[k].kind);
+        if (kinds[k].sharded) {
             char idx[600];
             snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
             CHECK(access(idx, F_OK) == 0, "%s: transformers wrote no index", dir);
         }
         hf_view v;
-        REQUIRE(py_check(dir, kinds[k], &v));
-        check_clean_load(&v, dir);
+        REQUIRE(py_check(dir, kinds[k].kind, &v));
+        check_clean_load(&v, dir, kinds[k].cls);
         anneal_model *m = NULL;
         CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
         if (m) check_logits(m, &v, dir);
@@ -283,7 +292,7 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
 
     hf_view v;
     REQUIRE(py_check(ck, "ckpt", &v));
-    check_clean_load(&v, "checkpoint");
+    check_clean_load(&v, "checkpoint", "GPT2LMHeadModel");
     check_tokenizer(ck, &v);
     check_logits(trained, &v, "checkpoint");
     check_eval_json(ck, "data2", &v, "checkpoint");
@@ -308,7 +317,7 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
         snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
         if (exports[i].sharded) CHECK(access(p, F_OK) != 0, "%s: 30KB shards should be more than two", dir);
         REQUIRE(py_check(dir, exports[i].name, &v));
-        check_clean_load(&v, dir);
+        check_clean_load(&v, dir, "GPT2LMHeadModel");
         check_tokenizer(dir, &v);
         /* the stored weights (rounded for bf16/fp16) read back by anneal give transformers' logits */
         anneal_model *m = NULL;
@@ -322,9 +331,46 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
     anneal_model_free(trained);
 }
 
+TEST(llama_checkpoint_and_bf16_shards_load_in_transformers) {
+    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!(py = anneal_test_python("torch,transformers,safetensors,numpy")))
+        SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    REQUIRE(setup());
+    REQUIRE(make_hf_dirs());
+    char args[2048], ck[512], dir[512];
+    snprintf(args, sizeof args,
+             "train --model '%s/hf/llama_f32' --synthetic --steps 2 --batch 2 --seq %d --lr 1e-2 --warmup 0 --seed 3 "
+             "--out '%s/run_llama'",
+             tmpdir, T, tmpdir);
+    REQUIRE(anneal_cli(args) == 0 || (fprintf(stderr, "%s\n", err), 0));
+    snprintf(ck, sizeof ck, "%s/run_llama/ckpt_00000002", tmpdir);
+    anneal_model *trained = NULL;
+    REQUIRE(anneal_model_load_hf(ck, ANNEAL_CPU, &trained) == ANNEAL_OK);
+    hf_view v;
+    REQUIRE(py_check(ck, "llama_ckpt", &v));
+    check_clean_load(&v, "llama checkpoint", "LlamaForCausalLM");
+    check_logits(trained, &v, "llama checkpoint");
+    hf_view_free(&v);
+    snprintf(dir, sizeof dir, "%s/exp_llama_bf16", tmpdir);
+    snprintf(args, sizeof args, "export --ckpt '%s/run_llama' --dtype bf16 --max-shard-size 30KB --out '%s'", tmpdir, dir);
+    CHECK(anneal_cli(args) == 0, "%s: %s", args, err);
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    CHECK(access(idx, F_OK) == 0, "%s: not sharded", dir);
+    REQUIRE(py_check(dir, "llama_exp", &v));
+    check_clean_load(&v, dir, "LlamaForCausalLM");
+    anneal_model *m = NULL;
+    CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
+    if (m) check_logits(m, &v, dir);
+    anneal_model_free(m);
+    hf_view_free(&v);
+    anneal_model_free(trained);
+}
+
 int main(void) {
     RUN(transformers_dirs_load_into_anneal);
     RUN(anneal_checkpoints_and_exports_load_in_transformers);
+    RUN(llama_checkpoint_and_bf16_shards_load_in_transformers);
     int rc = anneal_test_summary();
     if (tmpdir[0]) {
         char cmd[512];
