@@ -97,26 +97,18 @@ static void hf_view_free(hf_view *v) {
     free(v->logits);
 }
 
-/* hf_dirs.py check DIR: loading info, loss and first-window logits. */
-static bool py_check(const char *dir, const char *tag, hf_view *v) {
+/* Reads what hf_dirs.py check wrote for tag into v. */
+static bool read_view(const char *tag, hf_view *v) {
     memset(v, 0, sizeof *v);
-    char cmd[4096], base[400], p[512];
-    snprintf(base, sizeof base, "%s/%s", tmpdir, tag);
-    snprintf(cmd, sizeof cmd,
-             "TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 '%s' '%s/tests/fixtures/hf_dirs.py' check '%s' '%s/ids.bin' %d '%s'",
-             py, getenv("ANNEAL_SOURCE_DIR") ? getenv("ANNEAL_SOURCE_DIR") : ".", dir, tmpdir, T, base);
-    if (sh(cmd) != 0) {
-        fprintf(stderr, "hf_dirs.py check %s failed:\n%s\n", dir, err);
-        return false;
-    }
-    snprintf(p, sizeof p, "%s.json", base);
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s.json", tmpdir, tag);
     FILE *f = fopen(p, "rb");
     if (!f) return false;
     size_t n = fread(out, 1, sizeof out - 1, f);
     out[n] = '\0';
     fclose(f);
     v->json = cJSON_Parse(out);
-    snprintf(p, sizeof p, "%s.safetensors", base);
+    snprintf(p, sizeof p, "%s/%s.safetensors", tmpdir, tag);
     anneal_safetensors *st = NULL;
     if (!v->json || anneal_safetensors_open(p, &st) != ANNEAL_OK) return false;
     const anneal_st_entry *e = anneal_safetensors_find(st, "logits");
@@ -127,6 +119,22 @@ static bool py_check(const char *dir, const char *tag, hf_view *v) {
         memcpy(v->logits, anneal_safetensors_data(st, e), (size_t)v->n * sizeof(float));
     }
     anneal_safetensors_close(st);
+    return ok;
+}
+
+/* hf_dirs.py check on n directories in one Python process: loading info, loss and
+ * first-window logits of each into v[i]. */
+static bool py_check_many(int n, const char *const *dirs, const char *const *tags, hf_view *v) {
+    char cmd[8192];
+    int o = snprintf(cmd, sizeof cmd, "TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 '%s' '%s/tests/fixtures/hf_dirs.py' check '%s/ids.bin' %d",
+                     py, getenv("ANNEAL_SOURCE_DIR") ? getenv("ANNEAL_SOURCE_DIR") : ".", tmpdir, T);
+    for (int i = 0; i < n; i++) o += snprintf(cmd + o, sizeof cmd - (size_t)o, " '%s' '%s/%s'", dirs[i], tmpdir, tags[i]);
+    if (sh(cmd) != 0) {
+        fprintf(stderr, "hf_dirs.py check failed:\n%s\n", err);
+        return false;
+    }
+    bool ok = true;
+    for (int i = 0; i < n; i++) ok = read_view(tags[i], &v[i]) && ok;
     return ok;
 }
 
@@ -225,16 +233,24 @@ TEST(transformers_dirs_load_into_anneal) {
         {"llama_f32", "LlamaForCausalLM", false},  {"llama_bf16", "LlamaForCausalLM", true},
         {"qwen2", "Qwen2ForCausalLM", true},
     };
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/hf/%s", tmpdir, kinds[k].kind);
+    enum { NK = sizeof kinds / sizeof kinds[0] };
+    char dirs[NK][512];
+    const char *dp[NK], *tags[NK];
+    hf_view views[NK];
+    for (size_t k = 0; k < NK; k++) {
+        snprintf(dirs[k], sizeof dirs[k], "%s/hf/%s", tmpdir, kinds[k].kind);
+        dp[k] = dirs[k];
+        tags[k] = kinds[k].kind;
+    }
+    REQUIRE(py_check_many(NK, dp, tags, views));
+    for (size_t k = 0; k < NK; k++) {
+        const char *dir = dirs[k];
         if (kinds[k].sharded) {
-            char idx[600];
+            char idx[4200];
             snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
             CHECK(access(idx, F_OK) == 0, "%s: transformers wrote no index", dir);
         }
-        hf_view v;
-        REQUIRE(py_check(dir, kinds[k].kind, &v));
+        hf_view v = views[k];
         check_clean_load(&v, dir, kinds[k].cls);
         anneal_model *m = NULL;
         CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
@@ -290,14 +306,6 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
     anneal_train_state st;
     REQUIRE(trained && anneal_checkpoint_load(ck, trained, NULL, &st) == ANNEAL_OK);
 
-    hf_view v;
-    REQUIRE(py_check(ck, "ckpt", &v));
-    check_clean_load(&v, "checkpoint", "GPT2LMHeadModel");
-    check_tokenizer(ck, &v);
-    check_logits(trained, &v, "checkpoint");
-    check_eval_json(ck, "data2", &v, "checkpoint");
-    hf_view_free(&v);
-
     struct {
         const char *name, *flags;
         bool sharded;
@@ -306,17 +314,32 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
         {"exp_bf16", "--dtype bf16 --max-shard-size 30KB", true},
         {"exp_fp16", "--dtype fp16 --max-shard-size 1GB", false},
     };
+    char edirs[3][512];
+    const char *dp[4] = {ck}, *tags[4] = {"ckpt"};
+    hf_view views[4];
     for (int i = 0; i < 3; i++) {
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/%s", tmpdir, exports[i].name);
-        snprintf(args, sizeof args, "export --ckpt '%s/run' --format hf --out '%s' %s", tmpdir, dir, exports[i].flags);
+        snprintf(edirs[i], sizeof edirs[i], "%s/%s", tmpdir, exports[i].name);
+        snprintf(args, sizeof args, "export --ckpt '%s/run' --format hf --out '%s' %s", tmpdir, edirs[i], exports[i].flags);
         rc = anneal_cli(args);
         CHECK(rc == 0, "%s: exit %d: %s", args, rc, err);
+        dp[i + 1] = edirs[i];
+        tags[i + 1] = exports[i].name;
+    }
+    REQUIRE(py_check_many(4, dp, tags, views));
+    hf_view v = views[0];
+    check_clean_load(&v, "checkpoint", "GPT2LMHeadModel");
+    check_tokenizer(ck, &v);
+    check_logits(trained, &v, "checkpoint");
+    check_eval_json(ck, "data2", &v, "checkpoint");
+    hf_view_free(&v);
+
+    for (int i = 0; i < 3; i++) {
+        const char *dir = edirs[i];
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
         CHECK((access(p, F_OK) == 0) == exports[i].sharded, "%s: index present: %d", dir, access(p, F_OK) == 0);
         snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
         if (exports[i].sharded) CHECK(access(p, F_OK) != 0, "%s: 30KB shards should be more than two", dir);
-        REQUIRE(py_check(dir, exports[i].name, &v));
+        v = views[i + 1];
         check_clean_load(&v, dir, "GPT2LMHeadModel");
         check_tokenizer(dir, &v);
         /* the stored weights (rounded for bf16/fp16) read back by anneal give transformers' logits */
@@ -346,18 +369,19 @@ TEST(llama_checkpoint_and_bf16_shards_load_in_transformers) {
     snprintf(ck, sizeof ck, "%s/run_llama/ckpt_00000002", tmpdir);
     anneal_model *trained = NULL;
     REQUIRE(anneal_model_load_hf(ck, ANNEAL_CPU, &trained) == ANNEAL_OK);
-    hf_view v;
-    REQUIRE(py_check(ck, "llama_ckpt", &v));
-    check_clean_load(&v, "llama checkpoint", "LlamaForCausalLM");
-    check_logits(trained, &v, "llama checkpoint");
-    hf_view_free(&v);
     snprintf(dir, sizeof dir, "%s/exp_llama_bf16", tmpdir);
     snprintf(args, sizeof args, "export --ckpt '%s/run_llama' --dtype bf16 --max-shard-size 30KB --out '%s'", tmpdir, dir);
     CHECK(anneal_cli(args) == 0, "%s: %s", args, err);
     char idx[600];
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     CHECK(access(idx, F_OK) == 0, "%s: not sharded", dir);
-    REQUIRE(py_check(dir, "llama_exp", &v));
+    hf_view views[2];
+    REQUIRE(py_check_many(2, (const char *[]){ck, dir}, (const char *[]){"llama_ckpt", "llama_exp"}, views));
+    hf_view v = views[0];
+    check_clean_load(&v, "llama checkpoint", "LlamaForCausalLM");
+    check_logits(trained, &v, "llama checkpoint");
+    hf_view_free(&v);
+    v = views[1];
     check_clean_load(&v, dir, "LlamaForCausalLM");
     anneal_model *m = NULL;
     CHECK(anneal_model_load_hf(dir, ANNEAL_CPU, &m) == ANNEAL_OK, "%s: %s", dir, anneal_last_error());
