@@ -367,7 +367,7 @@ TEST(failed_exports_leave_nothing) {
     anneal_model_free(m);
 }
 
-TEST(export_command_refuses_other_formats_by_name) {
+TEST(commands_refuse_other_formats_and_bad_model_dirs) {
     if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
     REQUIRE(setup());
     REQUIRE(have_sets());
@@ -383,11 +383,18 @@ TEST(export_command_refuses_other_formats_by_name) {
         {"export --model %s/one", "--out", 2},
         {"export --model %s/one --out %s/one", "not empty", 1},
         {"export --model %s/nowhere --out %s/g", "nowhere", 2},
+        /* the same loader behind eval, generate and train --model (dirs of pickles_configs_and_shapes) */
+        {"eval --model %s/bin --data %s/nodata --json", "convert", 1},
+        {"generate --model %s/nocfg --prompt a --max-tokens 1", "config.json", 1},
+        {"generate --hf-model %s/sharded --prompt a --max-tokens 1 --tokenizer %s/missing-tok", "missing-tok", 1},
+        {"train --model %s/bin --synthetic --steps 1 --seq 8 --out %s/g", "convert", 1},
+        {"train --model %s/one --init %s/one --synthetic --steps 1 --out %s/g", "once", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024], cmd[2048];
-        snprintf(args, sizeof args, cases[i].args, tmp, tmp);
-        snprintf(cmd, sizeof cmd, "'%s' %s --tokenizer none 2>'%s/err.txt'", getenv("ANNEAL_BIN"), args, tmp);
+        snprintf(args, sizeof args, cases[i].args, tmp, tmp, tmp);
+        snprintf(cmd, sizeof cmd, "'%s' %s%s 2>'%s/err.txt'", getenv("ANNEAL_BIN"), args,
+                 strncmp(args, "export", 6) ? "" : " --tokenizer none", tmp);
         int rc = sh(cmd);
         char *e = read_text(path("err.txt", NULL));
         CHECK(rc == cases[i].rc, "%s: exit %d, want %d (%s)", args, rc, cases[i].rc, e ? e : "");
@@ -412,7 +419,7 @@ int main(void) {
     RUN(bad_index_and_shards_are_named);
     RUN(pickles_configs_and_shapes);
     RUN(failed_exports_leave_nothing);
-    RUN(export_command_refuses_other_formats_by_name);
+    RUN(commands_refuse_other_formats_and_bad_model_dirs);
     int rc = anneal_test_summary();
     if (tmp[0]) {
         char cmd[256];
