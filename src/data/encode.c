@@ -133,18 +133,16 @@ static anneal_status split_added(split_ctx *c, const char *s, size_t n, size_t b
                 start = p;
             }
         }
-        if (a->rstrip) {
+        if (a->rstrip) /* the next search still starts at the token's end, as tokenizers' does */
             while (stop < n && is_space_cp(cp_at(u, n, stop, &cl))) stop += cl;
-            search = stop;
-        }
         if (start > done)
-            st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, start - done, base + done == 0)
+            st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, start - done)
                                  : raw_gap(c, s + done, start - done, base + done);
         if (!st) st = anneal_tok_enc_emit(c->x, &a->id, 1);
-        done = stop;
+        if (stop > done) done = stop;
     }
     if (!st && done < n)
-        st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, n - done, base + done == 0)
+        st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, n - done)
                              : raw_gap(c, s + done, n - done, base + done);
     if (next != stack_next) free(next);
     return st;
@@ -180,14 +178,14 @@ static anneal_status raw_gap(split_ctx *c, const char *s, size_t n, size_t off) 
     const anneal_tokenizer *t = c->t;
     bool normalizes = t->sp.norm_prepend || t->sp.norm_replace;
     if (!normalizes) {
-        if (!t->any_normalized_added) return anneal_tok_encode_segment(c->x, s, n, off == 0);
+        if (!t->any_normalized_added) return anneal_tok_encode_segment(c->x, s, n);
         return split_added(c, s, n, off, true);
     }
     char *b;
     size_t bn;
     anneal_status st = anneal_tok_normalize(t, s, n, &b, &bn);
     if (st) return st;
-    st = t->any_normalized_added ? split_added(c, b, bn, off, true) : anneal_tok_encode_segment(c->x, b, bn, off == 0);
+    st = t->any_normalized_added ? split_added(c, b, bn, off, true) : anneal_tok_encode_segment(c->x, b, bn);
     free(b);
     return st;
 }
