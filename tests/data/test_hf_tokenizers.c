@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FIX "tests/fixtures/hf_tokenizers"
 
@@ -148,8 +149,160 @@ TEST(shared_texts_match_tokenizers) {
     if (missing) SKIP_PROMISED("../shared/data/tokenizer/ (sample.txt, kjv_head.txt) is absent");
 }
 
+/* Appends text as a JSON string element to the array arr. */
+static void add_text(cJSON *arr, const char *text, size_t n) {
+    char *c = malloc(n + 1);
+    memcpy(c, text, n);
+    c[n] = 0;
+    cJSON_AddItemToArray(arr, cJSON_CreateString(c));
+    free(c);
+}
+
+static bool write_str(const char *path, const char *s) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(s, 1, strlen(s), f) == strlen(s);
+    return fclose(f) == 0 && ok;
+}
+
+/* Compares a JSON array of ids with n ids. */
+static bool same_ids(const cJSON *arr, const int32_t *ids, size_t n) {
+    if (cJSON_GetArraySize(arr) != (int)n) return false;
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++)
+        if (e->valueint != ids[i]) return false;
+    return true;
+}
+
+/* anneal_tokenizer_save_hf, then transformers' AutoTokenizer.from_pretrained and tokenizers'
+ * Tokenizer.from_file on what it wrote: the same ids as anneal on every text (BOS too), and
+ * the same decoding. For each fixture, GPT-2's files and a tokenizer anneal trains; the
+ * directory `anneal tokenizer train` writes is loaded by AutoTokenizer as it is. */
+TEST(save_hf_loads_in_transformers) {
+    const char *py = anneal_test_python("transformers,tokenizers");
+    if (!py) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    char tmpl[] = "/tmp/anneal_hf_tok_XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    REQUIRE(tmp);
+    cJSON *ref = load_json(FIX "/reference.json");
+    REQUIRE(ref);
+    /* the texts: the fixture's inline ones, the awkward sample, some KJV */
+    cJSON *texts = cJSON_CreateArray();
+    for (cJSON *c = ref->child->child; c; c = c->next) {
+        const cJSON *t = cJSON_GetObjectItem(c, "text");
+        if (cJSON_IsString(t)) add_text(texts, t->valuestring, strlen(t->valuestring));
+    }
+    size_t n;
+    char *sample = slurp(anneal_test_path("../shared/data/tokenizer/sample.txt"), &n);
+    if (sample) add_text(texts, sample, n);
+    free(sample);
+    char *kjv = slurp(anneal_test_path(FIX "/kjv_excerpt.txt"), &n);
+    REQUIRE(kjv);
+    add_text(texts, kjv + 20000, 3000);
+    /* the tokenizers: each fixture, GPT-2's files, one anneal trains */
+    enum { MAX_TOK = 10 };
+    anneal_tokenizer *toks[MAX_TOK] = {0};
+    char dirs[MAX_TOK][300];
+    int nt = 0;
+    for (cJSON *tk = ref->child; tk && nt < MAX_TOK - 3; tk = tk->next) {
+        char src[256];
+        snprintf(src, sizeof src, "%s/%s", anneal_test_path(FIX), tk->string);
+        if (anneal_tokenizer_load(src, &toks[nt]) != ANNEAL_OK) continue;
+        snprintf(dirs[nt], sizeof dirs[nt], "%s/%s", tmp, tk->string);
+        nt++;
+    }
+    if (anneal_tokenizer_load("gpt2", &toks[nt]) == ANNEAL_OK) {
+        snprintf(dirs[nt], sizeof dirs[nt], "%s/gpt2", tmp);
+        nt++;
+    } else {
+        anneal_clear_error();
+    }
+    char kjv_path[300], trained[300];
+    snprintf(kjv_path, sizeof kjv_path, "%s", anneal_test_path(FIX "/kjv_excerpt.txt"));
+    snprintf(trained, sizeof trained, "%s/trained", tmp);
+    const char *files[1] = {kjv_path};
+    REQUIRE(anneal_bpe_train(files, 1, 600, trained) == ANNEAL_OK);
+    REQUIRE(anneal_tokenizer_load(trained, &toks[nt]) == ANNEAL_OK);
+    snprintf(dirs[nt], sizeof dirs[nt], "%s/trained_hf", tmp);
+    nt++;
+    for (int i = 0; i < nt; i++)
+        CHECK(anneal_tokenizer_save_hf(toks[i], dirs[i]) == ANNEAL_OK, "save_hf %s: %s", dirs[i], anneal_last_error());
+    /* the trainer's own directory (loaded by anneal from encoder.json + vocab.bpe) */
+    anneal_tokenizer *tr2 = NULL;
+    REQUIRE(anneal_tokenizer_load(trained, &tr2) == ANNEAL_OK);
+    toks[nt] = tr2;
+    snprintf(dirs[nt], sizeof dirs[nt], "%s", trained);
+    nt++;
+    /* anneal's generated tokenizer.json reads back as the same tokenizer */
+    char back[320];
+    snprintf(back, sizeof back, "%s/trained_hf/tokenizer.json", tmp);
+    anneal_tokenizer *rt = NULL;
+    CHECK(anneal_tokenizer_load(back, &rt) == ANNEAL_OK, "%s: %s", back, anneal_last_error());
+    if (rt) CHECK_TRUE(anneal_tokenizer_fingerprint(rt) == anneal_tokenizer_fingerprint(tr2));
+    anneal_tokenizer_free(rt);
+
+    char tpath[320], opath[320];
+    snprintf(tpath, sizeof tpath, "%s/texts.json", tmp);
+    snprintf(opath, sizeof opath, "%s/out.json", tmp);
+    char *tj = cJSON_PrintUnformatted(texts);
+    REQUIRE(write_str(tpath, tj));
+    free(tj);
+    char cmd[4096];
+    int o = snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s'", py, anneal_test_path("tests/fixtures/hf_tokenizer_check.py"),
+                     tpath, opath);
+    for (int i = 0; i < nt; i++) o += snprintf(cmd + o, sizeof cmd - (size_t)o, " '%s'", dirs[i]);
+    CHECK(system(cmd) == 0, "%s failed", cmd);
+    char *outs = slurp(opath, NULL);
+    cJSON *res = outs ? cJSON_Parse(outs) : NULL;
+    free(outs);
+    REQUIRE(res);
+    int compared = 0;
+    for (int i = 0; i < nt; i++) {
+        const cJSON *rows = cJSON_GetObjectItem(res, dirs[i]);
+        CHECK(cJSON_GetArraySize(rows) == cJSON_GetArraySize(texts), "%s: no results", dirs[i]);
+        int k = 0, bad = 0;
+        const cJSON *row = rows ? rows->child : NULL;
+        for (const cJSON *t = texts->child; t && row; t = t->next, row = row->next, k++) {
+            anneal_ids ids = {0};
+            REQUIRE(anneal_tokenizer_encode(toks[i], t->valuestring, strlen(t->valuestring), true, &ids) == ANNEAL_OK);
+            bool a = same_ids(cJSON_GetObjectItem(row, "auto"), ids.ids, ids.n);
+            bool f = same_ids(cJSON_GetObjectItem(row, "fast"), ids.ids, ids.n);
+            if ((!a || !f) && bad++ < 3)
+                CHECK(false, "%s text %d: anneal's %zu ids differ from AutoTokenizer's (%s) / Tokenizer's (%s)", dirs[i],
+                      k, ids.n, a ? "same" : "differ", f ? "same" : "differ");
+            /* with special tokens: BOS first when the tokenizer adds it */
+            anneal_ids sp = {0};
+            if (anneal_tokenizer_adds_bos(toks[i])) anneal_ids_push(&sp, anneal_tokenizer_bos(toks[i]));
+            for (size_t j = 0; j < ids.n; j++) anneal_ids_push(&sp, ids.ids[j]);
+            if (!same_ids(cJSON_GetObjectItem(row, "auto_special"), sp.ids, sp.n) && bad++ < 3)
+                CHECK(false, "%s text %d: with special tokens, AutoTokenizer's ids are not anneal's BOS + ids", dirs[i], k);
+            char *dec = NULL;
+            size_t dn;
+            const cJSON *hd = cJSON_GetObjectItem(row, "decoded");
+            if (a && anneal_tokenizer_decode(toks[i], ids.ids, ids.n, &dec, &dn) == ANNEAL_OK && cJSON_IsString(hd) &&
+                (dn != strlen(hd->valuestring) || memcmp(dec, hd->valuestring, dn)) && bad++ < 3)
+                CHECK(false, "%s text %d: anneal decodes \"%.60s\", AutoTokenizer \"%.60s\"", dirs[i], k, dec,
+                      hd->valuestring);
+            free(dec);
+            compared++;
+            anneal_ids_free(&sp);
+            anneal_ids_free(&ids);
+        }
+    }
+    CHECK(nt >= 8 && compared == nt * cJSON_GetArraySize(texts), "compared %d texts of %d tokenizers", compared, nt);
+    if (getenv("ANNEAL_TEST_VERBOSE")) printf("  compared %d texts of %d tokenizers\n", compared, nt);
+    for (int i = 0; i < nt; i++) anneal_tokenizer_free(toks[i]);
+    cJSON_Delete(res);
+    cJSON_Delete(texts);
+    cJSON_Delete(ref);
+    free(kjv);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK_TRUE(system(cmd) == 0);
+}
+
 int main(void) {
     RUN(inline_texts_match_tokenizers);
     RUN(shared_texts_match_tokenizers);
+    RUN(save_hf_loads_in_transformers);
     return anneal_test_summary();
 }
