@@ -300,9 +300,232 @@ TEST(save_hf_loads_in_transformers) {
     CHECK_TRUE(system(cmd) == 0);
 }
 
+/* ------------------------------------------------------------ bad input */
+
+static char bad_dir[256];
+
+/* Writes j as bad_dir/tokenizer.json. */
+static void put_json(const char *name, cJSON *j) {
+    char p[320];
+    snprintf(p, sizeof p, "%s/%s", bad_dir, name);
+    char *t = cJSON_PrintUnformatted(j);
+    REQUIRE(t && write_str(p, t));
+    free(t);
+}
+
+static cJSON *fixture(const char *name) {
+    char rel[128];
+    snprintf(rel, sizeof rel, FIX "/%s/tokenizer.json", name);
+    return load_json(rel);
+}
+
+static cJSON *obj(cJSON *j, const char *k) { return cJSON_GetObjectItem(j, k); }
+
+/* The first id past every vocab and added token. */
+static int next_id(cJSON *j) {
+    int n = 0;
+    for (cJSON *e = obj(obj(j, "model"), "vocab")->child; e; e = e->next)
+        if (e->valueint >= n) n = e->valueint + 1;
+    for (cJSON *e = obj(j, "added_tokens")->child; e; e = e->next)
+        if (obj(e, "id")->valueint >= n) n = obj(e, "id")->valueint + 1;
+    return n;
+}
+
+static void set(cJSON *o, const char *k, cJSON *v) {
+    if (cJSON_GetObjectItem(o, k)) cJSON_ReplaceItemInObject(o, k, v);
+    else cJSON_AddItemToObject(o, k, v);
+}
+
+/* Loads bad_dir and expects status want with every substring in the message. */
+static void expect(const char *what, anneal_status want, const char *sub1, const char *sub2) {
+    anneal_tokenizer *t = NULL;
+    anneal_clear_error();
+    anneal_status s = anneal_tokenizer_load(bad_dir, &t);
+    const char *msg = anneal_last_error();
+    CHECK(s == want && t == NULL && strstr(msg, sub1) && (!sub2 || strstr(msg, sub2)),
+          "%s: status %d (want %d), message \"%s\" (want \"%s\"%s%s)", what, (int)s, (int)want, msg, sub1,
+          sub2 ? ", " : "", sub2 ? sub2 : "");
+    anneal_tokenizer_free(t);
+}
+
+/* Every malformed or unsupported part of a tokenizer.json / tokenizer_config.json is
+ * refused with a message naming the file and the part. */
+TEST(bad_files_are_refused_by_name) {
+    snprintf(bad_dir, sizeof bad_dir, "/tmp/anneal_badtok_XXXXXX");
+    REQUIRE(mkdtemp(bad_dir));
+    const anneal_status U = ANNEAL_ERR_UNSUPPORTED, F = ANNEAL_ERR_FORMAT;
+    cJSON *j;
+    /* the fixtures themselves load from a copy */
+    j = fixture("llama2_sp");
+    REQUIRE(j);
+    put_json("tokenizer.json", j);
+    anneal_tokenizer *t = NULL;
+    REQUIRE(anneal_tokenizer_load(bad_dir, &t) == ANNEAL_OK);
+    anneal_tokenizer_free(t);
+    cJSON_Delete(j);
+#define CASE(fix, label, want, s1, s2, ...)  \
+    do {                                     \
+        j = fixture(fix);                    \
+        REQUIRE(j);                          \
+        cJSON *m = obj(j, "model");          \
+        (void)m;                             \
+        __VA_ARGS__;                         \
+        put_json("tokenizer.json", j);       \
+        cJSON_Delete(j);                     \
+        expect(label, want, s1, s2);         \
+    } while (0)
+    CASE("llama2_sp", "Unigram", U, "tokenizer.json", "Unigram", set(m, "type", cJSON_CreateString("Unigram")));
+    CASE("gpt2_bl", "WordPiece", U, "tokenizer.json", "WordPiece", set(m, "type", cJSON_CreateString("WordPiece")));
+    CASE("llama2_sp", "NFC", U, "tokenizer.json", "normalizer \"NFC\"",
+         set(j, "normalizer", cJSON_Parse("{\"type\": \"NFC\"}")));
+    CASE("llama2_sp", "Prepend", U, "tokenizer.json", "Prepend",
+         set(j, "normalizer", cJSON_Parse("{\"type\": \"Prepend\", \"prepend\": \"x\"}")));
+    CASE("llama2_sp", "Replace", U, "tokenizer.json", "Replace",
+         set(j, "normalizer",
+             cJSON_Parse("{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"b\"}")));
+    CASE("llama3_bl", "Split behavior", U, "tokenizer.json", "Removed",
+         set(cJSON_GetArrayItem(obj(obj(j, "pre_tokenizer"), "pretokenizers"), 0), "behavior",
+             cJSON_CreateString("Removed")));
+    CASE("llama3_bl", "Split invert", U, "tokenizer.json", "invert",
+         set(cJSON_GetArrayItem(obj(obj(j, "pre_tokenizer"), "pretokenizers"), 0), "invert", cJSON_CreateTrue()));
+    CASE("llama3_bl", "bad regex", U, "tokenizer.json", "PCRE2",
+         set(cJSON_GetArrayItem(obj(obj(j, "pre_tokenizer"), "pretokenizers"), 0), "pattern",
+             cJSON_Parse("{\"Regex\": \"(\\\\p{L}\"}")));
+    CASE("llama3_bl", "\\S in a class", U, "tokenizer.json", "\\S inside a character class",
+         set(cJSON_GetArrayItem(obj(obj(j, "pre_tokenizer"), "pretokenizers"), 0), "pattern",
+             cJSON_Parse("{\"Regex\": \"[\\\\S]+\"}")));
+    CASE("llama3_bl", "Split + ByteLevel(use_regex)", U, "tokenizer.json", "use_regex",
+         set(cJSON_GetArrayItem(obj(obj(j, "pre_tokenizer"), "pretokenizers"), 1), "use_regex", cJSON_CreateTrue()));
+    CASE("gpt2_bl", "Whitespace", U, "tokenizer.json", "Whitespace",
+         set(j, "pre_tokenizer", cJSON_Parse("{\"type\": \"Whitespace\"}")));
+    CASE("mistral_sp", "Metaspace replacement", U, "tokenizer.json", "replacement",
+         set(obj(j, "pre_tokenizer"), "replacement", cJSON_CreateString("_")));
+    CASE("gpt2_bl", "ByteLevel + byte_fallback", U, "tokenizer.json", "byte_fallback",
+         set(m, "byte_fallback", cJSON_CreateTrue()));
+    CASE("llama2_sp", "decoder", U, "tokenizer.json", "decoder \"WordPiece\"",
+         set(j, "decoder", cJSON_Parse("{\"type\": \"WordPiece\"}")));
+    CASE("llama2_sp", "Strip", U, "tokenizer.json", "Strip",
+         set(j, "decoder", cJSON_Parse("{\"type\": \"Strip\", \"content\": \" \", \"start\": 2, \"stop\": 0}")));
+    CASE("llama2_sp", "post_processor", U, "tokenizer.json", "BertProcessing",
+         set(j, "post_processor", cJSON_Parse("{\"type\": \"BertProcessing\"}")));
+    CASE("llama2_sp", "template token", F, "tokenizer.json", "<nope>",
+         set(j, "post_processor",
+             cJSON_Parse("{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}, "
+                         "{\"Sequence\": {\"id\": \"A\"}}]}")));
+    CASE("llama2_sp", "dropout", U, "tokenizer.json", "dropout", set(m, "dropout", cJSON_CreateNumber(0.1)));
+    CASE("gpt2_bl", "duplicate id", F, "tokenizer.json", "used twice",
+         set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(5)));
+    CASE("gpt2_bl", "missing id", F, "tokenizer.json", "not dense",
+         cJSON_DeleteItemFromObject(obj(m, "vocab"), "!"));
+    CASE("gpt2_bl", "negative id", F, "tokenizer.json", "not an integer",
+         set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(-3)));
+    CASE("gpt2_bl", "fractional id", F, "tokenizer.json", "not an integer",
+         set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(2.5)));
+    CASE("llama2_sp", "added token vs vocab", F, "added_tokens[1]", "<s>",
+         set(cJSON_GetArrayItem(obj(j, "added_tokens"), 1), "content", cJSON_CreateString("<bos>")));
+    CASE("llama2_sp", "added twice", F, "tokenizer.json", "added twice",
+         set(cJSON_GetArrayItem(obj(j, "added_tokens"), 1), "id", cJSON_CreateNumber(0)));
+    CASE("llama2_sp", "added no content", F, "added_tokens[1]", "content",
+         cJSON_DeleteItemFromObject(cJSON_GetArrayItem(obj(j, "added_tokens"), 1), "content"));
+    CASE("llama2_sp", "added same bytes", F, "tokenizer.json", "same bytes",
+         set(cJSON_GetArrayItem(obj(j, "added_tokens"), 4), "content", cJSON_CreateString("<s>")));
+    CASE("llama2_sp", "merge of unknown token", F, "merges[0]", "is not a token",
+         cJSON_ReplaceItemInArray(obj(m, "merges"), 0, cJSON_CreateString("\xe2\x96\x81 qqqq")));
+    CASE("llama2_sp", "merge result unknown", F, "merges[0]", "merged token",
+         cJSON_ReplaceItemInArray(obj(m, "merges"), 0, cJSON_CreateString("<s> </s>")));
+    CASE("llama2_sp", "merge repeated", F, "merges[1]", "repeats merge 0",
+         cJSON_ReplaceItemInArray(obj(m, "merges"), 1,
+                                  cJSON_Duplicate(cJSON_GetArrayItem(obj(m, "merges"), 0), true)));
+    CASE("llama2_sp", "merge not a pair", F, "merges[2]", "left right",
+         cJSON_ReplaceItemInArray(obj(m, "merges"), 2, cJSON_CreateString("abc")));
+    CASE("llama2_sp", "unk_token", F, "tokenizer.json", "unk_token", set(m, "unk_token", cJSON_CreateString("<?>")));
+    CASE("llama2_sp", "no byte tokens", F, "tokenizer.json", "<0xNN>", {
+        cJSON *v = obj(m, "vocab");
+        for (int b = 0; b < 256; b++) {
+            char k[8], nk[12];
+            snprintf(k, sizeof k, "<0x%02X>", b);
+            snprintf(nk, sizeof nk, "<byte%02X>", b);
+            cJSON *e = cJSON_DetachItemFromObject(v, k);
+            cJSON_AddItemToObject(v, nk, e);
+        }
+    });
+    CASE("gpt2_bl", "no model", F, "tokenizer.json", "no \"model\"", cJSON_DeleteItemFromObject(j, "model"));
+    CASE("gpt2_bl", "no merges", F, "tokenizer.json", "merges", cJSON_DeleteItemFromObject(m, "merges"));
+    CASE("gpt2_bl", "byte-level key", F, "tokenizer.json", "byte-level string",
+         set(obj(m, "vocab"), "\xe2\x96\x81x", cJSON_CreateNumber(next_id(j))));
+    /* tokenizer_config.json beside a good tokenizer.json */
+    j = fixture("llama2_sp");
+    put_json("tokenizer.json", j);
+    cJSON_Delete(j);
+    char cfg[320];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", bad_dir);
+    REQUIRE(write_str(cfg, "{\"bos_token\": \"<start>\"}"));
+    expect("bos_token", F, "tokenizer_config.json", "bos_token \"<start>\"");
+    REQUIRE(write_str(cfg, "{\"eos_token\": {\"content\": \"</t>\"}}"));
+    expect("eos_token object", F, "tokenizer_config.json", "eos_token");
+    REQUIRE(write_str(cfg, "{\"eos_token\": 7}"));
+    expect("eos_token number", F, "tokenizer_config.json", "eos_token");
+    REQUIRE(write_str(cfg, "{\"add_bos_token\": \"yes\"}"));
+    expect("add_bos_token", F, "tokenizer_config.json", "add_bos_token");
+    REQUIRE(write_str(cfg, "{\"bos_token\": \"<s>\", "));
+    expect("truncated config", F, "tokenizer_config.json", "invalid JSON");
+    REQUIRE(write_str(cfg, "[1, 2]"));
+    expect("config not an object", F, "tokenizer_config.json", "object");
+    REQUIRE(write_str(cfg, "{\"bos_token\": {\"content\": \"</s>\"}, \"add_bos_token\": false}"));
+    t = NULL;
+    REQUIRE(anneal_tokenizer_load(bad_dir, &t) == ANNEAL_OK);
+    CHECK_TRUE(anneal_tokenizer_bos(t) == 2 && !anneal_tokenizer_adds_bos(t));
+    anneal_tokenizer_free(t);
+    unlink(cfg);
+    /* a truncated tokenizer.json; a directory with no tokenizer */
+    char tj[320];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", bad_dir);
+    REQUIRE(write_str(tj, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0"));
+    expect("truncated", F, "tokenizer.json", "truncated");
+    unlink(tj);
+    expect("empty directory", ANNEAL_ERR_IO, bad_dir, "tokenizer.json");
+    rmdir(bad_dir);
+#undef CASE
+}
+
+/* ignore_merges (Llama 3): a piece that is a token is that token, whatever the merges
+ * would make (tokenizers 0.15 cannot write it, so this tokenizer is made by hand). */
+TEST(ignore_merges_takes_whole_pieces) {
+    cJSON *j = fixture("gpt2_bl");
+    REQUIRE(j);
+    snprintf(bad_dir, sizeof bad_dir, "/tmp/anneal_im_XXXXXX");
+    REQUIRE(mkdtemp(bad_dir));
+    cJSON *m = obj(j, "model"), *v = obj(m, "vocab");
+    /* "Ġzqx" is a token no merge makes */
+    int n = next_id(j);
+    cJSON_AddItemToObject(v, "\xc4\xa0zqx", cJSON_CreateNumber(n));
+    put_json("tokenizer.json", j);
+    anneal_tokenizer *t = NULL;
+    REQUIRE(anneal_tokenizer_load(bad_dir, &t) == ANNEAL_OK);
+    anneal_ids a = {0};
+    REQUIRE(anneal_tokenizer_encode(t, " zqx", 4, true, &a) == ANNEAL_OK);
+    CHECK(a.n > 1, "without ignore_merges, \" zqx\" is %zu ids", a.n);
+    anneal_ids_free(&a);
+    anneal_tokenizer_free(t);
+    set(m, "ignore_merges", cJSON_CreateTrue());
+    put_json("tokenizer.json", j);
+    REQUIRE(anneal_tokenizer_load(bad_dir, &t) == ANNEAL_OK);
+    REQUIRE(anneal_tokenizer_encode(t, "a zqx", 5, true, &a) == ANNEAL_OK);
+    CHECK(a.n == 2 && a.ids[1] == n, "with ignore_merges: %zu ids", a.n);
+    anneal_ids_free(&a);
+    anneal_tokenizer_free(t);
+    cJSON_Delete(j);
+    char p[320];
+    snprintf(p, sizeof p, "%s/tokenizer.json", bad_dir);
+    unlink(p);
+    rmdir(bad_dir);
+}
+
 int main(void) {
     RUN(inline_texts_match_tokenizers);
     RUN(shared_texts_match_tokenizers);
     RUN(save_hf_loads_in_transformers);
+    RUN(bad_files_are_refused_by_name);
+    RUN(ignore_merges_takes_whole_pieces);
     return anneal_test_summary();
 }
