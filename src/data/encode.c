@@ -9,6 +9,7 @@
  * character touches it; lstrip / rstrip make the token swallow the whitespace before /
  * after it. */
 #include "tokenizer_impl.h"
+#include "unicode_nfc.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -151,10 +152,26 @@ static anneal_status split_added(split_ctx *c, const char *s, size_t n, size_t b
 anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
     *out = NULL;
     *out_len = 0;
+    char *nfc = NULL;
+    if (t->sp.norm_nfc) {
+        size_t nn;
+        anneal_status st = anneal_nfc(s, n, &nfc, &nn);
+        if (st) return st;
+        if (!t->sp.norm_prepend && !t->sp.norm_replace) {
+            *out = nfc;
+            *out_len = nn;
+            return ANNEAL_OK;
+        }
+        s = nfc;
+        n = nn;
+    }
     size_t spaces = 0;
     for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
     char *b = malloc(n + 2 * spaces + 4);
-    if (!b) return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+    if (!b) {
+        free(nfc);
+        return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+    }
     size_t o = 0;
     if (t->sp.norm_prepend && n) {
         memcpy(b, META, 3);
@@ -168,6 +185,7 @@ anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, siz
             b[o++] = s[i];
         }
     }
+    free(nfc);
     *out = b;
     *out_len = o;
     return ANNEAL_OK;
@@ -176,7 +194,7 @@ anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, siz
 /* A gap of the raw text: normalize it, then split it on the normalized added tokens. */
 static anneal_status raw_gap(split_ctx *c, const char *s, size_t n, size_t off) {
     const anneal_tokenizer *t = c->t;
-    bool normalizes = t->sp.norm_prepend || t->sp.norm_replace;
+    bool normalizes = t->sp.norm_nfc || t->sp.norm_prepend || t->sp.norm_replace;
     if (!normalizes) {
         if (!t->any_normalized_added) return anneal_tok_encode_segment(c->x, s, n);
         return split_added(c, s, n, off, true);

@@ -113,7 +113,7 @@ TEST(inline_texts_match_tokenizers) {
         }
         anneal_tokenizer_free(t);
     }
-    CHECK(n_tok == 6, "reference.json has %d tokenizers", n_tok);
+    CHECK(n_tok == 7, "reference.json has %d tokenizers", n_tok);
     cJSON_Delete(ref);
 }
 
@@ -376,8 +376,10 @@ TEST(bad_files_are_refused_by_name) {
     } while (0)
     CASE("llama2_sp", "Unigram", U, "tokenizer.json", "Unigram", set(m, "type", cJSON_CreateString("Unigram")));
     CASE("gpt2_bl", "WordPiece", U, "tokenizer.json", "WordPiece", set(m, "type", cJSON_CreateString("WordPiece")));
-    CASE("llama2_sp", "NFC", U, "tokenizer.json", "normalizer \"NFC\"",
-         set(j, "normalizer", cJSON_Parse("{\"type\": \"NFC\"}")));
+    CASE("llama2_sp", "NFKC", U, "tokenizer.json", "normalizer \"NFKC\"",
+         set(j, "normalizer", cJSON_Parse("{\"type\": \"NFKC\"}")));
+    CASE("qwen2_bl", "NFD", U, "tokenizer.json", "normalizer \"NFD\"",
+         set(j, "normalizer", cJSON_Parse("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFD\"}]}")));
     CASE("llama2_sp", "Prepend", U, "tokenizer.json", "Prepend",
          set(j, "normalizer", cJSON_Parse("{\"type\": \"Prepend\", \"prepend\": \"x\"}")));
     CASE("llama2_sp", "Replace", U, "tokenizer.json", "Replace",
