@@ -138,7 +138,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32";
     int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
     double temperature = 0.8, top_p = 0.95;
-    bool help = false;
+    bool help = false, chat = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (config.json + model.safetensors or "
@@ -149,6 +149,8 @@ int anneal_cmd_generate(int argc, char **argv) {
         {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the model's tokenizer.json, "
                                   "else the training run's, from its --tokenizer or its data's prepare.json)", &tok_spec, 0},
         {"prompt", ARG_STRING, "text to continue (default: start a new document)", &prompt, 0},
+        {"chat", ARG_BOOL, "--prompt is a user message: apply the tokenizer's chat template (Llama 3, ChatML, "
+                           "Llama 2, Mistral, Zephyr) and print only the reply", &chat, 0},
         {"max-tokens", ARG_INT, "most tokens to generate (default 200)", &max_tokens, 0},
         {"temperature", ARG_FLOAT, "sampling temperature; 0 picks the most likely token (default 0.8)", &temperature, 0},
         {"top-k", ARG_INT, "sample from the k most likely tokens; 0 = all (default 50)", &top_k, 0},
@@ -203,7 +205,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
-    char *buf = NULL;
+    char *buf = NULL, *chat_text = NULL;
     rc = 1;
     if (!tok_spec) {
         rc = USAGE_ERR("--tokenizer is required (the checkpoint's run names none): gpt2, a directory or "
@@ -225,7 +227,17 @@ int anneal_cmd_generate(int argc, char **argv) {
     }
     int32_t eot = anneal_tokenizer_eot(tok), V = m->cfg.vocab_size;
     const char *text = prompt ? prompt : "";
-    if (anneal_tokenizer_encode(tok, text, strlen(text), false, &ids) != ANNEAL_OK) {
+    if (chat) { /* the template's text holds its special tokens (and BOS) itself */
+        anneal_chat_message msg = {"user", text};
+        if (anneal_chat_format(tok, &msg, 1, true, &chat_text, NULL) != ANNEAL_OK) {
+            fprintf(stderr, "anneal generate: --chat: %s\n", anneal_last_error());
+            goto done;
+        }
+    } else if (anneal_tokenizer_adds_bos(tok) && anneal_ids_push(&ids, anneal_tokenizer_bos(tok)) != ANNEAL_OK) {
+        goto done;
+    }
+    if (anneal_tokenizer_encode(tok, chat ? chat_text : text, strlen(chat ? chat_text : text), chat, &ids) !=
+        ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --prompt: %s\n", anneal_last_error());
         goto done;
     }
@@ -248,7 +260,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         goto done;
     }
     anneal_stream_decoder_init(&s.dec, tok);
-    fputs(text, stdout);
+    if (!chat) fputs(text, stdout);
     fflush(stdout);
     anneal_sampler_config sc = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
                                 .seed = (uint64_t)seed};
@@ -270,6 +282,7 @@ int anneal_cmd_generate(int argc, char **argv) {
     rc = 0;
 done:
     free(buf);
+    free(chat_text);
     free(run_tok);
     free(model_tok);
     anneal_ids_free(&ids);

@@ -313,6 +313,7 @@ struct anneal_tok_enc {
     tok_cache local; /* used when the thread has no cache of its own */
     anneal_ids *out;
     anneal_status err;
+    bool had_segment; /* a segment has been encoded (Metaspace "first") */
 };
 typedef struct anneal_tok_enc enc_ctx;
 
@@ -483,9 +484,11 @@ static anneal_status metaspace_encode(enc_ctx *x, const char *s, size_t n, bool 
     return st;
 }
 
-anneal_status anneal_tok_encode_segment(anneal_tok_enc *x, const char *text, size_t len, bool first) {
+anneal_status anneal_tok_encode_segment(anneal_tok_enc *x, const char *text, size_t len) {
     if (!len) return ANNEAL_OK;
     const anneal_tokenizer *t = x->t;
+    bool first = !x->had_segment;
+    x->had_segment = true;
     if (t->sp.meta) return metaspace_encode(x, text, len, first);
     if (t->add_prefix_space && text[0] != ' ') { /* HF ByteLevel: " " before each segment */
         char *tmp = malloc(len + 1);

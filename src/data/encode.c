@@ -9,6 +9,7 @@
  * character touches it; lstrip / rstrip make the token swallow the whitespace before /
  * after it. */
 #include "tokenizer_impl.h"
+#include "unicode_nfc.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -133,18 +134,16 @@ static anneal_status split_added(split_ctx *c, const char *s, size_t n, size_t b
                 start = p;
             }
         }
-        if (a->rstrip) {
+        if (a->rstrip) /* the next search still starts at the token's end, as tokenizers' does */
             while (stop < n && is_space_cp(cp_at(u, n, stop, &cl))) stop += cl;
-            search = stop;
-        }
         if (start > done)
-            st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, start - done, base + done == 0)
+            st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, start - done)
                                  : raw_gap(c, s + done, start - done, base + done);
         if (!st) st = anneal_tok_enc_emit(c->x, &a->id, 1);
-        done = stop;
+        if (stop > done) done = stop;
     }
     if (!st && done < n)
-        st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, n - done, base + done == 0)
+        st = normalized_pass ? anneal_tok_encode_segment(c->x, s + done, n - done)
                              : raw_gap(c, s + done, n - done, base + done);
     if (next != stack_next) free(next);
     return st;
@@ -153,10 +152,26 @@ static anneal_status split_added(split_ctx *c, const char *s, size_t n, size_t b
 anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
     *out = NULL;
     *out_len = 0;
+    char *nfc = NULL;
+    if (t->sp.norm_nfc) {
+        size_t nn;
+        anneal_status st = anneal_nfc(s, n, &nfc, &nn);
+        if (st) return st;
+        if (!t->sp.norm_prepend && !t->sp.norm_replace) {
+            *out = nfc;
+            *out_len = nn;
+            return ANNEAL_OK;
+        }
+        s = nfc;
+        n = nn;
+    }
     size_t spaces = 0;
     for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
     char *b = malloc(n + 2 * spaces + 4);
-    if (!b) return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+    if (!b) {
+        free(nfc);
+        return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+    }
     size_t o = 0;
     if (t->sp.norm_prepend && n) {
         memcpy(b, META, 3);
@@ -170,6 +185,7 @@ anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, siz
             b[o++] = s[i];
         }
     }
+    free(nfc);
     *out = b;
     *out_len = o;
     return ANNEAL_OK;
@@ -178,16 +194,16 @@ anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, siz
 /* A gap of the raw text: normalize it, then split it on the normalized added tokens. */
 static anneal_status raw_gap(split_ctx *c, const char *s, size_t n, size_t off) {
     const anneal_tokenizer *t = c->t;
-    bool normalizes = t->sp.norm_prepend || t->sp.norm_replace;
+    bool normalizes = t->sp.norm_nfc || t->sp.norm_prepend || t->sp.norm_replace;
     if (!normalizes) {
-        if (!t->any_normalized_added) return anneal_tok_encode_segment(c->x, s, n, off == 0);
+        if (!t->any_normalized_added) return anneal_tok_encode_segment(c->x, s, n);
         return split_added(c, s, n, off, true);
     }
     char *b;
     size_t bn;
     anneal_status st = anneal_tok_normalize(t, s, n, &b, &bn);
     if (st) return st;
-    st = t->any_normalized_added ? split_added(c, b, bn, off, true) : anneal_tok_encode_segment(c->x, b, bn, off == 0);
+    st = t->any_normalized_added ? split_added(c, b, bn, off, true) : anneal_tok_encode_segment(c->x, b, bn);
     free(b);
     return st;
 }

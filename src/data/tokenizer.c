@@ -368,7 +368,7 @@ static uint64_t tok_fingerprint(const anneal_tokenizer *t) {
     if (t->pattern) h = fnv1a(h, t->pattern, strlen(t->pattern) + 1);
     unsigned char flags[12] = {(unsigned char)t->kind, t->pre_none, t->add_prefix_space, t->ignore_merges,
                                t->sp.norm_prepend, t->sp.norm_replace, t->sp.meta, (unsigned char)t->sp.meta_prepend,
-                               t->sp.meta_split, t->sp.byte_fallback, t->sp.fuse_unk, 0};
+                               t->sp.meta_split, t->sp.byte_fallback, t->sp.fuse_unk, t->sp.norm_nfc};
     bool plain = true;
     for (int i = 0; i < 12; i++) plain &= flags[i] == 0;
     if (!plain) h = fnv1a(h, flags, sizeof flags);

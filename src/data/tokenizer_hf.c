@@ -63,6 +63,10 @@ static anneal_status parse_normalizer(const char *path, const cJSON *n, anneal_t
         }
         return ANNEAL_OK;
     }
+    if (ty && strcmp(ty, "NFC") == 0) {
+        t->sp.norm_nfc = true;
+        return ANNEAL_OK;
+    }
     if (ty && strcmp(ty, "Prepend") == 0) {
         const char *p = get_str(n, "prepend");
         if (!p || strcmp(p, META) != 0)
@@ -81,8 +85,8 @@ static anneal_status parse_normalizer(const char *path, const cJSON *n, anneal_t
         return ANNEAL_OK;
     }
     return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
-                            "%s: normalizer \"%s\" is not supported (anneal supports none, or Prepend(\"▁\") and "
-                            "Replace(\" \", \"▁\") as Llama 2 uses)",
+                            "%s: normalizer \"%s\" is not supported (anneal supports none, NFC, and Prepend(\"▁\") "
+                            "and Replace(\" \", \"▁\") as Llama 2 uses)",
                             path, ty ? ty : "(no type)");
 }
 
@@ -583,7 +587,7 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
         a->rstrip = cJSON_IsTrue(get(it, "rstrip"));
         a->normalized = nz ? cJSON_IsTrue(nz) : !sp;
         size_t cn = strlen(c);
-        if (a->normalized && (t->sp.norm_prepend || t->sp.norm_replace)) {
+        if (a->normalized && (t->sp.norm_nfc || t->sp.norm_prepend || t->sp.norm_replace)) {
             s = anneal_tok_normalize(t, c, cn, &a->norm, &a->norm_len);
         } else if (!(a->norm = malloc(cn))) {
             s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);

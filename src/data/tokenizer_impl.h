@@ -42,6 +42,7 @@ typedef struct tok_added {
 /* SentencePiece-style text handling (model->kind == TOK_SENTENCEPIECE or a
  * normalizer/pre-tokenizer that uses the metaspace). */
 typedef struct tok_sp {
+    bool norm_nfc;          /* normalizer NFC (Qwen2), applied first */
     bool norm_prepend;      /* normalizer Prepend("▁"): each segment gets a leading ▁ */
     bool norm_replace;      /* normalizer Replace(" ", "▁") */
     bool meta;              /* Metaspace pre-tokenizer */
@@ -195,11 +196,12 @@ anneal_status anneal_tok_parse_json(const char *path, const char *buf, size_t le
  * when the loader gave none; sorts added tokens longest first. */
 anneal_status anneal_tok_added_finish(anneal_tokenizer *t, const char *what);
 
-/* bpe_encode.c: encodes one segment of text that holds no added token (normalizer,
- * pre-tokenizer, BPE); first: the segment starts the text (Metaspace "first"). */
+/* bpe_encode.c: encodes one (normalized) segment of text that holds no added token:
+ * pre-tokenizer, then BPE. The call's first segment is the one Metaspace's "first"
+ * scheme prepends ▁ to (tokenizers: the first split that is not an added token). */
 typedef struct anneal_tok_enc anneal_tok_enc;
-anneal_status anneal_tok_encode_segment(anneal_tok_enc *x, const char *text, size_t len, bool first);
-/* encode.c: the normalizer (Prepend("▁"), Replace(" ", "▁")) applied to s[0..n);
+anneal_status anneal_tok_encode_segment(anneal_tok_enc *x, const char *text, size_t len);
+/* encode.c: the normalizer (NFC, Prepend("▁"), Replace(" ", "▁")) applied to s[0..n);
  * *out malloc'd. */
 anneal_status anneal_tok_normalize(const anneal_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len);
 /* Starts / ends an encode call (the thread's cache); out receives the ids. */
