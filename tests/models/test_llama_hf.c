@@ -43,26 +43,37 @@ TEST(fixtures_match_transformers_f32) {
     }
 }
 
-/* bf16 matrix products against the f32 reference, measured over the four variants:
- * logits 6.9e-3 .. 2.1e-2 of their scale, loss 8.6e-6 .. 6.2e-4 relative, the worst
- * gradient 1.2e-2 .. 5.5e-2 of its tensor's scale; tolerances ~10x the worst. */
-TEST(fixtures_bf16_close_to_f32) {
+/* Every fixture at a lower matrix-product precision against the f32 reference; the
+ * logits must differ from f32's (the precision is in effect) and stay within the
+ * tolerances (relative to each tensor's scale). */
+static void check_low_precision(anneal_dtype dt, double tol_logits, double tol_loss, double tol_grad) {
     for (int i = 0; i < N_VARIANTS; i++) {
         char rel[128];
         snprintf(rel, sizeof rel, "tests/fixtures/hf_llama/%s", variants[i]);
         const char *dir = anneal_test_path(rel);
         anneal_model *m = llama_fx_load(dir);
         if (!m) continue;
-        REQUIRE(anneal_model_set_compute(m, ANNEAL_BF16) == ANNEAL_OK);
+        REQUIRE(anneal_model_set_compute(m, dt) == ANNEAL_OK);
         llama_fx_errors e = llama_fx_compare(m, dir);
-        printf("  bf16 %s: logits %.2e, loss %.2e, gradients worst %.2e (%s)\n", variants[i], e.logits, e.loss, e.grad,
-               e.worst_grad ? e.worst_grad : "-");
-        CHECK(e.logits <= 2e-1 && e.logits > 0, "%s: bf16 logits relative error %.3g", dir, e.logits);
-        CHECK(e.loss <= 6e-3, "%s: bf16 loss relative error %.3g", dir, e.loss);
-        CHECK(e.grad <= 5e-1, "%s: bf16 gradient of %s: relative error %.3g", dir, e.worst_grad, e.grad);
+        printf("  %s %s: logits %.2e, loss %.2e, gradients worst %.2e (%s)\n", anneal_dtype_name(dt), variants[i],
+               e.logits, e.loss, e.grad, e.worst_grad ? e.worst_grad : "-");
+        CHECK(e.logits <= tol_logits && e.logits > 0, "%s: %s logits relative error %.3g", dir, anneal_dtype_name(dt),
+              e.logits);
+        CHECK(e.loss <= tol_loss, "%s: %s loss relative error %.3g", dir, anneal_dtype_name(dt), e.loss);
+        CHECK(e.grad <= tol_grad, "%s: %s gradient of %s: relative error %.3g", dir, anneal_dtype_name(dt),
+              e.worst_grad ? e.worst_grad : "?", e.grad);
         anneal_model_free(m);
     }
 }
+
+/* bf16, measured over the four variants: logits 6.9e-3 .. 2.1e-2 of their scale, loss
+ * 8.6e-6 .. 6.2e-4 relative, the worst gradient 1.2e-2 .. 5.5e-2 of its tensor's
+ * scale; tolerances ~10x the worst. */
+TEST(fixtures_bf16_close_to_f32) { check_low_precision(ANNEAL_BF16, 2e-1, 6e-3, 5e-1); }
+
+/* f16, measured: logits 1.0e-3 .. 1.4e-3, loss 7e-7 .. 1.7e-5, the worst gradient
+ * 2.1e-3 .. 6.9e-3; tolerances ~10x the worst. */
+TEST(fixtures_f16_close_to_f32) { check_low_precision(ANNEAL_F16, 1.5e-2, 2e-4, 7e-2); }
 
 /* ------------------------------------------------------------------ live */
 
@@ -213,6 +224,7 @@ int main(void) {
     if (!mkdtemp(g_tmp)) return 1;
     RUN(fixtures_match_transformers_f32);
     RUN(fixtures_bf16_close_to_f32);
+    RUN(fixtures_f16_close_to_f32);
     RUN(generator_run_live_matches);
     RUN(trained_llama_loads_in_transformers);
     RUN(qwen2_mqa_tied_loads_in_transformers);
