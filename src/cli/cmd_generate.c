@@ -195,9 +195,10 @@ int anneal_cmd_generate(int argc, char **argv) {
     free(config_text);
     if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
         char dir[4096];
-        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir - 16) == ANNEAL_OK) {
-            strcat(dir, "/tokenizer.json");
-            if (access(dir, F_OK) == 0) model_tok = strdup(dir);
+        char tj[4096 + 16];
+        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
+            snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+            if (access(tj, F_OK) == 0) model_tok = strdup(dir);
         }
     }
     if (!tok_spec) tok_spec = model_tok;

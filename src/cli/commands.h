@@ -32,7 +32,8 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
  * directory, a Hugging Face model directory or weights file (config.json beside it),
  * or a preset (random weights). *st and *config_json are a checkpoint's (zero / NULL
  * otherwise); *tokenizer_path (malloc'd, may be NULL; tokenizer_path may be NULL) is the
- * tokenizer.json that sits with the model. Prints the error naming --flag; returns 0,
+ * model's directory when a tokenizer.json sits there (anneal_tokenizer_load reads it with
+ * its tokenizer_config.json). Prints the error naming --flag; returns 0,
  * 1 (failure) or 2 (usage). */
 int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, struct anneal_model **model,
                           struct anneal_train_state *st, char **config_json, char **tokenizer_path);

@@ -78,6 +78,7 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
     }
     char tp[PATH_MAX + 32];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
-    if (tokenizer_path && path_exists(tp)) *tokenizer_path = strdup(tp);
+    /* the directory, so its tokenizer_config.json (special tokens, chat template) comes too */
+    if (tokenizer_path && path_exists(tp)) *tokenizer_path = strdup(dir);
     return 0;
 }
