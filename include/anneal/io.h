@@ -150,16 +150,11 @@ typedef struct anneal_hf_save_opts {
  * architecture's config_to_hf, torch_dtype set), generation_config.json, the weights
  * (model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json
  * when they exceed max_shard_bytes, split as transformers' shard_checkpoint does), the
- * tokenizer's files. The whole directory is written as "<dir>.tmp.<pid>" (every file
+ * tokenizer's files. Tensors are streamed from hf_export: the host holds one shard at a
+ * time, not the model. The whole directory is written as "<dir>.tmp.<pid>" (every file
  * fsync'ed), then renamed to dir and the parent fsync'ed: dir appears complete or not
  * at all. dir must not exist or be an empty directory; on failure nothing is left. */
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts);
-/* Writes the files of a model directory (not the tokenizer) into the existing
- * directory dir, each file atomically (temp + fsync + rename): what the checkpoint
- * writer and anneal_model_save_hf share. The weights come from hf_export already
- * gathered: n tensors of f32 host data with their names and shapes. */
-anneal_status anneal_hf_write_files(const char *dir, const anneal_model_config *cfg, int n,
-                                    const anneal_st_write_entry *f32_tensors, const anneal_hf_save_opts *opts);
 
 #ifdef __cplusplus
 }

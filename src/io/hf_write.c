@@ -114,160 +114,144 @@ static anneal_status write_configs(const char *dir, const anneal_model_config *c
     return r;
 }
 
-/* Converts n f32 values to dt (a new buffer; for F32 a copy is not needed: NULL). */
-static void *convert(const float *x, int64_t n, anneal_dtype dt) {
-    if (dt == ANNEAL_F32) return NULL;
-    uint16_t *out = malloc((size_t)(n ? n : 1) * sizeof *out);
-    if (!out) return NULL;
-    for (int64_t i = 0; i < n; i++) out[i] = dt == ANNEAL_BF16 ? anneal_f32_to_bf16(x[i]) : anneal_f32_to_f16(x[i]);
-    return out;
-}
-
-static int64_t numel_of(const anneal_st_write_entry *e) {
-    int64_t n = 1;
-    for (int d = 0; d < e->ndim; d++) n *= e->shape[d];
-    return n;
-}
-
-/* The weights: shards cut as transformers' shard_checkpoint does (a new shard when
- * the next tensor would take the current, non-empty one past max), then the index. */
-static anneal_status write_weights(const char *dir, int n, const anneal_st_write_entry *in, const anneal_hf_save_opts *o) {
-    anneal_st_write_entry *e = calloc((size_t)n + 1, sizeof *e);
-    void **bufs = calloc((size_t)n + 1, sizeof *bufs);
-    int *shard_of = calloc((size_t)n + 1, sizeof *shard_of);
-    anneal_status r = e && bufs && shard_of ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
-    uint64_t total = 0, block = 0;
-    int in_block = 0;
-    int n_shards = n ? 1 : 0;
-    size_t esz = anneal_dtype_size(o->dtype);
-    for (int i = 0; r == ANNEAL_OK && i < n; i++) {
-        e[i] = in[i];
-        e[i].dtype = o->dtype;
-        int64_t ne = numel_of(&in[i]);
-        if (o->dtype != ANNEAL_F32) {
-            if (!(bufs[i] = convert(in[i].data, ne, o->dtype))) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
-            e[i].data = bufs[i];
-        }
-        uint64_t size = (uint64_t)ne * esz;
-        if (o->max_shard_bytes && block + size > o->max_shard_bytes && in_block > 0) n_shards++, block = 0, in_block = 0;
-        shard_of[i] = n_shards - 1;
-        block += size;
-        in_block++;
-        total += size;
-    }
-    const char *k[] = {"format"}, *v[] = {"pt"};
-    char name[64], path[PATH_MAX];
-    cJSON *index = NULL, *map = NULL;
-    if (r == ANNEAL_OK && n_shards > 1) {
-        index = cJSON_CreateObject();
-        cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
-        if (meta) cJSON_AddItemToObject(meta, "total_size", anneal_ckpt_json_u64(total));
-        map = cJSON_AddObjectToObject(index, "weight_map");
-        if (!index || !meta || !map) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
-    }
-    for (int s = 0, first = 0; r == ANNEAL_OK && s < n_shards; s++) {
-        int last = first;
-        while (last < n && shard_of[last] == s) last++;
-        if (n_shards == 1) snprintf(name, sizeof name, "model.safetensors");
-        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
-            r = anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", dir);
-        if (r == ANNEAL_OK) r = anneal_safetensors_write(path, last - first, e + first, 1, k, v);
-        for (int i = first; r == ANNEAL_OK && map && i < last; i++)
-            if (!cJSON_AddStringToObject(map, e[i].name, name)) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
-        first = last;
-    }
-    if (r == ANNEAL_OK && n_shards == 0) r = anneal_set_error(ANNEAL_ERR_ARG, "%s: the model exported no tensors", dir);
-    if (r == ANNEAL_OK && index) {
-        /* transformers writes the map sorted by name (json.dumps(sort_keys=True)) */
-        int m = cJSON_GetArraySize(map);
-        cJSON **items = calloc((size_t)m + 1, sizeof *items);
-        if (!items) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);
-        int c = 0;
-        for (cJSON *it = map->child; items && it; it = it->next) items[c++] = it;
-        for (int i = 1; items && i < c; i++)
-            for (int j = i; j > 0 && strcmp(items[j - 1]->string, items[j]->string) > 0; j--) {
-                cJSON *t = items[j];
-                items[j] = items[j - 1];
-                items[j - 1] = t;
-            }
-        for (int i = 0; items && i < c; i++) {
-            items[i]->prev = i ? items[i - 1] : items[c - 1];
-            items[i]->next = i + 1 < c ? items[i + 1] : NULL;
-        }
-        if (items && c) map->child = items[0];
-        free(items);
-        if (r == ANNEAL_OK) r = write_json(dir, "model.safetensors.index.json", index);
-    }
-    cJSON_Delete(index);
-    for (int i = 0; bufs && i < n; i++) free(bufs[i]);
-    free(bufs);
-    free(shard_of);
-    free(e);
-    return r;
-}
-
-anneal_status anneal_hf_write_files(const char *dir, const anneal_model_config *cfg, int n,
-                                    const anneal_st_write_entry *f32_tensors, const anneal_hf_save_opts *opts) {
-    if (!dir || !cfg || !opts || (n > 0 && !f32_tensors))
-        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_hf_write_files: NULL argument");
-    if (opts->dtype != ANNEAL_F32 && opts->dtype != ANNEAL_BF16 && opts->dtype != ANNEAL_F16)
-        return anneal_set_error(ANNEAL_ERR_ARG, "%s: weights can be stored as f32, bf16 or f16, not %s", dir,
-                                anneal_dtype_name(opts->dtype));
-    for (int i = 0; i < n; i++)
-        if (f32_tensors[i].dtype != ANNEAL_F32)
-            return anneal_set_error(ANNEAL_ERR_ARG, "%s: tensor %s is handed over as %s, expected f32", dir,
-                                    f32_tensors[i].name, anneal_dtype_name(f32_tensors[i].dtype));
-    anneal_status r = write_configs(dir, cfg, opts->dtype);
-    if (r == ANNEAL_OK) r = write_weights(dir, n, f32_tensors, opts);
-    return r;
-}
-
-/* What hf_export puts: host f32 copies in order. */
-typedef struct gathered {
-    int n, cap;
+/* The weights, streamed from hf_export: each tensor is converted to the stored dtype as
+ * it arrives and joins the current shard; a shard is written (under a temporary name
+ * "shard-0000k.safetensors") as soon as the next tensor would take it past the size,
+ * the cut transformers' shard_checkpoint makes (a new shard when the next tensor would
+ * take the current, non-empty one past the maximum). So the host holds one shard, not
+ * the model. finish() names the shards as transformers does and writes the index. */
+typedef struct shard_writer {
+    const char *dir;
+    anneal_dtype dt;
+    uint64_t max;
+    int n_shards;             /* shards written */
+    int n, cap;               /* tensors of the current shard */
     anneal_st_write_entry *e;
     int64_t (*shapes)[ANNEAL_MAX_DIMS];
-} gathered;
+    uint64_t bytes, total;
+    int n_all, cap_all;       /* every tensor so far: name and shard */
+    char **names;
+    int *shard_of;
+} shard_writer;
 
-static anneal_status gather_put(void *ctx, const char *name, const anneal_tensor *t) {
-    gathered *g = ctx;
-    if (g->n == g->cap) {
-        int cap = g->cap ? 2 * g->cap : 64;
-        anneal_st_write_entry *e = realloc(g->e, (size_t)cap * sizeof *e);
-        if (e) g->e = e;
-        int64_t(*s)[ANNEAL_MAX_DIMS] = e ? realloc(g->shapes, (size_t)cap * sizeof *s) : NULL;
-        if (!s) return anneal_set_error(ANNEAL_ERR_OOM, "model export: out of memory");
-        g->shapes = s;
-        g->cap = cap;
-        for (int i = 0; i < g->n; i++) g->e[i].shape = g->shapes[i]; /* shapes moved */
-    }
+static void shard_free_current(shard_writer *w) {
+    for (int i = 0; i < w->n; i++) free((void *)w->e[i].data);
+    w->n = 0;
+    w->bytes = 0;
+}
+
+static anneal_status shard_flush(shard_writer *w) {
+    char path[PATH_MAX];
+    const char *k[] = {"format"}, *v[] = {"pt"};
+    if ((size_t)snprintf(path, sizeof path, "%s/shard-%05d.safetensors", w->dir, w->n_shards) >= sizeof path)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", w->dir);
+    anneal_status r = anneal_safetensors_write(path, w->n, w->e, 1, k, v);
+    shard_free_current(w);
+    if (r == ANNEAL_OK) w->n_shards++;
+    return r;
+}
+
+static anneal_status shard_put(void *ctx, const char *name, const anneal_tensor *t) {
+    shard_writer *w = ctx;
     int64_t n = anneal_numel(t);
+    uint64_t size = (uint64_t)n * anneal_dtype_size(w->dt);
+    anneal_status r = ANNEAL_OK;
+    if (w->max && w->n > 0 && w->bytes + size > w->max && (r = shard_flush(w)) != ANNEAL_OK) return r;
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        anneal_st_write_entry *e = realloc(w->e, (size_t)cap * sizeof *e);
+        if (e) w->e = e;
+        int64_t(*sh)[ANNEAL_MAX_DIMS] = e ? realloc(w->shapes, (size_t)cap * sizeof *sh) : NULL;
+        if (!sh) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", w->dir);
+        w->shapes = sh;
+        w->cap = cap;
+        for (int i = 0; i < w->n; i++) w->e[i].shape = w->shapes[i];
+    }
+    if (w->n_all == w->cap_all) {
+        int cap = w->cap_all ? 2 * w->cap_all : 64;
+        char **names = realloc(w->names, (size_t)cap * sizeof *names);
+        if (names) w->names = names;
+        int *so = names ? realloc(w->shard_of, (size_t)cap * sizeof *so) : NULL;
+        if (!so) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", w->dir);
+        w->shard_of = so;
+        w->cap_all = cap;
+    }
+    float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
     char *nm = strdup(name);
-    float *data = malloc((size_t)(n ? n : 1) * sizeof(float));
-    anneal_status r = nm && data ? anneal_to_f32_buffer(t, data)
-                                 : anneal_set_error(ANNEAL_ERR_OOM, "model export: out of memory for %s", name);
+    if (!f || !nm) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory for %s", w->dir, name);
+    if (r == ANNEAL_OK) r = anneal_to_f32_buffer(t, f);
+    void *data = f;
+    if (r == ANNEAL_OK && w->dt != ANNEAL_F32) {
+        uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+        if (!h) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory for %s", w->dir, name);
+        for (int64_t i = 0; h && i < n; i++) h[i] = w->dt == ANNEAL_BF16 ? anneal_f32_to_bf16(f[i]) : anneal_f32_to_f16(f[i]);
+        free(f);
+        f = NULL;
+        data = h;
+    }
     if (r != ANNEAL_OK) {
-        free(nm);
         free(data);
+        free(nm);
         return r;
     }
-    memcpy(g->shapes[g->n], t->shape, sizeof g->shapes[g->n]);
-    g->e[g->n] = (anneal_st_write_entry){nm, ANNEAL_F32, t->ndim, g->shapes[g->n], data};
-    g->n++;
+    memcpy(w->shapes[w->n], t->shape, sizeof w->shapes[w->n]);
+    w->names[w->n_all] = nm;
+    w->shard_of[w->n_all++] = w->n_shards;
+    w->e[w->n] = (anneal_st_write_entry){nm, w->dt, t->ndim, w->shapes[w->n], data};
+    w->n++;
+    w->bytes += size;
+    w->total += size;
     return ANNEAL_OK;
 }
 
-static void gather_free(gathered *g) {
-    for (int i = 0; i < g->n; i++) free((void *)g->e[i].name), free((void *)g->e[i].data);
-    free(g->e);
-    free(g->shapes);
+static int cmp_name_idx(const void *a, const void *b, void *ctx) {
+    char **names = ctx;
+    return strcmp(names[*(const int *)a], names[*(const int *)b]);
 }
 
-/* True when dir does not exist or is an empty directory (*exists tells which). */
-static anneal_status check_target(const char *dir, bool *exists) {
+/* Writes the last shard, gives the shards their final names and writes the index. */
+static anneal_status shard_finish(shard_writer *w) {
+    anneal_status r = w->n > 0 || w->n_shards == 0 ? shard_flush(w) : ANNEAL_OK;
+    if (r == ANNEAL_OK && w->n_all == 0) r = anneal_set_error(ANNEAL_ERR_ARG, "%s: the model exported no tensors", w->dir);
+    char from[PATH_MAX], to[PATH_MAX], name[64];
+    for (int s = 0; r == ANNEAL_OK && s < w->n_shards; s++) {
+        if (w->n_shards == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, w->n_shards);
+        snprintf(from, sizeof from, "%s/shard-%05d.safetensors", w->dir, s);
+        if ((size_t)snprintf(to, sizeof to, "%s/%s", w->dir, name) >= sizeof to || rename(from, to) != 0)
+            r = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot rename %s to %s: %s", w->dir, from, name, strerror(errno));
+    }
+    if (r != ANNEAL_OK || w->n_shards < 2) return r;
+    /* the index, keys sorted as transformers writes them (json.dumps(sort_keys=True)) */
+    int *order = malloc((size_t)w->n_all * sizeof *order);
+    cJSON *index = cJSON_CreateObject(), *meta = index ? cJSON_AddObjectToObject(index, "metadata") : NULL;
+    cJSON *map = meta ? cJSON_AddObjectToObject(index, "weight_map") : NULL;
+    if (!order || !map || !cJSON_AddItemToObject(meta, "total_size", anneal_ckpt_json_u64(w->total)))
+        r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", w->dir);
+    for (int i = 0; order && i < w->n_all; i++) order[i] = i;
+    if (order) qsort_r(order, (size_t)w->n_all, sizeof *order, cmp_name_idx, w->names);
+    for (int i = 0; r == ANNEAL_OK && i < w->n_all; i++) {
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", w->shard_of[order[i]] + 1, w->n_shards);
+        if (!cJSON_AddStringToObject(map, w->names[order[i]], name)) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", w->dir);
+    }
+    if (r == ANNEAL_OK) r = write_json(w->dir, "model.safetensors.index.json", index);
+    cJSON_Delete(index);
+    free(order);
+    return r;
+}
+
+static void shard_writer_free(shard_writer *w) {
+    shard_free_current(w);
+    for (int i = 0; i < w->n_all; i++) free(w->names[i]);
+    free(w->names);
+    free(w->shard_of);
+    free(w->e);
+    free(w->shapes);
+}
+
+/* OK when dir does not exist or is an empty directory. */
+static anneal_status check_target(const char *dir) {
     struct stat sb;
-    *exists = false;
     if (lstat(dir, &sb) != 0) {
         if (errno == ENOENT) return ANNEAL_OK;
         return anneal_set_error(ANNEAL_ERR_IO, "%s: %s", dir, strerror(errno));
@@ -283,7 +267,6 @@ static anneal_status check_target(const char *dir, bool *exists) {
     if (!empty)
         return anneal_set_error(ANNEAL_ERR_IO, "%s exists and is not empty: export writes a new directory (remove it "
                                 "or choose another --out)", dir);
-    *exists = true;
     return ANNEAL_OK;
 }
 
@@ -299,30 +282,31 @@ static anneal_status fsync_path(const char *path) {
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts) {
     if (!m || !dir || !*dir) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_model_save_hf: NULL argument");
     anneal_hf_save_opts o = opts ? *opts : (anneal_hf_save_opts){0};
+    if (o.dtype != ANNEAL_F32 && o.dtype != ANNEAL_BF16 && o.dtype != ANNEAL_F16)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: weights can be stored as f32, bf16 or f16, not %s", dir,
+                                anneal_dtype_name(o.dtype));
     char clean[PATH_MAX], tmp[PATH_MAX + 32];
     size_t len = strlen(dir);
     while (len > 1 && dir[len - 1] == '/') len--;
     if (len >= sizeof clean) return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", dir);
     memcpy(clean, dir, len);
     clean[len] = '\0';
-    bool exists;
-    anneal_status r = check_target(clean, &exists);
+    anneal_status r = check_target(clean);
     if (r != ANNEAL_OK) return r;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", clean, (long)getpid());
     anneal_ckpt_remove_tree(tmp); /* a leftover of a crashed export with this pid */
-    gathered g = {0};
-    anneal_tensor_sink sink = {.ctx = &g, .put = gather_put};
-    r = anneal_model_hf_export(m, &sink);
-    if (r == ANNEAL_OK && mkdir(tmp, 0755) != 0) r = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    bool made = r == ANNEAL_OK;
-    if (r == ANNEAL_OK) r = anneal_hf_write_files(tmp, &m->cfg, g.n, g.e, &o);
+    if (mkdir(tmp, 0755) != 0) return anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    shard_writer w = {.dir = tmp, .dt = o.dtype, .max = o.max_shard_bytes};
+    anneal_tensor_sink sink = {.ctx = &w, .put = shard_put};
+    r = write_configs(tmp, &m->cfg, o.dtype);
+    if (r == ANNEAL_OK) r = anneal_model_hf_export(m, &sink);
+    if (r == ANNEAL_OK) r = shard_finish(&w);
+    shard_writer_free(&w);
     if (r == ANNEAL_OK && o.tokenizer) r = anneal_tokenizer_save_hf(o.tokenizer, tmp);
     if (r == ANNEAL_OK) r = fsync_path(tmp);
     if (r == ANNEAL_OK && rename(tmp, clean) != 0) /* replaces an empty directory */
         r = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot rename %s into place: %s", clean, tmp, strerror(errno));
     if (r == ANNEAL_OK) r = anneal_fsync_parent_dir(clean);
-    else if (made) anneal_ckpt_remove_tree(tmp);
-    (void)exists;
-    gather_free(&g);
+    else anneal_ckpt_remove_tree(tmp);
     return r;
 }

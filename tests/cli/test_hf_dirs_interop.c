@@ -261,6 +261,57 @@ TEST(transformers_dirs_load_into_anneal) {
     }
 }
 
+/* The JSON object in file p (NULL if unreadable). */
+static cJSON *read_json(const char *p) {
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return cJSON_Parse(out);
+}
+
+TEST(export_shards_like_transformers) {
+    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!(py = anneal_test_python("torch,transformers,safetensors,numpy")))
+        SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    REQUIRE(setup());
+    REQUIRE(make_hf_dirs());
+    /* the same model, the same size: the same shard names, tensors per shard and total_size */
+    static const struct {
+        const char *hf, *flags, *out;
+    } cases[] = {
+        {"sharded", "--dtype fp32 --max-shard-size 40KB", "reshard_f32"},
+        {"bf16", "--dtype bf16 --max-shard-size 30KB", "reshard_bf16"},
+        {"llama_bf16", "--dtype bf16 --max-shard-size 40KB", "reshard_llama"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[2048], a[600], b[600];
+        snprintf(args, sizeof args, "export --model '%s/hf/%s' %s --tokenizer none --out '%s/%s'", tmpdir, cases[i].hf,
+                 cases[i].flags, tmpdir, cases[i].out);
+        CHECK(anneal_cli(args) == 0, "%s: %s", args, err);
+        snprintf(a, sizeof a, "%s/hf/%s/model.safetensors.index.json", tmpdir, cases[i].hf);
+        snprintf(b, sizeof b, "%s/%s/model.safetensors.index.json", tmpdir, cases[i].out);
+        cJSON *ja = read_json(a), *jb = read_json(b);
+        CHECK(ja && jb, "%s / %s unreadable", a, b);
+        if (ja && jb) {
+            const cJSON *ma = cJSON_GetObjectItemCaseSensitive(ja, "weight_map"), *mb = cJSON_GetObjectItemCaseSensitive(jb, "weight_map");
+            CHECK(cJSON_GetArraySize(ma) == cJSON_GetArraySize(mb), "%s: %d vs %d tensors", b, cJSON_GetArraySize(ma),
+                  cJSON_GetArraySize(mb));
+            for (const cJSON *x = ma ? ma->child : NULL; x; x = x->next) {
+                const cJSON *y = cJSON_GetObjectItemCaseSensitive(mb, x->string);
+                CHECK(cJSON_IsString(y) && !strcmp(x->valuestring, y->valuestring), "%s: %s in %s, transformers put it in %s", b,
+                      x->string, cJSON_IsString(y) ? y->valuestring : "(absent)", x->valuestring);
+            }
+            const cJSON *ta = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ja, "metadata"), "total_size");
+            const cJSON *tb = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(jb, "metadata"), "total_size");
+            CHECK(cJSON_IsNumber(ta) && cJSON_IsNumber(tb) && ta->valuedouble == tb->valuedouble, "%s: total_size differs", b);
+        }
+        cJSON_Delete(ja);
+        cJSON_Delete(jb);
+    }
+}
+
 TEST(anneal_checkpoints_and_exports_load_in_transformers) {
     if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
     if (!(py = anneal_test_python("torch,transformers,safetensors,numpy")))
@@ -393,6 +444,7 @@ TEST(llama_checkpoint_and_bf16_shards_load_in_transformers) {
 
 int main(void) {
     RUN(transformers_dirs_load_into_anneal);
+    RUN(export_shards_like_transformers);
     RUN(anneal_checkpoints_and_exports_load_in_transformers);
     RUN(llama_checkpoint_and_bf16_shards_load_in_transformers);
     int rc = anneal_test_summary();
