@@ -402,6 +402,14 @@ TEST(anneal_checkpoints_and_exports_load_in_transformers) {
         check_eval_json(dir, "data2", &v, dir);
         hf_view_free(&v);
     }
+    /* generate finds the tokenizer in the exported directory and in the checkpoint by itself */
+    static char text_ck[sizeof out];
+    snprintf(args, sizeof args, "generate --ckpt '%s/run' --prompt 'the LORD' --max-tokens 6 --temperature 0", tmpdir);
+    CHECK(anneal_cli(args) == 0, "%s: %s", args, err);
+    snprintf(text_ck, sizeof text_ck, "%s", out);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt 'the LORD' --max-tokens 6 --temperature 0", edirs[0]);
+    CHECK(anneal_cli(args) == 0, "%s: %s", args, err);
+    CHECK(!strcmp(out, text_ck) && strlen(out) > strlen("the LORD"), "export generates '%s', the checkpoint '%s'", out, text_ck);
     anneal_model_free(trained);
 }
 
