@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 PY=/usr/bin/python3
 VENV=.venv
-PINS="transformers==4.39.3 tokenizers==0.15.2 safetensors==0.4.2 huggingface-hub==0.22.2 regex pyyaml tqdm requests filelock packaging psutil"
+PINS="transformers==4.39.3 tokenizers==0.15.2 safetensors==0.4.2 huggingface-hub==0.22.2 jinja2 regex pyyaml tqdm requests filelock packaging psutil"
 NODEPS="peft==0.10.0 accelerate==0.28.0"
 STAMP="$VENV/.anneal-pins"
 WANT="$PINS | $NODEPS"

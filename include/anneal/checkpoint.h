@@ -54,6 +54,13 @@ anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep);
 anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_model *m,
                                        const anneal_optimizer *opt, const anneal_train_state *st,
                                        const char *config_json);
+/* The tokenizer every later checkpoint of c carries as tokenizer.json +
+ * tokenizer_config.json (anneal_tokenizer_save_hf), so that
+ * AutoTokenizer.from_pretrained(checkpoint) works; NULL: none. Not copied: it must stay
+ * alive and unchanged until the checkpointer is freed or set again (the background
+ * writer reads it). */
+struct anneal_tokenizer;
+void anneal_checkpointer_set_tokenizer(anneal_checkpointer *c, const struct anneal_tokenizer *tok);
 /* Waits for the write in flight; returns its status (ANNEAL_OK if none). */
 anneal_status anneal_checkpointer_wait(anneal_checkpointer *c);
 /* Waits, then frees. */

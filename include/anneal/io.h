@@ -105,6 +105,57 @@ anneal_status anneal_model_load_safetensors(anneal_model *m, const char *path);
  * f32, metadata {"format": "pt"}) to path atomically. */
 anneal_status anneal_model_save_safetensors(const anneal_model *m, const char *path);
 
+/* ------------------------------------------ Hugging Face model directories */
+
+/* The weights of a Hugging Face model: a single model.safetensors or a sharded set
+ * named by model.safetensors.index.json, every file memory-mapped (tensors are
+ * converted to f32 from the mapping when read, nothing is copied up front). */
+typedef struct anneal_hf_weights anneal_hf_weights;
+
+/* Opens path: a model directory (model.safetensors, else model.safetensors.index.json,
+ * transformers' order), a .safetensors file or an index .json. The index is checked
+ * before any tensor is read: weight_map entries are strings naming files inside the
+ * directory (no absolute path or "..", no symlink out of it), every shard exists and
+ * is valid safetensors, each tensor the index names is in its shard, no tensor is
+ * listed twice or held by a shard the index does not map it to. A PyTorch pickle
+ * (pytorch_model.bin, a directory with only that) is ANNEAL_ERR_UNSUPPORTED saying to
+ * convert it to safetensors. Errors name the file and the tensor. */
+anneal_status anneal_hf_weights_open(const char *path, anneal_hf_weights **out);
+/* The tensor source over the set (valid until close): float dtypes (F32, BF16, F16)
+ * converted to f32; `what` is the index or file path. */
+const anneal_tensor_source *anneal_hf_weights_source(const anneal_hf_weights *w);
+void anneal_hf_weights_close(anneal_hf_weights *w);
+
+/* The config.json of a model directory, or beside a weights file, into out;
+ * ANNEAL_ERR_IO naming the directory when there is none. */
+anneal_status anneal_hf_config_path(const char *path, char *out, size_t n);
+/* A new model on dev from a Hugging Face model directory (or a weights file with
+ * config.json beside it): the config through the registry (model_type picks the
+ * architecture), the weights through its hf_import. */
+anneal_status anneal_model_load_hf(const char *path, anneal_device dev, anneal_model **out);
+/* Reads the weights at path (directory, file or index) into m through hf_import. */
+anneal_status anneal_model_load_hf_weights(anneal_model *m, const char *path);
+
+struct anneal_tokenizer;
+
+/* How anneal_model_save_hf writes a model directory. */
+typedef struct anneal_hf_save_opts {
+    anneal_dtype dtype;           /* tensors stored as ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_F16 */
+    uint64_t max_shard_bytes;     /* above this, shards + index as transformers names them; 0: one file */
+    const struct anneal_tokenizer *tokenizer; /* written as tokenizer.json + tokenizer_config.json; NULL: none */
+} anneal_hf_save_opts;
+
+/* Writes m as a Hugging Face model directory `dir` that
+ * transformers.AutoModelForCausalLM.from_pretrained(dir) loads: config.json (the
+ * architecture's config_to_hf, torch_dtype set), generation_config.json, the weights
+ * (model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json
+ * when they exceed max_shard_bytes, split as transformers' shard_checkpoint does), the
+ * tokenizer's files. Tensors are streamed from hf_export: the host holds one shard at a
+ * time, not the model. The whole directory is written as "<dir>.tmp.<pid>" (every file
+ * fsync'ed), then renamed to dir and the parent fsync'ed: dir appears complete or not
+ * at all. dir must not exist or be an empty directory; on failure nothing is left. */
+anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

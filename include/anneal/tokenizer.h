@@ -1,7 +1,11 @@
-/* anneal tokenizer: byte-level BPE exactly as GPT-2 encodes (pre-tokenisation with
- * GPT-2's regex through PCRE2 with Unicode properties, byte-to-unicode mapping,
- * merges by rank), loaded from GPT-2's encoder.json + vocab.bpe or a Hugging Face
- * tokenizer.json (BPE model, ByteLevel pre-tokenizer), and a BPE trainer. */
+/* anneal tokenizer: BPE as GPT-2 and Hugging Face tokenizers encode. Byte-level BPE
+ * (GPT-2's encoder.json + vocab.bpe, or a tokenizer.json with the ByteLevel
+ * pre-tokenizer or a Split regex such as Llama 3's and Qwen2's, run through PCRE2 with
+ * Unicode properties) and SentencePiece-style BPE with byte fallback (Llama 2, Mistral,
+ * TinyLlama: the metaspace, "<0xNN>" tokens); added / special tokens matched before
+ * pre-tokenisation; BOS/EOS and the chat template from tokenizer_config.json. Written
+ * back as tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer
+ * loads. And a byte-level BPE trainer. */
 #ifndef ANNEAL_TOKENIZER_H
 #define ANNEAL_TOKENIZER_H
 
@@ -30,20 +34,48 @@ typedef struct anneal_tokenizer anneal_tokenizer;
  * problem. */
 anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe,
                                          anneal_tokenizer **out);
-/* Loads a Hugging Face tokenizer.json whose model is BPE with a ByteLevel
- * pre-tokenizer; merges as "a b" strings or ["a", "b"] pairs; added_tokens become
- * special tokens. Anything else is ANNEAL_ERR_UNSUPPORTED naming what was found. */
+/* Loads a Hugging Face tokenizer.json (and tokenizer_config.json from the same
+ * directory, when there is one) whose model is BPE: byte-level (pre_tokenizer
+ * ByteLevel, or Sequence[Split(Regex), ByteLevel(use_regex false)]) or
+ * SentencePiece-style (byte_fallback, normalizer Sequence[Prepend("▁"), Replace(" ",
+ * "▁")] or a Metaspace pre-tokenizer); merges as "a b" strings or ["a", "b"] pairs;
+ * ignore_merges; added_tokens with content, special, single_word, lstrip, rstrip,
+ * normalized. BOS/EOS from tokenizer_config.json (bos_token, eos_token,
+ * add_bos_token) or the TemplateProcessing post-processor; chat_template kept. Other
+ * models (WordPiece, Unigram), normalizers, pre-tokenizers and decoders are
+ * ANNEAL_ERR_UNSUPPORTED naming the file and what was found; malformed files
+ * ANNEAL_ERR_FORMAT naming the file and the entry. */
 anneal_status anneal_tokenizer_load_hf(const char *tokenizer_json, anneal_tokenizer **out);
 /* Resolves a --tokenizer argument: "gpt2" (GPT-2's files, searched in $ANNEAL_GPT2_DIR,
  * then data/gpt2 under the source tree and ../shared/data/gpt2), a directory holding
- * tokenizer.json or encoder.json + vocab.bpe, or a tokenizer.json path. */
+ * tokenizer.json (a Hugging Face model directory, an anneal checkpoint or tokenizer
+ * directory; tokenizer_config.json beside it is read too) or encoder.json + vocab.bpe,
+ * or a tokenizer.json path. */
 anneal_status anneal_tokenizer_load(const char *spec, anneal_tokenizer **out);
 void anneal_tokenizer_free(anneal_tokenizer *tok);
+
+/* Writes dir/tokenizer.json and dir/tokenizer_config.json (each atomically; dir is
+ * created if missing) that transformers' AutoTokenizer.from_pretrained(dir) and
+ * tokenizers' Tokenizer.from_file load and encode to the same ids as anneal. A
+ * tokenizer loaded from a tokenizer.json gets that file back unchanged (and its
+ * tokenizer_config.json, if it had one); one from GPT-2's files or the trainer gets
+ * a tokenizer.json generated from its vocabulary and merges. */
+anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir);
 
 /* Number of ids (including special tokens). */
 int32_t anneal_tokenizer_vocab_size(const anneal_tokenizer *tok);
 /* Id of "<|endoftext|>" (or the tokenizer's end-of-text special), -1 if none. */
 int32_t anneal_tokenizer_eot(const anneal_tokenizer *tok);
+/* Beginning-of-sequence id (tokenizer_config.json's bos_token), -1 if none. */
+int32_t anneal_tokenizer_bos(const anneal_tokenizer *tok);
+/* True if text for the model starts with BOS (add_bos_token, or a post-processor
+ * that adds it); anneal_tokenizer_encode never adds it itself. */
+bool anneal_tokenizer_adds_bos(const anneal_tokenizer *tok);
+/* The chat_template of tokenizer_config.json (NULL if none). */
+const char *anneal_tokenizer_chat_template(const anneal_tokenizer *tok);
+/* Id of the token whose text is exactly `text` (an added token such as "<|eot_id|>"),
+ * -1 if none. */
+int32_t anneal_tokenizer_token_id(const anneal_tokenizer *tok, const char *text);
 /* 64-bit FNV-1a fingerprint of the vocabulary (bytes of every id in order) and merges:
  * two tokenizers encode identically iff (practically) their fingerprints match. */
 uint64_t anneal_tokenizer_fingerprint(const anneal_tokenizer *tok);
@@ -52,14 +84,32 @@ const char *anneal_tokenizer_token_bytes(const anneal_tokenizer *tok, int32_t id
 
 /* Encodes len bytes of text (any bytes: invalid UTF-8 still round-trips) and appends
  * the ids to out. Special tokens such as "<|endoftext|>" are recognised only when
- * allow_special; otherwise they are encoded as ordinary text. Thread-safe: several
- * threads may encode with one tokenizer at once. */
+ * allow_special; otherwise they are encoded as ordinary text (added tokens that are
+ * not special are always recognised, as in tokenizers). No BOS is added (see
+ * anneal_tokenizer_adds_bos). Thread-safe: several threads may encode with one
+ * tokenizer at once. */
 anneal_status anneal_tokenizer_encode(const anneal_tokenizer *tok, const char *text, size_t len,
                                       bool allow_special, anneal_ids *out);
 /* Decodes ids to bytes (malloc'd, NUL-terminated, *len excludes the NUL). An id out of
  * range is ANNEAL_ERR_ARG naming the id and its position. */
 anneal_status anneal_tokenizer_decode(const anneal_tokenizer *tok, const int32_t *ids, size_t n,
                                       char **text, size_t *len);
+
+/* One message of a conversation. */
+typedef struct anneal_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} anneal_chat_message;
+
+/* Formats a conversation as the tokenizer's chat template does (transformers'
+ * apply_chat_template(tokenize=False)), for the templates anneal recognises by their
+ * signature: Llama 3 (<|start_header_id|>), ChatML (<|im_start|>, Qwen2), Llama 2 /
+ * Mistral ([INST]) and Zephyr (<|user|>). add_generation_prompt appends the opening of
+ * the assistant's turn. *text is malloc'd and NUL-terminated. No chat template, or one
+ * anneal does not recognise, is ANNEAL_ERR_UNSUPPORTED saying so (never a guess); a
+ * conversation the template itself rejects (roles out of order) is ANNEAL_ERR_ARG. */
+anneal_status anneal_chat_format(const anneal_tokenizer *tok, const anneal_chat_message *msgs, size_t n,
+                                 bool add_generation_prompt, char **text, size_t *len);
 
 /* Streaming decoder: feed ids one at a time, get back only complete UTF-8 characters
  * (bytes of a character split across tokens are held until it is complete; bytes that

@@ -1,7 +1,8 @@
-/* anneal eval: loss and perplexity of a checkpoint on token shards. Every window of
- * T+1 tokens of the split is read once, in order (the loader without shuffling);
- * the last, partial batch counts only its real rows. Prints
- * "loss X ppl Y tokens Z" on stdout: the mean next-token cross-entropy over Z
+/* anneal eval: loss and perplexity of a model (a checkpoint, a Hugging Face model
+ * directory, a preset) on token shards. Every window of T+1 tokens of the split is
+ * read once, in order (the loader without shuffling); the last, partial batch counts
+ * only its real rows. Prints "loss X ppl Y tokens Z" on stdout (with --json one object
+ * {"loss", "ppl", "tokens", "batches"}): the mean next-token cross-entropy over Z
  * predicted tokens and exp of it. */
 #include "anneal/anneal.h"
 #include "args.h"
@@ -43,11 +44,14 @@ static bool given(const cli_flag *flags, int n, const char *name) {
 }
 
 int anneal_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *split = "val", *dtype = "fp32";
+    const char *ckpt = NULL, *model_arg = NULL, *data = NULL, *split = "val", *dtype = "fp32";
     int64_t batch = 0, seq = 0, max_batches = 0, threads = 0;
-    bool help = false;
+    bool help = false, json = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
+        {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (config.json + model.safetensors "
+                              "or a sharded index), a checkpoint or run directory, or a preset (random weights)", &model_arg, 0},
+        {"json", ARG_BOOL, "print one JSON object {\"loss\", \"ppl\", \"tokens\", \"batches\"} instead of the text line", &json, 0},
         {"data", ARG_STRING, "directory of shards from anneal prepare, or one shard file", &data, 0},
         {"split", ARG_STRING, "which shards of a directory: val or train (default val)", &split, 0},
         {"batch", ARG_INT, "sequences per batch (default: the run's, else 8)", &batch, 0},
@@ -60,10 +64,11 @@ int anneal_cmd_eval(int argc, char **argv) {
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (!cli_parse("eval", argc, argv, flags, nf)) return 2;
     if (help) {
-        cli_usage("eval", "Loss and perplexity of a checkpoint on token shards.", flags, nf);
+        cli_usage("eval", "Loss and perplexity of a model (checkpoint or Hugging Face directory) on token shards.", flags,
+                  nf);
         return 0;
     }
-    if (!ckpt) return USAGE_ERR("--ckpt DIR is required");
+    if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR|PRESET");
     if (!data) return USAGE_ERR("--data DIR|FILE is required");
     if (strcmp(split, "val") && strcmp(split, "train")) return USAGE_ERR("--split: '%s' is not val or train", split);
     if (given(flags, nf, "batch") && (batch < 1 || batch > (1 << 20))) return USAGE_ERR("--batch: %lld is out of range", (long long)batch);
@@ -76,8 +81,9 @@ int anneal_cmd_eval(int argc, char **argv) {
 
     anneal_model *m = NULL;
     anneal_train_state st = {0};
-    char *config_text = NULL;
-    int rc = anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text);
+    char *config_text = NULL, *model_tok = NULL;
+    int rc = ckpt ? anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text)
+                  : anneal_cli_load_model("eval", "model", model_arg, &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
@@ -108,6 +114,17 @@ int anneal_cmd_eval(int argc, char **argv) {
                 data, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
         goto done;
     }
+    if (model_tok && !st.tokenizer_fingerprint) { /* a model directory's tokenizer.json: the shards should be its ids */
+        anneal_tokenizer *tok = NULL;
+        if (anneal_tokenizer_load(model_tok, &tok) != ANNEAL_OK) {
+            fprintf(stderr, "anneal eval: --model: %s: %s\n", model_tok, anneal_last_error());
+            goto done;
+        }
+        if (anneal_tokenizer_fingerprint(tok) != fp)
+            fprintf(stderr, "anneal eval: note: --data %s was made with tokenizer %016llx, the model's %s is %016llx\n",
+                    data, (unsigned long long)fp, model_tok, (unsigned long long)anneal_tokenizer_fingerprint(tok));
+        anneal_tokenizer_free(tok);
+    }
     if (anneal_loader_vocab_size(l) > (uint32_t)m->cfg.vocab_size) {
         fprintf(stderr, "anneal eval: --data %s: vocabulary of %u ids exceeds the model's %d\n", data,
                 anneal_loader_vocab_size(l), m->cfg.vocab_size);
@@ -129,12 +146,18 @@ int anneal_cmd_eval(int argc, char **argv) {
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double dt = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    printf("loss %.4f ppl %.2f tokens %lld\n", loss, exp(loss), (long long)tokens);
+    if (json && isfinite(loss))
+        printf("{\"loss\": %.17g, \"ppl\": %.17g, \"tokens\": %lld, \"batches\": %lld}\n", loss, exp(loss),
+               (long long)tokens, (long long)n);
+    else if (json) /* JSON has no NaN: a non-finite loss is null */
+        printf("{\"loss\": null, \"ppl\": null, \"tokens\": %lld, \"batches\": %lld}\n", (long long)tokens, (long long)n);
+    else printf("loss %.4f ppl %.2f tokens %lld\n", loss, exp(loss), (long long)tokens);
     fprintf(stderr, "anneal eval: %lld batches of %lld x %lld from %s (%s), %.2f s (%.0f tokens/s)\n", (long long)n,
             (long long)batch, (long long)seq, data, split, dt, dt > 0 ? (double)tokens / dt : 0.0);
     rc = 0;
 done:
     anneal_loader_free(l);
     anneal_model_free(m);
+    free(model_tok);
     return rc;
 }

@@ -45,8 +45,8 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
     return 2;
 }
 
-/* Loads a Hugging Face model: config.json (any registered model_type) + safetensors
- * weights. */
+/* Loads a Hugging Face model given as --hf-model (a directory or a weights file) with
+ * an explicit --hf-config config.json. */
 static int load_hf(const char *weights, const char *config, anneal_model **model) {
     anneal_model_config cfg;
     *model = NULL;
@@ -55,7 +55,7 @@ static int load_hf(const char *weights, const char *config, anneal_model **model
         return 1;
     }
     anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
-    if (!m || anneal_model_load_safetensors(m, weights) != ANNEAL_OK) {
+    if (!m || anneal_model_load_hf_weights(m, weights) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --hf-model: %s\n", anneal_last_error());
         anneal_model_free(m);
         return 1;
@@ -67,7 +67,7 @@ static int load_hf(const char *weights, const char *config, anneal_model **model
 /* The tokenizer a training run used (malloc'd, or NULL): its --tokenizer, else the one
  * its data directory's prepare.json names (a relative path there is tried both as
  * given and inside the data directory). */
-static char *run_tokenizer(const cJSON *config) {
+char *anneal_cli_run_tokenizer(const cJSON *config) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
     if (cJSON_IsString(t) && *t->valuestring) return strdup(t->valuestring);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(config, "data");
@@ -135,17 +135,22 @@ static double now_s(void) {
 #define USAGE_ERR(...) (fprintf(stderr, "anneal generate: " __VA_ARGS__), fputc('\n', stderr), 2)
 
 int anneal_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32";
+    const char *ckpt = NULL, *model_arg = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32";
     int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
     double temperature = 0.8, top_p = 0.95;
-    bool help = false;
+    bool help = false, chat = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
-        {"hf-model", ARG_STRING, "Hugging Face weights (model.safetensors) instead of --ckpt", &hf_model, 0},
-        {"hf-config", ARG_STRING, "the Hugging Face config.json that goes with --hf-model", &hf_config, 0},
-        {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the training "
-                                  "run's, from its --tokenizer or its data's prepare.json)", &tok_spec, 0},
+        {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (config.json + model.safetensors or "
+                              "a sharded index), a checkpoint or run directory, or a preset (random weights)", &model_arg, 0},
+        {"hf-model", ARG_STRING, "older spelling of --model for Hugging Face weights (a directory or a .safetensors "
+                                 "file)", &hf_model, 0},
+        {"hf-config", ARG_STRING, "a config.json for --hf-model (default: the one beside the weights)", &hf_config, 0},
+        {"tokenizer", ARG_STRING, "gpt2, a tokenizer directory or tokenizer.json (default: the model's tokenizer.json, "
+                                  "else the training run's, from its --tokenizer or its data's prepare.json)", &tok_spec, 0},
         {"prompt", ARG_STRING, "text to continue (default: start a new document)", &prompt, 0},
+        {"chat", ARG_BOOL, "--prompt is a user message: apply the tokenizer's chat template (Llama 3, ChatML, "
+                           "Llama 2, Mistral, Zephyr) and print only the reply", &chat, 0},
         {"max-tokens", ARG_INT, "most tokens to generate (default 200)", &max_tokens, 0},
         {"temperature", ARG_FLOAT, "sampling temperature; 0 picks the most likely token (default 0.8)", &temperature, 0},
         {"top-k", ARG_INT, "sample from the k most likely tokens; 0 = all (default 50)", &top_k, 0},
@@ -161,9 +166,12 @@ int anneal_cmd_generate(int argc, char **argv) {
         cli_usage("generate", "Continues a prompt with a trained model, streaming the text to stdout.", flags, nf);
         return 0;
     }
-    if (!ckpt == !hf_model) return USAGE_ERR("give one of --ckpt DIR or --hf-model FILE (with --hf-config)");
-    if (hf_model && !hf_config) return USAGE_ERR("--hf-model needs --hf-config config.json");
-    if (hf_config && !hf_model) return USAGE_ERR("--hf-config goes with --hf-model");
+    if ((ckpt != NULL) + (model_arg != NULL) + (hf_model != NULL) != 1)
+        return USAGE_ERR("give one of --ckpt DIR or --model DIR|PRESET (--hf-model is the older spelling of --model)");
+    if (hf_config && !hf_model) return USAGE_ERR("--hf-config goes with --hf-model (--model finds config.json itself)");
+    if (hf_model && !hf_config && access(hf_model, F_OK) != 0)
+        return USAGE_ERR("--hf-model %s: no such file or directory (give a model directory, or weights with --hf-config "
+                         "config.json)", hf_model);
     if (max_tokens < 0 || max_tokens > INT32_MAX) return USAGE_ERR("--max-tokens: %lld is out of range", (long long)max_tokens);
     if (temperature < 0) return USAGE_ERR("--temperature: %g must be >= 0", temperature);
     if (top_k < 0 || top_k > INT32_MAX) return USAGE_ERR("--top-k: %lld must be >= 0", (long long)top_k);
@@ -176,17 +184,29 @@ int anneal_cmd_generate(int argc, char **argv) {
 
     anneal_model *m = NULL;
     anneal_train_state st = {0};
-    char *config_text = NULL;
-    int rc = ckpt ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text) : load_hf(hf_model, hf_config, &m);
+    char *config_text = NULL, *model_tok = NULL;
+    int rc = ckpt         ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text)
+             : hf_config ? load_hf(hf_model, hf_config, &m)
+                         : anneal_cli_load_model("generate", model_arg ? "model" : "hf-model", model_arg ? model_arg : hf_model,
+                                                 &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
-    char *run_tok = tok_spec ? NULL : run_tokenizer(config);
+    if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
+        char dir[4096];
+        char tj[4096 + 16];
+        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
+            snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+            if (access(tj, F_OK) == 0) model_tok = strdup(dir);
+        }
+    }
+    if (!tok_spec) tok_spec = model_tok;
+    char *run_tok = tok_spec ? NULL : anneal_cli_run_tokenizer(config);
     if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
-    char *buf = NULL;
+    char *buf = NULL, *chat_text = NULL;
     rc = 1;
     if (!tok_spec) {
         rc = USAGE_ERR("--tokenizer is required (the checkpoint's run names none): gpt2, a directory or "
@@ -208,7 +228,17 @@ int anneal_cmd_generate(int argc, char **argv) {
     }
     int32_t eot = anneal_tokenizer_eot(tok), V = m->cfg.vocab_size;
     const char *text = prompt ? prompt : "";
-    if (anneal_tokenizer_encode(tok, text, strlen(text), false, &ids) != ANNEAL_OK) {
+    if (chat) { /* the template's text holds its special tokens (and BOS) itself */
+        anneal_chat_message msg = {"user", text};
+        if (anneal_chat_format(tok, &msg, 1, true, &chat_text, NULL) != ANNEAL_OK) {
+            fprintf(stderr, "anneal generate: --chat: %s\n", anneal_last_error());
+            goto done;
+        }
+    } else if (anneal_tokenizer_adds_bos(tok) && anneal_ids_push(&ids, anneal_tokenizer_bos(tok)) != ANNEAL_OK) {
+        goto done;
+    }
+    if (anneal_tokenizer_encode(tok, chat ? chat_text : text, strlen(chat ? chat_text : text), chat, &ids) !=
+        ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --prompt: %s\n", anneal_last_error());
         goto done;
     }
@@ -231,7 +261,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         goto done;
     }
     anneal_stream_decoder_init(&s.dec, tok);
-    fputs(text, stdout);
+    if (!chat) fputs(text, stdout);
     fflush(stdout);
     anneal_sampler_config sc = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
                                 .seed = (uint64_t)seed};
@@ -253,7 +283,9 @@ int anneal_cmd_generate(int argc, char **argv) {
     rc = 0;
 done:
     free(buf);
+    free(chat_text);
     free(run_tok);
+    free(model_tok);
     anneal_ids_free(&ids);
     anneal_tokenizer_free(tok);
     cJSON_Delete(config);

@@ -2,14 +2,14 @@
  * directory (config.json + model.safetensors; any registered architecture), applies
  * the PEFT adapter directory to it (validated), folds the adapters into the base
  * weights (W += alpha/r * B A; Conv1D layouts transposed) and writes the merged model
- * as a Hugging Face directory (config.json + model.safetensors) that transformers
- * loads: what PEFT's merge_and_unload().save_pretrained() gives. */
+ * as a Hugging Face directory (anneal_model_save_hf: config.json, the weights, the
+ * base's tokenizer files) that transformers loads: what PEFT's
+ * merge_and_unload().save_pretrained() gives. */
 #include "anneal/anneal.h"
 #include "anneal/fs.h"
 #include "args.h"
 #include "commands.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,31 +22,22 @@ static bool join(char *buf, size_t n, const char *dir, const char *name) {
 }
 
 /* The merge; errors recorded. */
-static anneal_status merge(const char *base, const char *adapter, const char *out) {
-    char path[4096];
-    anneal_model_config cfg;
-    if (!join(path, sizeof path, base, "config.json"))
-        return anneal_set_error(ANNEAL_ERR_ARG, "--base: path too long");
-    anneal_status s = anneal_model_config_from_hf_file(path, &cfg);
-    if (s != ANNEAL_OK) return s;
-    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
-    if (!m) return anneal_last_status();
-    if (!join(path, sizeof path, base, "model.safetensors")) s = anneal_set_error(ANNEAL_ERR_ARG, "--base: path too long");
-    if (s == ANNEAL_OK) s = anneal_model_load_safetensors(m, path);
+static anneal_status merge(const char *base, const char *adapter, const char *out, anneal_dtype dtype) {
+    anneal_model *m = NULL;
+    anneal_tokenizer *tok = NULL;
+    char tp[4096];
+    struct stat sb;
+    anneal_status s = anneal_model_load_hf(base, ANNEAL_CPU, &m);
     if (s == ANNEAL_OK) s = anneal_peft_load(adapter, m->params, ANNEAL_F32);
     if (s == ANNEAL_OK) s = anneal_lora_merge(m->params);
-    if (s == ANNEAL_OK && mkdir(out, 0777) != 0 && errno != EEXIST)
-        s = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create directory: %s", out, strerror(errno));
-    if (s == ANNEAL_OK && !join(path, sizeof path, out, "model.safetensors"))
-        s = anneal_set_error(ANNEAL_ERR_ARG, "--out: path too long");
-    if (s == ANNEAL_OK) s = anneal_model_save_safetensors(m, path);
+    /* the base's tokenizer travels with the merged model */
+    if (s == ANNEAL_OK && join(tp, sizeof tp, base, "tokenizer.json") && stat(tp, &sb) == 0)
+        s = anneal_tokenizer_load(base, &tok);
     if (s == ANNEAL_OK) {
-        char *json = anneal_model_config_to_hf_json(&m->cfg);
-        if (!json) s = anneal_last_status();
-        else if (!join(path, sizeof path, out, "config.json")) s = anneal_set_error(ANNEAL_ERR_ARG, "--out: path too long");
-        else s = anneal_write_file_atomic(path, json, strlen(json));
-        free(json);
+        anneal_hf_save_opts o = {.dtype = dtype, .tokenizer = tok};
+        s = anneal_model_save_hf(m, out, &o);
     }
+    anneal_tokenizer_free(tok);
     anneal_model_free(m);
     return s;
 }
@@ -58,12 +49,14 @@ int anneal_cmd_lora(int argc, char **argv) {
         fprintf(stderr, "anneal lora: expected the subcommand merge\nusage: anneal %s\n", summary);
         return 2;
     }
-    const char *base = NULL, *adapter = NULL, *out = NULL;
+    const char *base = NULL, *adapter = NULL, *out = NULL, *dtype = NULL;
     cli_flag flags[] = {
         {"base", ARG_STRING, "the base model: a Hugging Face directory (config.json, model.safetensors)", &base, false},
         {"adapter", ARG_STRING, "the PEFT adapter directory (adapter_config.json, adapter_model.safetensors)", &adapter,
          false},
-        {"out", ARG_STRING, "where to write the merged model (created if missing)", &out, false},
+        {"out", ARG_STRING, "the merged model's directory (must not exist or be empty; written whole, then renamed)",
+         &out, false},
+        {"dtype", ARG_STRING, "tensors stored as fp32 (default), bf16 or fp16", &dtype, false},
     };
     int nf = (int)(sizeof flags / sizeof *flags);
     if (!cli_parse("lora merge", argc - 1, argv + 1, flags, nf)) return 2;
@@ -72,7 +65,9 @@ int anneal_cmd_lora(int argc, char **argv) {
         cli_usage("lora merge", summary, flags, nf);
         return 2;
     }
-    if (merge(base, adapter, out) != ANNEAL_OK) {
+    anneal_dtype dt = ANNEAL_F32;
+    if (dtype && anneal_cli_parse_dtype("lora merge", dtype, &dt) != 0) return 2;
+    if (merge(base, adapter, out, dt) != ANNEAL_OK) {
         fprintf(stderr, "anneal lora merge: %s\n", anneal_last_error());
         return 1;
     }

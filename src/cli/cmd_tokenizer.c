@@ -1,5 +1,7 @@
 /* anneal tokenizer train: learns a byte-level BPE vocabulary from text files and writes
- * encoder.json, vocab.bpe and tokenizer.json (loadable with --tokenizer DIR). */
+ * encoder.json, vocab.bpe (GPT-2's layout), tokenizer.json and tokenizer_config.json
+ * (Hugging Face's: transformers' AutoTokenizer.from_pretrained(DIR) loads the directory),
+ * all loadable with --tokenizer DIR. */
 #include "anneal/anneal.h"
 #include "args.h"
 #include "commands.h"
@@ -14,7 +16,8 @@ static const char *SUMMARY =
     "  anneal tokenizer train --vocab-size N --input FILES... --out DIR [--threads N]\n"
     "The vocabulary is 256 byte tokens (GPT-2's order), N - 257 merges and <|endoftext|> (id N-1);\n"
     "if the text runs out of pairs first, the vocabulary is smaller (reported). Output is\n"
-    "deterministic (independent of --threads).";
+    "deterministic (independent of --threads). DIR gets GPT-2's files (encoder.json, vocab.bpe)\n"
+    "and Hugging Face's (tokenizer.json, tokenizer_config.json: AutoTokenizer loads DIR).";
 
 typedef struct progress_state {
     bool tty;

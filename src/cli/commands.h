@@ -14,6 +14,7 @@ int anneal_cmd_inspect(int argc, char **argv);       /* cmd_inspect.c */
 int anneal_cmd_generate(int argc, char **argv);      /* cmd_generate.c */
 int anneal_cmd_eval(int argc, char **argv);          /* cmd_eval.c */
 int anneal_cmd_bench(int argc, char **argv);         /* cmd_bench.c: "bench peak" */
+int anneal_cmd_export(int argc, char **argv);        /* cmd_export.c */
 int anneal_cmd_lora(int argc, char **argv);          /* cmd_lora.c: "lora merge" */
 
 struct anneal_model;
@@ -27,5 +28,19 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_m
 /* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 (anneal_train_dtype_parse)
  * into *out. Prints the error and returns 2 for another name, else 0. */
 int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out);
+
+/* model_arg.c: the model a --model (or --ckpt) argument names: a checkpoint or run
+ * directory, a Hugging Face model directory or weights file (config.json beside it),
+ * or a preset (random weights). *st and *config_json are a checkpoint's (zero / NULL
+ * otherwise); *tokenizer_path (malloc'd, may be NULL; tokenizer_path may be NULL) is the
+ * model's directory when a tokenizer.json sits there (anneal_tokenizer_load reads it with
+ * its tokenizer_config.json). Prints the error naming --flag; returns 0,
+ * 1 (failure) or 2 (usage). */
+int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, struct anneal_model **model,
+                          struct anneal_train_state *st, char **config_json, char **tokenizer_path);
+/* cmd_generate.c: the tokenizer a training run used, from its trainer config (its
+ * --tokenizer, else its data's prepare.json); malloc'd or NULL. */
+struct cJSON;
+char *anneal_cli_run_tokenizer(const struct cJSON *config);
 
 #endif

@@ -17,6 +17,7 @@ static void usage(void) {
            "  tokenizer  tokenizer train: learn a byte-level BPE vocabulary\n"
            "  generate   continue a prompt with a trained model (streamed text)\n"
            "  eval       loss and perplexity of a checkpoint on token shards\n"
+           "  export     write a checkpoint as a Hugging Face model directory\n"
            "  inspect    describe a shard file\n"
            "  info       version, CPU features, threads\n"
            "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n"
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return anneal_cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "generate")) return anneal_cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return anneal_cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) return anneal_cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return anneal_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "lora")) return anneal_cmd_lora(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {

@@ -307,12 +307,15 @@ static size_t bpe_large(const anneal_tokenizer *t, tok_cache *c, size_t n) {
 }
 
 /* State of one encode call. */
-typedef struct enc_ctx {
+struct anneal_tok_enc {
     const anneal_tokenizer *t;
     tok_cache *c;
+    tok_cache local; /* used when the thread has no cache of its own */
     anneal_ids *out;
     anneal_status err;
-} enc_ctx;
+    bool had_segment; /* a segment has been encoded (Metaspace "first") */
+};
+typedef struct anneal_tok_enc enc_ctx;
 
 /* Appends n ids to out. */
 static bool out_append(enc_ctx *x, const int32_t *ids, size_t n) {
@@ -333,12 +336,59 @@ static bool out_append(enc_ctx *x, const int32_t *ids, size_t n) {
     return true;
 }
 
+anneal_status anneal_tok_enc_emit(anneal_tok_enc *x, const int32_t *ids, size_t n) {
+    return out_append(x, ids, n) ? ANNEAL_OK : x->err;
+}
+
+/* Length of the UTF-8 character at p[0..n) (1 for a byte that starts none). */
+static size_t utf8_char_len(const unsigned char *p, size_t n) {
+    unsigned c = p[0];
+    size_t k = c < 0x80 ? 1 : c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 1;
+    if (k > n) return 1;
+    for (size_t j = 1; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80) return 1;
+    return k;
+}
+
+/* SentencePiece-style first symbols of piece p[0..n): each character's token, else its
+ * bytes' "<0xNN>" tokens (byte fallback), else the unknown token (consecutive ones fused
+ * if fuse_unk), else nothing (tokenizers drops such a character too). */
+static size_t sp_symbols(const anneal_tokenizer *t, const char *p, size_t n, int32_t *ids) {
+    const tok_sp *sp = &t->sp;
+    size_t k = 0;
+    bool last_unk = false;
+    for (size_t i = 0; i < n;) {
+        size_t cl = utf8_char_len((const unsigned char *)p + i, n - i);
+        int32_t id = anneal_tok_lookup(t, p + i, cl);
+        if (id >= 0) {
+            ids[k++] = id;
+            last_unk = false;
+        } else {
+            bool done = false;
+            if (sp->byte_fallback) {
+                done = true;
+                for (size_t j = 0; j < cl; j++) done &= sp->byte_tok[(unsigned char)p[i + j]] >= 0;
+                if (done) {
+                    for (size_t j = 0; j < cl; j++) ids[k++] = sp->byte_tok[(unsigned char)p[i + j]];
+                    last_unk = false;
+                }
+            }
+            if (!done && sp->unk >= 0) {
+                if (!(sp->fuse_unk && last_unk)) ids[k++] = sp->unk;
+                last_unk = true;
+            }
+        }
+        i += cl;
+    }
+    return k;
+}
+
 /* Encodes one pre-tokenised piece (pretokenize callback). */
 static bool encode_piece(const char *p, size_t n, void *user) {
     enc_ctx *x = user;
     const anneal_tokenizer *t = x->t;
     tok_cache *c = x->c;
-    if (n == 1) {
+    if (n == 1 && t->kind == TOK_BYTE_LEVEL) {
         int32_t id = t->byte_id[(unsigned char)p[0]];
         return out_append(x, &id, 1);
     }
@@ -360,8 +410,13 @@ static bool encode_piece(const char *p, size_t n, void *user) {
         ids[0] = whole;
         k = 1;
     } else {
-        for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[(unsigned char)p[i]];
-        k = n <= SMALL_PIECE ? bpe_small(t, ids, c->ranks, n) : bpe_large(t, c, n);
+        if (t->kind == TOK_BYTE_LEVEL) {
+            for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[(unsigned char)p[i]];
+            k = n;
+        } else {
+            k = sp_symbols(t, p, n, ids);
+        }
+        k = k <= SMALL_PIECE ? bpe_small(t, ids, c->ranks, k) : bpe_large(t, c, k);
     }
     bool huge = n > SCRATCH_KEEP;
     if (n <= CACHE_MAX_KEY) cache_put(c, p, n, h, ids, k);
@@ -379,72 +434,97 @@ static bool encode_piece(const char *p, size_t n, void *user) {
     return ok;
 }
 
-/* Encodes text that holds no special token. */
-static anneal_status encode_ordinary(enc_ctx *x, const char *text, size_t len) {
+/* Runs the pre-tokenizer's regex (or none) over s[0..n), encoding each piece. */
+static anneal_status split_and_encode(enc_ctx *x, const char *s, size_t n) {
+    if (!n) return ANNEAL_OK;
+    if (!x->t->pre) return encode_piece(s, n, x) ? ANNEAL_OK : x->err;
+    anneal_status st = anneal_pretokenize(x->t->pre, s, n, encode_piece, x);
+    return st ? st : x->err;
+}
+
+#define META "\xE2\x96\x81" /* U+2581 '▁', SentencePiece's space */
+
+/* Metaspace pre-tokenisation of s[0..n): spaces become ▁, a ▁ is prepended as the
+ * scheme says, and (split) the text is cut before each ▁. */
+static anneal_status metaspace_encode(enc_ctx *x, const char *s, size_t n, bool first) {
+    const tok_sp *sp = &x->t->sp;
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    char *buf = malloc(n + 2 * spaces + 4);
+    if (!buf) return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(buf + o, META, 3);
+            o += 3;
+        } else {
+            buf[o++] = s[i];
+        }
+    }
+    bool prepend = sp->meta_prepend == 1 || (sp->meta_prepend == 2 && first);
+    if (prepend && o && !(o >= 3 && memcmp(buf, META, 3) == 0)) {
+        memmove(buf + 3, buf, o);
+        memcpy(buf, META, 3);
+        o += 3;
+    }
+    anneal_status st = ANNEAL_OK;
+    if (!sp->meta_split) {
+        st = split_and_encode(x, buf, o);
+    } else {
+        size_t start = 0;
+        for (size_t i = 1; i + 3 <= o && !st; i++)
+            if (memcmp(buf + i, META, 3) == 0) {
+                st = split_and_encode(x, buf + start, i - start);
+                start = i;
+                i += 2;
+            }
+        if (!st) st = split_and_encode(x, buf + start, o - start);
+    }
+    free(buf);
+    return st;
+}
+
+anneal_status anneal_tok_encode_segment(anneal_tok_enc *x, const char *text, size_t len) {
     if (!len) return ANNEAL_OK;
     const anneal_tokenizer *t = x->t;
+    bool first = !x->had_segment;
+    x->had_segment = true;
+    if (t->sp.meta) return metaspace_encode(x, text, len, first);
     if (t->add_prefix_space && text[0] != ' ') { /* HF ByteLevel: " " before each segment */
         char *tmp = malloc(len + 1);
         if (!tmp) return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
         tmp[0] = ' ';
         memcpy(tmp + 1, text, len);
-        anneal_status s = anneal_pretokenize(t->pre, tmp, len + 1, encode_piece, x);
+        anneal_status s = split_and_encode(x, tmp, len + 1);
         free(tmp);
-        return s ? s : x->err;
+        return s;
     }
-    anneal_status s = anneal_pretokenize(t->pre, text, len, encode_piece, x);
-    return s ? s : x->err;
+    return split_and_encode(x, text, len);
 }
 
-/* First occurrence of special k at or after pos (len if none). */
-static size_t find_special(const anneal_tokenizer *t, int k, const char *text, size_t len, size_t pos) {
-    size_t n;
-    const char *s = tok_bytes(t, t->special[k], &n);
-    const char *f = memmem(text + pos, len - pos, s, n);
-    return f ? (size_t)(f - text) : len;
-}
-
-anneal_status anneal_tokenizer_encode(const anneal_tokenizer *tok, const char *text, size_t len,
-                                      bool allow_special, anneal_ids *out) {
-    if (!tok || !out || (!text && len)) return anneal_set_error(ANNEAL_ERR_ARG, "encode: NULL argument");
-    tok_cache local, *c = cache_get(tok);
-    if (!c) {
-        if (!cache_init(&local, (anneal_tokenizer *)tok))
-            return anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
-        c = &local;
+anneal_tok_enc *anneal_tok_enc_begin(const anneal_tokenizer *tok, anneal_ids *out, anneal_status *s) {
+    enc_ctx *x = calloc(1, sizeof *x);
+    if (!x) {
+        *s = anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+        return NULL;
     }
-    enc_ctx x = {tok, c, out, ANNEAL_OK};
-    anneal_status s = ANNEAL_OK;
-    if (!allow_special || tok->n_special == 0) {
-        s = encode_ordinary(&x, text, len);
-    } else {
-        /* next[k]: next occurrence of special k; the earliest wins, the longest on a tie
-         * (specials are sorted longest first) */
-        size_t stack_next[16], *next = stack_next;
-        if (tok->n_special > 16 && !(next = malloc((size_t)tok->n_special * sizeof *next)))
-            s = anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
-        size_t pos = 0;
-        for (int k = 0; k < tok->n_special && !s; k++) next[k] = find_special(tok, k, text, len, 0);
-        while (!s && pos < len) {
-            int best = -1;
-            size_t at = len;
-            for (int k = 0; k < tok->n_special; k++) {
-                if (next[k] < pos) next[k] = find_special(tok, k, text, len, pos);
-                if (next[k] < at) {
-                    at = next[k];
-                    best = k;
-                }
-            }
-            s = encode_ordinary(&x, text + pos, at - pos);
-            if (s || best < 0) break;
-            int32_t id = tok->special[best];
-            if (!out_append(&x, &id, 1)) s = x.err;
-            size_t n;
-            tok_bytes(tok, id, &n);
-            pos = at + n;
+    x->t = tok;
+    x->out = out;
+    x->c = cache_get(tok);
+    if (!x->c) {
+        if (!cache_init(&x->local, (anneal_tokenizer *)tok)) {
+            free(x);
+            *s = anneal_set_error(ANNEAL_ERR_OOM, "encode: out of memory");
+            return NULL;
         }
-        if (next != stack_next) free(next);
+        x->c = &x->local;
     }
-    if (c == &local) cache_release(&local);
-    return s;
+    *s = ANNEAL_OK;
+    return x;
+}
+
+void anneal_tok_enc_end(anneal_tok_enc *x) {
+    if (!x) return;
+    if (x->c == &x->local) cache_release(&x->local);
+    free(x);
 }

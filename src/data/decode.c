@@ -16,14 +16,20 @@ anneal_status anneal_tokenizer_decode(const anneal_tokenizer *tok, const int32_t
                                     "decode: id %d at position %zu is out of range (the vocabulary has "
                                     "%d ids: 0..%d)",
                                     (int)ids[i], i, (int)tok->n_vocab, (int)tok->n_vocab - 1);
-        total += (size_t)(tok->off[ids[i] + 1] - tok->off[ids[i]]);
+        size_t l;
+        tok_dec_bytes(tok, ids[i], &l);
+        total += l;
     }
     char *out = malloc(total + 1);
     if (!out) return anneal_set_error(ANNEAL_ERR_OOM, "decode: out of memory (%zu bytes)", total + 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         size_t l;
-        const char *b = tok_bytes(tok, ids[i], &l);
+        const char *b = tok_dec_bytes(tok, ids[i], &l);
+        if (i == 0 && tok->dec_strip_space && l && b[0] == ' ') { /* the decoder's Strip / Metaspace */
+            b++;
+            l--;
+        }
         memcpy(out + o, b, l);
         o += l;
     }
@@ -65,7 +71,7 @@ anneal_status anneal_stream_decoder_push(anneal_stream_decoder *d, int32_t id, c
         return anneal_set_error(ANNEAL_ERR_ARG, "stream decode: id %d is out of range (the vocabulary has %d ids)",
                                 (int)id, (int)t->n_vocab);
     size_t n;
-    const char *b = tok_bytes(t, id, &n);
+    const char *b = tok_dec_bytes(t, id, &n);
     size_t total = (size_t)d->n_pending + n;
     if (out_cap < total)
         return anneal_set_error(ANNEAL_ERR_ARG, "stream decode: output buffer of %zu bytes is too small for id %d "

@@ -3,14 +3,16 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct anneal_pretokenizer {
     pcre2_code *code;
     bool jit;
 };
 
-anneal_pretokenizer *anneal_pretokenizer_new(void) {
+anneal_pretokenizer *anneal_pretokenizer_new_pattern(const char *pattern, const char *what) {
     anneal_pretokenizer *p = calloc(1, sizeof *p);
     if (!p) {
         anneal_set_error(ANNEAL_ERR_OOM, "pretokenizer: out of memory");
@@ -19,18 +21,68 @@ anneal_pretokenizer *anneal_pretokenizer_new(void) {
     int err;
     PCRE2_SIZE off;
     /* MATCH_INVALID_UTF: invalid UTF-8 is allowed in the subject and never matched. */
-    p->code = pcre2_compile((PCRE2_SPTR)ANNEAL_GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
+    p->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
                             PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
     if (!p->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "pretokenizer: PCRE2 cannot compile the GPT-2 pattern: %s",
-                         (const char *)msg);
+        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: PCRE2 cannot compile the pre-tokenizer pattern (at offset %zu): %s",
+                         what, (size_t)off, (const char *)msg);
         free(p);
         return NULL;
     }
     p->jit = pcre2_jit_compile(p->code, PCRE2_JIT_COMPLETE) == 0;
     return p;
+}
+
+anneal_pretokenizer *anneal_pretokenizer_new(void) {
+    return anneal_pretokenizer_new_pattern(ANNEAL_GPT2_PATTERN, "pretokenizer (GPT-2)");
+}
+
+char *anneal_hf_regex_to_pcre(const char *onig, const char **why) {
+    static const char space[] = ANNEAL_HF_SPACE;
+    size_t n = strlen(onig), cap = n * (sizeof space + 4) + 1;
+    char *out = malloc(cap), *o = out;
+    if (!out) {
+        *why = "out of memory";
+        return NULL;
+    }
+    bool in_class = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = onig[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = onig[i + 1];
+            if (d == 's' || d == 'S') {
+                if (in_class && d == 'S') {
+                    free(out);
+                    *why = "\\S inside a character class";
+                    return NULL;
+                }
+                o += sprintf(o, in_class ? "%s" : d == 's' ? "[%s]" : "[^%s]", space);
+            } else {
+                *o++ = c;
+                *o++ = d;
+            }
+            i++;
+            continue;
+        }
+        if (c == '[' && !in_class) {
+            in_class = true;
+            *o++ = c;
+            if (i + 1 < n && onig[i + 1] == '^') *o++ = onig[++i];
+            if (i + 1 < n && onig[i + 1] == ']') *o++ = onig[++i]; /* a leading ] is literal */
+            continue;
+        }
+        if (c == '[' && in_class) {
+            free(out);
+            *why = "a nested character class";
+            return NULL;
+        }
+        if (c == ']' && in_class) in_class = false;
+        *o++ = c;
+    }
+    *o = 0;
+    return out;
 }
 
 void anneal_pretokenizer_free(anneal_pretokenizer *p) {

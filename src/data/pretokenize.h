@@ -24,7 +24,20 @@ typedef struct anneal_pretokenizer anneal_pretokenizer;
 
 /* Compiles the GPT-2 pattern (NULL + error if PCRE2 fails). Safe to share across threads. */
 anneal_pretokenizer *anneal_pretokenizer_new(void);
+/* Compiles another pattern (PCRE2 syntax, UTF + UCP); errors name `what`. */
+anneal_pretokenizer *anneal_pretokenizer_new_pattern(const char *pattern, const char *what);
 void anneal_pretokenizer_free(anneal_pretokenizer *p);
+
+/* Unicode White_Space, what Oniguruma's and Rust's \s match (Hugging Face tokenizers
+ * runs Split and ByteLevel regexes with Oniguruma). */
+#define ANNEAL_HF_SPACE "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+/* GPT-2's pattern as tokenizers' ByteLevel pre-tokenizer runs it (Oniguruma's \s). */
+#define ANNEAL_GPT2_HF_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+/* Rewrites a Hugging Face (Oniguruma) regex for PCRE2: \s and \S become explicit
+ * White_Space classes (PCRE2's own \s differs from Oniguruma's). Returns a malloc'd
+ * pattern, or NULL with *why set (\S inside a character class, out of memory). */
+char *anneal_hf_regex_to_pcre(const char *onig, const char **why);
 
 /* Called for each piece in order; return false to stop early. */
 typedef bool (*anneal_piece_fn)(const char *piece, size_t len, void *user);

@@ -213,6 +213,9 @@ anneal_tokenizer *anneal_tok_new(void) {
     t->off[0] = 0;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
     t->eot = -1;
+    t->bos = t->eos = -1;
+    t->sp.unk = -1;
+    for (int b = 0; b < 256; b++) t->sp.byte_tok[b] = -1;
     pthread_mutex_init(&t->mu, NULL);
     return t;
 }
@@ -361,6 +364,21 @@ static uint64_t tok_fingerprint(const anneal_tokenizer *t) {
         h = fnv1a_u32(h, (uint32_t)t->merges[r].left);
         h = fnv1a_u32(h, (uint32_t)t->merges[r].right);
     }
+    /* what else changes the ids (absent for GPT-2's files, whose fingerprint stays) */
+    if (t->pattern) h = fnv1a(h, t->pattern, strlen(t->pattern) + 1);
+    unsigned char flags[12] = {(unsigned char)t->kind, t->pre_none, t->add_prefix_space, t->ignore_merges,
+                               t->sp.norm_prepend, t->sp.norm_replace, t->sp.meta, (unsigned char)t->sp.meta_prepend,
+                               t->sp.meta_split, t->sp.byte_fallback, t->sp.fuse_unk, t->sp.norm_nfc};
+    bool plain = true;
+    for (int i = 0; i < 12; i++) plain &= flags[i] == 0;
+    if (!plain) h = fnv1a(h, flags, sizeof flags);
+    for (int i = 0; i < t->n_added; i++) {
+        const tok_added *a = &t->added[i];
+        if (a->special && !a->normalized && !a->single_word && !a->lstrip && !a->rstrip) continue;
+        unsigned char f[5] = {a->special, a->normalized, a->single_word, a->lstrip, a->rstrip};
+        h = fnv1a_u32(h, (uint32_t)a->id);
+        h = fnv1a(h, f, 5);
+    }
     return h;
 }
 
@@ -375,9 +393,39 @@ static int special_cmp(const void *pa, const void *pb) {
     return *(const int32_t *)pa - *(const int32_t *)pb;
 }
 
+/* Added tokens: longer content first (at one position the longest wins), then by id. */
+static int added_cmp(const void *pa, const void *pb) {
+    const tok_added *a = pa, *b = pb;
+    if (a->norm_len != b->norm_len) return a->norm_len > b->norm_len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+anneal_status anneal_tok_added_finish(anneal_tokenizer *t, const char *what) {
+    if (!t->added && t->n_special) {
+        t->added = calloc((size_t)t->n_special, sizeof *t->added);
+        if (!t->added) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
+        for (int i = 0; i < t->n_special; i++) {
+            tok_added *a = &t->added[t->n_added];
+            size_t n;
+            const char *b = tok_bytes(t, t->special[i], &n);
+            a->id = t->special[i];
+            a->special = true;
+            a->norm = malloc(n ? n : 1);
+            if (!a->norm) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
+            memcpy(a->norm, b, n);
+            a->norm_len = n;
+            t->n_added++;
+        }
+    }
+    t->any_normalized_added = false;
+    for (int i = 0; i < t->n_added; i++) t->any_normalized_added |= t->added[i].normalized;
+    if (t->n_added) qsort(t->added, (size_t)t->n_added, sizeof *t->added, added_cmp);
+    return ANNEAL_OK;
+}
+
 anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int n_special,
                          const char *what) {
-    for (int b = 0; b < 256; b++)
+    for (int b = 0; b < 256 && t->kind == TOK_BYTE_LEVEL; b++)
         if (t->byte_id[b] < 0)
             return anneal_set_error(ANNEAL_ERR_FORMAT,
                                     "%s: the vocabulary has no token for byte 0x%02x "
@@ -400,15 +448,20 @@ anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int
     qsort(t->special, (size_t)t->n_special, sizeof *t->special, special_cmp);
     g_sort_tok = NULL;
     pthread_mutex_unlock(&sort_mu);
-    static const char *const eot_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
+    anneal_status s = anneal_tok_added_finish(t, what);
+    if (s) return s;
+    static const char *const eot_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"};
     t->eot = -1;
+    if (t->eos >= 0 && t->eos < t->n_vocab) t->eot = t->eos;
     for (size_t k = 0; k < sizeof eot_names / sizeof *eot_names && t->eot < 0; k++) {
         int32_t id = anneal_tok_lookup(t, eot_names[k], strlen(eot_names[k]));
         if (id >= 0 && t->is_special[id]) t->eot = id;
     }
     t->fingerprint = tok_fingerprint(t);
-    t->pre = anneal_pretokenizer_new();
-    if (!t->pre) return anneal_last_status() ? anneal_last_status() : ANNEAL_ERR_UNSUPPORTED;
+    if (!t->pre_none) {
+        t->pre = t->pattern ? anneal_pretokenizer_new_pattern(t->pattern, what) : anneal_pretokenizer_new();
+        if (!t->pre) return anneal_last_status() ? anneal_last_status() : ANNEAL_ERR_UNSUPPORTED;
+    }
     anneal_tok_caches_init(t);
     return ANNEAL_OK;
 }
@@ -427,6 +480,14 @@ void anneal_tokenizer_free(anneal_tokenizer *tok) {
     free(tok->pairs);
     free(tok->special);
     free(tok->is_special);
+    for (int i = 0; i < tok->n_added; i++) free(tok->added[i].norm);
+    free(tok->added);
+    free(tok->pattern);
+    free(tok->dec);
+    free(tok->dec_off);
+    free(tok->chat_template);
+    free(tok->hf_json);
+    free(tok->hf_config);
     free(tok);
 }
 
@@ -442,9 +503,20 @@ const char *anneal_tokenizer_token_bytes(const anneal_tokenizer *tok, int32_t id
         return NULL;
     }
     size_t n;
-    const char *b = tok_bytes(tok, id, &n);
+    const char *b = tok_dec_bytes(tok, id, &n);
     if (len) *len = n;
     return b;
+}
+
+int32_t anneal_tokenizer_bos(const anneal_tokenizer *tok) { return tok ? tok->bos : -1; }
+
+bool anneal_tokenizer_adds_bos(const anneal_tokenizer *tok) { return tok && tok->add_bos && tok->bos >= 0; }
+
+const char *anneal_tokenizer_chat_template(const anneal_tokenizer *tok) { return tok ? tok->chat_template : NULL; }
+
+int32_t anneal_tokenizer_token_id(const anneal_tokenizer *tok, const char *text) {
+    if (!tok || !text) return -1;
+    return anneal_tok_lookup(tok, text, strlen(text));
 }
 
 /* ---------------------------------------------------------------- tables */
@@ -509,6 +581,61 @@ static anneal_status put_merge(anneal_strbuf *b, const anneal_bpe_tables *t, int
     return ANNEAL_OK;
 }
 
+/* Appends the Hugging Face tokenizer.json of a byte-level BPE to b: GPT-2's
+ * pre-tokenisation as anneal runs it (a Split with its regex, then ByteLevel without
+ * a regex of its own), specials as special added tokens, the ByteLevel decoder. */
+anneal_status anneal_bpe_tokenizer_json(const anneal_bpe_tables *t, anneal_strbuf *out) {
+    anneal_strbuf tmp = {0};
+    unsigned char *is_special = calloc((size_t)t->n_vocab, 1);
+    if (!is_special) return anneal_set_error(ANNEAL_ERR_OOM, "tokenizer.json: out of memory");
+    for (int i = 0; i < t->n_special; i++)
+        if (t->special[i] >= 0 && t->special[i] < t->n_vocab) is_special[t->special[i]] = 1;
+    anneal_strbuf b = *out;
+    anneal_status s = ANNEAL_OK;
+    if (!s) s = anneal_strbuf_puts(&b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n"
+                                       "  \"padding\": null,\n  \"added_tokens\": [");
+    for (int i = 0; i < t->n_special && !s; i++) {
+        int32_t id = t->special[i];
+        s = anneal_strbuf_printf(&b, "%s\n    {\"id\": %d, \"content\": ", i ? "," : "", (int)id);
+        if (!s) s = anneal_strbuf_json_string(&b, t->tok[id], t->tok_len[id]);
+        if (!s) s = anneal_strbuf_puts(&b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+                                           "\"normalized\": false, \"special\": true}");
+    }
+    if (!s) s = anneal_strbuf_puts(
+        &b, "\n  ],\n  \"normalizer\": null,\n"
+            "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [\n"
+            "    {\"type\": \"Split\", \"pattern\": {\"Regex\": ");
+    if (!s) s = anneal_strbuf_json_string(&b, ANNEAL_GPT2_PATTERN, strlen(ANNEAL_GPT2_PATTERN));
+    if (!s) s = anneal_strbuf_puts(
+        &b, "}, \"behavior\": \"Isolated\", \"invert\": false},\n"
+            "    {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, "
+            "\"use_regex\": false}]},\n"
+            "  \"post_processor\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+            "\"trim_offsets\": false, \"use_regex\": true},\n"
+            "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+            "\"trim_offsets\": true, \"use_regex\": true},\n"
+            "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
+            "    \"continuing_subword_prefix\": \"\",\n    \"end_of_word_suffix\": \"\",\n"
+            "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"vocab\": {");
+    for (int32_t i = 0; i < t->n_vocab && !s; i++) {
+        s = anneal_strbuf_puts(&b, i ? ",\n      " : "\n      ");
+        if (!s) s = put_token_key(&b, &tmp, t, is_special, i);
+        if (!s) s = anneal_strbuf_printf(&b, ": %d", (int)i);
+    }
+    if (!s) s = anneal_strbuf_puts(&b, "\n    },\n    \"merges\": [");
+    for (int32_t r = 0; r < t->n_merges && !s; r++) {
+        s = anneal_strbuf_puts(&b, r ? ",\n      " : "\n      ");
+        tmp.len = 0;
+        if (!s) s = put_merge(&tmp, t, r);
+        if (!s) s = anneal_strbuf_json_string(&b, tmp.data, tmp.len);
+    }
+    if (!s) s = anneal_strbuf_puts(&b, "\n    ]\n  }\n}\n");
+    *out = b;
+    anneal_strbuf_free(&tmp);
+    free(is_special);
+    return s;
+}
+
 /* Writes buffer b to dir/name atomically. */
 static anneal_status write_in_dir(const char *dir, const char *name, const anneal_strbuf *b) {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -566,40 +693,23 @@ anneal_status anneal_bpe_write_files(const char *dir, const anneal_bpe_tables *t
     if (!s) s = write_in_dir(dir, "vocab.bpe", &b);
     /* tokenizer.json (Hugging Face tokenizers' layout) */
     b.len = 0;
-    if (!s) s = anneal_strbuf_puts(&b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n"
-                                       "  \"padding\": null,\n  \"added_tokens\": [");
-    for (int i = 0; i < t->n_special && !s; i++) {
-        int32_t id = t->special[i];
-        s = anneal_strbuf_printf(&b, "%s\n    {\"id\": %d, \"content\": ", i ? "," : "", (int)id);
-        if (!s) s = anneal_strbuf_json_string(&b, t->tok[id], t->tok_len[id]);
-        if (!s) s = anneal_strbuf_puts(&b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
-                                           "\"normalized\": false, \"special\": true}");
-    }
-    if (!s) s = anneal_strbuf_puts(
-        &b, "\n  ],\n  \"normalizer\": null,\n"
-            "  \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
-            "\"trim_offsets\": true, \"use_regex\": true},\n"
-            "  \"post_processor\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
-            "\"trim_offsets\": false, \"use_regex\": true},\n"
-            "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
-            "\"trim_offsets\": true, \"use_regex\": true},\n"
-            "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
-            "    \"continuing_subword_prefix\": \"\",\n    \"end_of_word_suffix\": \"\",\n"
-            "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"vocab\": {");
-    for (int32_t i = 0; i < t->n_vocab && !s; i++) {
-        s = anneal_strbuf_puts(&b, i ? ",\n      " : "\n      ");
-        if (!s) s = put_token_key(&b, &tmp, t, is_special, i);
-        if (!s) s = anneal_strbuf_printf(&b, ": %d", (int)i);
-    }
-    if (!s) s = anneal_strbuf_puts(&b, "\n    },\n    \"merges\": [");
-    for (int32_t r = 0; r < t->n_merges && !s; r++) {
-        s = anneal_strbuf_puts(&b, r ? ",\n      " : "\n      ");
-        tmp.len = 0;
-        if (!s) s = put_merge(&tmp, t, r);
-        if (!s) s = anneal_strbuf_json_string(&b, tmp.data, tmp.len);
-    }
-    if (!s) s = anneal_strbuf_puts(&b, "\n    ]\n  }\n}\n");
+    if (!s) s = anneal_bpe_tokenizer_json(t, &b);
     if (!s) s = write_in_dir(dir, "tokenizer.json", &b);
+    /* tokenizer_config.json: what AutoTokenizer.from_pretrained(dir) needs besides */
+    b.len = 0;
+    int32_t eot = t->n_special ? t->special[0] : -1;
+    for (int i = 0; i < t->n_special; i++)
+        if (t->tok_len[t->special[i]] == 13 && memcmp(t->tok[t->special[i]], "<|endoftext|>", 13) == 0)
+            eot = t->special[i];
+    if (!s) s = anneal_strbuf_puts(&b, "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
+                                       "  \"clean_up_tokenization_spaces\": false");
+    for (int k = 0; k < 2 && !s; k++) {
+        s = anneal_strbuf_printf(&b, ",\n  \"%s\": ", k ? "eos_token" : "bos_token");
+        if (!s && eot < 0) s = anneal_strbuf_puts(&b, "null");
+        else if (!s) s = anneal_strbuf_json_string(&b, t->tok[eot], t->tok_len[eot]);
+    }
+    if (!s) s = anneal_strbuf_puts(&b, ",\n  \"add_bos_token\": false,\n  \"add_eos_token\": false\n}\n");
+    if (!s) s = write_in_dir(dir, "tokenizer_config.json", &b);
     anneal_strbuf_free(&b);
     anneal_strbuf_free(&tmp);
     free(is_special);

@@ -62,11 +62,17 @@ typedef struct anneal_bpe_tables {
 } anneal_bpe_tables;
 
 /* Writes encoder.json ({"byte-level string": id, ...} in id order), vocab.bpe
- * ("#version: 0.2" then "left right" per merge in rank order) and tokenizer.json
- * (Hugging Face: BPE model, ByteLevel pre-tokenizer and decoder, specials as
- * added_tokens) into dir, each atomically (temp + fsync + rename). Validates that every
+ * ("#version: 0.2" then "left right" per merge in rank order), tokenizer.json
+ * (Hugging Face: BPE model, GPT-2's regex as a Split then ByteLevel, ByteLevel decoder,
+ * specials as added_tokens) and tokenizer_config.json (PreTrainedTokenizerFast,
+ * <|endoftext|> as BOS and EOS) into dir, each atomically (temp + fsync + rename), so
+ * that transformers' AutoTokenizer.from_pretrained(dir) loads it. Validates that every
  * special's bytes are valid UTF-8. */
 anneal_status anneal_bpe_write_files(const char *dir, const anneal_bpe_tables *t);
+/* Appends the tokenizer.json of those tables to out (what anneal_bpe_write_files
+ * writes): GPT-2's pre-tokenisation as anneal runs it, as a Split regex followed by
+ * ByteLevel, so that Hugging Face tokenizers encodes exactly as anneal does. */
+anneal_status anneal_bpe_tokenizer_json(const anneal_bpe_tables *t, anneal_strbuf *out);
 
 /* The tokenizer's tables, as views into it (valid while tok lives). tok and tok_len
  * point to arrays that the function mallocs; the caller frees them with free(). */

@@ -10,6 +10,7 @@
  * atomically. A crash before that rename leaves a stale temporary directory (removed
  * by the next save) and the previous checkpoint in place; a crash after it leaves a
  * complete new checkpoint. Layout: docs/FORMATS.md "Checkpoints". */
+#include "anneal/tokenizer.h"
 #include "io/checkpoint_internal.h"
 
 #include <dirent.h>
@@ -516,6 +517,7 @@ static anneal_status write_files(const char *dir, const anneal_ckpt_snapshot *s)
         r = hf ? anneal_write_file_atomic(cfg, hf, strlen(hf)) : anneal_last_status();
         free(hf);
     }
+    if (r == ANNEAL_OK && s->tokenizer) r = anneal_tokenizer_save_hf(s->tokenizer, dir);
     if (r == ANNEAL_OK) r = build_state_json(dir, s, &txt);
     if (r == ANNEAL_OK) r = anneal_write_file_atomic(state, txt, strlen(txt));
     if (r == ANNEAL_OK) r = fsync_dir(dir);

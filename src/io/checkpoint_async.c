@@ -4,6 +4,7 @@
  * save on that snapshot. One write at a time: save() and wait() join the previous
  * one first. The thread blocks every signal, so SIGINT/SIGTERM reach the training
  * thread, and hands its error (thread-local in anneal) back through the struct. */
+#include "anneal/tokenizer.h"
 #include "io/checkpoint_internal.h"
 
 #include <pthread.h>
@@ -20,6 +21,7 @@ struct anneal_checkpointer {
     bool running;
     anneal_status status; /* result of the last write, set by the thread */
     char *message;        /* its error message (malloc'd), NULL when OK */
+    const anneal_tokenizer *tok; /* carried by every checkpoint (not owned) */
 };
 
 anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep) {
@@ -38,6 +40,12 @@ anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep) {
     memcpy(c->run_dir, run_dir, n);
     c->keep = keep;
     return c;
+}
+
+void anneal_checkpointer_set_tokenizer(anneal_checkpointer *c, const anneal_tokenizer *tok) {
+    if (!c) return;
+    anneal_checkpointer_wait(c); /* the write in flight keeps the tokenizer it started with */
+    c->tok = tok;
 }
 
 /* Runs the writer; records its status and message for the waiting thread. */
@@ -86,6 +94,7 @@ anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_mode
         anneal_clear_error();
     }
     anneal_status r = anneal_ckpt_snapshot_take(&c->snap, m, opt, st, config_json);
+    c->snap.tokenizer = c->tok;
     if (r == ANNEAL_OK) {
         sigset_t all, old;
         sigfillset(&all);

@@ -38,6 +38,7 @@ typedef struct anneal_ckpt_snapshot {
     const char *state_names[2];
     anneal_ckpt_buf *state;    /* n_params * n_state, parameter-major */
     int64_t *param_steps;      /* n_params */
+    const struct anneal_tokenizer *tokenizer; /* written as tokenizer.json + tokenizer_config.json; not owned, NULL: none */
     /* LoRA: the model file is the adapters (PEFT keys), the optimizer state the trainable parameters' */
     bool lora;
     char *lora_config_json;    /* adapter_config.json text (owned) */

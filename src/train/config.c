@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A setting: where it lives in the config and what values it accepts. */
 typedef struct option_def {
@@ -26,11 +27,11 @@ typedef struct option_def {
 
 static const option_def defs[] = {
     {{"model", ANNEAL_OPT_STRING, "preset: tiny, d6, 124M, 350M, 774M, 1.5B, llama-tiny, llama-125M (default tiny; with --data the "
-      "vocabulary is the data's)"}, OFF(model), 0, 0, 0, 0, "config"},
+      "vocabulary is the data's), or a Hugging Face model directory to start from (as --init DIR)"}, OFF(model), 0, 0, 0, 0, "config"},
     {{"config", ANNEAL_OPT_STRING, "Hugging Face config.json instead of a preset (its model_type picks the "
       "architecture: gpt2, llama, mistral, qwen2)"}, OFF(config), 0, 0, 0, 0, "model"},
-    {{"init", ANNEAL_OPT_STRING, "start from weights: a Hugging Face .safetensors (config.json beside it) or a "
-      "checkpoint"}, OFF(init), 0, 0, 0, 0, NULL},
+    {{"init", ANNEAL_OPT_STRING, "start from weights: a Hugging Face model directory (config.json + model.safetensors "
+      "or a sharded index), a .safetensors file (config.json beside it), or a checkpoint"}, OFF(init), 0, 0, 0, 0, NULL},
     {{"data", ANNEAL_OPT_STRING, "directory of token shards from anneal prepare (train_*.bin, val_*.bin)"}, OFF(data), 0, 0, 0, 0, NULL},
     {{"tokenizer", ANNEAL_OPT_STRING, "tokenizer for samples (default: the one DATA/prepare.json names)"}, OFF(tokenizer), 0, 0, 0, 0, NULL},
     {{"synthetic", ANNEAL_OPT_ONOFF, "train on synthetic Markov-chain tokens instead of --data"}, OFF(synthetic), 0, 0, 0, 0, NULL},
@@ -249,9 +250,10 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
         if (!strcmp(name, "model")) {
             anneal_model_config tmp;
             char names[256];
-            if (!anneal_model_preset(value, &tmp))
-                return anneal_set_error(ANNEAL_ERR_ARG, "--model: unknown preset '%s' (%s)", value,
-                                        anneal_model_preset_names(names, sizeof names));
+            struct stat sb;
+            if (!anneal_model_preset(value, &tmp) && stat(value, &sb) != 0)
+                return anneal_set_error(ANNEAL_ERR_ARG, "--model: '%s' is neither a preset (%s) nor a model directory",
+                                        value, anneal_model_preset_names(names, sizeof names));
         }
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */
             anneal_dtype dt;

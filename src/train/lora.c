@@ -39,12 +39,7 @@ static anneal_status load_base(anneal_model *m, const char *path) {
         anneal_status s = anneal_checkpoint_resolve(path, ck, sizeof ck);
         return s == ANNEAL_OK ? anneal_checkpoint_load(ck, m, NULL, &tmp) : s;
     }
-    if (is_dir(path)) {
-        char p[PATH_MAX + 32];
-        snprintf(p, sizeof p, "%s/model.safetensors", path);
-        return anneal_model_load_safetensors(m, p);
-    }
-    return anneal_model_load_safetensors(m, path);
+    return anneal_model_load_hf_weights(m, path); /* a model directory, a weights file or a sharded index */
 }
 
 /* Splits "a,b,c" into t (at most 64 names, pointing into buf). */

@@ -188,7 +188,8 @@ static anneal_status load_tokenizer(trainer *t) {
             free(spec);
             return prefix_error("--tokenizer: ");
         }
-        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off",
+        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off, "
+                                      "checkpoints carry no tokenizer",
                              spec, anneal_last_error());
         anneal_clear_error();
         free(spec);
@@ -206,7 +207,8 @@ static anneal_status load_tokenizer(trainer *t) {
             free(spec);
             return e;
         }
-        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off", spec);
+        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off, "
+                                      "checkpoints carry no tokenizer", spec);
     }
     free(spec);
     return ANNEAL_OK;
@@ -321,6 +323,17 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     return ANNEAL_OK;
 }
 
+/* True when an --init path is a checkpoint or run directory (state.json, a latest
+ * pointer, or no config.json: the checkpoint code names what is missing), false for
+ * a Hugging Face model directory or a weights file. */
+static bool init_is_checkpoint(const char *p) {
+    char f[PATH_MAX + 16];
+    if (!is_dir(p)) return false;
+    if (path_join(f, sizeof f, p, "state.json") && exists(f)) return true;
+    if (path_join(f, sizeof f, p, "latest") && exists(f)) return true;
+    return !(path_join(f, sizeof f, p, "config.json") && exists(f));
+}
+
 /* The model config: --config, --model, the checkpoint being resumed, --init's, or
  * the tiny preset; the data's vocabulary for presets. */
 static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_config *ck_cfg) {
@@ -342,11 +355,14 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_c
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "from the checkpoint");
     } else if (c->init) {
         char cfgp[PATH_MAX + 16];
-        if (is_dir(c->init)) {
+        if (init_is_checkpoint(c->init)) {
             char ck[PATH_MAX];
             if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||
                 anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK)
                 return prefix_error("--init: ");
+        } else if (is_dir(c->init)) { /* a Hugging Face model directory */
+            if (anneal_hf_config_path(c->init, cfgp, sizeof cfgp) != ANNEAL_OK) return prefix_error("--init: ");
+            if (anneal_model_config_from_hf_file(cfgp, &mc) != ANNEAL_OK) return prefix_error("--init: ");
         } else {
             char tmp[PATH_MAX];
             snprintf(tmp, sizeof tmp, "%s", c->init);
@@ -405,13 +421,13 @@ static anneal_status build_model(trainer *t, bool *usage) {
         if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
         if (c->init) {
             anneal_status st;
-            if (is_dir(c->init)) {
+            if (init_is_checkpoint(c->init)) {
                 char ck[PATH_MAX];
                 anneal_train_state tmp;
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
                 if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
-            } else {
-                st = anneal_model_load_safetensors(t->model, c->init);
+            } else { /* a model directory, a .safetensors file or a sharded set's index */
+                st = anneal_model_load_hf_weights(t->model, c->init);
             }
             if (st != ANNEAL_OK) return prefix_error("--init: ");
         }
@@ -491,8 +507,16 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     else if (t->comm && !getenv("OMP_NUM_THREADS")) anneal_set_num_threads(default_rank_threads(t->comm));
     if (c->pin_threads && anneal_set_thread_pinning(true, t->pin_desc, sizeof t->pin_desc) != ANNEAL_OK)
         return prefix_error("--pin-threads: ");
+    /* --model DIR names a model to start from: the same as --init DIR */
+    anneal_model_config preset_cfg;
+    if (c->model && !anneal_model_preset(c->model, &preset_cfg)) {
+        if (c->init) return USAGE("--model %s and --init %s: give the starting weights once", c->model, c->init);
+        c->init = c->model;
+        c->model = NULL;
+    }
     absolutize(&c->data);
     absolutize(&c->config);
+    absolutize(&c->init);
     if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
     const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
     if (anneal_train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
@@ -507,10 +531,22 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->config && anneal_model_config_from_hf_file(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
     else if (c->model && anneal_model_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
     else if (c->resume) synth_vocab = ck_cfg.vocab_size;
+    else if (c->init && !init_is_checkpoint(c->init)) { /* a Hugging Face model's vocabulary */
+        char cfgp[PATH_MAX + 16];
+        if (anneal_hf_config_path(c->init, cfgp, sizeof cfgp) == ANNEAL_OK &&
+            anneal_model_config_from_hf_file(cfgp, &pre) == ANNEAL_OK)
+            synth_vocab = pre.vocab_size;
+    } else if (c->init) {
+        char ck[PATH_MAX];
+        if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) == ANNEAL_OK &&
+            anneal_checkpoint_read_config(ck, &pre, NULL) == ANNEAL_OK)
+            synth_vocab = pre.vocab_size;
+    }
     anneal_clear_error();
     if ((st = open_data(t, usage, synth_vocab))) return st;
     if ((st = resolve_model(t, usage, &ck_cfg))) return st;
-    if (c->sample_every > 0 && (st = load_tokenizer(t))) {
+    /* the tokenizer: for samples, and carried by every checkpoint */
+    if ((c->sample_every > 0 || c->tokenizer || (c->data && !c->synthetic)) && (st = load_tokenizer(t))) {
         *usage = st == ANNEAL_ERR_ARG;
         return st;
     }
@@ -554,6 +590,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     t->config_json = anneal_train_config_to_json(c);
     t->ckpt = anneal_checkpointer_new(t->run_dir, (int)c->keep);
     if (!t->config_json || !t->ckpt) return prefix_error("checkpointer: ");
+    anneal_checkpointer_set_tokenizer(t->ckpt, t->tok); /* tokenizer.json + tokenizer_config.json in each checkpoint */
     return ANNEAL_OK;
 }
 

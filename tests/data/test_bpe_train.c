@@ -179,8 +179,13 @@ TEST(hand_worked_example) {
     REQUIRE(model && pre && cJSON_IsArray(added));
     CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "type")) &&
           !strcmp(cJSON_GetObjectItemCaseSensitive(model, "type")->valuestring, "BPE"), "model.type");
-    CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(pre, "type")) &&
-          !strcmp(cJSON_GetObjectItemCaseSensitive(pre, "type")->valuestring, "ByteLevel"), "pre_tokenizer.type");
+    /* GPT-2's regex as anneal runs it (a Split), then ByteLevel without a regex of its own */
+    cJSON *steps = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
+    cJSON *split = cJSON_GetArrayItem(steps, 0), *bl = cJSON_GetArrayItem(steps, 1);
+    CHECK(cJSON_GetArraySize(steps) == 2 && split && bl &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(split, "type")->valuestring, "Split") &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(bl, "type")->valuestring, "ByteLevel") &&
+          cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(bl, "use_regex")), "pre_tokenizer: Split then ByteLevel");
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(model, "vocab")) == 265, "model.vocab size");
     cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     CHECK(cJSON_GetArraySize(merges) == 8 && cJSON_IsString(cJSON_GetArrayItem(merges, 5)) &&

@@ -491,7 +491,9 @@ TEST(prefix_space_tokenizer) {
     cJSON *j = cJSON_Parse(js);
     free(js);
     REQUIRE(j && cJSON_GetObjectItem(j, "pre_tokenizer"));
-    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "pre_tokenizer"), "add_prefix_space", cJSON_CreateTrue());
+    cJSON *pre = cJSON_GetObjectItem(j, "pre_tokenizer"), *seq = cJSON_GetObjectItem(pre, "pretokenizers");
+    if (seq) pre = cJSON_GetArrayItem(seq, cJSON_GetArraySize(seq) - 1); /* Split, then ByteLevel */
+    cJSON_ReplaceItemInObject(pre, "add_prefix_space", cJSON_CreateTrue());
     js = cJSON_Print(j);
     cJSON_Delete(j);
     const char *tj = tpath("ps_tokenizer.json");

@@ -738,7 +738,10 @@ TEST(hf_json_from_gpt2_files_encodes_identically) {
         anneal_tokenizer *h = NULL;
         REQUIRE(anneal_tokenizer_load_hf(p, &h) == ANNEAL_OK);
         CHECK_TRUE(anneal_tokenizer_vocab_size(h) == 50257 && anneal_tokenizer_eot(h) == 50256);
-        CHECK(anneal_tokenizer_fingerprint(h) == anneal_tokenizer_fingerprint(g), "fingerprints differ (pairs %d)", pairs);
+        /* tokenizers runs ByteLevel's regex with Oniguruma's \s (U+0085 is a space, U+FEFF is
+         * not; gpt-3-encoder the other way round): the same ids on this text, yet not one
+         * tokenizer, so the fingerprints differ */
+        CHECK(anneal_tokenizer_fingerprint(h) != anneal_tokenizer_fingerprint(g), "fingerprints equal (pairs %d)", pairs);
         anneal_ids got = {0};
         REQUIRE(anneal_tokenizer_encode(h, text, n, false, &got) == ANNEAL_OK);
         CHECK_TRUE(got.n == want.n && !memcmp(got.ids, want.ids, want.n * sizeof *want.ids));

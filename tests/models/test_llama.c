@@ -4,7 +4,8 @@
  * head under a tied config; the model left untouched), the KV-cache forward equal to
  * the full forward's rows (GQA, MQA, rope scaling), generation, recompute modes giving
  * bit-identical gradients, FLOPs and parameter counts, and `anneal train --model
- * llama-tiny` with --synthetic and with --data end to end, then `anneal generate`. */
+ * llama-tiny` with --synthetic and with --data end to end, then `anneal generate` and
+ * `anneal eval` on its checkpoint. */
 #include <unistd.h>
 
 #include "llama_fixture.h"
@@ -481,6 +482,16 @@ TEST(cli_trains_llama_tiny_and_generates) {
              "--out %s/syn > %s/syn.log 2>&1 || (cat %s/syn.log; false)",
              bin, g_tmp, g_tmp, g_tmp);
     if (!sh(cmd)) return;
+    char log[8192] = "";
+    FILE *lf = fopen(tmp_path("syn.log"), "r");
+    REQUIRE(lf);
+    size_t ln = fread(log, 1, sizeof log - 1, lf);
+    fclose(lf);
+    log[ln] = '\0';
+    const char *at = strstr(log, "train loss ");
+    double last = NAN, first = NAN;
+    CHECK(at && sscanf(at, "train loss %lf (first step of this run %lf)", &last, &first) == 2 && last < first - 0.2,
+          "synthetic loss did not fall: %.4f -> %.4f\n%s", first, last, log);
     /* --data: a few documents prepared with GPT-2's tokenizer (the preset takes its vocabulary) */
     FILE *f = fopen(tmp_path("text.txt"), "w");
     REQUIRE(f);
@@ -509,6 +520,11 @@ TEST(cli_trains_llama_tiny_and_generates) {
     fclose(f);
     out[n] = '\0';
     CHECK(!strncmp(out, "In the beginning", 16) && n > 17, "generated: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s eval --ckpt %s/real --data %s/data --batch 2 --seq 32 --threads 1 > %s/eval.txt 2>&1 || "
+             "(cat %s/eval.txt; false)",
+             bin, g_tmp, g_tmp, g_tmp, g_tmp);
+    if (!sh(cmd)) return;
     /* the checkpoint's config.json says what it is */
     anneal_model_config c;
     char ck[256];

@@ -179,12 +179,14 @@ static void loss_curve(const char *python, const char *top, const char *data, co
     snprintf(q, sizeof q, "train base init batches.safetensors peft_losses.safetensors %d 1e-3", STEPS);
     REQUIRE(py(python, dir, q));
     /* anneal: the same base, adapter, batches and optimizer */
-    snprintf(p, sizeof p, "%s/base/model.safetensors", dir);
+    /* GPT-2 starts from the model directory (--model DIR), Llama from its weights file (--init FILE) */
+    bool as_dir = !strcmp(kind, "base");
+    snprintf(p, sizeof p, as_dir ? "%s/base" : "%s/base/model.safetensors", dir);
     snprintf(q, sizeof q, "%s/init", dir);
     snprintf(r_, sizeof r_, "%s/run", dir);
     char steps[16];
     snprintf(steps, sizeof steps, "%d", STEPS);
-    const char *kv[][2] = {{"init", p}, {"data", data}, {"lora-init", q}, {"batch", "2"}, {"seq", "32"},
+    const char *kv[][2] = {{as_dir ? "model" : "init", p}, {"data", data}, {"lora-init", q}, {"batch", "2"}, {"seq", "32"},
                            {"steps", steps}, {"lr", "1e-3"}, {"warmup", "0"}, {"schedule", "constant"},
                            {"weight-decay", "0"}, {"beta1", "0.9"}, {"beta2", "0.999"}, {"eps", "1e-8"}, {"clip", "0"},
                            {"dropout", "0"}, {"shuffle", "off"}, {"eval-batches", "0"}, {"ckpt-every", "0"},

@@ -1,0 +1,136 @@
+/* anneal export: writes a model (a checkpoint, a run's latest, or a Hugging Face
+ * directory to re-shard or convert) in another format. Only --format hf exists now: a
+ * Hugging Face model directory (anneal_model_save_hf) that transformers'
+ * from_pretrained loads; other formats are named and refused until they exist. */
+#include "anneal/anneal.h"
+#include "args.h"
+#include "commands.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define USAGE_ERR(...) (fprintf(stderr, "anneal export: " __VA_ARGS__), fputc('\n', stderr), 2)
+
+/* A size as transformers' convert_file_size_to_int reads it: bytes, or a number with
+ * KB/MB/GB/TB (powers of 10) or KiB/MiB/GiB/TiB (powers of 2); a lowercase final "b"
+ * after a decimal unit means bits ("5Gb" = 625 MB). False for anything else or 0. */
+static bool parse_size(const char *s, uint64_t *out) {
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-') return false;
+    static const struct {
+        const char *unit;
+        uint64_t mul;
+    } units[] = {{"", 1},         {"B", 1},          {"KB", 1000ULL},     {"MB", 1000000ULL},
+                 {"GB", 1000000000ULL}, {"TB", 1000000000000ULL}, {"KIB", 1ULL << 10}, {"MIB", 1ULL << 20},
+                 {"GIB", 1ULL << 30},   {"TIB", 1ULL << 40}};
+    char up[8];
+    size_t n = strlen(end);
+    if (n >= sizeof up) return false;
+    for (size_t i = 0; i < n; i++) up[i] = (char)toupper((unsigned char)end[i]);
+    up[n] = '\0';
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(up, units[i].unit)) continue;
+        uint64_t r;
+        if (__builtin_mul_overflow((uint64_t)v, units[i].mul, &r)) return false;
+        if (n == 2 && end[1] == 'b') r /= 8; /* "Gb": bits */
+        *out = r;
+        return r > 0;
+    }
+    return false;
+}
+
+int anneal_cmd_export(int argc, char **argv) {
+    const char *ckpt = NULL, *model_arg = NULL, *format = "hf", *out = NULL, *dtype = "fp32", *shard = "5GB",
+               *tok_spec = NULL;
+    int64_t threads = 0;
+    bool help = false;
+    cli_flag flags[] = {
+        {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
+        {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (to convert or re-shard)", &model_arg, 0},
+        {"format", ARG_STRING, "hf: a Hugging Face model directory (default hf; the only format so far)", &format, 0},
+        {"out", ARG_STRING, "the directory to write (must not exist, or be empty)", &out, 0},
+        {"dtype", ARG_STRING, "stored tensor type: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
+        {"max-shard-size", ARG_STRING, "split the weights into shards + model.safetensors.index.json above this size "
+                                       "(bytes, or 500MB, 2GB, 1GiB...; default 5GB as transformers)", &shard, 0},
+        {"tokenizer", ARG_STRING, "tokenizer to include (tokenizer.json + tokenizer_config.json): gpt2, a directory or "
+                                  "tokenizer.json; none for no tokenizer (default: the model's tokenizer.json, else "
+                                  "the training run's)", &tok_spec, 0},
+        {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"help", ARG_BOOL, "show this help", &help, 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (!cli_parse("export", argc, argv, flags, nf)) return 2;
+    if (help) {
+        cli_usage("export", "Writes a checkpoint as a Hugging Face model directory (--format hf).", flags, nf);
+        return 0;
+    }
+    if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
+    if (!strcmp(format, "gguf") || !strcmp(format, "onnx"))
+        return USAGE_ERR("--format %s: not implemented yet (formats: hf)", format);
+    if (strcmp(format, "hf")) return USAGE_ERR("--format: unknown format '%s' (formats: hf)", format);
+    if (!out || !*out) return USAGE_ERR("--out DIR is required");
+    anneal_hf_save_opts o = {0};
+    if (!anneal_train_dtype_parse(dtype, &o.dtype)) return USAGE_ERR("--dtype: unknown type '%s' (fp32, bf16, fp16)", dtype);
+    if (!parse_size(shard, &o.max_shard_bytes))
+        return USAGE_ERR("--max-shard-size: '%s' is not a size (bytes, or a number with KB, MB, GB, KiB, MiB, GiB)", shard);
+    if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
+    if (threads > 0) anneal_set_num_threads((int)threads);
+
+    anneal_model *m = NULL;
+    anneal_train_state st = {0};
+    char *config_text = NULL, *model_tok = NULL, *run_tok = NULL;
+    int rc = anneal_cli_load_model("export", ckpt ? "ckpt" : "model", ckpt ? ckpt : model_arg, &m, &st, &config_text,
+                                   &model_tok);
+    if (rc) return rc;
+    anneal_tokenizer *tok = NULL;
+    rc = 1;
+    if (!tok_spec) tok_spec = model_tok;
+    if (!tok_spec) {
+        cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+        tok_spec = run_tok = anneal_cli_run_tokenizer(config);
+        cJSON_Delete(config);
+    }
+    if (tok_spec && strcmp(tok_spec, "none")) {
+        if (anneal_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
+            fprintf(stderr, "anneal export: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
+            goto done;
+        }
+        uint64_t fp = anneal_tokenizer_fingerprint(tok);
+        if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
+            fprintf(stderr, "anneal export: --tokenizer %s: fingerprint %016llx does not match the checkpoint's %016llx "
+                            "(the model was trained on ids of another tokenizer)\n",
+                    tok_spec, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
+            rc = 2;
+            goto done;
+        }
+        if (anneal_tokenizer_vocab_size(tok) > m->cfg.vocab_size) {
+            fprintf(stderr, "anneal export: --tokenizer %s: %d ids, more than the model's vocabulary of %d\n", tok_spec,
+                    anneal_tokenizer_vocab_size(tok), m->cfg.vocab_size);
+            rc = 2;
+            goto done;
+        }
+    } else if (!tok_spec) {
+        fprintf(stderr, "anneal export: note: no tokenizer known for this model (give --tokenizer): %s gets none\n", out);
+    }
+    o.tokenizer = tok;
+    if (anneal_model_save_hf(m, out, &o) != ANNEAL_OK) {
+        fprintf(stderr, "anneal export: --out %s: %s\n", out, anneal_last_error());
+        goto done;
+    }
+    fprintf(stderr, "anneal export: %s: %s model, %lld parameters, %s%s\n", out, m->cfg.arch,
+            (long long)anneal_model_num_params(m), anneal_dtype_name(o.dtype), tok ? ", with its tokenizer" : "");
+    rc = 0;
+done:
+    anneal_tokenizer_free(tok);
+    anneal_model_free(m);
+    free(config_text);
+    free(model_tok);
+    free(run_tok);
+    return rc;
+}
