@@ -20,7 +20,7 @@ typedef struct anneal_nn_ctx {
 /* One trainable tensor with its hierarchical name ("transformer.h.0.ln_1.weight"). */
 typedef struct anneal_param {
     char *name;
-    anneal_tensor *tensor; /* f32 leaf, requires_grad */
+    anneal_tensor *tensor; /* f32 leaf, requires_grad while trainable (a frozen dense weight may be bf16) */
     bool decay;            /* receives weight decay (matmul weights, not biases/norms/embeddings) */
     bool trainable;        /* false: frozen (no grad, no optimizer state; LoRA's base weights) */
 } anneal_param;

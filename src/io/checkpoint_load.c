@@ -509,8 +509,10 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     bool lora = ts.lora_base_fingerprint != 0;
     if (r == ANNEAL_OK && lora != (anneal_lora_count(m->params) > 0))
         r = lora ? anneal_set_error(ANNEAL_ERR_ARG, "%s: a LoRA checkpoint (adapters of the base %s): it loads into a model "
-                                    "with the same adapters (--lora-rank, --lora-targets)", ckpt_dir,
-                                    ts.lora_base[0] ? ts.lora_base : "of the architecture's init")
+                                    "with the same adapters (resume it with --resume; to run or export the result, "
+                                    "fold it into its base with anneal lora merge --base BASE --adapter %s --out DIR)",
+                                    ckpt_dir, ts.lora_base[0] ? ts.lora_base : "of the architecture's seeded init",
+                                    ckpt_dir)
                  : anneal_set_error(ANNEAL_ERR_ARG, "%s: not a LoRA checkpoint, but the model has LoRA adapters", ckpt_dir);
     if (r == ANNEAL_OK && !lora) r = anneal_safetensors_open(model_path, &mst);
     if (r == ANNEAL_OK && !lora) r = check_model_file(mst, m, &ck);

@@ -11,6 +11,7 @@
  * tensor, a target the model lacks, a tensor no layer owns, malformed JSON, a regex
  * target_modules, rslora). */
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "anneal/anneal.h"
@@ -368,11 +369,37 @@ TEST(round_trip_and_bad_input) {
     anneal_model_free(m);
 }
 
+/* `anneal lora`: usage errors exit 2, a merge that cannot be done exits 1 naming why. */
+TEST(lora_cli_errors) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP("ANNEAL_BIN not set (run through ctest)");
+    char cmd[2048], log[600];
+    snprintf(log, sizeof log, "%s/cli.log", g_dir);
+    const char *args[] = {"lora", "lora split", "lora merge --base x --adapter y", "lora merge --base x --adapter y --out z --dtype fp8"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", bin, args[i], log);
+        int rc = system(cmd);
+        CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "'anneal %s' exited %d", args[i], WEXITSTATUS(rc));
+    }
+    snprintf(cmd, sizeof cmd, "%s lora merge --base %s --adapter %s --out %s > %s 2>&1", bin, tmp_path("nowhere"),
+             tmp_path("good"), tmp_path("m_out"), log);
+    int rc = system(cmd);
+    FILE *f = fopen(log, "r");
+    char text[1024] = "";
+    if (f) {
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && strstr(text, "nowhere"), "exit %d: %s", WEXITSTATUS(rc), text);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/anneal_peft_XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     write_ids();
     RUN(round_trip_and_bad_input);
+    RUN(lora_cli_errors);
     RUN(peft_adapter_loads_into_anneal);
     RUN(anneal_adapter_loads_into_peft_and_merges);
     RUN(llama_adapters_both_ways);
