@@ -87,7 +87,10 @@ anneal_status anneal_checkpoint_lora_base(const char *ckpt_dir, bool *is_lora, c
  * shapes equal: an incompatible model is refused with the mismatching tensor named;
  * then its hf_import reads it), optimizer state into opt (may be NULL) and *st. A LoRA
  * checkpoint loads into a model with the same adapters (anneal_peft_load: the base
- * weights are the caller's), the optimizer state of its trainable parameters only. */
+ * weights are the caller's), the optimizer state of its trainable parameters only; or,
+ * without an optimizer, into a plain model of the base's config: the base is read from
+ * the recorded path (or made by the architecture's init with the run's seed), checked
+ * against the recorded fingerprint, and the adapters added (generate, eval, --init). */
 anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st);
 

@@ -490,6 +490,42 @@ static anneal_status restore_optimizer(const anneal_safetensors *st, const annea
     return r;
 }
 
+/* The model of a LoRA checkpoint without a trainer around it: the base weights from the
+ * recorded path (a checkpoint, a Hugging Face directory or weights file), or the
+ * architecture's init with the run's seed when there was none; refused when their
+ * fingerprint is not the recorded one; then the adapters (adapter_config.json's settings,
+ * the base frozen). */
+static anneal_status load_lora_base(const char *ckpt_dir, const cJSON *j, const anneal_train_state *ts,
+                                    anneal_model *m) {
+    anneal_status r;
+    const char *base = ts->lora_base;
+    char ck[4096];
+    struct stat sb;
+    if (!base[0]) {
+        const cJSON *seed = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "config"), "seed");
+        if (!cJSON_IsNumber(seed) || seed->valuedouble < 0)
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: a LoRA checkpoint of a seeded base without the run's seed",
+                                    ckpt_dir);
+        r = anneal_model_init(m, (uint64_t)seed->valuedouble);
+    } else if (stat(base, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+               anneal_checkpoint_resolve(base, ck, sizeof ck) == ANNEAL_OK) {
+        anneal_train_state tmp;
+        r = anneal_checkpoint_load(ck, m, NULL, &tmp);
+    } else {
+        anneal_clear_error(); /* not a checkpoint: a Hugging Face directory or weights file */
+        r = anneal_model_load_hf_weights(m, base);
+    }
+    if (r != ANNEAL_OK)
+        return anneal_set_error(r, "%s: its LoRA base %s: %s", ckpt_dir, base[0] ? base : "(seeded init)",
+                                anneal_last_error());
+    uint64_t fp = anneal_params_fingerprint(m->params, false);
+    if (fp != ts->lora_base_fingerprint)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: the base weights of %s changed since the adapters were trained "
+                                "(fingerprint %016" PRIx64 ", the checkpoint's %016" PRIx64 ")", ckpt_dir,
+                                base[0] ? base : "the seeded init", fp, ts->lora_base_fingerprint);
+    return anneal_peft_load(ckpt_dir, m->params, ANNEAL_F32);
+}
+
 anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st) {
     if (!m) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint load: NULL model");
@@ -507,7 +543,10 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     if (!steps) r = anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
     if (r == ANNEAL_OK) r = model_config(ckpt_dir, j, &ck);
     bool lora = ts.lora_base_fingerprint != 0;
-    if (r == ANNEAL_OK && lora != (anneal_lora_count(m->params) > 0))
+    /* a LoRA checkpoint into a plain model (generate, eval, --init): base, then adapters */
+    bool with_base = r == ANNEAL_OK && lora && !opt && anneal_lora_count(m->params) == 0;
+    if (with_base) r = load_lora_base(ckpt_dir, j, &ts, m);
+    if (r == ANNEAL_OK && !with_base && lora != (anneal_lora_count(m->params) > 0))
         r = lora ? anneal_set_error(ANNEAL_ERR_ARG, "%s: a LoRA checkpoint (adapters of the base %s): it loads into a model "
                                     "with the same adapters (resume it with --resume; to run or export the result, "
                                     "fold it into its base with anneal lora merge --base BASE --adapter %s --out DIR)",
@@ -530,7 +569,7 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     /* Everything checked: restore (the architecture reads its own export; LoRA: the
      * adapters, checked tensor by tensor before any is written, then the state) */
     anneal_st_source src;
-    if (r == ANNEAL_OK && lora) r = anneal_peft_load(ckpt_dir, m->params, ANNEAL_F32);
+    if (r == ANNEAL_OK && lora && !with_base) r = anneal_peft_load(ckpt_dir, m->params, ANNEAL_F32);
     if (r == ANNEAL_OK && !lora && (r = anneal_st_source_init(&src, mst)) == ANNEAL_OK) {
         r = anneal_model_hf_import(m, &src.src);
         anneal_st_source_free(&src);

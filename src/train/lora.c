@@ -5,7 +5,8 @@
  * half). The run records the base (its path and a fingerprint of its weights) in the
  * train state, so its checkpoints hold only the adapters and their optimizer state. A
  * resume rebuilds the base from that path, refuses it when its fingerprint changed,
- * adds the same adapters and lets the checkpoint fill them. */
+ * adds the same adapters and lets the checkpoint fill them. --init of a LoRA checkpoint
+ * (which the checkpoint load gives with its base and adapters) continues its adapters. */
 #include "train_internal.h"
 
 #include <stdlib.h>
@@ -49,6 +50,18 @@ static int split_targets(char *buf, const char **t, int max) {
     return n;
 }
 
+/* The run's LoRA settings from the adapters ps has (a resume repeats them). */
+static anneal_status settings_from(anneal_train_config *c, const anneal_params *ps) {
+    char *tg = strdup(ps->lora.targets);
+    if (!tg) return anneal_set_error(ANNEAL_ERR_OOM, "lora: out of memory");
+    free(c->lora_targets);
+    c->lora_targets = tg;
+    c->lora_rank = ps->lora.rank;
+    c->lora_alpha = ps->lora.alpha;
+    c->lora_dropout = ps->lora.dropout;
+    return ANNEAL_OK;
+}
+
 /* Adds the adapters of the run's settings (or of --lora-init) to the model. */
 static anneal_status add_adapters(trainer *t, anneal_dtype base_dtype, bool *usage) {
     anneal_train_config *c = &t->cfg;
@@ -71,15 +84,7 @@ static anneal_status add_adapters(trainer *t, anneal_dtype base_dtype, bool *usa
                                     "--lora-alpha %g were given", dir, rank, alpha, (long long)c->lora_rank, c->lora_alpha);
         }
         if ((s = anneal_peft_load(dir, ps, base_dtype)) != ANNEAL_OK) return s;
-        /* the run's settings are the adapter's from now on (a resume repeats them) */
-        c->lora_rank = rank;
-        c->lora_alpha = alpha;
-        c->lora_dropout = ps->lora.dropout;
-        char *tg = strdup(ps->lora.targets);
-        if (!tg) return anneal_set_error(ANNEAL_ERR_OOM, "--lora-init: out of memory");
-        free(c->lora_targets);
-        c->lora_targets = tg;
-        return ANNEAL_OK;
+        return settings_from(c, ps); /* the run's settings are the adapter's from now on */
     }
     char *buf = strdup(c->lora_targets ? c->lora_targets : default_targets(t->model->cfg.arch));
     if (!buf) return anneal_set_error(ANNEAL_ERR_OOM, "--lora-targets: out of memory");
@@ -98,8 +103,34 @@ static anneal_status add_adapters(trainer *t, anneal_dtype base_dtype, bool *usa
     return ANNEAL_OK;
 }
 
+/* --init was a LoRA checkpoint: its adapters (and their base, which the checkpoint
+ * load rebuilt and checked) go on training in this new run, with a fresh optimizer. */
+static anneal_status continue_init_adapters(trainer *t, bool *usage) {
+    anneal_train_config *c = &t->cfg;
+    if (c->lora_rank || c->lora_init) {
+        *usage = true;
+        return anneal_set_error(ANNEAL_ERR_ARG, "--init %s is a LoRA checkpoint: its adapters continue as they are "
+                                "(leave out --lora-rank and --lora-init)", c->init);
+    }
+    char ck[PATH_MAX];
+    bool is_lora = false;
+    uint64_t fp = 0;
+    if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||
+        anneal_checkpoint_lora_base(ck, &is_lora, t->st.lora_base, sizeof t->st.lora_base, &fp) != ANNEAL_OK)
+        return anneal_set_error(anneal_last_status(), "--init: %s", anneal_last_error());
+    t->st.lora_base_fingerprint = fp;
+    return settings_from(c, t->model->params);
+}
+
 anneal_status anneal_train_setup_lora(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
+    if (!c->resume && anneal_lora_count(t->model->params) > 0) {
+        if (t->world > 1 || c->zero > 0) {
+            *usage = true;
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--init: LoRA runs on one process without --zero");
+        }
+        return continue_init_adapters(t, usage);
+    }
     anneal_dtype dt = ANNEAL_F32;
     if (c->dtype && !anneal_train_dtype_parse(c->dtype, &dt)) dt = ANNEAL_F32; /* precision.c reports it */
     anneal_dtype base_dtype = dt == ANNEAL_BF16 ? ANNEAL_BF16 : ANNEAL_F32;

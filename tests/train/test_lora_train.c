@@ -5,8 +5,10 @@
  *     stored in bf16), and its checkpoints hold only what changes: the adapters as a
  *     PEFT directory, the optimizer state of the adapters, the base's path and
  *     fingerprint (no model.safetensors);
- *   - a resume refuses a base whose weights changed, and a LoRA checkpoint given to a run
- *     without adapters; a target the model lacks is a usage error naming it;
+ *   - the base reference: a LoRA checkpoint loads without a trainer (generate, eval) by
+ *     reading its base from the recorded path, --init of one continues its adapters on
+ *     the same base; once the base's weights changed, resume and that load refuse it; a
+ *     target the model lacks is a usage error naming it;
  *   - on real text (KJV, a 512-id BPE), the first 20 steps of a LoRA run from a random
  *     transformers GPT-2 (c_attn, c_proj, c_fc) or Llama (q/k/v/o_proj) and a PEFT-initialised adapter (--lora-init) match PEFT's own
  *     training of the same adapter on the same batches with torch.optim.AdamW (dropout
@@ -29,6 +31,19 @@ static anneal_status run_cfg(const char *const (*kv)[2], int n, anneal_train_res
     fclose(devnull);
     anneal_train_config_free(&c);
     return st;
+}
+
+/* A LoRA checkpoint into a plain model of its base's config (what generate and eval do):
+ * the status, and the number of adapted layers. */
+static anneal_status load_plain(const char *ckpt, int *n_adapted) {
+    anneal_model_config mc;
+    anneal_status st = anneal_checkpoint_read_config(ckpt, &mc, NULL);
+    anneal_model *m = st == ANNEAL_OK ? anneal_model_new(&mc, ANNEAL_CPU) : NULL;
+    anneal_train_state ts;
+    if (m) st = anneal_checkpoint_load(ckpt, m, NULL, &ts);
+    *n_adapted = m ? anneal_lora_count(m->params) : 0;
+    anneal_model_free(m);
+    return m ? st : anneal_last_status();
 }
 
 static void resume_case(const char *dtype) {
@@ -87,6 +102,9 @@ static void resume_case(const char *dtype) {
     char base[64];
     snprintf(p, sizeof p, "%s/ckpt_00000008", b);
     CHECK_TRUE(anneal_checkpoint_lora_base(p, &lora, base, sizeof base, &fp) == ANNEAL_OK && lora && fp && !base[0]);
+    int n_ad = -1; /* a seeded base: the architecture's init with the run's seed, then the adapters */
+    CHECK(load_plain(p, &n_ad) == ANNEAL_OK && n_ad == 4, "plain load: %s (%d)", anneal_last_error(), n_ad);
+    anneal_clear_error();
     printf("    %s: 8 steps straight = 3 + resume 5, bit for bit (last loss %.6f)\n", dtype, y[7]);
     tu_rmrf(dir);
 }
@@ -96,13 +114,14 @@ TEST(resume_is_bit_identical_and_holds_only_adapters) {
     resume_case("bf16");
 }
 
-TEST(resume_refuses_a_changed_base) {
+TEST(base_reference_is_checked) {
     const char *dir = tu_mkdtemp("lora_base");
     REQUIRE(dir);
-    char base[300], run[300], out[400];
+    char base[300], run[300], out[400], cont[300];
     snprintf(base, sizeof base, "%s/base", dir);
     snprintf(run, sizeof run, "%s/lora", dir);
-    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cont, sizeof cont, "%s/cont", dir);
     anneal_train_result r;
     const char *b1[][2] = {{"model", "tiny"}, {"synthetic", "on"}, {"batch", "2"}, {"seq", "16"}, {"steps", "2"},
                            {"stop-at", "1"}, {"eval-batches", "0"}, {"peak-gflops", "100"}, {"out", base}};
@@ -111,6 +130,32 @@ TEST(resume_refuses_a_changed_base) {
                            {"stop-at", "2"}, {"lora-rank", "2"}, {"eval-batches", "0"}, {"peak-gflops", "100"},
                            {"out", run}};
     REQUIRE(run_cfg(l1, 10, &r) == ANNEAL_OK);
+    char ck[400];
+    snprintf(ck, sizeof ck, "%s/ckpt_00000002", run);
+    /* without a trainer (generate, eval): the base from its path, then the adapters */
+    int n = -1;
+    anneal_status st = load_plain(ck, &n);
+    CHECK(st == ANNEAL_OK && n == 2, "plain load: %s (%d adapted)", anneal_last_error(), n);
+    anneal_clear_error();
+    /* --init of a LoRA checkpoint continues its adapters in a new run, on the same base */
+    const char *c1[][2] = {{"init", ck}, {"synthetic", "on"}, {"batch", "2"}, {"seq", "16"}, {"steps", "2"},
+                           {"eval-batches", "0"}, {"peak-gflops", "100"}, {"out", cont}};
+    st = run_cfg(c1, 8, &r);
+    CHECK(st == ANNEAL_OK, "--init of a LoRA checkpoint: %s", anneal_last_error());
+    anneal_clear_error();
+    bool la = false, lb = false;
+    uint64_t fa = 0, fb = 0;
+    char pa[1024], pb[1024], ck2[400];
+    snprintf(ck2, sizeof ck2, "%s/ckpt_00000002", cont);
+    CHECK_TRUE(anneal_checkpoint_lora_base(ck, &la, pa, sizeof pa, &fa) == ANNEAL_OK &&
+               anneal_checkpoint_lora_base(ck2, &lb, pb, sizeof pb, &fb) == ANNEAL_OK && la && lb && fa == fb &&
+               !strcmp(pa, pb) && strstr(pa, "/base"));
+    anneal_clear_error();
+    const char *c2[][2] = {{"init", ck}, {"synthetic", "on"}, {"steps", "1"}, {"lora-rank", "4"},
+                           {"eval-batches", "0"}, {"out", out}};
+    CHECK(run_cfg(c2, 6, &r) != ANNEAL_OK && r.usage_error && strstr(anneal_last_error(), "LoRA checkpoint"), "%s",
+          anneal_last_error());
+    anneal_clear_error();
     /* the base moves on a step: its latest checkpoint is other weights */
     b1[5][1] = "0";
     b1[8][0] = "resume";
@@ -122,12 +167,10 @@ TEST(resume_refuses_a_changed_base) {
     CHECK(run_cfg(l1, 10, &r) != ANNEAL_OK && strstr(anneal_last_error(), "changed"), "resume on a changed base: %s",
           anneal_last_error());
     anneal_clear_error();
-    /* a LoRA checkpoint as --init of a plain run, and an unknown target */
-    char ck[400];
-    snprintf(ck, sizeof ck, "%s/ckpt_00000002", run);
-    const char *l3[][2] = {{"init", ck}, {"synthetic", "on"}, {"steps", "1"}, {"eval-batches", "0"}, {"out", out}};
-    CHECK(run_cfg(l3, 5, &r) != ANNEAL_OK && strstr(anneal_last_error(), "LoRA checkpoint"), "%s", anneal_last_error());
+    CHECK(load_plain(ck, &n) != ANNEAL_OK && strstr(anneal_last_error(), "changed"), "plain load on a changed base: %s",
+          anneal_last_error());
     anneal_clear_error();
+    /* an unknown target */
     const char *l4[][2] = {{"model", "tiny"}, {"synthetic", "on"}, {"steps", "1"}, {"lora-rank", "2"},
                            {"lora-targets", "c_attn,q_proj"}, {"eval-batches", "0"}, {"out", out}};
     CHECK(run_cfg(l4, 7, &r) != ANNEAL_OK && r.usage_error && strstr(anneal_last_error(), "'q_proj'"), "%s",
@@ -228,7 +271,7 @@ TEST(loss_curve_matches_peft) {
 
 int main(void) {
     RUN(resume_is_bit_identical_and_holds_only_adapters);
-    RUN(resume_refuses_a_changed_base);
+    RUN(base_reference_is_checked);
     RUN(loss_curve_matches_peft);
     return anneal_test_summary();
 }
