@@ -508,6 +508,24 @@ const char *anneal_tokenizer_token_bytes(const anneal_tokenizer *tok, int32_t id
     return b;
 }
 
+void anneal_tok_chunking(const anneal_tokenizer *t, bool *space_only, bool *strip_space, int32_t *crossing) {
+    *space_only = *strip_space = false;
+    *crossing = -1;
+    if (t->kind != TOK_SENTENCEPIECE) return;
+    *space_only = true;
+    *strip_space = t->sp.norm_prepend || (t->sp.meta && t->sp.meta_prepend != 0);
+    for (int32_t id = 0; id < t->n_vocab && *crossing < 0; id++) {
+        size_t n;
+        const char *b = tok_bytes(t, id, &n);
+        if (t->is_special[id]) continue;
+        for (size_t i = 1; i + 3 <= n; i++)
+            if (memcmp(b + i, "\xE2\x96\x81", 3) == 0 && !(i >= 3 && memcmp(b + i - 3, "\xE2\x96\x81", 3) == 0)) {
+                *crossing = id;
+                break;
+            }
+    }
+}
+
 int32_t anneal_tokenizer_bos(const anneal_tokenizer *tok) { return tok ? tok->bos : -1; }
 
 bool anneal_tokenizer_adds_bos(const anneal_tokenizer *tok) { return tok && tok->add_bos && tok->bos >= 0; }

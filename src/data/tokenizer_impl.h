@@ -192,6 +192,13 @@ anneal_status anneal_tok_read_file(const char *path, char **buf, size_t *len);
 struct cJSON;
 anneal_status anneal_tok_parse_json(const char *path, const char *buf, size_t len, struct cJSON **out);
 
+/* tokenizer.c: for prepare's parallel chunks. A SentencePiece-style tokenizer runs BPE
+ * over whole segments, so chunks may only start at a space; *strip_space: it also puts
+ * a ▁ before the text (Prepend, Metaspace), which stands for a chunk's leading space.
+ * *crossing: a model token with a ▁ after another character (it would merge across a
+ * word boundary, so no cut is safe), NULL if none. */
+void anneal_tok_chunking(const anneal_tokenizer *t, bool *space_only, bool *strip_space, int32_t *crossing);
+
 /* tokenizer.c: sets t->added from t->special (special, not normalized, no stripping)
  * when the loader gave none; sorts added tokens longest first. */
 anneal_status anneal_tok_added_finish(anneal_tokenizer *t, const char *what);

@@ -490,6 +490,48 @@ TEST(bad_files_are_refused_by_name) {
 #undef CASE
 }
 
+/* A Hugging Face GPT-2 directory with vocab.json + merges.txt and no tokenizer.json
+ * loads as GPT-2's own files. */
+TEST(vocab_json_and_merges_txt) {
+    anneal_tokenizer *g = NULL;
+    if (anneal_tokenizer_load("gpt2", &g) != ANNEAL_OK) {
+        anneal_clear_error();
+        SKIP("GPT-2's files (data/gpt2) are not there");
+    }
+    char tmpl[] = "/tmp/anneal_vm_XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    REQUIRE(tmp);
+    anneal_tokenizer *h = NULL;
+    /* GPT-2's files found through save_hf's directory: write them under the HF names */
+    size_t n;
+    char p[300];
+    const char *src[2] = {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"};
+    const char *dst[2] = {"vocab.json", "merges.txt"};
+    bool ok = true;
+    for (int i = 0; i < 2 && ok; i++) {
+        char *b = slurp(anneal_test_path(src[i]), &n);
+        if (!b) {
+            snprintf(p, sizeof p, "../shared/%s", src[i]);
+            b = slurp(anneal_test_path(p), &n);
+        }
+        ok = b != NULL;
+        snprintf(p, sizeof p, "%s/%s", tmp, dst[i]);
+        if (b) ok = write_str(p, b);
+        free(b);
+    }
+    if (ok) {
+        CHECK(anneal_tokenizer_load(tmp, &h) == ANNEAL_OK, "%s", anneal_last_error());
+        if (h) CHECK_TRUE(anneal_tokenizer_fingerprint(h) == anneal_tokenizer_fingerprint(g));
+    }
+    anneal_tokenizer_free(h);
+    anneal_tokenizer_free(g);
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmp, dst[i]);
+        unlink(p);
+    }
+    rmdir(tmp);
+}
+
 /* ignore_merges (Llama 3): a piece that is a token is that token, whatever the merges
  * would make (tokenizers 0.15 cannot write it, so this tokenizer is made by hand). */
 TEST(ignore_merges_takes_whole_pieces) {
@@ -529,5 +571,6 @@ int main(void) {
     RUN(save_hf_loads_in_transformers);
     RUN(bad_files_are_refused_by_name);
     RUN(ignore_merges_takes_whole_pieces);
+    RUN(vocab_json_and_merges_txt);
     return anneal_test_summary();
 }
