@@ -190,6 +190,7 @@ anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *v
                                  vocab_bpe, key_or(by_id[id]->string), (int)id, encoder_json, vocab_bpe);
     }
     if (!s) s = anneal_tok_finish(t, cand, n_special, encoder_json);
+    if (!s) t->bos = t->eot; /* GPT-2: <|endoftext|> is BOS and EOS (transformers' bos_token too), never added */
     cJSON_Delete(root);
     free(ebuf);
     free(vbuf);

@@ -490,6 +490,63 @@ TEST(bad_files_are_refused_by_name) {
 #undef CASE
 }
 
+/* What save_hf writes loads back as the same tokenizer (fingerprint, specials, BOS, chat
+ * template), for the fixtures, GPT-2's files and a trained tokenizer; no Python needed. */
+TEST(save_hf_round_trips) {
+    char tmpl[] = "/tmp/anneal_rt_XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    REQUIRE(tmp);
+    const char *names[] = {"gpt2_bl", "llama3_bl", "qwen2_bl", "qwen2_nfc", "zephyr_bl", "llama2_sp", "mistral_sp",
+                           "gpt2", "trained"};
+    char kjv[300], trained[300];
+    snprintf(kjv, sizeof kjv, "%s", anneal_test_path(FIX "/kjv_excerpt.txt"));
+    snprintf(trained, sizeof trained, "%s/trained_src", tmp);
+    const char *files[1] = {kjv};
+    REQUIRE(anneal_bpe_train(files, 1, 400, trained) == ANNEAL_OK);
+    for (int i = 0; i < 9; i++) {
+        char src[300], dst[300];
+        if (i < 7) snprintf(src, sizeof src, "%s/%s", anneal_test_path(FIX), names[i]);
+        else snprintf(src, sizeof src, "%s", i == 7 ? "gpt2" : trained);
+        anneal_tokenizer *a = NULL, *b = NULL;
+        if (anneal_tokenizer_load(src, &a) != ANNEAL_OK) {
+            CHECK(i == 7, "%s: %s", src, anneal_last_error()); /* GPT-2's files may be absent */
+            anneal_clear_error();
+            continue;
+        }
+        snprintf(dst, sizeof dst, "%s/%s", tmp, names[i]);
+        CHECK(anneal_tokenizer_save_hf(a, dst) == ANNEAL_OK, "%s: %s", dst, anneal_last_error());
+        CHECK(anneal_tokenizer_load(dst, &b) == ANNEAL_OK, "%s: %s", dst, anneal_last_error());
+        if (b) {
+            const char *ca = anneal_tokenizer_chat_template(a), *cb = anneal_tokenizer_chat_template(b);
+            CHECK(anneal_tokenizer_fingerprint(a) == anneal_tokenizer_fingerprint(b) &&
+                      anneal_tokenizer_vocab_size(a) == anneal_tokenizer_vocab_size(b) &&
+                      anneal_tokenizer_eot(a) == anneal_tokenizer_eot(b) &&
+                      anneal_tokenizer_bos(a) == anneal_tokenizer_bos(b) &&
+                      anneal_tokenizer_adds_bos(a) == anneal_tokenizer_adds_bos(b) && !ca == !cb &&
+                      (!ca || strcmp(ca, cb) == 0),
+                  "%s: what save_hf wrote loads as another tokenizer", names[i]);
+        }
+        anneal_tokenizer_free(a);
+        anneal_tokenizer_free(b);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dst);
+        CHECK_TRUE(system(cmd) == 0);
+    }
+    /* a directory that cannot be made */
+    anneal_tokenizer *a = NULL;
+    char src[300];
+    snprintf(src, sizeof src, "%s/gpt2_bl", anneal_test_path(FIX));
+    REQUIRE(anneal_tokenizer_load(src, &a) == ANNEAL_OK);
+    anneal_clear_error();
+    CHECK_TRUE(anneal_tokenizer_save_hf(a, "/proc/anneal_no/such") != ANNEAL_OK &&
+               strstr(anneal_last_error(), "/proc/anneal_no/such"));
+    CHECK_TRUE(anneal_tokenizer_save_hf(NULL, tmp) == ANNEAL_ERR_ARG);
+    anneal_tokenizer_free(a);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK_TRUE(system(cmd) == 0);
+}
+
 /* A Hugging Face GPT-2 directory with vocab.json + merges.txt and no tokenizer.json
  * loads as GPT-2's own files. */
 TEST(vocab_json_and_merges_txt) {
@@ -568,6 +625,7 @@ TEST(ignore_merges_takes_whole_pieces) {
 int main(void) {
     RUN(inline_texts_match_tokenizers);
     RUN(shared_texts_match_tokenizers);
+    RUN(save_hf_round_trips);
     RUN(save_hf_loads_in_transformers);
     RUN(bad_files_are_refused_by_name);
     RUN(ignore_merges_takes_whole_pieces);
