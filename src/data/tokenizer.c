@@ -457,6 +457,12 @@ anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int
         int32_t id = anneal_tok_lookup(t, eot_names[k], strlen(eot_names[k]));
         if (id >= 0 && t->is_special[id]) t->eot = id;
     }
+    if (t->kind == TOK_SENTENCEPIECE) {
+        bool space_only, strip;
+        int32_t crossing;
+        anneal_tok_chunking(t, &space_only, &strip, &crossing);
+        t->sp.word_split = crossing < 0 && anneal_tok_lookup(t, "\xE2\x96\x81", 3) >= 0;
+    }
     t->fingerprint = tok_fingerprint(t);
     if (!t->pre_none) {
         t->pre = t->pattern ? anneal_pretokenizer_new_pattern(t->pattern, what) : anneal_pretokenizer_new();

@@ -52,6 +52,9 @@ typedef struct tok_sp {
     int32_t byte_tok[256];  /* id of "<0xNN>", -1 if absent */
     int32_t unk;            /* unk_token id, -1 if none */
     bool fuse_unk;
+    bool word_split;        /* no token has a ▁ after another character, and ▁ is a token: BPE
+                             * never merges across "x|▁", so a segment may be cut there into
+                             * cacheable pieces with the same result */
 } tok_sp;
 
 struct anneal_tokenizer {
