@@ -421,6 +421,8 @@ TEST(bad_files_are_refused_by_name) {
          cJSON_DeleteItemFromObject(obj(m, "vocab"), "!"));
     CASE("gpt2_bl", "negative id", F, "tokenizer.json", "not an integer",
          set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(-3)));
+    CASE("gpt2_bl", "huge id", F, "tokenizer.json", "not dense",
+         set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(2000000000)));
     CASE("gpt2_bl", "fractional id", F, "tokenizer.json", "not an integer",
          set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(2.5)));
     CASE("llama2_sp", "added token vs vocab", F, "added_tokens[1]", "<s>",
