@@ -493,6 +493,7 @@ void anneal_tokenizer_free(anneal_tokenizer *tok) {
     free(tok->dec_off);
     free(tok->chat_template);
     free(tok->hf_json);
+    free(tok->hf_dir);
     free(tok->hf_config);
     free(tok);
 }

@@ -694,6 +694,9 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
         t->hf_json = buf;
         t->hf_json_len = len;
         buf = NULL;
+        const char *slash = strrchr(path, '/');
+        t->hf_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+        if (!t->hf_dir) s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     }
     cJSON_Delete(root);
     free(buf);

@@ -96,6 +96,8 @@ struct anneal_tokenizer {
     char *chat_template;      /* tokenizer_config.json's chat_template, NULL if none */
     char *hf_json;            /* the tokenizer.json it was loaded from (save_hf writes it back) */
     size_t hf_json_len;
+    char *hf_dir;             /* the directory of that tokenizer.json (save_hf copies the
+                               * tokenizer.model and special_tokens_map.json it holds) */
     char *hf_config;          /* the tokenizer_config.json beside it, if any */
     size_t hf_config_len;
 

@@ -534,6 +534,24 @@ TEST(save_hf_round_trips) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dst);
         CHECK_TRUE(system(cmd) == 0);
     }
+    /* files of the source directory come along; saving into the source directory is fine */
+    char src_dir[300], sp_map[360], cmd2[800];
+    snprintf(src_dir, sizeof src_dir, "%s/src_copy", tmp);
+    snprintf(cmd2, sizeof cmd2, "mkdir -p '%s' && cp '%s/llama2_sp/'* '%s/'", src_dir, anneal_test_path(FIX), src_dir);
+    REQUIRE(system(cmd2) == 0);
+    snprintf(sp_map, sizeof sp_map, "%s/special_tokens_map.json", src_dir);
+    REQUIRE(write_str(sp_map, "{\"bos_token\": \"<s>\"}"));
+    anneal_tokenizer *c = NULL;
+    REQUIRE(anneal_tokenizer_load(src_dir, &c) == ANNEAL_OK);
+    char dst2[320];
+    snprintf(dst2, sizeof dst2, "%s/copied", tmp);
+    CHECK(anneal_tokenizer_save_hf(c, dst2) == ANNEAL_OK, "%s", anneal_last_error());
+    CHECK(anneal_tokenizer_save_hf(c, src_dir) == ANNEAL_OK, "%s", anneal_last_error());
+    anneal_tokenizer_free(c);
+    snprintf(sp_map, sizeof sp_map, "%s/copied/special_tokens_map.json", tmp);
+    char *m = slurp(sp_map, NULL);
+    CHECK(m && strcmp(m, "{\"bos_token\": \"<s>\"}") == 0, "special_tokens_map.json not copied");
+    free(m);
     /* a directory that cannot be made */
     anneal_tokenizer *a = NULL;
     char src[300];
