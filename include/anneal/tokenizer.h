@@ -58,8 +58,9 @@ void anneal_tokenizer_free(anneal_tokenizer *tok);
  * created if missing) that transformers' AutoTokenizer.from_pretrained(dir) and
  * tokenizers' Tokenizer.from_file load and encode to the same ids as anneal. A
  * tokenizer loaded from a tokenizer.json gets that file back unchanged (and its
- * tokenizer_config.json, if it had one); one from GPT-2's files or the trainer gets
- * a tokenizer.json generated from its vocabulary and merges. */
+ * tokenizer_config.json, special_tokens_map.json and tokenizer.model, where it had
+ * them); one from GPT-2's files or the trainer gets a tokenizer.json generated from its
+ * vocabulary and merges and a PreTrainedTokenizerFast tokenizer_config.json. */
 anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir);
 
 /* Number of ids (including special tokens). */

@@ -434,15 +434,25 @@ static bool encode_piece(const char *p, size_t n, void *user) {
     return ok;
 }
 
+#define META "\xE2\x96\x81" /* U+2581 '▁', SentencePiece's space */
+
 /* Runs the pre-tokenizer's regex (or none) over s[0..n), encoding each piece. */
 static anneal_status split_and_encode(enc_ctx *x, const char *s, size_t n) {
     if (!n) return ANNEAL_OK;
+    if (!x->t->pre && x->t->sp.word_split) { /* pieces "▁...▁word": the same ids, and cached */
+        size_t start = 0;
+        for (size_t i = 1; i + 3 <= n; i++)
+            if (s[i] == '\xE2' && memcmp(s + i, META, 3) == 0 && !(i >= 3 && memcmp(s + i - 3, META, 3) == 0)) {
+                if (!encode_piece(s + start, i - start, x)) return x->err;
+                start = i;
+                i += 2;
+            }
+        return encode_piece(s + start, n - start, x) ? ANNEAL_OK : x->err;
+    }
     if (!x->t->pre) return encode_piece(s, n, x) ? ANNEAL_OK : x->err;
     anneal_status st = anneal_pretokenize(x->t->pre, s, n, encode_piece, x);
     return st ? st : x->err;
 }
-
-#define META "\xE2\x96\x81" /* U+2581 '▁', SentencePiece's space */
 
 /* Metaspace pre-tokenisation of s[0..n): spaces become ▁, a ▁ is prepended as the
  * scheme says, and (split) the text is cut before each ▁. */

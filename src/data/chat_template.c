@@ -119,6 +119,7 @@ static anneal_status put_tok(anneal_strbuf *b, const anneal_tokenizer *t, int32_
     return anneal_strbuf_append(b, p, n);
 }
 
+/* Appends s with Python's strip() applied. */
 static anneal_status put_stripped(anneal_strbuf *b, const char *s) {
     const char *p;
     size_t n;

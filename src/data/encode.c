@@ -49,6 +49,7 @@ static bool is_space_cp(uint32_t c) {
 static pcre2_code *g_word;
 static pthread_once_t g_word_once = PTHREAD_ONCE_INIT;
 
+/* Compiles the word-character class once (NULL on failure: then nothing is a word). */
 static void word_init(void) {
     int err;
     PCRE2_SIZE off;

@@ -8,6 +8,7 @@
  * Chunk boundaries and the train/val split depend only on the input bytes, so the
  * shards are identical for any thread count; memory is K chunks whatever the input size. */
 #include "anneal/prepare.h"
+#include "tokenizer_impl.h"
 
 #include "anneal/shard.h"
 #include "anneal/fs.h"
@@ -164,6 +165,8 @@ typedef struct chunker {
     bool in_val;
     uint64_t forced_cuts;
     bool space_only;      /* the tokenizer adds a prefix space: chunks must start with ' ' */
+    bool strip_space;     /* SentencePiece with a ▁ prefix: a chunk that continues a document is
+                           * encoded without its leading space (the prefix ▁ stands for it) */
 } chunker;
 
 /* Opens inputs[i] (stdin was spooled at the start). */
@@ -516,6 +519,20 @@ anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepar
         if (!ok) st = anneal_set_error(ANNEAL_ERR_OOM, "prepare: out of memory for %d chunks", K);
     }
     if (st == ANNEAL_OK) st = adds_prefix_space(cfg->tok, &ck.space_only);
+    if (st == ANNEAL_OK) { /* SentencePiece-style BPE: whole segments, so cuts only before a space */
+        bool sp_space;
+        int32_t crossing;
+        anneal_tok_chunking(cfg->tok, &sp_space, &ck.strip_space, &crossing);
+        ck.space_only |= sp_space;
+        if (crossing >= 0) {
+            size_t n;
+            const char *b = anneal_tokenizer_token_bytes(cfg->tok, crossing, &n);
+            st = anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
+                                  "prepare: token %d (\"%.*s\") of the tokenizer joins a word to the space after it, "
+                                  "so the text cannot be encoded in chunks exactly",
+                                  (int)crossing, (int)(n > 40 ? 40 : n), b);
+        }
+    }
     if (st == ANNEAL_OK && cfg->val_fraction > 0) {
         /* val = the inputs' last ceil(F * total) bytes (moved back to a safe cut). */
         uint64_t vb = (uint64_t)ceil(cfg->val_fraction * (double)total);
@@ -552,7 +569,8 @@ anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepar
             chunk *c = &chunks[i];
             c->ids.n = 0;
             anneal_clear_error();
-            c->st = anneal_tokenizer_encode(cfg->tok, c->text, c->len, false, &c->ids);
+            size_t skip = ck.strip_space && !c->doc_start && c->len && c->text[0] == ' ';
+            c->st = anneal_tokenizer_encode(cfg->tok, c->text + skip, c->len - skip, false, &c->ids);
             if (c->st != ANNEAL_OK) snprintf(c->err, sizeof c->err, "%s", anneal_last_error());
         }
         for (int i = 0; i < n && st == ANNEAL_OK; i++) {

@@ -457,6 +457,12 @@ anneal_status anneal_tok_finish(anneal_tokenizer *t, const int32_t *special, int
         int32_t id = anneal_tok_lookup(t, eot_names[k], strlen(eot_names[k]));
         if (id >= 0 && t->is_special[id]) t->eot = id;
     }
+    if (t->kind == TOK_SENTENCEPIECE) {
+        bool space_only, strip;
+        int32_t crossing;
+        anneal_tok_chunking(t, &space_only, &strip, &crossing);
+        t->sp.word_split = crossing < 0 && anneal_tok_lookup(t, "\xE2\x96\x81", 3) >= 0;
+    }
     t->fingerprint = tok_fingerprint(t);
     if (!t->pre_none) {
         t->pre = t->pattern ? anneal_pretokenizer_new_pattern(t->pattern, what) : anneal_pretokenizer_new();
@@ -487,6 +493,7 @@ void anneal_tokenizer_free(anneal_tokenizer *tok) {
     free(tok->dec_off);
     free(tok->chat_template);
     free(tok->hf_json);
+    free(tok->hf_dir);
     free(tok->hf_config);
     free(tok);
 }
@@ -506,6 +513,24 @@ const char *anneal_tokenizer_token_bytes(const anneal_tokenizer *tok, int32_t id
     const char *b = tok_dec_bytes(tok, id, &n);
     if (len) *len = n;
     return b;
+}
+
+void anneal_tok_chunking(const anneal_tokenizer *t, bool *space_only, bool *strip_space, int32_t *crossing) {
+    *space_only = *strip_space = false;
+    *crossing = -1;
+    if (t->kind != TOK_SENTENCEPIECE) return;
+    *space_only = true;
+    *strip_space = t->sp.norm_prepend || (t->sp.meta && t->sp.meta_prepend != 0);
+    for (int32_t id = 0; id < t->n_vocab && *crossing < 0; id++) {
+        size_t n;
+        const char *b = tok_bytes(t, id, &n);
+        if (t->is_special[id]) continue;
+        for (size_t i = 1; i + 3 <= n; i++)
+            if (memcmp(b + i, "\xE2\x96\x81", 3) == 0 && !(i >= 3 && memcmp(b + i - 3, "\xE2\x96\x81", 3) == 0)) {
+                *crossing = id;
+                break;
+            }
+    }
 }
 
 int32_t anneal_tokenizer_bos(const anneal_tokenizer *tok) { return tok ? tok->bos : -1; }

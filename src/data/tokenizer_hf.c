@@ -532,6 +532,14 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
         }
     }
     if (!s && n == 0) s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the vocabulary is empty", path);
+    if (!s) { /* dense ids need as many entries as the largest id + 1 (checked before allocating) */
+        int64_t entries = cJSON_GetArraySize(vocab) + (cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0);
+        if ((int64_t)n > entries)
+            s = anneal_set_error(ANNEAL_ERR_FORMAT,
+                                 "%s: ids are not dense: the largest id is %d but there are only %lld vocab and added "
+                                 "entries",
+                                 path, (int)n - 1, (long long)entries);
+    }
     int n_added = 0;
     if (!s) {
         n_added = cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0;
@@ -686,6 +694,9 @@ anneal_status anneal_tokenizer_load_hf(const char *path, anneal_tokenizer **out)
         t->hf_json = buf;
         t->hf_json_len = len;
         buf = NULL;
+        const char *slash = strrchr(path, '/');
+        t->hf_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+        if (!t->hf_dir) s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     }
     cJSON_Delete(root);
     free(buf);

@@ -52,6 +52,9 @@ typedef struct tok_sp {
     int32_t byte_tok[256];  /* id of "<0xNN>", -1 if absent */
     int32_t unk;            /* unk_token id, -1 if none */
     bool fuse_unk;
+    bool word_split;        /* no token has a ▁ after another character, and ▁ is a token: BPE
+                             * never merges across "x|▁", so a segment may be cut there into
+                             * cacheable pieces with the same result */
 } tok_sp;
 
 struct anneal_tokenizer {
@@ -93,6 +96,8 @@ struct anneal_tokenizer {
     char *chat_template;      /* tokenizer_config.json's chat_template, NULL if none */
     char *hf_json;            /* the tokenizer.json it was loaded from (save_hf writes it back) */
     size_t hf_json_len;
+    char *hf_dir;             /* the directory of that tokenizer.json (save_hf copies the
+                               * tokenizer.model and special_tokens_map.json it holds) */
     char *hf_config;          /* the tokenizer_config.json beside it, if any */
     size_t hf_config_len;
 
@@ -191,6 +196,13 @@ anneal_status anneal_tok_read_file(const char *path, char **buf, size_t *len);
  * failure the error names the file, line and column. */
 struct cJSON;
 anneal_status anneal_tok_parse_json(const char *path, const char *buf, size_t len, struct cJSON **out);
+
+/* tokenizer.c: for prepare's parallel chunks. A SentencePiece-style tokenizer runs BPE
+ * over whole segments, so chunks may only start at a space; *strip_space: it also puts
+ * a ▁ before the text (Prepend, Metaspace), which stands for a chunk's leading space.
+ * *crossing: a model token with a ▁ after another character (it would merge across a
+ * word boundary, so no cut is safe), NULL if none. */
+void anneal_tok_chunking(const anneal_tokenizer *t, bool *space_only, bool *strip_space, int32_t *crossing);
 
 /* tokenizer.c: sets t->added from t->special (special, not normalized, no stripping)
  * when the loader gave none; sorts added tokens longest first. */

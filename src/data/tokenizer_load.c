@@ -190,6 +190,7 @@ anneal_status anneal_tokenizer_load_gpt2(const char *encoder_json, const char *v
                                  vocab_bpe, key_or(by_id[id]->string), (int)id, encoder_json, vocab_bpe);
     }
     if (!s) s = anneal_tok_finish(t, cand, n_special, encoder_json);
+    if (!s) t->bos = t->eot; /* GPT-2: <|endoftext|> is BOS and EOS (transformers' bos_token too), never added */
     cJSON_Delete(root);
     free(ebuf);
     free(vbuf);
@@ -228,14 +229,18 @@ static bool is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* Loads dir/encoder.json + dir/vocab.bpe, else dir/tokenizer.json; *found false if
- * neither is there. */
+/* Loads dir/encoder.json + dir/vocab.bpe, else dir/tokenizer.json (with
+ * tokenizer_config.json), else dir/vocab.json + dir/merges.txt; *found false if none is
+ * there. */
 static anneal_status load_dir(const char *dir, anneal_tokenizer **out, bool *found) {
     char e[PATH_MAX], v[PATH_MAX], j[PATH_MAX];
     *found = true;
     if (join(e, dir, "/encoder.json") && join(v, dir, "/vocab.bpe") && is_file(e) && is_file(v))
         return anneal_tokenizer_load_gpt2(e, v, out);
     if (join(j, dir, "/tokenizer.json") && is_file(j)) return anneal_tokenizer_load_hf(j, out);
+    /* a Hugging Face GPT-2 directory without tokenizer.json: the same two files, renamed */
+    if (join(e, dir, "/vocab.json") && join(v, dir, "/merges.txt") && is_file(e) && is_file(v))
+        return anneal_tokenizer_load_gpt2(e, v, out);
     *found = false;
     return ANNEAL_ERR_IO;
 }
@@ -290,8 +295,8 @@ anneal_status anneal_tokenizer_load(const char *spec, anneal_tokenizer **out) {
     if (is_dir(spec)) {
         anneal_status s = load_dir(spec, out, &found);
         if (!found)
-            return anneal_set_error(ANNEAL_ERR_IO, "tokenizer %s: the directory holds neither encoder.json + vocab.bpe "
-                                    "nor tokenizer.json", spec);
+            return anneal_set_error(ANNEAL_ERR_IO, "tokenizer %s: the directory holds neither tokenizer.json "
+                                    "nor encoder.json + vocab.bpe (or vocab.json + merges.txt)", spec);
         return s;
     }
     if (is_file(spec)) return anneal_tokenizer_load_hf(spec, out);

@@ -1,8 +1,9 @@
 /* Writing a tokenizer for Hugging Face: tokenizer.json + tokenizer_config.json that
  * transformers' AutoTokenizer and tokenizers' Tokenizer.from_file load and encode to
  * anneal's ids. A tokenizer that came from a tokenizer.json is written back as it was
- * read (anneal validated it and runs it exactly); one from GPT-2's files or anneal's
- * trainer gets a generated tokenizer.json (anneal_bpe_tokenizer_json). */
+ * read (anneal validated it and runs it exactly), with the special_tokens_map.json and
+ * tokenizer.model that were beside it; one from GPT-2's files or anneal's trainer gets a
+ * generated tokenizer.json (anneal_bpe_tokenizer_json). */
 #include "tokenizer_impl.h"
 
 #include "anneal/fs.h"
@@ -54,6 +55,23 @@ static anneal_status make_config(const anneal_tokenizer *t, anneal_strbuf *b) {
     return s;
 }
 
+/* Copies src_dir/name to dir/name (atomically) if it exists and the two directories
+ * differ: files of the original model directory that transformers may read besides. */
+static anneal_status copy_beside(const char *src_dir, const char *dir, const char *name) {
+    char src[4096];
+    if (snprintf(src, sizeof src, "%s/%s", src_dir, name) >= (int)sizeof src) return ANNEAL_OK;
+    struct stat a, b;
+    if (stat(src, &a) != 0 || !S_ISREG(a.st_mode)) return ANNEAL_OK;
+    if (stat(src_dir, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return ANNEAL_OK;
+    char *buf;
+    size_t n;
+    anneal_status s = anneal_tok_read_file(src, &buf, &n);
+    if (s) return s;
+    s = put_file(dir, name, buf, n);
+    free(buf);
+    return s;
+}
+
 anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir) {
     if (!tok || !dir || !*dir) return anneal_set_error(ANNEAL_ERR_ARG, "save tokenizer: NULL tokenizer or directory");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
@@ -76,6 +94,8 @@ anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *
         s = make_config(tok, &b);
         if (!s) s = put_file(dir, "tokenizer_config.json", b.data, b.len);
     }
+    if (!s && tok->hf_dir) s = copy_beside(tok->hf_dir, dir, "special_tokens_map.json");
+    if (!s && tok->hf_dir) s = copy_beside(tok->hf_dir, dir, "tokenizer.model");
     anneal_strbuf_free(&b);
     return s;
 }

@@ -12,6 +12,7 @@
 enum { S_BASE = 0xAC00, L_BASE = 0x1100, V_BASE = 0x1161, T_BASE = 0x11A7, L_COUNT = 19, V_COUNT = 21,
        T_COUNT = 28, N_COUNT = V_COUNT * T_COUNT, S_COUNT = L_COUNT * N_COUNT };
 
+/* The canonical combining class of cp (0 for starters and invalid bytes). */
 static int ccc_of(uint32_t cp) {
     if (cp < 0x300 || cp >= INVALID_BASE) return 0;
     size_t lo = 0, hi = sizeof nfc_ccc / sizeof *nfc_ccc;
@@ -84,6 +85,7 @@ static uint32_t next_cp(const unsigned char *s, size_t n, size_t *i) {
     return cp;
 }
 
+/* Writes cp as UTF-8 (an invalid byte as itself) to o; returns the bytes written. */
 static size_t put_cp(unsigned char *o, uint32_t cp) {
     if (cp >= INVALID_BASE) {
         o[0] = (unsigned char)(cp & 0xFF);

@@ -421,6 +421,8 @@ TEST(bad_files_are_refused_by_name) {
          cJSON_DeleteItemFromObject(obj(m, "vocab"), "!"));
     CASE("gpt2_bl", "negative id", F, "tokenizer.json", "not an integer",
          set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(-3)));
+    CASE("gpt2_bl", "huge id", F, "tokenizer.json", "not dense",
+         set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(2000000000)));
     CASE("gpt2_bl", "fractional id", F, "tokenizer.json", "not an integer",
          set(obj(m, "vocab"), "zzzz", cJSON_CreateNumber(2.5)));
     CASE("llama2_sp", "added token vs vocab", F, "added_tokens[1]", "<s>",
@@ -490,6 +492,123 @@ TEST(bad_files_are_refused_by_name) {
 #undef CASE
 }
 
+/* What save_hf writes loads back as the same tokenizer (fingerprint, specials, BOS, chat
+ * template), for the fixtures, GPT-2's files and a trained tokenizer; no Python needed. */
+TEST(save_hf_round_trips) {
+    char tmpl[] = "/tmp/anneal_rt_XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    REQUIRE(tmp);
+    const char *names[] = {"gpt2_bl", "llama3_bl", "qwen2_bl", "qwen2_nfc", "zephyr_bl", "llama2_sp", "mistral_sp",
+                           "gpt2", "trained"};
+    char kjv[300], trained[300];
+    snprintf(kjv, sizeof kjv, "%s", anneal_test_path(FIX "/kjv_excerpt.txt"));
+    snprintf(trained, sizeof trained, "%s/trained_src", tmp);
+    const char *files[1] = {kjv};
+    REQUIRE(anneal_bpe_train(files, 1, 400, trained) == ANNEAL_OK);
+    for (int i = 0; i < 9; i++) {
+        char src[300], dst[300];
+        if (i < 7) snprintf(src, sizeof src, "%s/%s", anneal_test_path(FIX), names[i]);
+        else snprintf(src, sizeof src, "%s", i == 7 ? "gpt2" : trained);
+        anneal_tokenizer *a = NULL, *b = NULL;
+        if (anneal_tokenizer_load(src, &a) != ANNEAL_OK) {
+            CHECK(i == 7, "%s: %s", src, anneal_last_error()); /* GPT-2's files may be absent */
+            anneal_clear_error();
+            continue;
+        }
+        snprintf(dst, sizeof dst, "%s/%s", tmp, names[i]);
+        CHECK(anneal_tokenizer_save_hf(a, dst) == ANNEAL_OK, "%s: %s", dst, anneal_last_error());
+        CHECK(anneal_tokenizer_load(dst, &b) == ANNEAL_OK, "%s: %s", dst, anneal_last_error());
+        if (b) {
+            const char *ca = anneal_tokenizer_chat_template(a), *cb = anneal_tokenizer_chat_template(b);
+            CHECK(anneal_tokenizer_fingerprint(a) == anneal_tokenizer_fingerprint(b) &&
+                      anneal_tokenizer_vocab_size(a) == anneal_tokenizer_vocab_size(b) &&
+                      anneal_tokenizer_eot(a) == anneal_tokenizer_eot(b) &&
+                      anneal_tokenizer_bos(a) == anneal_tokenizer_bos(b) &&
+                      anneal_tokenizer_adds_bos(a) == anneal_tokenizer_adds_bos(b) && !ca == !cb &&
+                      (!ca || strcmp(ca, cb) == 0),
+                  "%s: what save_hf wrote loads as another tokenizer", names[i]);
+        }
+        anneal_tokenizer_free(a);
+        anneal_tokenizer_free(b);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dst);
+        CHECK_TRUE(system(cmd) == 0);
+    }
+    /* files of the source directory come along; saving into the source directory is fine */
+    char src_dir[300], sp_map[360], cmd2[800];
+    snprintf(src_dir, sizeof src_dir, "%s/src_copy", tmp);
+    snprintf(cmd2, sizeof cmd2, "mkdir -p '%s' && cp '%s/llama2_sp/'* '%s/'", src_dir, anneal_test_path(FIX), src_dir);
+    REQUIRE(system(cmd2) == 0);
+    snprintf(sp_map, sizeof sp_map, "%s/special_tokens_map.json", src_dir);
+    REQUIRE(write_str(sp_map, "{\"bos_token\": \"<s>\"}"));
+    anneal_tokenizer *c = NULL;
+    REQUIRE(anneal_tokenizer_load(src_dir, &c) == ANNEAL_OK);
+    char dst2[320];
+    snprintf(dst2, sizeof dst2, "%s/copied", tmp);
+    CHECK(anneal_tokenizer_save_hf(c, dst2) == ANNEAL_OK, "%s", anneal_last_error());
+    CHECK(anneal_tokenizer_save_hf(c, src_dir) == ANNEAL_OK, "%s", anneal_last_error());
+    anneal_tokenizer_free(c);
+    snprintf(sp_map, sizeof sp_map, "%s/copied/special_tokens_map.json", tmp);
+    char *m = slurp(sp_map, NULL);
+    CHECK(m && strcmp(m, "{\"bos_token\": \"<s>\"}") == 0, "special_tokens_map.json not copied");
+    free(m);
+    /* a directory that cannot be made */
+    anneal_tokenizer *a = NULL;
+    char src[300];
+    snprintf(src, sizeof src, "%s/gpt2_bl", anneal_test_path(FIX));
+    REQUIRE(anneal_tokenizer_load(src, &a) == ANNEAL_OK);
+    anneal_clear_error();
+    CHECK_TRUE(anneal_tokenizer_save_hf(a, "/proc/anneal_no/such") != ANNEAL_OK &&
+               strstr(anneal_last_error(), "/proc/anneal_no/such"));
+    CHECK_TRUE(anneal_tokenizer_save_hf(NULL, tmp) == ANNEAL_ERR_ARG);
+    anneal_tokenizer_free(a);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK_TRUE(system(cmd) == 0);
+}
+
+/* A Hugging Face GPT-2 directory with vocab.json + merges.txt and no tokenizer.json
+ * loads as GPT-2's own files. */
+TEST(vocab_json_and_merges_txt) {
+    anneal_tokenizer *g = NULL;
+    if (anneal_tokenizer_load("gpt2", &g) != ANNEAL_OK) {
+        anneal_clear_error();
+        SKIP("GPT-2's files (data/gpt2) are not there");
+    }
+    char tmpl[] = "/tmp/anneal_vm_XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    REQUIRE(tmp);
+    anneal_tokenizer *h = NULL;
+    /* GPT-2's files found through save_hf's directory: write them under the HF names */
+    size_t n;
+    char p[300];
+    const char *src[2] = {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"};
+    const char *dst[2] = {"vocab.json", "merges.txt"};
+    bool ok = true;
+    for (int i = 0; i < 2 && ok; i++) {
+        char *b = slurp(anneal_test_path(src[i]), &n);
+        if (!b) {
+            snprintf(p, sizeof p, "../shared/%s", src[i]);
+            b = slurp(anneal_test_path(p), &n);
+        }
+        ok = b != NULL;
+        snprintf(p, sizeof p, "%s/%s", tmp, dst[i]);
+        if (b) ok = write_str(p, b);
+        free(b);
+    }
+    if (ok) {
+        CHECK(anneal_tokenizer_load(tmp, &h) == ANNEAL_OK, "%s", anneal_last_error());
+        if (h) CHECK_TRUE(anneal_tokenizer_fingerprint(h) == anneal_tokenizer_fingerprint(g));
+    }
+    anneal_tokenizer_free(h);
+    anneal_tokenizer_free(g);
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmp, dst[i]);
+        unlink(p);
+    }
+    rmdir(tmp);
+}
+
 /* ignore_merges (Llama 3): a piece that is a token is that token, whatever the merges
  * would make (tokenizers 0.15 cannot write it, so this tokenizer is made by hand). */
 TEST(ignore_merges_takes_whole_pieces) {
@@ -526,8 +645,10 @@ TEST(ignore_merges_takes_whole_pieces) {
 int main(void) {
     RUN(inline_texts_match_tokenizers);
     RUN(shared_texts_match_tokenizers);
+    RUN(save_hf_round_trips);
     RUN(save_hf_loads_in_transformers);
     RUN(bad_files_are_refused_by_name);
     RUN(ignore_merges_takes_whole_pieces);
+    RUN(vocab_json_and_merges_txt);
     return anneal_test_summary();
 }

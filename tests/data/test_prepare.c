@@ -536,6 +536,65 @@ TEST(prefix_space_tokenizer) {
     free(d1);
 }
 
+/* Hugging Face tokenizers of every kind (the fixtures of test_hf_tokenizers.c): ids from
+ * parallel chunks equal whole-document encoding. SentencePiece-style BPE runs over whole
+ * segments and puts a ▁ before the text, so its chunks start at a space that the ▁
+ * stands for. */
+TEST(hf_tokenizers_chunk_exactly) {
+    NEED_BIN();
+    const char *names[] = {"llama2_sp", "mistral_sp", "llama3_bl", "qwen2_nfc"};
+    size_t l0, l1;
+    char *d0 = read_file(anneal_test_path("tests/fixtures/hf_tokenizers/kjv_excerpt.txt"), &l0);
+    REQUIRE(d0);
+    char *d1 = make_text(3000, 21, &l1);
+    write_file(tpath("hf0.txt"), d0, l0);
+    write_file(tpath("hf1.txt"), d1, l1);
+    for (int k = 0; k < 4; k++) {
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/%s", anneal_test_path("tests/fixtures/hf_tokenizers"), names[k]);
+        anneal_tokenizer *tok = NULL;
+        REQUIRE(anneal_tokenizer_load(dir, &tok) == ANNEAL_OK);
+        char out[300];
+        snprintf(out, sizeof out, "%s", tpath(names[k]));
+        int rc = run("prepare --tokenizer %s --input %s %s --out %s --chunk-bytes 300 --threads 2 --val-fraction 0.1",
+                     dir, tpath("hf0.txt"), tpath("hf1.txt"), out);
+        CHECK(rc == 0, "%s: exit %d: %s", names[k], rc, g_err);
+        if (rc != 0) {
+            anneal_tokenizer_free(tok);
+            continue;
+        }
+        size_t nt, nv;
+        int32_t *tr = split_ids(out, "train", &nt, NULL), *va = split_ids(out, "val", &nv, NULL);
+        int32_t *all = malloc((nt + nv + 1) * sizeof *all);
+        memcpy(all, tr, nt * sizeof *all);
+        memcpy(all + nt, va, nv * sizeof *all);
+        int32_t eot = anneal_tokenizer_eot(tok);
+        anneal_ids ref = {0};
+        const char *docs[2] = {d0, d1};
+        size_t lens[2] = {l0, l1};
+        for (int d = 0; d < 2; d++) {
+            if (eot >= 0) anneal_ids_push(&ref, eot);
+            REQUIRE(anneal_tokenizer_encode(tok, docs[d], lens[d], false, &ref) == ANNEAL_OK);
+        }
+        size_t first = ref.n;
+        for (size_t i = 0; i < ref.n && i < nt + nv; i++)
+            if (ref.ids[i] != all[i]) {
+                first = i;
+                break;
+            }
+        CHECK(ref.n == nt + nv && first == ref.n, "%s: chunked ids (%zu) differ from whole-document encoding (%zu) at %zu",
+              names[k], nt + nv, ref.n, first);
+        anneal_ids_free(&ref);
+        anneal_tokenizer_free(tok);
+        free(all);
+        free(tr);
+        free(va);
+        rm_tree(out);
+    }
+    free(d0);
+    free(d1);
+}
+
 /* ---------------------------------------------------------- inspect */
 
 TEST(inspect_command) {
@@ -588,6 +647,7 @@ int main(void) {
     RUN(stdin_input);
     RUN(bad_flags_and_inputs);
     RUN(prefix_space_tokenizer);
+    RUN(hf_tokenizers_chunk_exactly);
     RUN(inspect_command);
     int rc = anneal_test_summary();
     anneal_tokenizer_free(g_tok);
