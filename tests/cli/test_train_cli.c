@@ -156,7 +156,7 @@ TEST(bad_flags_name_the_flag) {
         {"train --max-bad-steps 0", "--max-bad-steps", 2},
         {"train --steps 5 --tokens 1000", "--tokens", 2},
         {"train --model tiny --config x.json", "--config", 2},
-        {"train --synthetic --steps 3", "", 0}, /* sanity: a valid line passes (its run dir is removed below) */
+        {"train --synthetic --steps 3", "done:", 0}, /* sanity: a valid line runs to the end (its run dir is removed below) */
         {"train", "--data", 2},
         {"train --config-file /nonexistent/cfg.json", "--config-file", 2},
         {"train --resume", "--resume", 2},
