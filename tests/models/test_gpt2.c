@@ -282,6 +282,39 @@ TEST(model_errors) {
     anneal_gpt2_free(m);
 }
 
+/* Training FLOPs per token (what MFU divides by) for GPT-2 124M at T = 1024, against a
+ * count written out here from the shapes. Forward, per token, 2 FLOPs per multiply-add:
+ *   per layer: qkv 2*C*3C, scores q.k over T keys 2*T*C, probabilities times v 2*T*C,
+ *              attention projection 2*C*C, MLP 2*C*4C + 2*4C*C   (causal masking not
+ *              subtracted, as in PaLM's appendix B count)
+ *   lm head:   2*C*V
+ * training = forward + backward = 3x forward. The library's figure is the usual
+ * 6 * params + 12 * L * T * C, which also counts the parameters outside any matmul (the
+ * position embedding, biases, LayerNorms: 6 FLOPs each), so it must equal the matmul
+ * count plus 6 times those. */
+TEST(flops_per_token_matches_an_independent_count) {
+    anneal_model_config cfg;
+    REQUIRE(anneal_model_preset("124M", &cfg));
+    const double L = 12, C = 768, V = 50257, NCTX = 1024, T = 1024;
+    CHECK_TRUE(cfg.n_layer == L && cfg.n_embd == C && cfg.vocab_size == V && cfg.n_ctx == NCTX);
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU); /* parameters allocated, not initialised */
+    REQUIRE(m);
+    CHECK(anneal_model_num_params(m) == 124439808, "GPT-2 124M has 124,439,808 parameters (wte tied): %lld",
+          (long long)anneal_model_num_params(m));
+    const double per_layer = 2 * C * 3 * C + 2 * T * C + 2 * T * C + 2 * C * C + 2 * C * 4 * C + 2 * 4 * C * C;
+    const double matmul_train = 3 * (L * per_layer + 2 * C * V);
+    /* outside the matmuls: wpe (n_ctx x C); per layer biases 3C + C + 4C + C and two
+     * LayerNorms 2 x 2C; ln_f 2C */
+    const double other_params = NCTX * C + L * (9 * C + 4 * C) + 2 * C;
+    const double got = anneal_model_flops_per_token(m, (int64_t)T);
+    printf("  GPT-2 124M, T=1024: %.6g FLOPs/token (matmuls %.6g + 6 x %.0f other parameters)\n", got, matmul_train,
+           other_params);
+    CHECK(matmul_train == 854438400.0, "the count above: %.1f", matmul_train);
+    CHECK(got == matmul_train + 6 * other_params, "anneal_model_flops_per_token %.1f, independent count %.1f",
+          got, matmul_train + 6 * other_params);
+    anneal_model_free(m);
+}
+
 TEST(init_statistics) {
     anneal_model_config cfg;
     anneal_gpt2_preset("tiny", &cfg);
@@ -314,5 +347,6 @@ int main(void) {
     RUN(recompute_gives_identical_gradients_and_saves_memory);
     RUN(model_errors);
     RUN(init_statistics);
+    RUN(flops_per_token_matches_an_independent_count);
     return anneal_test_summary();
 }
