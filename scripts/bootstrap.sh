@@ -3,13 +3,14 @@
 # CMake, OpenMP (part of gcc), cJSON (safetensors headers), PCRE2, pkg-config, python3 (the
 # layer checks in the test suite), Debian's PyTorch with OpenBLAS and python3-venv (the
 # base of scripts/pyenv.sh's .venv with transformers, tokenizers and peft), and
-# bible-kjv (the King James Bible text `make demo` trains on), and OpenMPI (mpirun and
-# its headers, for multi-process training; the build works without it).
+# bible-kjv (the King James Bible text `make demo` trains on), OpenMPI (mpirun and
+# its headers, for multi-process training; the build works without it), and iproute2
+# (`ip netns`: the test that runs two "hosts" over TCP in network namespaces).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config python3 python3-venv python3-pip python3-torch libopenblas0-pthread
-          libcjson-dev libpcre2-dev bible-kjv openmpi-bin libopenmpi-dev)
+          libcjson-dev libpcre2-dev bible-kjv openmpi-bin libopenmpi-dev iproute2)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -25,8 +25,16 @@ anneal_tensor *anneal_test_rand(int ndim, const int64_t *shape, float lo, float 
  * autograd engine does, replacing any it had. */
 void anneal_test_set_grad(anneal_tensor *t, const float *vals);
 
+/* The worst |analytic - numeric| / (atol + rtol * |numeric|) of the last call over every
+ * element (INFINITY when it failed): how much of its tolerance a check used. */
+double anneal_gradcheck_last_ratio(void);
+/* With ANNEAL_GRADCHECK_REPORT=1, prints that ratio for the call at file:line to stderr
+ * (how the tolerances of the CHECK_GRAD calls were set: about 10x the worst measured). */
+void anneal_gradcheck_report(const char *file, int line);
+
 #define CHECK_GRAD(f, ctx, n, inputs, eps, atol, rtol) do { char _m[512]; \
     if (!anneal_gradcheck((f), (ctx), (n), (inputs), (eps), (atol), (rtol), _m, sizeof _m)) \
-        anneal_test_fail(__FILE__, __LINE__, "gradcheck %s: %s", #f, _m); } while (0)
+        anneal_test_fail(__FILE__, __LINE__, "gradcheck %s: %s", #f, _m); \
+    anneal_gradcheck_report(__FILE__, __LINE__); } while (0)
 
 #endif

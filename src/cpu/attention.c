@@ -220,12 +220,17 @@ AVX512_FN static float row_max_avx512(const float *x, int n) {
 static const attn_isa isa_avx512 = {gemm_avx512, exp_row_avx512, row_max_avx512};
 #endif
 
-/* The kernels for this CPU; ANNEAL_CPU_ISA=portable forces portable C. */
-const anneal_attn_isa *anneal_attn_pick_isa(void) {
+/* The kernels for this CPU; ANNEAL_CPU_ISA=portable forces portable C. Records the path
+ * for op (ANNEAL_CPU_OP_ATTN_*: anneal_cpu_path_note). */
+const anneal_attn_isa *anneal_attn_pick_isa(int op) {
 #if ATTN_HAVE_X86
     const char *env = getenv("ANNEAL_CPU_ISA");
-    if (!(env && strcmp(env, "portable") == 0) && anneal_cpu_has_avx512()) return &isa_avx512;
+    if (!(env && strcmp(env, "portable") == 0) && anneal_cpu_has_avx512()) {
+        anneal_cpu_path_note(op, ANNEAL_CPU_PATH_AVX512);
+        return &isa_avx512;
+    }
 #endif
+    anneal_cpu_path_note(op, ANNEAL_CPU_PATH_PORTABLE);
     return &isa_portable;
 }
 
@@ -387,7 +392,8 @@ void anneal_cpu_attention_fwd(const anneal_cpu_attn_desc *d, const float *q, con
         return;
     }
     const size_t ws_floats = (size_t)(2 * BQ * D + D * BK + BQ * BK + 2 * BQ);
-    anneal_attn_run_fwd(d, anneal_attn_pick_isa(), q, k, v, o, lse, ws_floats, attn_fwd_tile);
+    anneal_attn_run_fwd(d, anneal_attn_pick_isa(ANNEAL_CPU_OP_ATTN_F32), q, k, v, o, lse, ws_floats,
+                        attn_fwd_tile);
 }
 
 void anneal_attn_run_fwd(const anneal_cpu_attn_desc *d, const anneal_attn_isa *isa,
@@ -490,7 +496,7 @@ void anneal_cpu_attention_bwd(const anneal_cpu_attn_desc *d, const float *q, con
         anneal_attn_bf16_bwd(d, q, k, v, o, dout, lse, dq, dk, dv);
         return;
     }
-    const attn_isa *isa = anneal_attn_pick_isa();
+    const attn_isa *isa = anneal_attn_pick_isa(ANNEAL_CPU_OP_ATTN_F32);
     const size_t ws_floats = (size_t)(2 * D * BK + 2 * BQ * BK + BQ);
     anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, attn_bwd_head,
                         false);

@@ -288,7 +288,7 @@ BF_TARGET static void fwd_tile(const anneal_cpu_attn_desc *d, const anneal_attn_
 void anneal_attn_avx512bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                                 const float *v, float *o, float *lse) {
     const int64_t B = d->B, H = d->H, Tq = d->Tq, D = d->D;
-    const anneal_attn_isa *isa = anneal_attn_pick_isa();
+    const anneal_attn_isa *isa = anneal_attn_pick_isa(-1); /* its row helpers; the path is noted by the caller */
     const int64_t ntiles = (Tq + BQ - 1) / BQ;
     const bool per_head = B * H >= 4 * (int64_t)omp_get_max_threads();
     const int64_t per_task = per_head ? ntiles : 1, ntasks = B * H * ntiles / per_task;
@@ -405,7 +405,7 @@ BF_TARGET static void bwd_head(const anneal_cpu_attn_desc *d, const anneal_attn_
 void anneal_attn_avx512bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const float *k,
                                 const float *v, const float *o, const float *dout,
                                 const float *lse, float *dq, float *dk, float *dv) {
-    const anneal_attn_isa *isa = anneal_attn_pick_isa();
+    const anneal_attn_isa *isa = anneal_attn_pick_isa(-1); /* its row helpers; the path is noted by the caller */
     const size_t ws_words = bwd_ws_words(d->Tq, d->D);
     anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_words, bwd_head, true);
 }

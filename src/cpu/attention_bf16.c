@@ -118,12 +118,13 @@ void anneal_attn_bf16_fwd(const anneal_cpu_attn_desc *d, const float *q, const f
     const int64_t B = d->B, H = d->H, Tq = d->Tq, D = d->D;
     if (B <= 0 || H <= 0 || Tq <= 0 || D < 0) return;
     if (use_avx512bf16()) {
+        anneal_cpu_path_note(ANNEAL_CPU_OP_ATTN_BF16, ANNEAL_CPU_PATH_AVX512BF16);
         anneal_attn_avx512bf16_fwd(d, q, k, v, o, lse);
         return;
     }
     /* as the f32 kernel: (b, h, query tile) tasks, each row produced by one task */
     const size_t ws_floats = (size_t)(2 * BQ * D + 2 * D * BK + BQ * BK + 2 * BQ);
-    anneal_attn_run_fwd(d, anneal_attn_pick_isa(), q, k, v, o, lse, ws_floats, fwd_tile);
+    anneal_attn_run_fwd(d, anneal_attn_pick_isa(ANNEAL_CPU_OP_ATTN_BF16), q, k, v, o, lse, ws_floats, fwd_tile);
 }
 
 /* ------------------------------------------------------------------- backward */
@@ -195,10 +196,11 @@ void anneal_attn_bf16_bwd(const anneal_cpu_attn_desc *d, const float *q, const f
     const int64_t B = d->B, H = d->H, D = d->D;
     if (B <= 0 || H <= 0 || D < 0) return;
     if (use_avx512bf16()) {
+        anneal_cpu_path_note(ANNEAL_CPU_OP_ATTN_BF16, ANNEAL_CPU_PATH_AVX512BF16);
         anneal_attn_avx512bf16_bwd(d, q, k, v, o, dout, lse, dq, dk, dv);
         return;
     }
-    const anneal_attn_isa *isa = anneal_attn_pick_isa();
+    const anneal_attn_isa *isa = anneal_attn_pick_isa(ANNEAL_CPU_OP_ATTN_BF16);
     const size_t ws_floats = (size_t)(3 * D * BK + 2 * BQ * D + 2 * BQ * BK + BQ);
     anneal_attn_run_bwd(d, isa, q, k, v, o, dout, lse, dq, dk, dv, ws_floats, bwd_head, true);
 }

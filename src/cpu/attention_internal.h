@@ -28,8 +28,9 @@ typedef struct anneal_attn_isa {
 } anneal_attn_isa;
 
 /* The f32 tile kernels for this CPU: AVX-512 when available, portable C when not or
- * when ANNEAL_CPU_ISA=portable (read at every call). */
-const anneal_attn_isa *anneal_attn_pick_isa(void);
+ * when ANNEAL_CPU_ISA=portable (read at every call); the choice is recorded as a path of
+ * op (ANNEAL_CPU_OP_ATTN_F32 or _BF16; -1: not recorded). */
+const anneal_attn_isa *anneal_attn_pick_isa(int op);
 
 /* This thread's attention workspace of at least nfloats 4-byte words, 64-byte aligned,
  * kept between calls (freed when the thread ends); NULL when out of memory. One buffer

@@ -45,3 +45,40 @@ bool anneal_cpu_has_avx512bf16(void) {
     static atomic_int cached = -1;
     return cached_feature(&cached, probe_avx512bf16);
 }
+
+/* --------------------------------------------------------- paths taken */
+
+static atomic_uint paths_taken[ANNEAL_CPU_OP_COUNT];
+
+/* Records that op ran the path (cheap when already recorded: one relaxed load). */
+void anneal_cpu_path_note(int op, unsigned path) {
+    if (op < 0 || op >= ANNEAL_CPU_OP_COUNT) return;
+    if ((atomic_load_explicit(&paths_taken[op], memory_order_relaxed) & path) != path)
+        atomic_fetch_or_explicit(&paths_taken[op], path, memory_order_relaxed);
+}
+
+/* The ANNEAL_CPU_PATH_* bits op has run since the last reset. */
+unsigned anneal_cpu_paths_taken(int op) {
+    return op < 0 || op >= ANNEAL_CPU_OP_COUNT ? 0 : atomic_load_explicit(&paths_taken[op], memory_order_relaxed);
+}
+
+/* Forgets every recorded path. */
+void anneal_cpu_paths_reset(void) {
+    for (int i = 0; i < ANNEAL_CPU_OP_COUNT; i++) atomic_store_explicit(&paths_taken[i], 0, memory_order_relaxed);
+}
+
+/* The kernel family's name ("?" when out of range). */
+const char *anneal_cpu_op_name(int op) {
+    static const char *names[ANNEAL_CPU_OP_COUNT] = {"gemm f32", "gemm bf16", "gemm f16", "attention f32",
+                                                      "attention bf16"};
+    return op < 0 || op >= ANNEAL_CPU_OP_COUNT ? "?" : names[op];
+}
+
+/* The name of one ANNEAL_CPU_PATH_* bit ("?" otherwise). */
+const char *anneal_cpu_path_name(unsigned path) {
+    return path == ANNEAL_CPU_PATH_PORTABLE     ? "portable"
+           : path == ANNEAL_CPU_PATH_AVX2       ? "avx2"
+           : path == ANNEAL_CPU_PATH_AVX512     ? "avx512"
+           : path == ANNEAL_CPU_PATH_AVX512BF16 ? "avx512bf16"
+                                                : "?";
+}

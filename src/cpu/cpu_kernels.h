@@ -224,4 +224,23 @@ double anneal_cpu_sum_squares(int64_t n, const float *x);
 /* True when the running CPU has AVX-512F (checked once). */
 bool anneal_cpu_has_avx512(void);
 
+/* Which ISA path each dispatching kernel family has run since the last reset, for tests
+ * and reports (cpu_features.c): one bit per ISA, set with a relaxed atomic OR by the
+ * dispatch (a load first, so a path already recorded costs one read per call). */
+enum {
+    ANNEAL_CPU_OP_GEMM_F32, ANNEAL_CPU_OP_GEMM_BF16, ANNEAL_CPU_OP_GEMM_F16,
+    ANNEAL_CPU_OP_ATTN_F32, ANNEAL_CPU_OP_ATTN_BF16, ANNEAL_CPU_OP_COUNT
+};
+enum {
+    ANNEAL_CPU_PATH_PORTABLE = 1, ANNEAL_CPU_PATH_AVX2 = 2, ANNEAL_CPU_PATH_AVX512 = 4,
+    ANNEAL_CPU_PATH_AVX512BF16 = 8
+};
+void anneal_cpu_path_note(int op, unsigned path);
+/* The paths op ran (ANNEAL_CPU_PATH_* bits). */
+unsigned anneal_cpu_paths_taken(int op);
+void anneal_cpu_paths_reset(void);
+/* Names: "gemm f32", ...; "portable", "avx2", "avx512", "avx512bf16" (one bit). */
+const char *anneal_cpu_op_name(int op);
+const char *anneal_cpu_path_name(unsigned path);
+
 #endif

@@ -195,6 +195,19 @@ static const anneal_gemm_isa *gemm_select(int compute, int *round) {
     return isa;
 }
 
+/* gemm_select for a product that runs now: records the path (anneal_cpu_path_note). */
+static const anneal_gemm_isa *gemm_select_run(int compute, int *round) {
+    const anneal_gemm_isa *isa = gemm_select(compute, round);
+    const int op = compute == ANNEAL_BF16 ? ANNEAL_CPU_OP_GEMM_BF16
+                   : compute == ANNEAL_F16 ? ANNEAL_CPU_OP_GEMM_F16
+                                           : ANNEAL_CPU_OP_GEMM_F32;
+    anneal_cpu_path_note(op, isa == &anneal_gemm_isa_avx512bf16 ? ANNEAL_CPU_PATH_AVX512BF16
+                             : isa == &anneal_gemm_isa_avx512   ? ANNEAL_CPU_PATH_AVX512
+                             : isa == &anneal_gemm_isa_avx2     ? ANNEAL_CPU_PATH_AVX2
+                                                                : ANNEAL_CPU_PATH_PORTABLE);
+    return isa;
+}
+
 /* Forces (or with ANNEAL_GEMM_ISA_AUTO, re-derives) the ISA; -1 if the CPU lacks it. */
 int anneal_cpu_sgemm_set_isa(int isa) {
     if (isa == ANNEAL_GEMM_ISA_AUTO) isa = gemm_isa_default();
@@ -535,7 +548,7 @@ size_t anneal_cpu_gemm_packed_b_size(int compute, int64_t K, int64_t N) {
 void anneal_cpu_gemm_pack_b(int compute, bool trans_b, int64_t K, int64_t N, const float *B,
                             int64_t ldb, void *dst) {
     int round;
-    const anneal_gemm_isa *isa = gemm_select(compute, &round);
+    const anneal_gemm_isa *isa = gemm_select_run(compute, &round);
     if (K <= 0 || N <= 0) return;
     const int64_t kc_full = block_depth(K, isa->kc);
     const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
@@ -702,7 +715,7 @@ static void gemm_run(int compute, int nt, bool ta, bool tb, int64_t M, int64_t N
         return;
     }
     gemm_ctx g = {.ta = ta, .tb = tb, .alpha = alpha, .ep = ep, .colsum = packs ? colsum : NULL};
-    g.isa = gemm_select(compute, &g.round);
+    g.isa = gemm_select_run(compute, &g.round);
     if (M == 1)
         gemm_one_row(&g, nt, N, K, A, lda, B, ldb, beta, C, bias, pre, mul);
     else
@@ -739,7 +752,7 @@ void anneal_cpu_gemm_packed(int compute, bool trans_a, int64_t M, int64_t N, int
         return;
     }
     gemm_ctx g = {.ta = trans_a, .tb = false, .alpha = alpha, .ep = ep};
-    g.isa = gemm_select(compute, &g.round);
+    g.isa = gemm_select_run(compute, &g.round);
     gemm_prepacked(&g, gemm_threads(M, N, K), M, N, K, A, lda, packed_b, beta, C, ldc, bias, pre,
                    mul);
 }

@@ -184,7 +184,8 @@ TEST(checkpoint_gradcheck) {
     /* w1 and w2 are used inside the region through ctx; listing them as inputs makes
      * the checker perturb them too (the region only receives in[0]) */
     anneal_tensor *in[3] = {x, r.w1, r.w2};
-    CHECK_GRAD(with_region, &r, 3, in, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.19% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(with_region, &r, 3, in, 1e-2, 2e-5, 2e-4);
     anneal_scope_close(s);
 }
 

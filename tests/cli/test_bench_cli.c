@@ -29,7 +29,7 @@ static int sh(const char *cmd, char *out, size_t cap) {
 
 TEST(bench_peak_reports_both_dtypes) {
     const char *bin = getenv("ANNEAL_BIN");
-    if (!bin) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     const char *dts[] = {"fp32", "bf16"};
     for (int i = 0; i < 2; i++) {
         char cmd[1024];
@@ -55,7 +55,7 @@ TEST(bench_peak_reports_both_dtypes) {
 
 TEST(bench_bad_flags_are_usage_errors) {
     const char *bin = getenv("ANNEAL_BIN");
-    if (!bin) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' bench peak --dtype fp8", bin);
     CHECK(sh(cmd, buf, sizeof buf) == 2 && strstr(buf, "--dtype fp8"), "%s", buf);
@@ -81,8 +81,8 @@ static const char *find_line(const char *out, const char *prefix, char *line, si
 
 TEST(bench_train_driver_quick_run_is_well_formed) {
     const char *bin = getenv("ANNEAL_BIN");
-    if (!bin) SKIP("ANNEAL_BIN not set (run through ctest)");
-    if (sh("command -v python3", buf, sizeof buf) != 0) SKIP("no python3 for bench/bench_train.py");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    if (sh("command -v python3", buf, sizeof buf) != 0) SKIP_PROMISED("no python3 for bench/bench_train.py (bootstrap installs python3)");
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "python3 '%s' --quick --configs tiny --torch off --torch2 off --recompute auto --peak-seconds 0.05 "

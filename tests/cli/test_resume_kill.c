@@ -81,7 +81,7 @@ static bool start_and_kill(const char *common, const char *run, trigger how, int
 }
 
 TEST(kill_at_many_moments_then_resume_equals_straight) {
-    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     TU_DIR_AND_DATA(dir, data, "kill");
     char common[2048], out[600], straight[600], run[600];
     enum { STEPS = 24 };

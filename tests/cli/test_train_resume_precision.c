@@ -83,7 +83,7 @@ static void straight_vs_resumed(const char *dir, const char *data, const char *d
 }
 
 TEST(bf16_and_fp16_resume_exactly) {
-    if (!getenv("ANNEAL_BIN")) SKIP("ANNEAL_BIN not set (run through ctest)");
+    if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     TU_DIR_AND_DATA(dir, data, "resumeprec");
     straight_vs_resumed(dir, data, "bf16", "");
     straight_vs_resumed(dir, data, "fp16", "--loss-scale-init 67108864 --scale-growth-interval 3");

@@ -1,11 +1,12 @@
 /* Hugging Face GPT-2 import: config.json parsing (types, values, defaults, n_ctx /
- * n_positions, unsupported architectures) and the writer's round trip; weights in
- * both transformers conventions (GPT2LMHeadModel with "transformer." keys, the tied
- * lm_head.weight and the attn.bias / attn.masked_bias buffers; GPT2Model without the
- * prefix) load and give the logits PyTorch computed (fixture hf_gpt2_tiny/, written
- * by tests/fixtures/gen_hf_gpt2.py); malformed files (untied head, unknown, missing
- * or duplicated tensors, wrong shapes) are refused with the tensor named and the
- * model left untouched. */
+ * n_positions, unsupported architectures) and the writer's round trip; weights as
+ * transformers writes them (fixture hf_gpt2_tiny/, made by transformers itself in
+ * tests/fixtures/gen_hf_gpt2.py: GPT2LMHeadModel.save_pretrained with "transformer." keys
+ * and no lm_head.weight; GPT2Model.save_pretrained without the prefix; the state dict of
+ * older versions with the tied lm_head.weight and the attn.bias / attn.masked_bias
+ * buffers) load and give the logits transformers computed; malformed files (untied
+ * head, unknown, missing or duplicated tensors, wrong shapes) are refused with the
+ * tensor named and the model left untouched. */
 #include <unistd.h>
 
 #include "anneal/anneal.h"
@@ -181,24 +182,29 @@ static bool params_equal(const anneal_gpt2 *a, const anneal_gpt2 *b) {
 TEST(both_conventions_load_and_match_pytorch) {
     anneal_model_config cfg;
     REQUIRE(anneal_model_config_from_hf_file(fixture("config.json"), &cfg) == ANNEAL_OK);
-    anneal_gpt2 *a = anneal_gpt2_new(&cfg), *b = anneal_gpt2_new(&cfg);
-    REQUIRE(a && b);
+    anneal_gpt2 *a = anneal_gpt2_new(&cfg), *b = anneal_gpt2_new(&cfg), *c = anneal_gpt2_new(&cfg);
+    REQUIRE(a && b && c);
     CHECK(anneal_model_load_safetensors(&a->base, fixture("model.safetensors")) == ANNEAL_OK, "%s", anneal_last_error());
-    check_logits(a, "GPT2LMHeadModel file");
+    check_logits(a, "GPT2LMHeadModel.save_pretrained file");
     CHECK(anneal_model_load_safetensors(&b->base, fixture("model_noprefix.safetensors")) == ANNEAL_OK, "%s",
           anneal_last_error());
-    check_logits(b, "GPT2Model file");
+    check_logits(b, "GPT2Model.save_pretrained file");
+    CHECK(anneal_model_load_safetensors(&c->base, fixture("model_legacy.safetensors")) == ANNEAL_OK, "%s",
+          anneal_last_error());
+    check_logits(c, "older transformers' state dict (lm_head.weight, mask buffers)");
     CHECK_TRUE(params_equal(a, b));
+    CHECK_TRUE(params_equal(a, c));
     anneal_gpt2_free(a);
     anneal_gpt2_free(b);
+    anneal_gpt2_free(c);
 }
 
-/* Writes a copy of the fixture's model.safetensors with entry `drop` removed (may be
+/* Writes a copy of the fixture's model_legacy.safetensors (it has lm_head.weight) with entry `drop` removed (may be
  * NULL), entry `extra` added (a copy of ln_f.bias, may be NULL) and element 0 of
  * `bump` incremented (may be NULL). */
 static bool write_variant(const char *out, const char *drop, const char *extra, const char *bump) {
     anneal_safetensors *st = NULL;
-    if (anneal_safetensors_open(fixture("model.safetensors"), &st) != ANNEAL_OK) return false;
+    if (anneal_safetensors_open(fixture("model_legacy.safetensors"), &st) != ANNEAL_OK) return false;
     anneal_st_write_entry *e = calloc((size_t)st->n_entries + 1, sizeof *e);
     float *bumped = NULL;
     int n = 0;

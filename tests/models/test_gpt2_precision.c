@@ -23,42 +23,43 @@
  *            matches within 1.3e-7. So the check is per position. A position is clean
  *            when its logits are within CLEAN_TOL = 1e-6 of the reference (normwise over
  *            the vocabulary: 8x the f32 noise of an unflipped position, below what a flip
- *            reaching the logits does); at least half the positions must be clean (~0.02
- *            flips per position: measured 114 of 128). For each clean position with a
- *            target, the late gradients (ln_f, the last block's ln_2 and MLP, computed
- *            before the backward pass reaches any attention) of its own loss term (other
- *            targets ignored, scaled by 1 / the batch's count) are compared with that
- *            position's term of the reference (the fixture's bf16.late.* factors: those
- *            layers act on each position alone, so the late gradients are sums of
- *            per-position terms): at least 3/4 of the terms must be within 5e-5 normwise
- *            (the tolerance the whole batch had before the attention was rounded, when
- *            flips stayed local; measured: all but 1 of 109 within 1.1e-5 on AVX-512,
- *            all but 2 with ANNEAL_CPU_ISA=avx2 or portable: a flip in the backward pass
- *            moves its term by up to ~2e-3, and the gradients of the whole batch, sums of
- *            cancelling terms, by ~2e-4). Loss 1e-5 relative (also anneal_gpt2_loss,
- *            whose lm head + cross-entropy are fused).
- *      f16:  the loss within 1e-5 relative only (flips put the f16 logits ~1e-4 away,
- *            as far as the mistakes below; f16 is covered by part 2).
- *    The fixture records how far (normwise, whole batch) the same model lands when only
- *    ONE operand of each GEMM is rounded, when nothing is, and (logits) when the GEMMs are
- *    rounded but attention is not (anneal's earlier f32 attention): the test asserts
- *    these are >= 20x the tolerance, and that each leaves at most 1/8 of the positions'
- *    logits within 5e-5 (hence within CLEAN_TOL) and at most 1/8 of the loss terms' late
- *    gradients within 5e-5 (measured: 0, 0 and 4 of 128 positions and of 123 terms: a
- *    rounding mistake moves every position), so any of these mistakes fails here.
+ *            reaching the logits does); at least 7/8 of the positions must be clean
+ *            (~0.02 flips per position: measured 114 of 128 on every ISA). For each clean
+ *            position with a target, the late gradients (ln_f, the last block's ln_2 and
+ *            MLP, computed before the backward pass reaches any attention) of its own loss
+ *            term (other targets ignored, scaled by 1 / the batch's count) are compared
+ *            with that position's term of the reference (the fixture's <kind>.late.*
+ *            factors: those layers act on each position alone, so the late gradients are
+ *            sums of per-position terms): all but at most 4 of the terms must be within
+ *            LATE_TOL = 5e-5 normwise (measured: all but 1 of 109 within 1.1e-5 on
+ *            AVX-512, all but 2 with ANNEAL_CPU_ISA=avx2 or portable: a flip in the
+ *            backward pass moves its term by up to ~2e-3, and the gradients of the whole
+ *            batch, sums of cancelling terms, by ~2e-4). Loss 1e-5 relative (also
+ *            anneal_gpt2_loss, whose lm head + cross-entropy are fused).
+ *      f16:  the same per position: flips are ~100x likelier, so at least 3/8 of the
+ *            positions clean (measured 54 and 57 of 128) and all but at most 8 of their
+ *            late-gradient terms within LATE_TOL (measured 4 off of 53 and of 56).
+ *    Controls, computed here by anneal (not read from the fixture): the same model at
+ *    the other two precisions (f32: nothing rounded; the other format: rounding at the
+ *    wrong spacing) must leave at most 1/8 of the positions clean (measured 0 for each)
+ *    and none of the first 8 late-gradient terms within LATE_TOL (measured >= 4.1e-3
+ *    for bf16, >= 4.9e-4 for f16), so such a mistake fails here. (The generator asserts
+ *    its own one-operand and f32-attention controls.)
  * 2. Against the fp32 PyTorch reference, the normwise relative error
  *    ||x - x_fp32|| / ||x_fp32|| of the logits and of every gradient must look like
- *    rounding at that format: between u/4 and 4u. Each GEMM output carries at most
+ *    rounding at that format: between u/2 and 2u. Each GEMM output carries at most
  *    2u relative error per product (two rounded operands, f32 accumulation); the
  *    roundings are independent, so along the 4L+1 = 9 GEMMs of this model they add
- *    in quadrature (measured: 0.8u for the logits, 0.7u-1.5u for gradients, for both
+ *    in quadrature (measured: 0.77u for the logits, 0.70u-1.58u for gradients, for both
  *    formats). Rounding at the wrong format (f16 in a bf16 run: 8x less), accumulating
  *    in bf16 (~sqrt(K) u), or not rounding at all (~2^-24) falls outside. The errors
- *    of the two formats must also be in the ratio of their u (2^3 = 8; asserted in
- *    [4, 16]), and bf16 results must differ from fp32 ones (the path is taken).
- *    The loss averages 123 positions' errors: |loss - loss_fp32| <= u/4 relative.
+ *    of the two formats must also be in the ratio of their u (2^3 = 8; measured 7.98,
+ *    asserted in [7, 9]), and bf16 results must differ from fp32 ones (the path is
+ *    taken). The loss averages 123 positions' errors: |loss - loss_fp32| <= u/50
+ *    relative (measured 0.0011u bf16, 0.0019u f16).
  * 3. PyTorch's torch.autocast("cpu", bfloat16) loss (which also rounds GEMM outputs
- *    and attention to bf16): anneal's bf16 loss within 1e-4 relative (measured 1e-7). */
+ *    and attention to bf16): anneal's bf16 loss within 1e-5 relative (measured 9.2e-7;
+ *    was 1e-4). */
 #include "anneal/anneal.h"
 #include "test.h"
 
@@ -74,6 +75,9 @@
  * the rounded reference (normwise over the vocabulary): positions without a flip match
  * within 1.3e-7 (f32 noise, measured), flipped ones are 4e-6..2e-3 away. See part 1. */
 #define CLEAN_TOL 1e-6
+/* Late gradients of one loss term (normwise), see part 1: worst measured on a clean
+ * position 1.12e-5 (bf16); 5e-5 is kept (10x would loosen it). */
+#define LATE_TOL 5e-5
 
 static anneal_safetensors *open_file(const char *rel) {
     anneal_safetensors *st = NULL;
@@ -89,10 +93,6 @@ static int meta_int(const anneal_safetensors *st, const char *k) {
     return v ? atoi(v) : -1;
 }
 
-static double meta_double(const anneal_safetensors *st, const char *k) {
-    const char *v = anneal_safetensors_meta(st, k);
-    return v ? atof(v) : NAN;
-}
 
 
 /* What one forward + backward at a matmul dtype produced. */
@@ -179,16 +179,16 @@ static double rel_norm_err(const float *a, const float *b, int64_t n) {
 /* Sum over the rows with keep[row] of the late gradient `which` (0..7: ln_f weight, bias,
  * ln_2 weight, bias, c_fc weight, bias, c_proj weight, bias) from the fixture's per-position
  * factors (gen_gpt2_precision.py: late_factors); n elements written to out (double). */
-static bool late_reference(const anneal_safetensors *px, int which, const bool *keep, int64_t rows, double *out,
-                           int64_t n) {
+static bool late_reference(const anneal_safetensors *px, const char *kind, int which, const bool *keep, int64_t rows,
+                           double *out, int64_t n) {
     static const char *fac[8][2] = {{"g_f", "xhat_f"}, {"g_f", NULL},        {"g_2", "xhat_2"}, {"g_2", NULL},
                                     {"r_h2", "r_dy_fc"}, {"dy_fc", NULL}, {"r_f", "r_dy_proj"}, {"dy_proj", NULL}};
     char name[128];
     int64_t na = 0, nb = 0;
-    snprintf(name, sizeof name, "bf16.late.%s", fac[which][0]);
+    snprintf(name, sizeof name, "%s.late.%s", kind, fac[which][0]);
     float *a = entry_f32(px, name, &na), *b = NULL;
     if (fac[which][1]) {
-        snprintf(name, sizeof name, "bf16.late.%s", fac[which][1]);
+        snprintf(name, sizeof name, "%s.late.%s", kind, fac[which][1]);
         b = entry_f32(px, name, &nb);
     }
     const int64_t wa = a ? na / rows : 0, wb = b ? nb / rows : 0;
@@ -219,51 +219,26 @@ static double rel_norm_err_d(const float *a, const double *b, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* Part 1 at bf16: anneal against the rounded reference, per position (see the top): at
- * least half the positions clean (logits within CLEAN_TOL), the late gradients of at
- * least 3/4 of their loss terms within tol, the loss within 1e-5 relative, and the recorded controls at least
- * min_control * tol away with at most 1/8 of the positions within tol. */
-static void check_bf16_against_rounded(double tol, double min_control) {
-    anneal_safetensors *st = open_file("tests/fixtures/gpt2_tiny.safetensors");
-    anneal_safetensors *px = open_file("tests/fixtures/gpt2_tiny_precision.safetensors");
-    REQUIRE(st && px);
-    result r;
-    REQUIRE(run_at(st, ANNEAL_BF16, &r));
-    int64_t n = 0, nt = 0;
-    float *ref = entry_f32(px, "bf16.logits", &n);
-    anneal_scope *sc = anneal_scope_open();
-    anneal_tensor *tgt = anneal_safetensors_load(st, "targets", ANNEAL_I32);
-    float *tg = tgt ? tensor_f32(tgt) : NULL; /* small integers: exact as f32 */
-    nt = tgt ? anneal_numel(tgt) : 0;
-    anneal_scope_close(sc);
-    REQUIRE(ref && n == r.n_logits && tg && nt > 0 && n % nt == 0);
-    const int64_t rows = nt, V = n / nt;
-    bool *keep = calloc((size_t)rows, sizeof *keep);
-    int32_t *tmask = malloc((size_t)rows * sizeof *tmask);
-    int64_t n_clean = 0, kept_all = 0;
-    double worst_clean = 0, worst_dirty = 0;
+/* Per position: how many of the rows of got (rows x V) are within CLEAN_TOL of ref
+ * (normwise over the vocabulary), the worst clean one and the worst other one. */
+static int64_t clean_positions(const float *got, const float *ref, int64_t rows, int64_t V, double *worst_clean,
+                               double *worst_dirty) {
+    int64_t n = 0;
+    *worst_clean = *worst_dirty = 0;
     for (int64_t i = 0; i < rows; i++) {
-        const double e = rel_norm_err(r.logits + i * V, ref + i * V, V);
-        keep[i] = e <= CLEAN_TOL;
-        n_clean += keep[i];
-        if (keep[i] && e > worst_clean) worst_clean = e;
-        if (!keep[i] && e > worst_dirty) worst_dirty = e;
-        const int32_t t = (int32_t)tg[i];
-        kept_all += t != -100;
+        const double e = rel_norm_err(got + i * V, ref + i * V, V);
+        if (e <= CLEAN_TOL) n++, *worst_clean = fmax(*worst_clean, e);
+        else *worst_dirty = fmax(*worst_dirty, e);
     }
-    CHECK(2 * n_clean >= rows, "bf16: only %lld of %lld positions have logits within %.3g of the rounded reference",
-          (long long)n_clean, (long long)rows, CLEAN_TOL);
-    float *ref_loss = entry_f32(px, "bf16.loss", &n);
-    REQUIRE(ref_loss);
-    CHECK(fabs(r.loss - ref_loss[0]) <= 1e-5 * fabs(ref_loss[0]), "bf16 loss %.8f vs rounded reference %.8f", r.loss,
-          ref_loss[0]);
-    CHECK(fabs(r.fused_loss - ref_loss[0]) <= 1e-5 * fabs(ref_loss[0]), "bf16 fused loss %.8f vs rounded reference %.8f",
-          r.fused_loss, ref_loss[0]);
-    free(ref_loss);
+    return n;
+}
 
-    /* Per clean position with a target: the late gradients of its own loss term (the other
-     * targets ignored; scaled by 1 / the batch's count, as the reference factors are)
-     * against the reference's contribution of that position. */
+/* The late gradients of position pos's own loss term at compute dtype dt (the other
+ * targets ignored, scaled by 1 / n_targets as the reference factors are) against that
+ * term of the kind's reference: the worst normwise error over the 8 late gradients, or
+ * NAN when the run failed. */
+static double late_term_error(const anneal_safetensors *st, const anneal_safetensors *px, const char *kind,
+                              anneal_dtype dt, const float *tg, int64_t rows, int64_t pos, int64_t n_targets) {
     char late[8][128];
     const int L = meta_int(st, "n_layer") - 1;
     snprintf(late[0], 128, "transformer.ln_f.weight");
@@ -274,90 +249,128 @@ static void check_bf16_against_rounded(double tol, double min_control) {
     snprintf(late[5], 128, "transformer.h.%d.mlp.c_fc.bias", L);
     snprintf(late[6], 128, "transformer.h.%d.mlp.c_proj.weight", L);
     snprintf(late[7], 128, "transformer.h.%d.mlp.c_proj.bias", L);
+    int32_t *tmask = malloc((size_t)rows * sizeof *tmask);
     bool *one = calloc((size_t)rows, sizeof *one);
-    int64_t n_checked = 0, n_match = 0;
-    double worst_match = 0, worst_g = 0;
-    const int64_t stride = anneal_test_sanitized() ? 4 : 1; /* a forward + backward each: every 4th under ASan */
-    for (int64_t pos = 0; pos < rows; pos += stride) {
-        if (!keep[pos] || (int32_t)tg[pos] == -100) continue;
-        for (int64_t i = 0; i < rows; i++) tmask[i] = i == pos ? (int32_t)tg[i] : -100, one[i] = i == pos;
-        result rm;
-        REQUIRE(run_at_targets(st, ANNEAL_BF16, tmask, (float)(1.0 / (double)kept_all), &rm));
-        double e_pos = 0;
-        for (int w = 0; w < 8; w++) {
+    for (int64_t i = 0; i < rows; i++) tmask[i] = i == pos ? (int32_t)tg[i] : -100, one[i] = i == pos;
+    result rm;
+    double e_pos = NAN;
+    if (run_at_targets(st, dt, tmask, (float)(1.0 / (double)n_targets), &rm)) {
+        e_pos = 0;
+        for (int w = 0; w < 8 && !isnan(e_pos); w++) {
             int pi = -1;
             for (int i = 0; i < rm.n_params; i++)
                 if (!strcmp(rm.names[i], late[w])) pi = i;
-            REQUIRE(pi >= 0);
-            double *lref = malloc((size_t)rm.n_grad[pi] * sizeof *lref);
-            REQUIRE(late_reference(px, w, one, rows, lref, rm.n_grad[pi]));
-            const double e = rel_norm_err_d(rm.grads[pi], lref, rm.n_grad[pi]);
-            if (e > e_pos) e_pos = e;
+            double *lref = pi >= 0 ? malloc((size_t)rm.n_grad[pi] * sizeof *lref) : NULL;
+            if (!lref || !late_reference(px, kind, w, one, rows, lref, rm.n_grad[pi])) e_pos = NAN;
+            else e_pos = fmax(e_pos, rel_norm_err_d(rm.grads[pi], lref, rm.n_grad[pi]));
             free(lref);
         }
         result_free(&rm);
-        n_checked++;
-        if (e_pos <= tol) {
-            n_match++;
-            if (e_pos > worst_match) worst_match = e_pos;
-        }
-        if (e_pos > worst_g) worst_g = e_pos;
     }
-    CHECK(4 * n_match >= 3 * n_checked,
-          "bf16: only %lld of %lld loss terms of clean positions have late gradients within %.3g of the reference",
-          (long long)n_match, (long long)n_checked, tol);
-    printf("  bf16 vs rounded reference: %lld of %lld positions clean (logits up to %.3g; the others %.3g at most); "
-           "late gradients of %lld of their %lld loss terms within %.3g (up to %.3g; all up to %.3g)\n",
-           (long long)n_clean, (long long)rows, worst_clean, worst_dirty, (long long)n_match, (long long)n_checked, tol,
-           worst_match, worst_g);
+    free(tmask);
     free(one);
-
-    const char *ctrls[5] = {"one_operand_logits", "one_operand_late_grads", "unrounded_logits", "unrounded_late_grads",
-                            "attention_f32_logits"};
-    char name[256];
-    for (int i = 0; i < 5; i++) {
-        snprintf(name, sizeof name, "bf16.%s", ctrls[i]);
-        double x = meta_double(px, name);
-        CHECK(x >= min_control * tol, "bf16: the %s control is only %.3g away (tolerance %.3g): the test could not tell",
-              ctrls[i], x, tol);
-    }
-    const char *pos[3] = {"one_operand", "unrounded", "attention_f32"};
-    const int terms = meta_int(px, "bf16.terms");
-    CHECK(terms > 0, "fixture lacks bf16.terms");
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "bf16.%s_positions_within_tol", pos[i]);
-        int x = meta_int(px, name);
-        CHECK(x >= 0 && 8 * (int64_t)x <= rows, "bf16: the %s control leaves %d of %lld positions within tolerance",
-              pos[i], x, (long long)rows);
-        snprintf(name, sizeof name, "bf16.%s_terms_within_tol", pos[i]);
-        x = meta_int(px, name);
-        CHECK(x >= 0 && 8 * x <= terms, "bf16: the %s control leaves %d of %d loss terms' late gradients within "
-              "tolerance", pos[i], x, terms);
-    }
-    free(ref), free(tg), free(keep), free(tmask);
-    result_free(&r);
-    anneal_safetensors_close(st);
-    anneal_safetensors_close(px);
+    return e_pos;
 }
 
-TEST(bf16_matches_the_rounded_reference) { check_bf16_against_rounded(5e-5, 20.0); }
-TEST(f16_loss_matches_the_rounded_reference) {
+/* Part 1 (see the top) at dt (BF16 or F16, fixture prefix kind): anneal against the
+ * rounded reference per position. At least min_clean of the positions clean (logits
+ * within CLEAN_TOL); the late gradients of the loss terms of the clean positions within
+ * LATE_TOL, all but at most max_miss of them; the loss within 1e-5 relative. Controls
+ * computed here by anneal itself, so the criteria are shown to discriminate: the same
+ * model at the other two precisions (a rounding at the wrong format, or none) must leave
+ * at most 1/8 of the positions clean and, on the first 8 positions checked, no late
+ * gradient term within LATE_TOL. */
+static void check_against_rounded(anneal_dtype dt, const char *kind, int64_t min_clean, int max_miss) {
     anneal_safetensors *st = open_file("tests/fixtures/gpt2_tiny.safetensors");
     anneal_safetensors *px = open_file("tests/fixtures/gpt2_tiny_precision.safetensors");
     REQUIRE(st && px);
-    result r;
-    REQUIRE(run_at(st, ANNEAL_F16, &r));
-    int64_t n = 0;
-    float *ref = entry_f32(px, "f16.loss", &n);
-    REQUIRE(ref);
-    CHECK(fabs(r.loss - ref[0]) <= 1e-5 * fabs(ref[0]), "f16 loss %.8f vs rounded reference %.8f", r.loss, ref[0]);
-    CHECK(fabs(r.fused_loss - ref[0]) <= 1e-5 * fabs(ref[0]), "f16 fused loss %.8f vs rounded reference %.8f",
-          r.fused_loss, ref[0]);
-    free(ref);
+    const anneal_dtype ctrl[2] = {ANNEAL_F32, dt == ANNEAL_BF16 ? ANNEAL_F16 : ANNEAL_BF16};
+    result r, rc[2];
+    REQUIRE(run_at(st, dt, &r));
+    REQUIRE(run_at(st, ctrl[0], &rc[0]));
+    REQUIRE(run_at(st, ctrl[1], &rc[1]));
+    int64_t n = 0, nt = 0;
+    char name[256];
+    snprintf(name, sizeof name, "%s.logits", kind);
+    float *ref = entry_f32(px, name, &n);
+    anneal_scope *sc = anneal_scope_open();
+    anneal_tensor *tgt = anneal_safetensors_load(st, "targets", ANNEAL_I32);
+    float *tg = tgt ? tensor_f32(tgt) : NULL; /* small integers: exact as f32 */
+    nt = tgt ? anneal_numel(tgt) : 0;
+    anneal_scope_close(sc);
+    REQUIRE(ref && n == r.n_logits && tg && nt > 0 && n % nt == 0);
+    const int64_t rows = nt, V = n / nt;
+    bool *keep = calloc((size_t)rows, sizeof *keep);
+    int64_t n_clean = 0, n_targets = 0, ctrl_clean[2];
+    double worst_clean = 0, worst_dirty = 0, wc, wd;
+    for (int64_t i = 0; i < rows; i++) {
+        const double e = rel_norm_err(r.logits + i * V, ref + i * V, V);
+        keep[i] = e <= CLEAN_TOL;
+        n_clean += keep[i];
+        if (keep[i] && e > worst_clean) worst_clean = e;
+        if (!keep[i] && e > worst_dirty) worst_dirty = e;
+        n_targets += (int32_t)tg[i] != -100;
+    }
+    for (int c = 0; c < 2; c++) ctrl_clean[c] = clean_positions(rc[c].logits, ref, rows, V, &wc, &wd);
+    CHECK(n_clean >= min_clean, "%s: only %lld of %lld positions have logits within %.3g of the rounded reference",
+          kind, (long long)n_clean, (long long)rows, CLEAN_TOL);
+    for (int c = 0; c < 2; c++)
+        CHECK(8 * ctrl_clean[c] <= rows, "%s: the %s control leaves %lld of %lld positions clean: the test could not "
+              "tell", kind, anneal_dtype_name(ctrl[c]), (long long)ctrl_clean[c], (long long)rows);
+    snprintf(name, sizeof name, "%s.loss", kind);
+    float *ref_loss = entry_f32(px, name, &n);
+    REQUIRE(ref_loss);
+    CHECK(fabs(r.loss - ref_loss[0]) <= 1e-5 * fabs(ref_loss[0]), "%s loss %.8f vs rounded reference %.8f", kind,
+          r.loss, ref_loss[0]);
+    CHECK(fabs(r.fused_loss - ref_loss[0]) <= 1e-5 * fabs(ref_loss[0]), "%s fused loss %.8f vs rounded reference %.8f",
+          kind, r.fused_loss, ref_loss[0]);
+    free(ref_loss);
+
+    /* Per clean position with a target: its own loss term's late gradients. */
+    int64_t n_checked = 0, n_match = 0, n_ctrl = 0, ctrl_match = 0;
+    double worst_match = 0, worst_g = 0, ctrl_best = INFINITY;
+    const int64_t stride = anneal_test_sanitized() ? 4 : 1; /* a forward + backward each: every 4th under ASan */
+    for (int64_t pos = 0; pos < rows; pos += stride) {
+        if (!keep[pos] || (int32_t)tg[pos] == -100) continue;
+        const double e_pos = late_term_error(st, px, kind, dt, tg, rows, pos, n_targets);
+        REQUIRE(!isnan(e_pos));
+        n_checked++;
+        if (e_pos <= LATE_TOL) n_match++, worst_match = fmax(worst_match, e_pos);
+        worst_g = fmax(worst_g, e_pos);
+        for (int c = 0; c < 2 && n_ctrl < 8; c++) {
+            const double ec = late_term_error(st, px, kind, ctrl[c], tg, rows, pos, n_targets);
+            REQUIRE(!isnan(ec));
+            ctrl_match += ec <= LATE_TOL;
+            ctrl_best = fmin(ctrl_best, ec);
+        }
+        n_ctrl += n_ctrl < 8;
+    }
+    CHECK(n_checked > 0 && n_match + max_miss >= n_checked,
+          "%s: %lld of %lld loss terms of clean positions have late gradients farther than %.3g from the reference",
+          kind, (long long)(n_checked - n_match), (long long)n_checked, LATE_TOL);
+    CHECK(ctrl_match == 0, "%s: %lld late-gradient terms of the other precisions are within %.3g: the test could not "
+          "tell", kind, (long long)ctrl_match, LATE_TOL);
+    printf("  %s vs rounded reference: %lld of %lld positions clean (logits up to %.3g; the others %.3g at most; "
+           "controls %s %lld, %s %lld clean); late gradients of %lld of their %lld loss terms within %.3g (up to "
+           "%.3g; all up to %.3g; controls at least %.3g)\n",
+           kind, (long long)n_clean, (long long)rows, worst_clean, worst_dirty, anneal_dtype_name(ctrl[0]),
+           (long long)ctrl_clean[0], anneal_dtype_name(ctrl[1]), (long long)ctrl_clean[1], (long long)n_match,
+           (long long)n_checked, LATE_TOL, worst_match, worst_g, ctrl_best);
+    free(ref), free(tg), free(keep);
     result_free(&r);
+    result_free(&rc[0]);
+    result_free(&rc[1]);
     anneal_safetensors_close(st);
     anneal_safetensors_close(px);
 }
+
+/* bf16: 114 of 128 positions clean on every ISA: at least 7/8 (112); late-gradient
+ * terms off: 1 (AVX-512), 2 (avx2, portable) of 109: at most 4. */
+TEST(bf16_matches_the_rounded_reference) { check_against_rounded(ANNEAL_BF16, "bf16", 112, 4); }
+/* f16: flips are ~100x likelier (spacing 2^-10): 54 (AVX-512) and 57 (portable) of 128
+ * positions clean: at least 3/8 (48); the controls leave none. Late-gradient terms off
+ * (backward flips): 4 of 53 (AVX-512), 4 of 56 (portable): at most 8. */
+TEST(f16_matches_the_rounded_reference) { check_against_rounded(ANNEAL_F16, "f16", 48, 8); }
 
 /* Largest normwise relative error over the logits and every gradient, and the
  * smallest, against the fp32 PyTorch reference; the loss's relative error. */
@@ -399,13 +412,17 @@ TEST(error_against_fp32_is_the_formats_rounding) {
     printf("  normwise error vs fp32: bf16 %.3g-%.3g u (logits %.3g u, loss %.3g u); f16 %.3g-%.3g u (logits %.3g u, "
            "loss %.3g u)\n", lo_b / U_BF16, hi_b / U_BF16, lg_b / U_BF16, ls_b / U_BF16, lo_h / U_F16, hi_h / U_F16,
            lg_h / U_F16, ls_h / U_F16);
-    CHECK(lo_b >= U_BF16 / 4 && hi_b <= 4 * U_BF16, "bf16: normwise errors %.3g..%.3g outside [u/4, 4u] = [%.3g, %.3g]",
-          lo_b, hi_b, U_BF16 / 4, 4 * U_BF16);
-    CHECK(lo_h >= U_F16 / 4 && hi_h <= 4 * U_F16, "f16: normwise errors %.3g..%.3g outside [u/4, 4u] = [%.3g, %.3g]",
-          lo_h, hi_h, U_F16 / 4, 4 * U_F16);
-    CHECK(lg_b / lg_h >= 4 && lg_b / lg_h <= 16, "logit error ratio bf16/f16 %.3g, expected about 8 (2^3)", lg_b / lg_h);
-    CHECK(ls_b <= U_BF16 / 4, "bf16 loss relative error %.3g above u/4", ls_b);
-    CHECK(ls_h <= U_F16 / 4, "f16 loss relative error %.3g above u/4", ls_h);
+    /* Measured (AVX-512, avx2, portable): bf16 0.765u-1.58u, f16 0.702u-1.48u; logits
+     * 0.765u and 0.767u (ratio 7.98); loss 0.0011u (bf16), 0.0019u (f16). Asserted: the
+     * window [u/2, 2u] (was [u/4, 4u]), the ratio in [7, 9] (was [4, 16]), the loss within
+     * u/50 = 0.02u, about 10x the worst measured (was u/4). */
+    CHECK(lo_b >= U_BF16 / 2 && hi_b <= 2 * U_BF16, "bf16: normwise errors %.3g..%.3g outside [u/2, 2u] = [%.3g, %.3g]",
+          lo_b, hi_b, U_BF16 / 2, 2 * U_BF16);
+    CHECK(lo_h >= U_F16 / 2 && hi_h <= 2 * U_F16, "f16: normwise errors %.3g..%.3g outside [u/2, 2u] = [%.3g, %.3g]",
+          lo_h, hi_h, U_F16 / 2, 2 * U_F16);
+    CHECK(lg_b / lg_h >= 7 && lg_b / lg_h <= 9, "logit error ratio bf16/f16 %.3g, expected about 8 (2^3)", lg_b / lg_h);
+    CHECK(ls_b <= U_BF16 / 50, "bf16 loss relative error %.3g above u/50", ls_b);
+    CHECK(ls_h <= U_F16 / 50, "f16 loss relative error %.3g above u/50", ls_h);
     /* the bf16 path is really taken: results differ from anneal's own fp32 ones */
     int64_t differ = 0;
     for (int64_t i = 0; i < rb.n_logits; i++) differ += rb.logits[i] != rf.logits[i];
@@ -430,7 +447,7 @@ TEST(bf16_loss_close_to_pytorch_autocast) {
     int64_t n = 0;
     float *ac = entry_f32(px, "autocast_bf16.loss", &n);
     REQUIRE(ac);
-    CHECK(fabs(r.loss - ac[0]) <= 1e-4 * fabs(ac[0]), "bf16 loss %.8f vs torch autocast %.8f", r.loss, ac[0]);
+    CHECK(fabs(r.loss - ac[0]) <= 1e-5 * fabs(ac[0]), "bf16 loss %.8f vs torch autocast %.8f", r.loss, ac[0]);
     printf("  bf16 loss %.8f, torch autocast bf16 %.8f\n", r.loss, ac[0]);
     free(ac);
     result_free(&r);
@@ -456,7 +473,7 @@ TEST(compute_precision_is_a_value_and_checked) {
 int main(void) {
     RUN(compute_precision_is_a_value_and_checked);
     RUN(bf16_matches_the_rounded_reference);
-    RUN(f16_loss_matches_the_rounded_reference);
+    RUN(f16_matches_the_rounded_reference);
     RUN(error_against_fp32_is_the_formats_rounding);
     RUN(bf16_loss_close_to_pytorch_autocast);
     return anneal_test_summary();

@@ -181,7 +181,8 @@ TEST(gqa_rope_gradients_check) {
         anneal_tensor *in[8] = {x};
         int n = 1;
         for (int i = 0; i < ps->n && n < 8; i++) in[n++] = ps->items[i].tensor;
-        CHECK_GRAD(f_attn, &a, n, in, 1e-2, 2e-3, 2e-2);
+        /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.47% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_attn, &a, n, in, 1e-2, 1e-4, 1e-3);
         anneal_clear_error();
         anneal_params_free(ps);
     }

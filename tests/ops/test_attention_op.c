@@ -163,13 +163,15 @@ TEST(attention_gradients) {
                 x[1] = rand4(B, H, Tk, D, 250 + causal, true);
                 x[2] = rand4(B, H, Tk, D, 252 + causal, true);
             }
-            CHECK_GRAD(f_attention, ctx, 3, x, 1e-2, 2e-3, 2e-2);
+            /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.32% of it (AVX-512, avx2, portable) */
+            CHECK_GRAD(f_attention, ctx, 3, x, 1e-2, 1e-4, 1e-3);
         }
     /* Only v trained. */
     int ctx[2] = {1, 0};
     anneal_tensor *y[3] = {rand4(2, 1, 3, 2, 260, false), rand4(2, 1, 3, 2, 261, false),
                            rand4(2, 1, 3, 2, 262, true)};
-    CHECK_GRAD(f_attention, ctx, 3, y, 1e-2, 2e-3, 2e-2);
+    /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.021% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_attention, ctx, 3, y, 1e-2, 2e-5, 2e-4);
     CHECK_TRUE(y[0]->grad == NULL && y[1]->grad == NULL);
     anneal_scope_close(s);
 }
@@ -258,13 +260,16 @@ TEST(causal_attention_gradients) {
     /* Same tolerances as attention_gradients. */
     int mode = 0;
     anneal_tensor *x[1] = {anneal_test_rand(3, (int64_t[]){2, 7, 24}, -1, 1, 280, true)};
-    CHECK_GRAD(f_causal, &mode, 1, x, 1e-2, 2e-3, 2e-2);
+    /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.51% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_causal, &mode, 1, x, 1e-2, 2e-4, 2e-3);
     mode = 1;
     anneal_tensor *y[1] = {anneal_test_rand(3, (int64_t[]){2, 12, 5}, -1, 1, 281, true)};
-    CHECK_GRAD(f_causal, &mode, 1, y, 1e-2, 2e-3, 2e-2);
+    /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.18% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_causal, &mode, 1, y, 1e-2, 4e-5, 4e-4);
     mode = 2;
     anneal_tensor *z[1] = {anneal_test_rand(3, (int64_t[]){1, 5, 12}, -1, 1, 282, true)};
-    CHECK_GRAD(f_causal, &mode, 1, z, 1e-2, 2e-3, 2e-2);
+    /* tolerance was atol 2e-3 rtol 2e-2; worst measured 0.25% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_causal, &mode, 1, z, 1e-2, 1e-4, 1e-3);
     anneal_scope_close(s);
 }
 

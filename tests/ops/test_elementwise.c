@@ -53,11 +53,13 @@ TEST(binary_gradients_broadcast) {
     for (int k = 0; k < 4; k++) {
         anneal_tensor *x[2] = {anneal_test_rand(3, (int64_t[]){2, 3, 4}, -1, 1, 1 + k, true),
                                anneal_test_rand(2, (int64_t[]){3, 1}, 0.5f, 1.5f, 7 + k, true)};
-        CHECK_GRAD(fns[k], NULL, 2, x, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 1.2% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(fns[k], NULL, 2, x, 1e-2, 2e-4, 2e-3);
         /* the other way round (denominators kept away from zero for div) */
         anneal_tensor *y[2] = {anneal_test_rand(2, (int64_t[]){3, 1}, -1, 1, 17 + k, true),
                                anneal_test_rand(3, (int64_t[]){2, 3, 4}, 0.5f, 1.5f, 19 + k, true)};
-        CHECK_GRAD(fns[k], NULL, 2, y, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 2.5% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(fns[k], NULL, 2, y, 1e-2, 5e-4, 5e-3);
     }
     anneal_scope_close(s);
 }
@@ -71,7 +73,8 @@ TEST(noncontiguous_gradients) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *x[2] = {anneal_test_rand(2, (int64_t[]){4, 3}, -1, 1, 3, true),
                            anneal_test_rand(2, (int64_t[]){3, 4}, -1, 1, 4, true)};
-    CHECK_GRAD(f_trans_mul, NULL, 2, x, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.026% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_trans_mul, NULL, 2, x, 1e-2, 1e-5, 1e-4);
     anneal_scope_close(s);
 }
 
@@ -89,7 +92,8 @@ TEST(unary_gradients) {
     anneal_scope *s = anneal_scope_open();
     for (int k = 0; k < 5; k++) {
         anneal_tensor *x[1] = {anneal_test_rand(2, (int64_t[]){5, 7}, -3, 3, 11 + k, true)};
-        CHECK_GRAD(f_unary, &k, 1, x, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.68% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_unary, &k, 1, x, 1e-2, 1e-4, 1e-3);
     }
     anneal_scope_close(s);
 }
@@ -120,7 +124,8 @@ TEST(reduce_values_and_gradients) {
         }
     for (int k = 0; k < 5; k++) {
         anneal_tensor *in[1] = {x};
-        CHECK_GRAD(f_reduce, &k, 1, in, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.079% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_reduce, &k, 1, in, 1e-2, 1e-5, 1e-4);
     }
     anneal_scope_close(s);
 }
@@ -160,7 +165,8 @@ TEST(view_gradients) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *x[2] = {anneal_test_rand(2, (int64_t[]){2, 4}, -1, 1, 8, true),
                            anneal_test_rand(1, (int64_t[]){3}, -1, 1, 9, true)};
-    CHECK_GRAD(f_views, NULL, 2, x, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.012% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_views, NULL, 2, x, 1e-2, 1e-5, 1e-4);
     anneal_scope_close(s);
 }
 
@@ -263,7 +269,8 @@ static anneal_tensor *f_dropout(void *c, anneal_tensor *const *x) {
 TEST(dropout_gradient) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *x[1] = {anneal_test_rand(2, (int64_t[]){6, 9}, -1, 1, 3, true)};
-    CHECK_GRAD(f_dropout, NULL, 1, x, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.025% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_dropout, NULL, 1, x, 1e-2, 1e-5, 1e-4);
     anneal_scope_close(s);
 }
 

@@ -63,10 +63,12 @@ TEST(embedding_gradients) {
     anneal_tensor *ids = ids_tensor(2, (int64_t[]){2, 4}, (int32_t[]){1, 3, 1, 9, 1, 3, 0, 0});
     emb_case c = {ids, false};
     anneal_tensor *w[1] = {anneal_test_rand(2, (int64_t[]){V, C}, -1, 1, 3, true)};
-    CHECK_GRAD(f_embedding, &c, 1, w, 1e-2, 1e-3, 1e-3);
+    /* tolerance was atol 1e-3 rtol 1e-3; worst measured 0.0042% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_embedding, &c, 1, w, 1e-2, 1e-5, 1e-5);
     emb_case ct = {ids, true};
     anneal_tensor *wt[1] = {anneal_test_rand(2, (int64_t[]){C, V}, -1, 1, 4, true)};
-    CHECK_GRAD(f_embedding, &ct, 1, wt, 1e-2, 1e-3, 1e-3);
+    /* tolerance was atol 1e-3 rtol 1e-3; worst measured 0.0042% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_embedding, &ct, 1, wt, 1e-2, 1e-5, 1e-5);
     anneal_scope_close(s);
 }
 

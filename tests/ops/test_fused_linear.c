@@ -141,11 +141,14 @@ TEST(conv1d_gelu_gradients) {
     anneal_tensor *in[3] = {anneal_test_rand(3, (int64_t[]){2, 3, 5}, -2, 2, 70, true),
                             anneal_test_rand(2, (int64_t[]){5, 6}, -1, 1, 71, true),
                             anneal_test_rand(1, (int64_t[]){6}, -1, 1, 72, true)};
-    CHECK_GRAD(f_fc, &c, 3, in, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 3.5% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_fc, &c, 3, in, 1e-2, 5e-4, 5e-3);
     gc_case nb = {false, false};
-    CHECK_GRAD(f_fc, &nb, 2, in, 1e-2, 1e-3, 1e-2);
+    /* tolerance was atol 1e-3 rtol 1e-2; worst measured 1.4% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_fc, &nb, 2, in, 1e-2, 2e-4, 2e-3);
     gc_case tr = {true, true};
     anneal_tensor *int_[3] = {anneal_test_rand(2, (int64_t[]){5, 4}, -2, 2, 73, true), in[1], in[2]};
+    /* tolerance unchanged (10x the worst would loosen it): worst measured 5% of it (AVX-512, avx2, portable) */
     CHECK_GRAD(f_fc, &tr, 3, int_, 1e-2, 1e-3, 1e-2);
     anneal_scope_close(s);
 }

@@ -227,15 +227,18 @@ TEST(linear_ce_gradients) {
     gc_case c = {make_targets(2, (int64_t[]){2, 3}, 9, 70)};
     anneal_tensor *in[2] = {anneal_test_rand(3, (int64_t[]){2, 3, 5}, -1, 1, 71, true),
                             anneal_test_rand(2, (int64_t[]){9, 5}, -1, 1, 72, true)};
-    CHECK_GRAD(f_lce, &c, 2, in, 1e-2, 1e-4, 1e-2);
+    /* tolerance was atol 1e-4 rtol 1e-2; worst measured 4.7% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_lce, &c, 2, in, 1e-2, 5e-5, 5e-3);
     int64_t N = 70;
     gc_case c2 = {make_targets(1, &N, 6, 73)};
     anneal_tensor *in2[2] = {anneal_test_rand(2, (int64_t[]){N, 3}, -1, 1, 74, true),
                              anneal_test_rand(2, (int64_t[]){6, 3}, -1, 1, 75, true)};
-    CHECK_GRAD(f_lce, &c2, 2, in2, 1e-2, 1e-4, 1e-2);
+    /* tolerance was atol 1e-4 rtol 1e-2; worst measured 2.8% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_lce, &c2, 2, in2, 1e-2, 5e-5, 5e-3);
     /* only h requires grad (w frozen) */
     anneal_tensor *in3[2] = {in[0], anneal_test_rand(2, (int64_t[]){9, 5}, -1, 1, 76, false)};
-    CHECK_GRAD(f_lce, &c, 2, in3, 1e-2, 1e-4, 1e-2);
+    /* tolerance was atol 1e-4 rtol 1e-2; worst measured 4.2% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_lce, &c, 2, in3, 1e-2, 5e-5, 5e-3);
     anneal_scope_close(s);
 }
 

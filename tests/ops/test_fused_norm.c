@@ -102,15 +102,18 @@ TEST(add_layer_norm_gradients) {
                             anneal_test_rand(1, &C, -1, 1, 73, true)};
     for (int which = 0; which < 3; which++) {
         gc_case c = {which, false};
-        CHECK_GRAD(f_aln, &c, which == 1 ? 2 : 4, in, 1e-2, 2e-3, 1e-2); /* s only: w, b get none */
+        /* tolerance was atol 2e-3 rtol 1e-2; worst measured 1.6% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_aln, &c, which == 1 ? 2 : 4, in, 1e-2, 4e-4, 2e-3); /* s only: w, b get none */
     }
     gc_case np = {2, true};
-    CHECK_GRAD(f_aln, &np, 2, in, 1e-2, 2e-3, 1e-2);
+    /* tolerance was atol 2e-3 rtol 1e-2; worst measured 0.4% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_aln, &np, 2, in, 1e-2, 1e-4, 5e-4);
     /* only one of x, r requires grad */
     anneal_tensor *in2[4] = {anneal_test_rand(3, sh, -2, 2, 74, true),
                              anneal_test_rand(3, sh, -1, 1, 75, false), in[2], in[3]};
     gc_case c2 = {2, false};
-    CHECK_GRAD(f_aln, &c2, 4, in2, 1e-2, 2e-3, 1e-2);
+    /* tolerance was atol 2e-3 rtol 1e-2; worst measured 1.1% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_aln, &c2, 4, in2, 1e-2, 4e-4, 2e-3);
     anneal_scope_close(sc);
 }
 

@@ -95,15 +95,18 @@ TEST(cross_entropy_gradients) {
     int32_t tv[5] = {2, IGN, 8, 0, 2};
     ce_case c2 = {targets_tensor(1, &N, tv), false};
     anneal_tensor *x[1] = {anneal_test_rand(2, (int64_t[]){N, V}, -2, 2, 3, true)};
+    /* tolerance unchanged (10x the worst would loosen it): worst measured 5.6% of it (AVX-512, avx2, portable) */
     CHECK_GRAD(f_ce, &c2, 1, x, 1e-2, 1e-4, 1e-2);
     ce_case ct = {c2.targets, true};
     anneal_tensor *xt[1] = {anneal_test_rand(2, (int64_t[]){V, N}, -2, 2, 4, true)};
-    CHECK_GRAD(f_ce, &ct, 1, xt, 1e-2, 1e-4, 1e-2);
+    /* tolerance was atol 1e-4 rtol 1e-2; worst measured 4.4% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_ce, &ct, 1, xt, 1e-2, 5e-5, 5e-3);
     /* 3-D (B, T, V) */
     int32_t tv3[6] = {1, 6, IGN, 0, 3, 3};
     ce_case c3 = {targets_tensor(2, (int64_t[]){2, 3}, tv3), false};
     anneal_tensor *x3[1] = {anneal_test_rand(3, (int64_t[]){2, 3, 7}, -2, 2, 5, true)};
-    CHECK_GRAD(f_ce, &c3, 1, x3, 1e-2, 1e-4, 1e-2);
+    /* tolerance was atol 1e-4 rtol 1e-2; worst measured 4.2% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_ce, &c3, 1, x3, 1e-2, 5e-5, 5e-3);
     anneal_scope_close(s);
 }
 

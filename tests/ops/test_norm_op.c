@@ -115,24 +115,28 @@ static void grad_cases(bool rms) {
                                           : anneal_test_rand(2, (int64_t[]){4, C}, -2, 2, 20 + k, true);
         anneal_tensor *in[3] = {x, anneal_test_rand(1, &C, 0.5f, 1.5f, 30 + k, c->use_w),
                                 anneal_test_rand(1, &C, -1, 1, 40 + k, c->use_b && !rms)};
-        CHECK_GRAD(f_norm, c, 3, in, 1e-2, 2e-3, 1e-2);
+        /* tolerance was atol 2e-3 rtol 1e-2; worst measured 1.4% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_norm, c, 3, in, 1e-2, 4e-4, 2e-3);
     }
     /* 3-D x */
     norm_case c3 = {rms, false, true, true};
     anneal_tensor *in3[3] = {anneal_test_rand(3, (int64_t[]){2, 3, C}, -2, 2, 50, true),
                              anneal_test_rand(1, &C, 0.5f, 1.5f, 51, true),
                              anneal_test_rand(1, &C, -1, 1, 52, !rms)};
-    CHECK_GRAD(f_norm, &c3, 3, in3, 1e-2, 2e-3, 1e-2);
+    /* tolerance was atol 2e-3 rtol 1e-2; worst measured 1% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_norm, &c3, 3, in3, 1e-2, 4e-4, 2e-3);
     /* only the parameters want gradients (x constant): dx is not requested */
     anneal_tensor *inp[3] = {anneal_test_rand(2, (int64_t[]){5, C}, -2, 2, 60, false),
                              anneal_test_rand(1, &C, 0.5f, 1.5f, 61, true),
                              anneal_test_rand(1, &C, -1, 1, 62, !rms)};
-    CHECK_GRAD(f_norm, &c3, 3, inp, 1e-2, 2e-3, 1e-2);
+    /* tolerance was atol 2e-3 rtol 1e-2; worst measured 0.062% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_norm, &c3, 3, inp, 1e-2, 2e-5, 1e-4);
     /* only x wants a gradient */
     anneal_tensor *inx[3] = {anneal_test_rand(2, (int64_t[]){5, C}, -2, 2, 70, true),
                              anneal_test_rand(1, &C, 0.5f, 1.5f, 71, false),
                              anneal_test_rand(1, &C, -1, 1, 72, false)};
-    CHECK_GRAD(f_norm, &c3, 3, inx, 1e-2, 2e-3, 1e-2);
+    /* tolerance was atol 2e-3 rtol 1e-2; worst measured 1.4% of it (AVX-512, avx2, portable) */
+    CHECK_GRAD(f_norm, &c3, 3, inx, 1e-2, 4e-4, 2e-3);
 }
 
 TEST(layer_norm_gradients) {

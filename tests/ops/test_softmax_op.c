@@ -89,9 +89,11 @@ TEST(softmax_gradients) {
     for (int k = 0; k < 4; k++) {
         sm_case c = {k & 1, (k & 2) != 0};
         anneal_tensor *x[1] = {anneal_test_rand(2, (int64_t[]){5, 11}, -2, 2, 10 + k, true)};
-        CHECK_GRAD(f_softmax, &c, 1, x, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 1.7% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_softmax, &c, 1, x, 1e-2, 2e-4, 2e-3);
         anneal_tensor *x3[1] = {anneal_test_rand(3, (int64_t[]){2, 3, 6}, -2, 2, 20 + k, true)};
-        CHECK_GRAD(f_softmax, &c, 1, x3, 1e-2, 1e-3, 1e-2);
+        /* tolerance was atol 1e-3 rtol 1e-2; worst measured 0.5% of it (AVX-512, avx2, portable) */
+        CHECK_GRAD(f_softmax, &c, 1, x3, 1e-2, 5e-5, 5e-4);
     }
     anneal_scope_close(s);
 }

@@ -6,7 +6,7 @@
 
 #include "dist_test.h"
 
-#define DM_B 8 /* batch rows (divisible by 2 ranks x 2 micro-steps) */
+#define DM_B 24 /* batch rows (divisible by 2, 3 and 4 ranks x 2 micro-steps) */
 #define DM_T 8 /* tokens per row */
 
 static int32_t dm_ids[DM_B * DM_T], dm_tg[DM_B * DM_T];

@@ -215,7 +215,7 @@ static void check_same_losses(const char *run, const char *ref, int from, int to
 
 static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
 
-#define NEED_MPI() do { if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)"); } while (0)
+#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* 2 ranks x B/2 = 1 rank x B: losses and parameters (the reference runs the others
  * compare with). */
@@ -515,11 +515,12 @@ static void netns_cleanup(void) {
 TEST(two_hosts_over_tcp) {
     NEED_MPI();
     if (anneal_test_sanitized()) SKIP("sanitized build: the two-host run is Release only (time)");
-    if (geteuid() != 0) SKIP("network namespaces need root");
+    if (geteuid() != 0) SKIP("network namespaces need root, and this test runs as uid %d", (int)geteuid());
+    if (system("command -v ip >/dev/null 2>&1") != 0) SKIP_PROMISED("no `ip` command (bootstrap installs iproute2)");
     netns_cleanup();
     if (system("ip netns add anneal_h7a 2>/dev/null && ip netns add anneal_h7b 2>/dev/null") != 0) {
         netns_cleanup();
-        SKIP("ip netns is not available here");
+        SKIP("`ip netns add` is refused here (a container without CAP_SYS_ADMIN?)");
     }
     int r = system("ip link add anneal_va type veth peer name anneal_vb && "
                    "ip link set anneal_va netns anneal_h7a && ip link set anneal_vb netns anneal_h7b && "
@@ -529,7 +530,7 @@ TEST(two_hosts_over_tcp) {
                    "ip -n anneal_h7a link set lo up && ip -n anneal_h7b link set lo up");
     if (r != 0) {
         netns_cleanup();
-        SKIP("cannot create a veth pair between namespaces");
+        SKIP("`ip link add ... type veth` is refused here (no veth support in this kernel or container)");
     }
     /* the rsh agent: "agent [-options] HOST COMMAND..." runs COMMAND in HOST's namespace
      * (with its own host name, so the two look like two machines to OpenMPI) */

@@ -294,4 +294,9 @@ static void run_all(void) {
     RUN(errors);
 }
 
-int main(void) { return dt_main(run_all); }
+/* 3 and 4 ranks: shards that do not divide the buckets evenly, the norm summed over more
+ * than two shards, and the world > 2 tolerances above. */
+int main(void) {
+    static const int worlds[] = {2, 3, 4};
+    return dt_main_worlds(run_all, worlds, 3, false);
+}

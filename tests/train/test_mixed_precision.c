@@ -42,7 +42,7 @@ static const char *make_data(const char *dir, char *why, size_t why_n) {
     struct stat sb;
     const char *text = system(cmd) == 0 && stat(corpus, &sb) == 0 && sb.st_size > 1000000 ? corpus : tu_corpus(dir);
     if (!text) {
-        snprintf(why, why_n, "no text: neither the bible program (Debian's bible-kjv) nor ../shared's KJV excerpt");
+        snprintf(why, why_n, "no text: neither the bible program (bootstrap installs bible-kjv) nor ../shared's KJV excerpt");
         return NULL;
     }
     return tu_make_data_from(dir, text, 512, why, why_n);
@@ -110,14 +110,25 @@ static anneal_status train(const char *dir, const char *data, const char *name, 
 static const char *g_dir, *g_data;
 static char g_why[512];
 
-/* The data once for every test (NULL: skip). */
+static bool g_data_failed; /* the library failed to make the data (a failure, not a skip) */
+
+/* The data once for every test (NULL: NEED_DATA fails or skips the test). */
 static const char *data_dir(void) {
     if (!g_dir) {
+        int before = anneal_test_failures;
         g_dir = tu_mkdtemp("mixedprec");
         g_data = g_dir ? make_data(g_dir, g_why, sizeof g_why) : NULL;
+        if (!g_dir) snprintf(g_why, sizeof g_why, "cannot make a temporary directory");
+        g_data_failed = !g_dir || anneal_test_failures > before;
     }
     return g_data;
 }
+
+/* In a TEST: the data, or a failure (the library could not make it) or a promised skip
+ * (no text: neither ../shared nor bible-kjv). */
+#define NEED_DATA() do { if (!data_dir()) { \
+    if (g_data_failed) TEST_FAIL("no data: %s", g_why); \
+    SKIP_PROMISED("%s", g_why); } } while (0)
 
 static double mean_last(const steps *s, int k) {
     double m = 0;
@@ -126,7 +137,7 @@ static double mean_last(const steps *s, int k) {
 }
 
 TEST(bf16_and_fp16_track_fp32) {
-    if (!data_dir()) SKIP("%s", g_why);
+    NEED_DATA();
     int n = anneal_test_sanitized() ? 40 : 300;
     if (n < 300) printf("    sanitized build: %d steps instead of 300\n", n);
     static steps s32, s16b, s16h;
@@ -159,7 +170,7 @@ TEST(bf16_and_fp16_track_fp32) {
 }
 
 TEST(fp16_static_loss_scale) {
-    if (!data_dir()) SKIP("%s", g_why);
+    NEED_DATA();
     static steps s;
     anneal_train_result r;
     const char *ex[] = {"dtype", "fp16", "loss-scale", "1024", "scale-growth-interval", "1", NULL};
@@ -224,7 +235,7 @@ static double grad_err(const float *a, const float *b, int64_t n) {
 }
 
 TEST(fp16_without_scaling_loses_small_gradients) {
-    if (!data_dir()) SKIP("%s", g_why);
+    NEED_DATA();
     static float *g32[64], *gdyn[64], *gone[64];
     static char names[64][128];
     int n32 = 0, nd = 0, n1 = 0;
@@ -256,7 +267,7 @@ TEST(fp16_without_scaling_loses_small_gradients) {
 }
 
 TEST(fp16_overflow_skips_and_backs_off) {
-    if (!data_dir()) SKIP("%s", g_why);
+    NEED_DATA();
     int n = anneal_test_sanitized() ? 30 : 60;
     static steps s;
     anneal_train_result r;
@@ -299,7 +310,7 @@ TEST(fp16_overflow_skips_and_backs_off) {
 }
 
 TEST(fp16_nan_loss_is_still_a_bad_step) {
-    if (!data_dir()) SKIP("%s", g_why);
+    NEED_DATA();
     static steps s;
     anneal_train_result r;
     const char *ex[] = {"dtype", "fp16", "max-bad-steps", "2", NULL};

@@ -143,6 +143,7 @@ static void steady_state(anneal_recompute_mode mode) {
     }
     double losses[5];
     for (int k = 0; k < 2; k++) losses[k] = step(&r, k); /* warm-up: caches fill */
+    anneal_memory_reset_peak(ANNEAL_CPU);
     anneal_memory_stats before = anneal_memory_stats_get(ANNEAL_CPU);
     atomic_store(&g_calls, 0);
     atomic_store(&g_counting, 1);
@@ -159,6 +160,13 @@ static void steady_state(anneal_recompute_mode mode) {
     CHECK(after.n_system_allocs == before.n_system_allocs,
           "recompute %s: steps 3-5 took %lld blocks from the system (allocator count)", name,
           (long long)(after.n_system_allocs - before.n_system_allocs));
+    /* Nothing held from the system grew (the cache served every block) and nothing
+     * stayed live across steps (every step's tensors went back at its scope's close). */
+    CHECK(after.peak_reserved_bytes == before.reserved_bytes && after.reserved_bytes == before.reserved_bytes,
+          "recompute %s: reserved bytes grew during steps 3-5: %lld -> %lld (peak %lld)", name,
+          (long long)before.reserved_bytes, (long long)after.reserved_bytes, (long long)after.peak_reserved_bytes);
+    CHECK(after.live_bytes == before.live_bytes, "recompute %s: live bytes %lld before steps 3-5, %lld after",
+          name, (long long)before.live_bytes, (long long)after.live_bytes);
     printf("  recompute %s, steps 3-5: %lld tensor allocations, %lld system blocks, live %lld B, reserved %lld B "
            "(peak live %lld, peak reserved %lld)\n",
            name, (long long)(after.n_allocs - before.n_allocs),

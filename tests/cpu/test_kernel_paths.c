@@ -1,0 +1,126 @@
+/* Which CPU kernel paths (ISA per kernel family) run on this machine, printed as a table:
+ *   1. the default dispatch must pick the best path the CPU has for every family
+ *      (gemm f32/bf16/f16, attention f32/bf16): a failure otherwise, on any machine;
+ *   2. every path the CPU can run is run once here (forced with anneal_cpu_sgemm_set_isa,
+ *      anneal_cpu_gemm_allow_bf16_kernel and ANNEAL_CPU_ISA), and a path of an ISA the CPU
+ *      has that did not run is a promised skip (a failure under ANNEAL_TEST_STRICT=1);
+ *   3. paths of ISAs this CPU lacks cannot run here: the test then ends with a plain SKIP
+ *      naming them, so a CI machine without, say, AVX512-BF16 shows that those kernels
+ *      went untested there.
+ * The record is anneal_cpu_path_note's (src/cpu/cpu_features.c), set by the dispatch. */
+#include "anneal/core.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
+#include "test.h"
+
+#include <stdlib.h>
+
+static const unsigned ISAS[4] = {ANNEAL_CPU_PATH_PORTABLE, ANNEAL_CPU_PATH_AVX2, ANNEAL_CPU_PATH_AVX512,
+                                 ANNEAL_CPU_PATH_AVX512BF16};
+
+/* One small product at each precision, and attention forward + backward at f32 and bf16. */
+static void run_ops(bool gemms, bool attention) {
+    enum { N = 48, B = 1, H = 2, T = 40, D = 16 };
+    float *a = anneal_test_rand_buf(N * N, -1, 1), *b = anneal_test_rand_buf(N * N, -1, 1), *c = malloc(N * N * 4);
+    static const int dts[3] = {ANNEAL_F32, ANNEAL_BF16, ANNEAL_F16};
+    for (int i = 0; gemms && i < 3; i++) anneal_cpu_gemm(dts[i], false, false, N, N, N, 1, a, N, b, N, 0, c, N, NULL);
+    const int64_t n = B * H * T * D;
+    float *q = anneal_test_rand_buf(n, -1, 1), *k = anneal_test_rand_buf(n, -1, 1), *v = anneal_test_rand_buf(n, -1, 1);
+    float *o = malloc(n * 4), *lse = malloc(B * H * T * 4), *dout = anneal_test_rand_buf(n, -1, 1);
+    float *dq = malloc(n * 4), *dk = malloc(n * 4), *dv = malloc(n * 4);
+    anneal_cpu_attn_desc d = {.B = B, .H = H, .Tq = T, .Tk = T, .D = D, .q_sb = H * T * D, .q_sh = T * D, .q_st = D,
+                              .k_sb = H * T * D, .k_sh = T * D, .k_st = D, .v_sb = H * T * D, .v_sh = T * D,
+                              .v_st = D, .o_sb = H * T * D, .o_sh = T * D, .o_st = D, .scale = 0.25f, .causal = true};
+    for (int i = 0; attention && i < 2; i++) {
+        anneal_cpu_attention_fwd(&d, q, k, v, o, lse, dts[i]);
+        anneal_cpu_attention_bwd(&d, q, k, v, o, dout, lse, dq, dk, dv, dts[i]);
+    }
+    free(a), free(b), free(c), free(q), free(k), free(v), free(o), free(lse), free(dout), free(dq), free(dk), free(dv);
+}
+
+/* The ISAs this CPU has, as path bits. */
+static unsigned cpu_isas(void) {
+    return ANNEAL_CPU_PATH_PORTABLE | (anneal_cpu_has_avx2() ? ANNEAL_CPU_PATH_AVX2 : 0) |
+           (anneal_cpu_has_avx512() ? ANNEAL_CPU_PATH_AVX512 : 0) |
+           (anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16() ? ANNEAL_CPU_PATH_AVX512BF16 : 0);
+}
+
+/* The paths family op has at all (whatever the CPU). */
+static unsigned op_paths(int op) {
+    switch (op) {
+    case ANNEAL_CPU_OP_GEMM_F32:
+    case ANNEAL_CPU_OP_GEMM_F16: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512;
+    case ANNEAL_CPU_OP_GEMM_BF16:
+        return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
+    case ANNEAL_CPU_OP_ATTN_F32: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX512;
+    default: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
+    }
+}
+
+/* The path the default dispatch should take for op on a CPU with `has`. */
+static unsigned best_path(int op, unsigned has) {
+    const unsigned usable = op_paths(op) & has;
+    for (int i = 3; i >= 0; i--)
+        if (usable & ISAS[i]) return ISAS[i];
+    return 0;
+}
+
+static void names(unsigned bits, char *out, size_t n) {
+    out[0] = 0;
+    for (int i = 0; i < 4; i++)
+        if (bits & ISAS[i]) snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? " " : "", anneal_cpu_path_name(ISAS[i]));
+    if (!out[0]) snprintf(out, n, "-");
+}
+
+TEST(kernel_paths_of_this_cpu) {
+    const unsigned has = cpu_isas();
+    unsigned dflt[ANNEAL_CPU_OP_COUNT], all[ANNEAL_CPU_OP_COUNT];
+    unsetenv("ANNEAL_CPU_ISA");
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+    anneal_cpu_paths_reset();
+    run_ops(true, true);
+    for (int op = 0; op < ANNEAL_CPU_OP_COUNT; op++) dflt[op] = anneal_cpu_paths_taken(op);
+    /* every path this CPU can run */
+    static const int gemm_isas[3] = {ANNEAL_GEMM_ISA_PORTABLE, ANNEAL_GEMM_ISA_AVX2, ANNEAL_GEMM_ISA_AVX512};
+    for (int i = 0; i < 3; i++)
+        for (int allow = 0; allow < 2; allow++)
+            if (anneal_cpu_sgemm_set_isa(gemm_isas[i]) == 0) {
+                anneal_cpu_gemm_allow_bf16_kernel(allow);
+                run_ops(true, false);
+            }
+    anneal_cpu_gemm_allow_bf16_kernel(true);
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+    static const char *attn_env[3] = {"portable", "avx2", NULL}; /* avx2: the bf16 fallback on AVX-512 tiles */
+    for (int i = 0; i < 3; i++) {
+        if (attn_env[i]) setenv("ANNEAL_CPU_ISA", attn_env[i], 1);
+        else unsetenv("ANNEAL_CPU_ISA");
+        run_ops(false, true);
+    }
+    unsetenv("ANNEAL_CPU_ISA");
+    char hs[96];
+    names(has, hs, sizeof hs);
+    printf("  this CPU: %s\n  %-15s %-12s %-12s %s\n", hs, "kernels", "default", "should be", "run here");
+    unsigned missing = 0, lacking = 0;
+    for (int op = 0; op < ANNEAL_CPU_OP_COUNT; op++) {
+        all[op] = anneal_cpu_paths_taken(op);
+        char d[96], a[96], w[96];
+        names(dflt[op], d, sizeof d);
+        names(all[op], a, sizeof a);
+        names(best_path(op, has), w, sizeof w);
+        printf("  %-15s %-12s %-12s %s\n", anneal_cpu_op_name(op), d, w, a);
+        CHECK(dflt[op] == best_path(op, has), "%s: the default dispatch ran %s, the best path of this CPU is %s",
+              anneal_cpu_op_name(op), d, w);
+        missing |= (op_paths(op) & has) & ~all[op];
+        lacking |= op_paths(op) & ~has;
+    }
+    char m[96], l[96];
+    names(missing, m, sizeof m);
+    names(lacking, l, sizeof l);
+    if (missing) SKIP_PROMISED("paths of ISAs this CPU has did not run: %s", m);
+    if (lacking) SKIP("this CPU lacks %s: those kernel paths cannot run here", l);
+}
+
+int main(void) {
+    RUN(kernel_paths_of_this_cpu);
+    return anneal_test_summary();
+}
