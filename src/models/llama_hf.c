@@ -16,6 +16,7 @@
  * transformers' matrix products (the same function) and is ignored. Everything is
  * validated before a parameter is written. */
 #include "llama_internal.h"
+#include "models_internal.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -350,40 +351,6 @@ static bool is_rotary_buffer(const char *key) {
     return strcmp(p, ".self_attn.rotary_emb.inv_freq") == 0;
 }
 
-/* Appends name to a "a, b, c (and N more)" list of at most 5 names. */
-static void list_add(char *buf, size_t n, int *count, const char *name) {
-    if (*count < 5) {
-        size_t used = strlen(buf);
-        snprintf(buf + used, n - used, "%s%s", *count ? ", " : "", name);
-    }
-    (*count)++;
-}
-
-static void list_finish(char *buf, size_t n, int count) {
-    if (count > 5) {
-        size_t used = strlen(buf);
-        snprintf(buf + used, n - used, " (and %d more)", count - 5);
-    }
-}
-
-/* Sets *same to whether tensors a and b of src hold the same values as f32 (temporaries
- * in the current scope); false when their shapes differ. */
-static anneal_status same_as_f32(const anneal_tensor_source *src, const char *a, const char *b, bool *same) {
-    *same = false;
-    anneal_dtype da, db;
-    int na, nb;
-    int64_t sa[ANNEAL_MAX_DIMS], sb[ANNEAL_MAX_DIMS];
-    if (!src->info(src->ctx, a, &da, &na, sa) || !src->info(src->ctx, b, &db, &nb, sb) || na != nb ||
-        memcmp(sa, sb, (size_t)na * sizeof *sa) != 0 || !anneal_dtype_is_float(da) || !anneal_dtype_is_float(db))
-        return ANNEAL_OK;
-    anneal_tensor *x = src->get(src->ctx, a);
-    if (!x) return anneal_last_status();
-    anneal_tensor *y = src->get(src->ctx, b);
-    if (!y) return anneal_last_status();
-    *same = memcmp(anneal_data(x), anneal_data(y), (size_t)anneal_numel(x) * sizeof(float)) == 0;
-    return ANNEAL_OK;
-}
-
 /* Matches every tensor of src to m's parameters (seen[i] = the source name of
  * parameter i); *tied_head = a "lm_head.weight" of a tied model. Errors name the
  * unexpected and missing tensors. */
@@ -402,51 +369,19 @@ static anneal_status match_entries(const anneal_model *m, const anneal_tensor_so
         if (is_rotary_buffer(name)) continue;
         const anneal_param *p = anneal_params_find(ps, name);
         if (!p) {
-            list_add(unknown, sizeof unknown, &n_unknown, name);
+            anneal_hf_name_list_add(unknown, sizeof unknown, &n_unknown, name);
             continue;
         }
         seen[p - ps->items] = name;
     }
     if (n_unknown) {
-        list_finish(unknown, sizeof unknown, n_unknown);
+        anneal_hf_name_list_finish(unknown, sizeof unknown, n_unknown);
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %d tensor(s) that this %s model (n_layer %d%s%s) does not have: %s",
                                 src->what, n_unknown, anneal_llama_hf_type(&m->cfg), m->cfg.n_layer,
                                 m->cfg.qkv_bias ? ", q/k/v biases" : ", no q/k/v biases",
                                 m->cfg.tie_embeddings ? ", tied lm head" : "", unknown);
     }
-    char missing[1024] = "";
-    int n_missing = 0;
-    for (int i = 0; i < ps->n; i++)
-        if (!seen[i]) list_add(missing, sizeof missing, &n_missing, ps->items[i].name);
-    if (n_missing) {
-        list_finish(missing, sizeof missing, n_missing);
-        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: missing %d tensor(s): %s", src->what, n_missing, missing);
-    }
-    return ANNEAL_OK;
-}
-
-/* Every matched tensor has its parameter's shape and a float dtype. */
-static anneal_status check_entries(const anneal_model *m, const anneal_tensor_source *src, const char **seen) {
-    const anneal_params *ps = m->params;
-    for (int i = 0; i < ps->n; i++) {
-        const anneal_tensor *t = ps->items[i].tensor;
-        anneal_dtype dt;
-        int nd;
-        int64_t sh[ANNEAL_MAX_DIMS];
-        if (!src->info(src->ctx, seen[i], &dt, &nd, sh))
-            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: no tensor for parameter %s", src->what, ps->items[i].name);
-        bool same = nd == t->ndim;
-        for (int d = 0; same && d < nd; d++) same = sh[d] == t->shape[d];
-        if (!same) {
-            char a[128], b[128];
-            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s has shape %s, the model expects %s", src->what, seen[i],
-                                    anneal_dims_str(nd, sh, a, sizeof a), anneal_shape_str(t, b, sizeof b));
-        }
-        if (!anneal_dtype_is_float(dt))
-            return anneal_set_error(ANNEAL_ERR_DTYPE, "%s: %s is %s, expected a float dtype", src->what, seen[i],
-                                    anneal_dtype_name(dt));
-    }
-    return ANNEAL_OK;
+    return anneal_hf_check_missing(m, src, seen);
 }
 
 anneal_status anneal_llama_hf_import(anneal_model *m, const anneal_tensor_source *src) {
@@ -459,7 +394,7 @@ anneal_status anneal_llama_hf_import(anneal_model *m, const anneal_tensor_source
         /* a tied model's lm_head.weight is the embedding (transformers ties them) */
         anneal_scope *sc = anneal_scope_open();
         bool same = false;
-        r = same_as_f32(src, tied_head, "model.embed_tokens.weight", &same);
+        r = anneal_hf_same_as_f32(src, tied_head, "model.embed_tokens.weight", &same);
         anneal_scope_close(sc);
         if (r == ANNEAL_OK && !same)
             r = anneal_set_error(ANNEAL_ERR_FORMAT,
@@ -468,7 +403,7 @@ anneal_status anneal_llama_hf_import(anneal_model *m, const anneal_tensor_source
                                  src->what);
     }
     /* Shapes and dtypes are checked for every tensor before any parameter is written. */
-    if (r == ANNEAL_OK) r = check_entries(m, src, seen);
+    if (r == ANNEAL_OK) r = anneal_hf_check_entries(m, src, seen);
     for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
         anneal_tensor *p = ps->items[i].tensor;
         anneal_scope *sc = anneal_scope_open();

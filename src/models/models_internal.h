@@ -7,4 +7,23 @@
 /* The library's own architectures (registry.c), NULL-ended. */
 extern const anneal_model_arch *const anneal_builtin_archs[];
 
+/* ------------------------------------------ shared by the HF importers
+ * (hf_import.c): what every architecture's hf_import checks the same way. */
+
+/* Appends name to a "a, b, c (and N more)" list of at most 5 names in buf (n bytes);
+ * *count counts every name given. */
+void anneal_hf_name_list_add(char *buf, size_t n, int *count, const char *name);
+/* Ends such a list: " (and K more)" when more than 5 names were given. */
+void anneal_hf_name_list_finish(char *buf, size_t n, int count);
+/* Sets *same to whether tensors a and b of src hold the same values once converted to
+ * f32 (false when either is absent, their shapes differ or one is not a float; the
+ * temporaries join the current scope). */
+anneal_status anneal_hf_same_as_f32(const anneal_tensor_source *src, const char *a, const char *b, bool *same);
+/* Every parameter i of m has a source tensor seen[i] of its shape and a float dtype
+ * (ANNEAL_ERR_FORMAT / ANNEAL_ERR_DTYPE naming the source and the tensor). */
+anneal_status anneal_hf_check_entries(const anneal_model *m, const anneal_tensor_source *src, const char **seen);
+/* Every parameter i of m was matched (seen[i] set): ANNEAL_ERR_FORMAT listing the
+ * missing ones otherwise. */
+anneal_status anneal_hf_check_missing(const anneal_model *m, const anneal_tensor_source *src, const char **seen);
+
 #endif
