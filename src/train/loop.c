@@ -208,6 +208,8 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "ms", ps->ms);
     cJSON_AddNumberToObject(o, "cpu_ms", ps->cpu_ms);
     cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
+    /* allocator bytes held on the model's device (tensors + cache) */
+    cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
