@@ -72,7 +72,10 @@ static void put(text *t, const char *fmt, ...) {
 static const char *fmt_value(double x, char *b, size_t n) {
     if (isnan(x)) snprintf(b, n, "NaN");
     else if (isinf(x)) snprintf(b, n, x > 0 ? "+Inf" : "-Inf");
-    else snprintf(b, n, "%.17g", x);
+    else {
+        snprintf(b, n, "%.15g", x); /* the shortest of the two that reads back exactly */
+        if (strtod(b, NULL) != x) snprintf(b, n, "%.17g", x);
+    }
     return b;
 }
 
@@ -174,7 +177,7 @@ anneal_status anneal_metrics_start(const char *addr, int port, anneal_metrics **
     m->loss = m->val_loss = m->lr = m->grad_norm = m->tokens_per_s = m->mfu = m->memory_bytes = m->loss_scale = NAN;
     m->total_steps = NAN;
     m->samples_per_step = NAN;
-    m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle, m,
+    m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, handle, m,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)8,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!m->daemon) {
