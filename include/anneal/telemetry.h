@@ -81,6 +81,9 @@ typedef struct anneal_plot_options {
  * directory with log.jsonl, or a log file) in four panels with a legend naming
  * each run. The format follows the extension of o->out. */
 anneal_status anneal_plot_runs(int n_runs, const char *const *runs, const anneal_plot_options *o);
+/* Frees Cairo's and fontconfig's process-wide caches (fonts), so a leak checker sees
+ * nothing left: call once at the end of a process, when no thread draws any more. */
+void anneal_plot_release_caches(void);
 
 #ifdef __cplusplus
 }

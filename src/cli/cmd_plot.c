@@ -55,6 +55,7 @@ int anneal_cmd_plot(int argc, char **argv) {
         anneal_plot_options o = {.out = out, .width = (int)width, .height = (int)height, .log_x = log_x,
                                  .x_tokens = !strcmp(x, "tokens")};
         anneal_status st = anneal_plot_runs(pos.n, (const char *const *)pos.items, &o);
+        anneal_plot_release_caches(); /* the command ends here */
         if (st != ANNEAL_OK) {
             fprintf(stderr, "anneal plot: %s\n", anneal_last_error());
             rc = st == ANNEAL_ERR_ARG ? 2 : 1;

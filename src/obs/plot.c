@@ -9,6 +9,7 @@
 #include <cairo-svg.h>
 #include <cairo.h>
 #include <cjson/cJSON.h>
+#include <fontconfig/fontconfig.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -72,7 +73,10 @@ static anneal_status load_run(const char *arg, run *r) {
     size_t L = strlen(tmp);
     while (L > 1 && tmp[L - 1] == '/') tmp[--L] = 0;
     const char *slash = strrchr(tmp, '/');
-    snprintf(r->name, sizeof r->name, "%s", slash ? slash + 1 : tmp);
+    const char *base = slash ? slash + 1 : tmp;
+    size_t bl = strlen(base) < sizeof r->name - 1 ? strlen(base) : sizeof r->name - 1;
+    memcpy(r->name, base, bl); /* a long name is cut for the legend */
+    r->name[bl] = 0;
     FILE *f = fopen(path, "r");
     if (!f) return anneal_set_error(ANNEAL_ERR_IO, "%s: cannot open: %s (not a run directory?)", path, strerror(errno));
     size_t cap = 1 << 16;
@@ -358,4 +362,9 @@ anneal_status anneal_plot_runs(int n_runs, const char *const *paths, const annea
     for (int i = 0; i < n_runs; i++) run_free(&runs[i]);
     free(runs);
     return st;
+}
+
+void anneal_plot_release_caches(void) {
+    cairo_debug_reset_static_data();
+    FcFini();
 }
