@@ -374,6 +374,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         double avg_ms = ran > 1 ? (now - first_end) / (double)(ran - 1) : ms;
         ps.eta_s = avg_ms * (double)(t->total_steps - t->st.step) / 1e3;
         anneal_progress_step(t->prog, &ps);
+        if ((fail = anneal_train_dist_fatal(t, anneal_train_telemetry_step_times(t, ms))) != ANNEAL_OK) break;
         log_step(t, &so, &ps);
         if (so.overflow) {
             anneal_progress_note(t->prog, "step %lld: fp16 gradient overflow at loss scale %g: update skipped, scale now %g",

@@ -3,6 +3,7 @@
 #include "train_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 anneal_status anneal_train_open_telemetry(trainer *t) {
     const anneal_train_config *c = &t->cfg;
@@ -29,6 +30,24 @@ void anneal_train_telemetry_record(trainer *t, const void *record) {
         anneal_tb_close(t->tb);
         t->tb = NULL;
     }
+}
+
+anneal_status anneal_train_telemetry_step_times(trainer *t, double ms) {
+    /* the flag is the same on every rank (the settings are checked equal): all call or none */
+    if (t->cfg.metrics_port <= 0 || !t->comm || t->world <= 1) return ANNEAL_OK;
+    float mine = (float)(ms / 1e3), *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "metrics: out of memory");
+    anneal_status st = anneal_comm_all_gather(t->comm, &mine, all, 1, ANNEAL_F32);
+    if (st == ANNEAL_OK && t->metrics) {
+        double *sec = malloc((size_t)t->world * sizeof *sec);
+        if (sec) {
+            for (int r = 0; r < t->world; r++) sec[r] = all[r];
+            anneal_metrics_rank_step_seconds(t->metrics, t->world, sec);
+            free(sec);
+        }
+    }
+    free(all);
+    return st;
 }
 
 void anneal_train_close_telemetry(trainer *t) {

@@ -119,6 +119,9 @@ void anneal_train_log_start(trainer *t);
  * warning: telemetry never stops training. */
 anneal_status anneal_train_open_telemetry(trainer *t);
 void anneal_train_telemetry_record(trainer *t, const void *cjson_record);
+/* Collective when --metrics-port is set in a distributed run (a no-op otherwise): every
+ * rank's step time to rank 0's endpoint (anneal_rank_step_duration_seconds). */
+anneal_status anneal_train_telemetry_step_times(trainer *t, double ms);
 void anneal_train_close_telemetry(trainer *t);
 
 /* lora.c: --lora-rank & co. after the base weights are in place: adds the adapters,

@@ -215,9 +215,53 @@ TEST(scrape_during_training_sees_steps_rise) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* mpirun -np 2: rank 0 serves the endpoint with every rank's step time. */
+TEST(distributed_run_serves_per_rank_step_time) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)");
+    char tmpl[] = "/tmp/anneal_metrics_mpi_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != NULL);
+    int port = free_port();
+    REQUIRE(port > 0);
+    char cmd[2048], logp[300];
+    snprintf(logp, sizeof logp, "%s/stdout", tmpl);
+    /* as tests/parallel/test_train_dist.c runs MPI: no CMA, leak checks off for the ranks */
+    snprintf(cmd, sizeof cmd,
+             "exec mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
+             "--mca btl_vader_single_copy_mechanism none%s '%s' train --synthetic --steps 1000000 --batch 2 --seq 16 "
+             "--threads 1 --ckpt-every 0 --out '%s/run' --metrics-port %d > '%s' 2>&1",
+             anneal_test_sanitized() ? " -x ASAN_OPTIONS=detect_leaks=0" : "", bin, tmpl, port, logp);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    static char a[1 << 16];
+    bool seen = false;
+    struct timespec nap = {0, 100 * 1000 * 1000};
+    for (int i = 0; i < 900 && !seen; i++) { /* 90 s at most */
+        if (scrape(port, a, sizeof a) == 0 && strstr(a, "anneal_rank_step_duration_seconds{rank=\"1\"} ")) seen = true;
+        else nanosleep(&nap, NULL);
+    }
+    kill(pid, SIGTERM); /* mpirun forwards it: both ranks stop together with a checkpoint */
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(seen, "no per-rank step time in %s", a);
+    if (seen) {
+        const char *r0 = strstr(a, "anneal_rank_step_duration_seconds{rank=\"0\"} ");
+        CHECK(r0 && strtod(r0 + strlen("anneal_rank_step_duration_seconds{rank=\"0\"} "), NULL) > 0, "rank 0: %s", a);
+        if (have_promtool()) CHECK(promtool_check(a) == 0, "promtool: %s", buf);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void) {
     RUN(render_passes_promtool);
     RUN(bad_addresses_are_refused);
     RUN(scrape_during_training_sees_steps_rise);
+    RUN(distributed_run_serves_per_rank_step_time);
     return anneal_test_summary();
 }

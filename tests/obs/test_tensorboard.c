@@ -210,9 +210,47 @@ TEST(event_accumulator_reads_a_training_run) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* Sample texts and settings through the record mapping, read by EventAccumulator. */
+TEST(event_accumulator_reads_samples) {
+    const char *py = anneal_test_python("tensorboard");
+    if (!py) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    char tmpl[] = "/tmp/anneal_tbtext_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != NULL);
+    anneal_tb_writer *w = NULL;
+    REQUIRE(anneal_tb_open(tmpl, &w) == ANNEAL_OK);
+    const char *recs[] = {"{\"type\":\"sample\",\"step\":7,\"text\":\"In the beginning \u00e9\"}",
+                          "{\"type\":\"sample\",\"step\":14,\"text\":\"second\"}",
+                          "{\"type\":\"checkpoint\",\"step\":14,\"dir\":\"x\"}"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *o = cJSON_Parse(recs[i]);
+        CHECK(o && anneal_tb_record(w, o) == ANNEAL_OK, "record %d", i);
+        cJSON_Delete(o);
+    }
+    anneal_tb_close(w);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/obs/read_tensorboard.py' '%s'", py,
+             getenv("ANNEAL_SOURCE_DIR") ? getenv("ANNEAL_SOURCE_DIR") : ".", tmpl);
+    int rc = sh(cmd, buf, sizeof buf);
+    CHECK(rc == 0, "reader exit %d: %s", rc, buf);
+    cJSON *tb = cJSON_Parse(buf);
+    REQUIRE(tb != NULL);
+    const cJSON *s = series(tb, "texts", "samples");
+    CHECK(cJSON_GetArraySize(s) == 2, "two samples: %s", buf);
+    const cJSON *e0 = cJSON_GetArrayItem(s, 0), *e1 = cJSON_GetArrayItem(s, 1);
+    CHECK(e0 && cJSON_GetArrayItem(e0, 0)->valuedouble == 7 &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(e0, 1)), "In the beginning \xc3\xa9"),
+          "%s", buf);
+    CHECK(e1 && cJSON_GetArrayItem(e1, 0)->valuedouble == 14, "%s", buf);
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(tb, "scalars")) == 0, "no scalars from these records");
+    cJSON_Delete(tb);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void) {
     RUN(crc32c_known_vectors);
     RUN(writer_frames_every_record);
     RUN(event_accumulator_reads_a_training_run);
+    RUN(event_accumulator_reads_samples);
     return anneal_test_summary();
 }
