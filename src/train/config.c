@@ -4,6 +4,7 @@
  * validates a value the same way and names the flag in the error. */
 #include "anneal/train.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -265,6 +266,11 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             if (!anneal_model_preset(value, &tmp) && stat(value, &sb) != 0)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--model: '%s' is neither a preset (%s) nor a model directory",
                                         value, anneal_model_preset_names(names, sizeof names));
+        }
+        if (!strcmp(name, "metrics-addr")) { /* a settings error, before anything is created */
+            struct in_addr a;
+            if (inet_pton(AF_INET, value, &a) != 1)
+                return anneal_set_error(ANNEAL_ERR_ARG, "--metrics-addr %s: not an IPv4 address (default 127.0.0.1)", value);
         }
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */
             anneal_dtype dt;
