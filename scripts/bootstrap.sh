@@ -5,12 +5,15 @@
 # base of scripts/pyenv.sh's .venv with transformers, tokenizers and peft), and
 # bible-kjv (the King James Bible text `make demo` trains on), OpenMPI (mpirun and
 # its headers, for multi-process training; the build works without it), and iproute2
-# (`ip netns`: the test that runs two "hosts" over TCP in network namespaces).
+# (`ip netns`: the test that runs two "hosts" over TCP in network namespaces), and for
+# src/obs: protobuf-c (TensorBoard event files), libmicrohttpd (the /metrics endpoint),
+# Cairo (anneal plot) and prometheus (promtool, which the metrics test runs).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config python3 python3-venv python3-pip python3-torch libopenblas0-pthread
-          libcjson-dev libpcre2-dev bible-kjv openmpi-bin libopenmpi-dev iproute2)
+          libcjson-dev libpcre2-dev bible-kjv openmpi-bin libopenmpi-dev iproute2
+          libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcairo2-dev prometheus)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -45,7 +45,8 @@ HEADERS = {"core": "core", "fs": "core", "backend": "core", "autograd": "autogra
            "ops": "ops", "custom_op": "ops", "nn": "nn", "model": "models", "models": "models",
            "gpt2": "models", "parallel": "parallel", "optim": "optim", "data": "data",
            "tokenizer": "data", "shard": "data", "loader": "data", "prepare": "data",
-           "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "obs": "obs", "train": "train",
+           "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "obs": "obs", "telemetry": "obs",
+           "train": "train",
            "anneal": "cli"}
 # Deliberate exceptions, each with its reason: (from layer, to layer, symbol).
 ALLOWED_SYMBOLS = {

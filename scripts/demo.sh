@@ -67,11 +67,14 @@ echo "== 4/5 training ($STEPS steps; val loss every $EVAL)"
 "$BIN" train --config "$DIR/model.json" --data "$DIR/data" --out "$DIR/run" \
   --batch "$BATCH" --seq "$CTX" --steps "$STEPS" --lr 3e-3 --min-lr 3e-4 --warmup 30 --schedule cosine \
   --weight-decay 0.1 --clip 1.0 --eval-every "$EVAL" --eval-batches 8 --ckpt-every 200 --keep 2 \
-  --sample-every "$(( STEPS / 2 ))" --sample-tokens 48 --sample-prompt "$PROMPT" --threads "$THREADS"
+  --sample-every "$(( STEPS / 2 ))" --sample-tokens 48 --sample-prompt "$PROMPT" --threads "$THREADS" --tensorboard
 
 # 5. a passage from the trained model
 echo "== 5/5 a passage from the trained model (prompt: \"$PROMPT\")"
 "$BIN" generate --ckpt "$DIR/run" --tokenizer "$DIR/tokenizer" --prompt "$PROMPT" --max-tokens 160 \
   --temperature 0.7 --top-k 40 --seed 7 --threads "$THREADS"
 echo
-echo "demo: done in $(( $(date +%s) - start )) s (run directory $DIR/run: log.jsonl, checkpoints)"
+"$BIN" report "$DIR/run"
+"$BIN" plot "$DIR/run" --out "$DIR/run/plot.png" >/dev/null
+echo "demo: done in $(( $(date +%s) - start )) s (run directory $DIR/run: log.jsonl, checkpoints, tensorboard/)"
+echo "demo: training curves in $DIR/run/plot.png (anneal plot; TensorBoard: tensorboard --logdir $DIR/run/tensorboard)"

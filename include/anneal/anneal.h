@@ -16,6 +16,7 @@
 #include "anneal/data.h"
 #include "anneal/checkpoint.h"
 #include "anneal/obs.h"
+#include "anneal/telemetry.h"
 #include "anneal/train.h"
 
 #endif

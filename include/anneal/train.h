@@ -59,6 +59,10 @@ typedef struct anneal_train_config {
     char *resume_dir;
     int64_t stop_at;          /* stop (checkpointed, like an interruption) after this step; 0 = off */
     char *log_jsonl;          /* extra copy of the JSON-lines log */
+    bool tensorboard;         /* TensorBoard event files (src/obs/tensorboard.c) */
+    char *tensorboard_dir;    /* their directory; NULL: <run>/tensorboard */
+    int64_t metrics_port;     /* Prometheus /metrics on this port (0: off) */
+    char *metrics_addr;       /* the address it listens on (NULL: 127.0.0.1) */
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
     /* LoRA fine-tuning (src/train/lora.c): the base frozen, adapters trained */

@@ -16,6 +16,8 @@ int anneal_cmd_eval(int argc, char **argv);          /* cmd_eval.c */
 int anneal_cmd_bench(int argc, char **argv);         /* cmd_bench.c: "bench peak" */
 int anneal_cmd_export(int argc, char **argv);        /* cmd_export.c */
 int anneal_cmd_lora(int argc, char **argv);          /* cmd_lora.c: "lora merge" */
+int anneal_cmd_plot(int argc, char **argv);          /* cmd_plot.c */
+int anneal_cmd_report(int argc, char **argv);        /* cmd_report.c */
 
 struct anneal_model;
 struct anneal_train_state;

@@ -21,7 +21,9 @@ static void usage(void) {
            "  inspect    describe a shard file\n"
            "  info       version, CPU features, threads\n"
            "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n"
-           "  lora       lora merge: fold a PEFT LoRA adapter into its base model\n",
+           "  lora       lora merge: fold a PEFT LoRA adapter into its base model\n"
+           "  plot       training curves of runs (loss, lr, tokens/s, memory) into PNG or SVG\n"
+           "  report     one-screen summary of a run directory\n",
            anneal_version());
 }
 
@@ -57,6 +59,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "export")) return anneal_cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return anneal_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "lora")) return anneal_cmd_lora(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plot")) return anneal_cmd_plot(argc - 2, argv + 2);
+    if (!strcmp(cmd, "report")) return anneal_cmd_report(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("anneal %s\n", anneal_version());
         return 0;

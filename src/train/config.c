@@ -4,6 +4,7 @@
  * validates a value the same way and names the flag in the error. */
 #include "anneal/train.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -77,6 +78,12 @@ static const option_def defs[] = {
     {{"stop-at", ANNEAL_OPT_INT, "stop once step N is done, with a checkpoint, as an interruption would (the schedule "
       "still spans --steps; for time-sliced jobs), 0 = off"}, OFF(stop_at), 0, BIG, 0, 0, NULL},
     {{"log-jsonl", ANNEAL_OPT_STRING, "also append the JSON-lines log to FILE"}, OFF(log_jsonl), 0, 0, 0, 0, NULL},
+    {{"tensorboard", ANNEAL_OPT_OPTSTRING, "write TensorBoard event files (scalars, samples, settings) into DIR "
+      "(default <run>/tensorboard)"}, OFF(tensorboard), 0, 0, 0, 0, NULL},
+    {{"metrics-port", ANNEAL_OPT_INT, "serve Prometheus metrics at http://ADDR:PORT/metrics while training, 0 = off "
+      "(default 0)"}, OFF(metrics_port), 0, 65535, 0, 0, NULL},
+    {{"metrics-addr", ANNEAL_OPT_STRING, "address --metrics-port listens on (default 127.0.0.1, loopback only)"},
+     OFF(metrics_addr), 0, 0, 0, 0, NULL},
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
@@ -114,7 +121,8 @@ const anneal_train_option *anneal_train_option_find(const char *name) {
     return d ? &d->opt : NULL;
 }
 
-const char *const anneal_train_resume_skip[] = {"out", "resume", "log-jsonl", "init", "model", "config", "stop-at", NULL};
+const char *const anneal_train_resume_skip[] = {"out", "resume", "log-jsonl", "init", "model", "config", "stop-at",
+                                                "tensorboard", "metrics-port", "metrics-addr", NULL};
 
 void anneal_train_config_init(anneal_train_config *c) {
     memset(c, 0, sizeof *c);
@@ -160,6 +168,7 @@ void anneal_train_config_free(anneal_train_config *c) {
         if (s) free(*s), *s = NULL;
     }
     free(c->resume_dir), c->resume_dir = NULL;
+    free(c->tensorboard_dir), c->tensorboard_dir = NULL;
 }
 
 /* strdup that records OOM. */
@@ -178,6 +187,7 @@ anneal_status anneal_train_config_copy(anneal_train_config *dst, const anneal_tr
         if (s) *s = NULL;
     }
     dst->resume_dir = NULL;
+    dst->tensorboard_dir = NULL;
     for (int i = 0; i < N_DEFS; i++) {
         char **s = string_field(dst, i);
         if (s && dup_into(s, *string_field((anneal_train_config *)src, i)) != ANNEAL_OK) {
@@ -185,7 +195,8 @@ anneal_status anneal_train_config_copy(anneal_train_config *dst, const anneal_tr
             return ANNEAL_ERR_OOM;
         }
     }
-    if (dup_into(&dst->resume_dir, src->resume_dir) != ANNEAL_OK) {
+    if (dup_into(&dst->resume_dir, src->resume_dir) != ANNEAL_OK ||
+        dup_into(&dst->tensorboard_dir, src->tensorboard_dir) != ANNEAL_OK) {
         anneal_train_config_free(dst);
         return ANNEAL_ERR_OOM;
     }
@@ -240,10 +251,11 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
         else if (!strcmp(value, "off") || !strcmp(value, "false") || !strcmp(value, "0")) *(bool *)dst = false;
         else return anneal_set_error(ANNEAL_ERR_ARG, "--%s: expects on or off, got '%s'", name, value);
         break;
-    case ANNEAL_OPT_OPTSTRING: /* --resume [DIR] */
+    case ANNEAL_OPT_OPTSTRING: /* --resume [DIR], --tensorboard [DIR] */
         if (value && !*value) return anneal_set_error(ANNEAL_ERR_ARG, "--%s: empty directory name", name);
-        c->resume = true;
-        if (value && dup_into(&c->resume_dir, value) != ANNEAL_OK) return ANNEAL_ERR_OOM;
+        *(bool *)dst = true;
+        if (value && dup_into(!strcmp(name, "tensorboard") ? &c->tensorboard_dir : &c->resume_dir, value) != ANNEAL_OK)
+            return ANNEAL_ERR_OOM;
         break;
     case ANNEAL_OPT_STRING:
         if (!*value) return anneal_set_error(ANNEAL_ERR_ARG, "--%s: empty value", name);
@@ -254,6 +266,11 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             if (!anneal_model_preset(value, &tmp) && stat(value, &sb) != 0)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--model: '%s' is neither a preset (%s) nor a model directory",
                                         value, anneal_model_preset_names(names, sizeof names));
+        }
+        if (!strcmp(name, "metrics-addr")) { /* a settings error, before anything is created */
+            struct in_addr a;
+            if (inet_pton(AF_INET, value, &a) != 1)
+                return anneal_set_error(ANNEAL_ERR_ARG, "--metrics-addr %s: not an IPv4 address (default 127.0.0.1)", value);
         }
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */
             anneal_dtype dt;
@@ -328,7 +345,7 @@ anneal_status anneal_train_config_apply_json(anneal_train_config *c, const char 
         if (cJSON_IsNull(it)) continue;
         if (cJSON_IsBool(it)) {
             if (d->opt.kind == ANNEAL_OPT_OPTSTRING) {
-                c->resume = cJSON_IsTrue(it);
+                *(bool *)((char *)c + d->offset) = cJSON_IsTrue(it);
                 continue;
             }
             v = cJSON_IsTrue(it) ? "on" : "off";

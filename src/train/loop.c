@@ -208,6 +208,8 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "ms", ps->ms);
     cJSON_AddNumberToObject(o, "cpu_ms", ps->cpu_ms);
     cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
+    /* allocator bytes held on the model's device (tensors + cache) */
+    cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
@@ -372,6 +374,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         double avg_ms = ran > 1 ? (now - first_end) / (double)(ran - 1) : ms;
         ps.eta_s = avg_ms * (double)(t->total_steps - t->st.step) / 1e3;
         anneal_progress_step(t->prog, &ps);
+        if ((fail = anneal_train_dist_fatal(t, anneal_train_telemetry_step_times(t, ms))) != ANNEAL_OK) break;
         log_step(t, &so, &ps);
         if (so.overflow) {
             anneal_progress_note(t->prog, "step %lld: fp16 gradient overflow at loss scale %g: update skipped, scale now %g",

@@ -9,6 +9,7 @@
 anneal_status anneal_train_log_json(trainer *t, void *obj) {
     cJSON *o = obj;
     if (!o) return anneal_set_error(ANNEAL_ERR_OOM, "log: out of memory");
+    anneal_train_telemetry_record(t, o);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!s) return anneal_set_error(ANNEAL_ERR_OOM, "log: out of memory");

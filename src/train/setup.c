@@ -277,7 +277,7 @@ static anneal_status create_run_dir(trainer *t) {
     if (anneal_jsonl_open(log, &t->log) != ANNEAL_OK) return prefix_error("--out: ");
     if (t->cfg.log_jsonl && anneal_jsonl_open(t->cfg.log_jsonl, &t->log_extra) != ANNEAL_OK)
         return prefix_error("--log-jsonl: ");
-    return ANNEAL_OK;
+    return anneal_train_open_telemetry(t);
 }
 
 anneal_status anneal_train_create_run_dir(trainer *t) { return create_run_dir(t); }
@@ -603,6 +603,7 @@ void anneal_train_teardown(trainer *t) {
     anneal_tokenizer_free(t->tok);
     anneal_jsonl_close(t->log);
     anneal_jsonl_close(t->log_extra);
+    anneal_train_close_telemetry(t);
     anneal_progress_free(t->prog);
     free(t->config_json);
     free(t->nan_steps);

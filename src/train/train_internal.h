@@ -12,6 +12,7 @@
 #include "anneal/optim.h"
 #include "anneal/parallel.h"
 #include "anneal/obs.h"
+#include "anneal/telemetry.h"
 #include "anneal/train.h"
 
 #include <limits.h>
@@ -47,6 +48,8 @@ typedef struct trainer {
     FILE *out;
     anneal_progress *prog;
     anneal_jsonl *log, *log_extra;
+    anneal_tb_writer *tb;      /* --tensorboard (telemetry.c) */
+    anneal_metrics *metrics;   /* --metrics-port (telemetry.c) */
     char run_dir[PATH_MAX];
     char resume_ckpt[PATH_MAX]; /* checkpoint a resume starts from ("" for a new run) */
     anneal_model_config mcfg;
@@ -110,6 +113,16 @@ anneal_status anneal_train_sample(trainer *t, char **text);
 anneal_status anneal_train_log_json(trainer *t, void *cjson_object); /* takes ownership */
 /* Writes the "start" record. */
 void anneal_train_log_start(trainer *t);
+
+/* telemetry.c: --tensorboard and --metrics-port (rank 0: opened with the logs).
+ * Every log record goes to them too (records.c). A sink that fails is closed with a
+ * warning: telemetry never stops training. */
+anneal_status anneal_train_open_telemetry(trainer *t);
+void anneal_train_telemetry_record(trainer *t, const void *cjson_record);
+/* Collective when --metrics-port is set in a distributed run (a no-op otherwise): every
+ * rank's step time to rank 0's endpoint (anneal_rank_step_duration_seconds). */
+anneal_status anneal_train_telemetry_step_times(trainer *t, double ms);
+void anneal_train_close_telemetry(trainer *t);
 
 /* lora.c: --lora-rank & co. after the base weights are in place: adds the adapters,
  * freezes the base (bf16 dense weights at --dtype bf16) and records the base (path,
