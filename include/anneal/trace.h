@@ -34,22 +34,22 @@ typedef struct anneal_span {
     bool backward;            /* recorded inside a backward pass (the forward/backward split) */
 } anneal_span;
 
-extern volatile bool anneal_trace_on_; /* read through the inline functions below */
+extern volatile bool anneal_trace_flag; /* read through the inline functions below */
 
 /* Nanoseconds of CLOCK_MONOTONIC (never 0). */
 int64_t anneal_trace_now_ns(void);
 /* Turns recording on or off (spans in flight when turned on are not recorded). */
 void anneal_trace_enable(bool on);
-static inline bool anneal_trace_enabled(void) { return anneal_trace_on_; }
+static inline bool anneal_trace_enabled(void) { return anneal_trace_flag; }
 /* Forgets every recorded span (call with recording off and no span in flight). */
 void anneal_trace_reset(void);
 
 /* Starts a span: its start time when recording, else 0 (and the end does nothing). */
-static inline int64_t anneal_span_begin(void) { return anneal_trace_on_ ? anneal_trace_now_ns() : 0; }
-void anneal_span_record_(anneal_span_cat cat, const char *name, int64_t t0, double flops, double bytes);
+static inline int64_t anneal_span_begin(void) { return anneal_trace_flag ? anneal_trace_now_ns() : 0; }
+void anneal_span_record(anneal_span_cat cat, const char *name, int64_t t0, double flops, double bytes);
 /* Ends a span begun at t0 (anneal_span_begin) and records it on this thread. */
 static inline void anneal_span_end(anneal_span_cat cat, const char *name, int64_t t0, double flops, double bytes) {
-    if (t0) anneal_span_record_(cat, name, t0, flops, bytes);
+    if (t0) anneal_span_record(cat, name, t0, flops, bytes);
 }
 
 /* Records a span begun at t0 on the named track (not a thread: work in flight, such

@@ -28,7 +28,7 @@ typedef struct tbuf {
     struct tbuf *next;
 } tbuf;
 
-volatile bool anneal_trace_on_ = false;
+volatile bool anneal_trace_flag = false;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static tbuf *g_bufs;
@@ -44,7 +44,7 @@ int64_t anneal_trace_now_ns(void) {
     return ns ? ns : 1;
 }
 
-void anneal_trace_enable(bool on) { anneal_trace_on_ = on; }
+void anneal_trace_enable(bool on) { anneal_trace_flag = on; }
 
 /* This thread's buffer, registered on first use (NULL if out of memory). */
 static tbuf *my_buf(void) {
@@ -65,7 +65,7 @@ static tbuf *my_buf(void) {
     return t_buf = b;
 }
 
-void anneal_span_record_(anneal_span_cat cat, const char *name, int64_t t0, double flops, double bytes) {
+void anneal_span_record(anneal_span_cat cat, const char *name, int64_t t0, double flops, double bytes) {
     int64_t now = anneal_trace_now_ns();
     tbuf *b = my_buf();
     if (!b) return;

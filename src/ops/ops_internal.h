@@ -93,7 +93,7 @@ anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
 static inline anneal_status anneal_ops_span_end(const char *name, int64_t *t0, double flops, double bytes,
                                                 anneal_status s) {
     if (*t0) {
-        anneal_span_record_(ANNEAL_SPAN_OP, name, *t0, flops, bytes);
+        anneal_span_record(ANNEAL_SPAN_OP, name, *t0, flops, bytes);
         *t0 = anneal_trace_now_ns();
     }
     return s;

@@ -392,6 +392,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         anneal_step_stats ps = {.step = step + 1, .total = t->total_steps, .loss = so.loss, .lr = so.lr,
                                 .grad_norm = so.norm, .ms = ms, .cpu_ms = cpu_ms, .skipped = so.skipped};
         ps.tokens_per_s = (double)t->tokens_per_step / (ms / 1e3);
+        ps.mem_bytes = (double)anneal_memory_stats_get(anneal_model_device(t->model)).peak_bytes;
         ps.mfu = t->peak_gflops > 0 ? t->flops_per_token * ps.tokens_per_s / (t->peak_gflops * 1e9) : NAN;
         /* ETA from the average wall time per step since the first (which warms up) */
         double avg_ms = ran > 1 ? (now - first_end) / (double)(ran - 1) : ms;
