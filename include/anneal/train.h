@@ -71,6 +71,7 @@ typedef struct anneal_train_config {
     int64_t profile;          /* profile steps profile..profile+profile_steps-1 (1-based); 0 = off */
     int64_t profile_steps;    /* how many steps the profile covers */
     bool memory_report;       /* print the memory breakdown by category after the first step and at the end */
+    double memory_limit_mb;   /* tensor bytes the steps may hold (MiB); beyond: out of memory; 0 = none */
     /* distributed (mpirun -np N anneal train): --batch is the global batch */
     int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */
     double bucket_mb;         /* gradient bucket size in MiB */

@@ -85,6 +85,8 @@ static const option_def defs[] = {
     {{"profile-steps", ANNEAL_OPT_INT, "steps --profile covers (default 3)"}, OFF(profile_steps), 1, 1 << 20, 0, 0, NULL},
     {{"memory-report", ANNEAL_OPT_ONOFF, "print memory by category (parameters, gradients, optimizer state, "
       "activations, workspace, cache) after the first step and at the end"}, OFF(memory_report), 0, 0, 0, 0, NULL},
+    {{"memory-limit", ANNEAL_OPT_FLOAT, "fail a step that would hold more than this many MiB of tensors (an "
+      "out-of-memory error with the breakdown), 0 = none"}, OFF(memory_limit_mb), 0, 1e12, 0, 0, NULL},
     {{"lora-rank", ANNEAL_OPT_INT, "LoRA fine-tuning: adapters of rank R on --lora-targets, the base frozen (bf16 "
       "with --dtype bf16); 0 = train every parameter (default 0)"}, OFF(lora_rank), 0, 65536, 0, 0, NULL},
     {{"lora-alpha", ANNEAL_OPT_FLOAT, "LoRA: scale = alpha / rank (default: alpha = rank)"}, OFF(lora_alpha), 0, 1e6, 0, 0, NULL},

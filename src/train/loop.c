@@ -355,6 +355,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         return fail;
     }
     print_header(t);
+    anneal_train_memory_limit(t, true); /* --memory-limit (profile.c) */
     anneal_train_dist_print_header(t);
     anneal_train_log_start(t);
     if ((fail = anneal_train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = anneal_train_dist_fatal(t, fail);
@@ -485,6 +486,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     anneal_status mr = anneal_train_dist_report_memory(t, "at end");
     if (mr != ANNEAL_OK && fail == ANNEAL_OK) fail = mr;
     anneal_train_profile_finish(t);
+    anneal_train_memory_limit(t, false);
     anneal_train_memory_report(t, "at the end");
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
     anneal_train_stop_reset();

@@ -82,3 +82,8 @@ void anneal_train_memory_report(trainer *t, const char *when) {
     fputs(buf, t->out);
     fflush(t->out);
 }
+
+void anneal_train_memory_limit(trainer *t, bool on) {
+    if (t->cfg.memory_limit_mb <= 0) return;
+    anneal_memory_set_limit(anneal_model_device(t->model), on ? (int64_t)(t->cfg.memory_limit_mb * 1048576.0) : 0);
+}

@@ -101,6 +101,8 @@ void anneal_train_profile_after_step(trainer *t, int64_t step1);
 void anneal_train_profile_finish(trainer *t);
 /* Prints the memory breakdown by category ("after step 1", "at end") with --memory-report. */
 void anneal_train_memory_report(trainer *t, const char *when);
+/* --memory-limit: sets (on) or lifts (off) the cap on the model device's tensor bytes. */
+void anneal_train_memory_limit(trainer *t, bool on);
 
 /* setup.c: everything before the first step (config resolution, run directory, data,
  * model, optimizer, resume). Errors are recorded; *usage says a setting is at fault. */
