@@ -226,6 +226,36 @@ TEST(profile_cli_bad_flags) {
     CHECK(access(tmp_path("late/profile_trace.json"), F_OK) != 0, "a trace was written");
 }
 
+TEST(bench_step_profile_writes_table_and_trace) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' bench step --batch 2 --seq 16 --steps 2 --warmup 1 --profile --trace '%s'", bin,
+             tmp_path("bench.json"));
+    int rc = sh(cmd);
+    CHECK(rc == 0 && strstr(out, "profile: 2 steps") && strstr(out, "matmul") && strstr(out, "trace: "), "exit %d: %s",
+          rc, out);
+    char *json = slurp(tmp_path("bench.json"));
+    REQUIRE(json);
+    cJSON *doc = cJSON_Parse(json);
+    free(json);
+    REQUIRE(doc);
+    char why[256] = "";
+    cJSON *events = cJSON_GetObjectItem(doc, "traceEvents");
+    CHECK(cJSON_IsArray(events) && check_nesting(events, why, sizeof why), "%s", why);
+    int steps = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "name"));
+        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(e, "cat"));
+        steps += name && cat && !strcmp(name, "step") && !strcmp(cat, "step");
+    }
+    CHECK(steps == 2, "%d step spans", steps);
+    cJSON_Delete(doc);
+    snprintf(cmd, sizeof cmd, "'%s' bench step --steps 0", bin);
+    CHECK(sh(cmd) == 2 && strstr(out, "--steps"), "%s", out);
+}
+
 TEST(memory_breakdown_adds_up_and_reports) {
     anneal_scope *sc = anneal_scope_open();
     anneal_memory_stats s0 = anneal_memory_stats_get(ANNEAL_CPU);
@@ -286,6 +316,7 @@ int main(void) {
     RUN(profile_table_sums_its_spans);
     RUN(profile_cli_trace_nests_covers_steps_and_keeps_losses);
     RUN(profile_cli_bad_flags);
+    RUN(bench_step_profile_writes_table_and_trace);
     RUN(memory_breakdown_adds_up_and_reports);
     RUN(memory_cli_report_and_oom);
     int rc = anneal_test_summary();
