@@ -6,6 +6,7 @@
  * every out-of-memory error (in-process, and a training step past --memory-limit)
  * carries it with the flags that help. */
 #include "anneal/anneal.h"
+#include "anneal/obs.h"
 #include "anneal/profile.h"
 #include "test.h"
 
@@ -256,6 +257,18 @@ TEST(bench_step_profile_writes_table_and_trace) {
     CHECK(sh(cmd) == 2 && strstr(out, "--steps"), "%s", out);
 }
 
+TEST(progress_line_shows_memory_eta_mfu) {
+    anneal_step_stats st = {.step = 3, .total = 10, .loss = 4.5, .lr = 1e-3, .grad_norm = 1, .tokens_per_s = 1000,
+                            .mfu = 0.25, .ms = 12, .eta_s = 90, .mem_bytes = 2.5e6};
+    char line[256];
+    anneal_progress_format(&st, line, sizeof line);
+    CHECK(strstr(line, "mem 2.50MB peak") && strstr(line, "ETA 1m30s") && strstr(line, "MFU 25.0%") &&
+          strstr(line, "loss 4.5000") && strstr(line, "tok/s"), "%s", line);
+    st.mem_bytes = 0;
+    anneal_progress_format(&st, line, sizeof line);
+    CHECK(!strstr(line, "mem "), "%s", line);
+}
+
 TEST(memory_breakdown_adds_up_and_reports) {
     anneal_scope *sc = anneal_scope_open();
     anneal_memory_stats s0 = anneal_memory_stats_get(ANNEAL_CPU);
@@ -317,6 +330,7 @@ int main(void) {
     RUN(profile_cli_trace_nests_covers_steps_and_keeps_losses);
     RUN(profile_cli_bad_flags);
     RUN(bench_step_profile_writes_table_and_trace);
+    RUN(progress_line_shows_memory_eta_mfu);
     RUN(memory_breakdown_adds_up_and_reports);
     RUN(memory_cli_report_and_oom);
     int rc = anneal_test_summary();
