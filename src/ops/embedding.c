@@ -14,7 +14,7 @@ static anneal_status embedding_backward(anneal_node *node, anneal_tensor *const 
     if (!be || !dw) return anneal_last_status();
     gin[0] = dw;
     int64_t span_t0 = anneal_span_begin();
-    return anneal_ops_span_end("embedding_bwd", &span_t0, 0, anneal_ops_span_bytes(dw), be->embedding_bwd(be->ctx, dw, ids, dy));
+    return anneal_ops_span_end("embedding_bwd", &span_t0, 0, anneal_ops_span_bytes(dy), be->embedding_bwd(be->ctx, dw, ids, dy));
 }
 
 anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {

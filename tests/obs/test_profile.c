@@ -257,6 +257,41 @@ TEST(bench_step_profile_writes_table_and_trace) {
     CHECK(sh(cmd) == 2 && strstr(out, "--steps"), "%s", out);
 }
 
+TEST(profile_distributed_traces_show_communication) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "env -u OMP_NUM_THREADS mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none "
+             "--mca btl_vader_single_copy_mechanism none%s '%s' train --synthetic --steps 3 --batch 4 --seq 16 "
+             "--eval-every 0 --ckpt-every 0 --threads 1 --profile 2 --profile-steps 2 --out '%s'",
+             anneal_test_sanitized() ? " -x ASAN_OPTIONS=detect_leaks=0" : "", bin, tmp_path("dist"));
+    int rc = sh(cmd);
+    REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", out), 0));
+    CHECK(strstr(out, "profile_trace_rank0.json"), "%s", out);
+    for (int r = 0; r < 2; r++) {
+        char name[64];
+        snprintf(name, sizeof name, "dist/profile_trace_rank%d.json", r);
+        char *json = slurp(tmp_path(name));
+        CHECK(json != NULL, "%s missing", name);
+        if (!json) continue;
+        cJSON *doc = cJSON_Parse(json);
+        free(json);
+        REQUIRE(doc);
+        int comm = 0, track = 0;
+        cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(doc, "traceEvents")) {
+            const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(e, "cat"));
+            const char *nm = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "name"));
+            comm += cat && !strcmp(cat, "comm");
+            track += nm && !strcmp(nm, "communication");
+        }
+        CHECK(comm >= 2 && track == 1, "rank %d: %d comm spans, %d communication tracks", r, comm, track);
+        cJSON_Delete(doc);
+    }
+}
+
 TEST(progress_line_shows_memory_eta_mfu) {
     anneal_step_stats st = {.step = 3, .total = 10, .loss = 4.5, .lr = 1e-3, .grad_norm = 1, .tokens_per_s = 1000,
                             .mfu = 0.25, .ms = 12, .eta_s = 90, .mem_bytes = 2.5e6};
@@ -330,6 +365,7 @@ int main(void) {
     RUN(profile_cli_trace_nests_covers_steps_and_keeps_losses);
     RUN(profile_cli_bad_flags);
     RUN(bench_step_profile_writes_table_and_trace);
+    RUN(profile_distributed_traces_show_communication);
     RUN(progress_line_shows_memory_eta_mfu);
     RUN(memory_breakdown_adds_up_and_reports);
     RUN(memory_cli_report_and_oom);
