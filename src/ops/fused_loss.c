@@ -107,7 +107,9 @@ anneal_tensor *anneal_linear_cross_entropy_ex(anneal_tensor *h, anneal_tensor *w
     int64_t CH = chunk_rows(N, V);
     anneal_tensor *loss = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_WORKSPACE); /* the chunk's logits */
     anneal_tensor *work = anneal_empty_on(h->device, ANNEAL_F32, 2, (int64_t[]){CH, V});
+    anneal_memory_category_set(mc);
     anneal_tensor *dh = want_h ? anneal_ops_new_like(hc) : NULL;
     anneal_tensor *dw = want_w ? anneal_empty_on(h->device, ANNEAL_F32, 2, (int64_t[]){V, C}) : NULL;
     anneal_tensor *h2 = anneal_alias(hc, 2, (int64_t[]){N, C}, (int64_t[]){C, 1}, hc->offset);

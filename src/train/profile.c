@@ -1,8 +1,9 @@
 /* The trainer's profiler and memory report (--profile N --profile-steps K,
  * --memory-report): records core's spans over steps N..N+K-1, writes them as a Chrome
- * trace into the run directory as soon as the window ends, and prints the per-op
- * table at the end of the run; the memory breakdown by category after the first step
- * and at the end. */
+ * trace into the run directory as soon as the window ends and again at the end of the
+ * run (with the spans of work that was in flight, such as a checkpoint write), and
+ * prints the per-op table at the end; the memory breakdown by category after the
+ * first step and at the end. */
 #include "anneal/profile.h"
 #include "train_internal.h"
 
@@ -28,11 +29,13 @@ void anneal_train_profile_before_step(trainer *t, int64_t step1) {
     anneal_trace_enable(true);
 }
 
-/* Ends the window: recording off, spans collected, the trace written. */
-static void finish_window(trainer *t, int64_t last) {
+/* Collects the spans and writes the trace (again, with the spans that work in flight
+ * at the window's end, such as a checkpoint write, has recorded since). */
+static void collect_and_write(trainer *t) {
     struct train_profile *p = t->prof;
-    anneal_trace_enable(false);
-    p->last = last;
+    free(p->spans);
+    p->spans = NULL;
+    p->written = false;
     p->n = anneal_trace_collect(&p->spans);
     if (p->n < 0) {
         p->n = 0;
@@ -49,6 +52,14 @@ static void finish_window(trainer *t, int64_t last) {
     p->written = true;
 }
 
+/* Ends the window: recording off, the trace written at once (rewritten at the end of
+ * the run with what was still in flight). */
+static void finish_window(trainer *t, int64_t last) {
+    anneal_trace_enable(false);
+    t->prof->last = last;
+    collect_and_write(t);
+}
+
 void anneal_train_profile_after_step(trainer *t, int64_t step1) {
     struct train_profile *p = t->prof;
     if (!p || p->last) return;
@@ -63,6 +74,7 @@ void anneal_train_profile_finish(trainer *t) {
         return;
     }
     if (!p->last) finish_window(t, t->st.step); /* stopped inside the window */
+    else collect_and_write(t);                 /* the background writes are done by now */
     if (p->n > 0 && t->out) {
         anneal_progress_note(t->prog, "profile of steps %lld-%lld:", (long long)p->first, (long long)p->last);
         double gbps = anneal_peak_bandwidth_measure(omp_get_max_threads(), 0.2);

@@ -172,7 +172,7 @@ TEST(profile_cli_trace_nests_covers_steps_and_keeps_losses) {
     REQUIRE(cJSON_IsArray(events));
     char why[256] = "";
     CHECK(check_nesting(events, why, sizeof why), "%s", why);
-    int steps = 0, fwd_ops = 0, bwd_ops = 0, nodes = 0, names = 0;
+    int steps = 0, fwd_ops = 0, bwd_ops = 0, nodes = 0, names = 0, ckpt_write = 0;
     double step_us = 0;
     cJSON *e;
     cJSON_ArrayForEach(e, events) {
@@ -188,6 +188,7 @@ TEST(profile_cli_trace_nests_covers_steps_and_keeps_losses) {
         if (!cat) continue;
         if (!strcmp(cat, "step") && !strcmp(name, "step")) steps++, step_us += cJSON_GetNumberValue(cJSON_GetObjectItem(e, "dur"));
         if (!strcmp(cat, "autograd") && strcmp(name, "backward")) nodes++;
+        if (!strcmp(cat, "checkpoint") && !strcmp(name, "checkpoint write")) ckpt_write++;
         if (!strcmp(cat, "op")) {
             const char *pass = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "pass"));
             if (pass && !strcmp(pass, "backward")) bwd_ops++;
@@ -197,7 +198,8 @@ TEST(profile_cli_trace_nests_covers_steps_and_keeps_losses) {
     cJSON_Delete(doc);
     CHECK(steps == 3, "%d step spans", steps);
     CHECK(fwd_ops > 0 && bwd_ops > 0 && nodes > 0, "%d forward ops, %d backward ops, %d nodes", fwd_ops, bwd_ops, nodes);
-    CHECK(names >= 1, "no thread names");
+    CHECK(names >= 2, "%d thread names (main and the checkpoint writer)", names);
+    CHECK(ckpt_write == 1, "%d checkpoint writes (step 3's, on its thread)", ckpt_write);
     /* the step spans against the step time the run logged for steps 2-4 */
     double loss_p[8], ms_p[8], loss_q[8], ms_q[8];
     int np = read_steps(tmp_path("prof/log.jsonl"), loss_p, ms_p, 8);
