@@ -17,6 +17,7 @@
 #include "anneal/data.h"
 #include "anneal/checkpoint.h"
 #include "anneal/obs.h"
+#include "anneal/profile.h"
 #include "anneal/train.h"
 
 #endif
