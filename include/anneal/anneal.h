@@ -3,6 +3,7 @@
 #define ANNEAL_H
 
 #include "anneal/core.h"
+#include "anneal/trace.h"
 #include "anneal/backend.h"
 #include "anneal/autograd.h"
 #include "anneal/ops.h"
@@ -17,6 +18,7 @@
 #include "anneal/checkpoint.h"
 #include "anneal/obs.h"
 #include "anneal/telemetry.h"
+#include "anneal/profile.h"
 #include "anneal/train.h"
 
 #endif

@@ -124,6 +124,28 @@ void anneal_memory_set_limit(anneal_device d, int64_t bytes);
  * untouched. */
 int64_t anneal_memory_release_cache(anneal_device d);
 
+/* What a tensor's bytes are for: each new storage is charged to the category this
+ * thread has set (activations unless set), so the breakdown sums to the live bytes. */
+typedef enum anneal_mem_category {
+    ANNEAL_MEM_ACTIVATIONS, /* the default: activations, batches, temporaries */
+    ANNEAL_MEM_PARAMETERS,
+    ANNEAL_MEM_GRADIENTS,
+    ANNEAL_MEM_OPTIMIZER,   /* optimizer state (moments) */
+    ANNEAL_MEM_WORKSPACE,   /* kernel scratch */
+    ANNEAL_MEM_CATEGORY_COUNT
+} anneal_mem_category;
+
+/* Sets this thread's category for new storages; returns the previous one (restore it). */
+anneal_mem_category anneal_memory_category_set(anneal_mem_category c);
+/* "parameters", "gradients", "optimizer state", "activations", "workspace". */
+const char *anneal_memory_category_name(anneal_mem_category c);
+/* Live bytes of device d per category (they sum to anneal_memory_stats.live_bytes). */
+typedef struct anneal_memory_categories {
+    int64_t live[ANNEAL_MEM_CATEGORY_COUNT];
+    int64_t at_peak[ANNEAL_MEM_CATEGORY_COUNT]; /* the split when live bytes last peaked */
+} anneal_memory_categories;
+anneal_memory_categories anneal_memory_categories_get(anneal_device d);
+
 /* --------------------------------------------------------------- tensors */
 
 #define ANNEAL_MAX_DIMS 8
@@ -137,6 +159,7 @@ typedef struct anneal_storage {
     /* allocator bookkeeping, not for users */
     size_t _block;                      /* bytes of the block behind data (its size class) */
     int _class;
+    int _category;                      /* anneal_mem_category charged with its bytes */
     struct anneal_storage *_next_free;  /* link while cached */
 } anneal_storage;
 

@@ -40,6 +40,7 @@ typedef struct anneal_step_stats {
     double cpu_ms;         /* this step's process CPU time, all threads */
     double eta_s;          /* seconds left, NaN if unknown */
     bool skipped;          /* non-finite: the update was skipped */
+    double mem_bytes;      /* peak tensor bytes so far (0: not shown) */
 } anneal_step_stats;
 
 /* Formats a step as one line without a newline: "step 12/100  loss 4.1234  lr ..."

@@ -72,6 +72,10 @@ typedef struct anneal_train_config {
     double lora_dropout;      /* on the adapters' input */
     char *lora_init;          /* a PEFT adapter directory the adapters start from */
     int64_t log_every;        /* plain-text progress every N steps (not a terminal) */
+    int64_t profile;          /* profile steps profile..profile+profile_steps-1 (1-based); 0 = off */
+    int64_t profile_steps;    /* how many steps the profile covers */
+    bool memory_report;       /* print the memory breakdown by category after the first step and at the end */
+    double memory_limit_mb;   /* tensor bytes the steps may hold (MiB); beyond: out of memory; 0 = none */
     /* distributed (mpirun -np N anneal train): --batch is the global batch */
     int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */
     double bucket_mb;         /* gradient bucket size in MiB */

@@ -4,6 +4,7 @@
  * .grad, fires grad-ready hooks, and frees saved tensors as it goes. */
 #include "anneal/autograd.h"
 #include "anneal/backend.h"
+#include "anneal/trace.h"
 #include "autograd_internal.h"
 
 #include <stdlib.h>
@@ -119,7 +120,9 @@ static anneal_status accumulate_leaf(anneal_tensor *leaf, anneal_tensor *g) {
     if (!be) return anneal_last_status();
     if (!leaf->grad) {
         anneal_scope_enter(NULL);
+        anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_GRADIENTS);
         anneal_tensor *buf = anneal_empty_on(leaf->device, leaf->dtype, leaf->ndim, leaf->shape);
+        anneal_memory_category_set(mc);
         anneal_scope_leave();
         if (!buf) return anneal_last_status();
         anneal_status s = be->copy(be->ctx, buf, g);
@@ -176,7 +179,9 @@ static anneal_status run_node(anneal_node *node) {
         if (!tmp) s = anneal_last_status();
         if (s == ANNEAL_OK) {
             anneal_no_grad_begin();
+            int64_t span_t0 = anneal_span_begin(); /* the node's op spans nest inside */
             s = node->backward(node, node->grad_buf, gin);
+            anneal_span_end(ANNEAL_SPAN_AUTOGRAD, node->name, span_t0, 0, 0);
             anneal_no_grad_end();
             if (s == ANNEAL_OK && anneal_last_status() != ANNEAL_OK) s = anneal_last_status();
         }
@@ -281,7 +286,11 @@ anneal_status anneal_backward_internal(anneal_tensor *out, anneal_tensor *grad, 
         *slot = anneal_retain(grad);
     }
     if (nested) g_nested++;
+    anneal_trace_backward_enter(); /* op spans from here on count as backward */
+    int64_t span_t0 = nested ? 0 : anneal_span_begin();
     for (int64_t k = 0; k < nodes.n && s == ANNEAL_OK; k++) s = run_node(nodes.items[k]);
+    anneal_span_end(ANNEAL_SPAN_AUTOGRAD, "backward", span_t0, 0, 0);
+    anneal_trace_backward_leave();
     if (nested) g_nested--;
     for (int64_t k = 0; k < nodes.n; k++) {
         anneal_node *n = nodes.items[k];

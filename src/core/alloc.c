@@ -10,7 +10,10 @@
 #include "core_internal.h"
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 
 /* Size classes: multiples of 64 bytes up to 4 KiB (64 classes), then 8 steps per
@@ -23,7 +26,11 @@ typedef struct {
     anneal_storage *free_list[N_CLASSES]; /* cached blocks, linked through _next_free */
     int64_t live, peak, reserved, peak_reserved, cached;
     int64_t n_allocs, n_system, limit;
+    int64_t live_cat[ANNEAL_MEM_CATEGORY_COUNT]; /* live split by anneal_mem_category */
+    int64_t peak_cat[ANNEAL_MEM_CATEGORY_COUNT]; /* that split when live last reached peak */
 } device_pool;
+
+static _Thread_local int t_category; /* ANNEAL_MEM_ACTIVATIONS */
 
 #define POOL {.lock = PTHREAD_MUTEX_INITIALIZER}
 _Static_assert(ANNEAL_DEVICE_COUNT == 8, "one pool initializer per device id");
@@ -69,6 +76,29 @@ static int64_t drain_locked(device_pool *dp, const anneal_backend *be) {
     return freed;
 }
 
+/* Records ANNEAL_ERR_OOM with the message fmt followed by the live bytes of device d
+ * by category, the cache, and the flags that lower the peak, so every out-of-memory
+ * error says where memory went (called without the pool's lock). */
+static void oom_error(anneal_device d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void oom_error(anneal_device d, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    anneal_memory_categories m = anneal_memory_categories_get(d);
+    anneal_memory_stats ms = anneal_memory_stats_get(d);
+    if (k > 0 && (size_t)k < sizeof msg)
+        k += snprintf(msg + k, sizeof msg - (size_t)k, "; live %.1f MiB:", (double)ms.live_bytes / 1048576.0);
+    for (int c = 0; c < ANNEAL_MEM_CATEGORY_COUNT && k > 0 && (size_t)k < sizeof msg; c++)
+        k += snprintf(msg + k, sizeof msg - (size_t)k, "%s %s %.1f MiB", c ? "," : "",
+                      anneal_memory_category_name((anneal_mem_category)c), (double)m.live[c] / 1048576.0);
+    if (k > 0 && (size_t)k < sizeof msg)
+        snprintf(msg + k, sizeof msg - (size_t)k, "; cache %.1f MiB (to fit: --recompute block, or a smaller "
+                 "--batch with --accum)", (double)ms.cached_bytes / 1048576.0);
+    anneal_set_error(ANNEAL_ERR_OOM, "%s", msg);
+}
+
 anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     const anneal_backend *be = anneal_backend_get(d);
     if (!be) return NULL;
@@ -84,8 +114,8 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     if (dp->limit > 0 && dp->live + (int64_t)nbytes > dp->limit) {
         int64_t limit = dp->limit;
         pthread_mutex_unlock(&dp->lock);
-        anneal_set_error(ANNEAL_ERR_OOM, "out of memory: %zu bytes on %s exceed the limit of %lld",
-                         nbytes, anneal_device_name(d), (long long)limit);
+        oom_error(d, "out of memory: %zu bytes on %s exceed the limit of %lld", nbytes, anneal_device_name(d),
+                  (long long)limit);
         return NULL;
     }
     anneal_storage *st = dp->free_list[cls];
@@ -106,8 +136,7 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
         if (!st) {
             if (p) be->free(be->ctx, p);
             pthread_mutex_unlock(&dp->lock);
-            anneal_set_error(ANNEAL_ERR_OOM, "out of memory allocating %zu bytes on %s", nbytes,
-                             anneal_device_name(d));
+            oom_error(d, "out of memory allocating %zu bytes on %s", nbytes, anneal_device_name(d));
             return NULL;
         }
         st->data = p;
@@ -121,8 +150,13 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     st->nbytes = nbytes;
     st->device = d;
     st->refcount = 1;
+    st->_category = t_category;
+    dp->live_cat[t_category] += (int64_t)nbytes;
     dp->live += (int64_t)nbytes;
-    if (dp->live > dp->peak) dp->peak = dp->live;
+    if (dp->live > dp->peak) {
+        dp->peak = dp->live;
+        memcpy(dp->peak_cat, dp->live_cat, sizeof dp->peak_cat);
+    }
     dp->n_allocs++;
     pthread_mutex_unlock(&dp->lock);
     return st;
@@ -137,6 +171,7 @@ void anneal_storage_release(anneal_storage *s) {
     device_pool *dp = &g_pool[s->device];
     pthread_mutex_lock(&dp->lock);
     dp->live -= (int64_t)s->nbytes;
+    dp->live_cat[s->_category] -= (int64_t)s->nbytes;
     s->_next_free = dp->free_list[s->_class];
     dp->free_list[s->_class] = s;
     dp->cached += (int64_t)s->_block;
@@ -181,6 +216,7 @@ void anneal_memory_reset_peak(anneal_device d) {
     device_pool *dp = &g_pool[d];
     pthread_mutex_lock(&dp->lock);
     dp->peak = dp->live;
+    memcpy(dp->peak_cat, dp->live_cat, sizeof dp->peak_cat);
     dp->peak_reserved = dp->reserved;
     pthread_mutex_unlock(&dp->lock);
 }
@@ -191,4 +227,27 @@ void anneal_memory_set_limit(anneal_device d, int64_t bytes) {
     pthread_mutex_lock(&dp->lock);
     dp->limit = bytes < 0 ? 0 : bytes;
     pthread_mutex_unlock(&dp->lock);
+}
+
+anneal_mem_category anneal_memory_category_set(anneal_mem_category c) {
+    anneal_mem_category prev = (anneal_mem_category)t_category;
+    if ((unsigned)c < ANNEAL_MEM_CATEGORY_COUNT) t_category = (int)c;
+    return prev;
+}
+
+const char *anneal_memory_category_name(anneal_mem_category c) {
+    static const char *names[ANNEAL_MEM_CATEGORY_COUNT] = {"activations", "parameters", "gradients",
+                                                           "optimizer state", "workspace"};
+    return (unsigned)c < ANNEAL_MEM_CATEGORY_COUNT ? names[c] : "?";
+}
+
+anneal_memory_categories anneal_memory_categories_get(anneal_device d) {
+    anneal_memory_categories m;
+    memset(&m, 0, sizeof m);
+    if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return m;
+    device_pool *dp = &g_pool[d];
+    pthread_mutex_lock(&dp->lock);
+    for (int c = 0; c < ANNEAL_MEM_CATEGORY_COUNT; c++) m.live[c] = dp->live_cat[c], m.at_peak[c] = dp->peak_cat[c];
+    pthread_mutex_unlock(&dp->lock);
+    return m;
 }

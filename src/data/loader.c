@@ -21,6 +21,7 @@
  * (into the other buffer) and copies the ready one out. Jobs carry a generation
  * number so set_cursor simply posts a new job and a stale result is dropped. The
  * loader is used from one thread at a time (the worker is internal). */
+#include "anneal/trace.h"
 #include "anneal/loader.h"
 #include "anneal/shard.h"
 #include "data/permutation.h"
@@ -139,6 +140,7 @@ static void fill_batch(const anneal_loader *l, uint64_t epoch, uint64_t index, i
  * if no newer job was posted meanwhile. */
 static void *prefetch_main(void *arg) {
     anneal_loader *l = arg;
+    anneal_trace_thread_name("loader prefetch");
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->quit && !l->pending) pthread_cond_wait(&l->work_cv, &l->mu);
@@ -147,7 +149,9 @@ static void *prefetch_main(void *arg) {
         int slot = l->job_slot;
         l->pending = false;
         pthread_mutex_unlock(&l->mu);
+        int64_t span_t0 = anneal_span_begin();
         fill_batch(l, e, i, l->buf_ids[slot], l->buf_targets[slot]);
+        anneal_span_end(ANNEAL_SPAN_LOADER, "prefetch batch", span_t0, 0, (double)l->batch_elems * 8.0);
         pthread_mutex_lock(&l->mu);
         if (gen == l->job_gen) {
             l->ready = true;

@@ -4,6 +4,7 @@
  * save on that snapshot. One write at a time: save() and wait() join the previous
  * one first. The thread blocks every signal, so SIGINT/SIGTERM reach the training
  * thread, and hands its error (thread-local in anneal) back through the struct. */
+#include "anneal/trace.h"
 #include "anneal/tokenizer.h"
 #include "io/checkpoint_internal.h"
 
@@ -60,7 +61,10 @@ static void record_result(anneal_checkpointer *c, anneal_status s) {
 
 static void *writer_main(void *arg) {
     anneal_checkpointer *c = arg;
+    anneal_trace_thread_name("checkpoint writer");
+    int64_t span_t0 = anneal_span_begin();
     record_result(c, anneal_ckpt_write(c->run_dir, c->keep, &c->snap));
+    anneal_span_end(ANNEAL_SPAN_CHECKPOINT, "checkpoint write", span_t0, 0, 0);
     return NULL;
 }
 
@@ -93,7 +97,9 @@ anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_mode
         if ((prev_msg = malloc(n))) memcpy(prev_msg, e, n);
         anneal_clear_error();
     }
+    int64_t span_t0 = anneal_span_begin();
     anneal_status r = anneal_ckpt_snapshot_take(&c->snap, m, opt, st, config_json);
+    anneal_span_end(ANNEAL_SPAN_CHECKPOINT, "checkpoint snapshot", span_t0, 0, 0);
     c->snap.tokenizer = c->tok;
     if (r == ANNEAL_OK) {
         sigset_t all, old;

@@ -31,6 +31,11 @@ size_t anneal_progress_format(const anneal_step_stats *s, char *buf, size_t n) {
         k = snprintf(buf + len, n - len, "  %.1f ms", s->ms);
         len += k < 0 ? 0 : (size_t)k < n - len ? (size_t)k : n - len - 1;
     }
+    if (len < n && s->mem_bytes > 0) {
+        char mb[32];
+        k = snprintf(buf + len, n - len, "  mem %sB peak", anneal_format_count(s->mem_bytes, mb, sizeof mb));
+        len += k < 0 ? 0 : (size_t)k < n - len ? (size_t)k : n - len - 1;
+    }
     if (len < n && isfinite(s->eta_s)) {
         k = snprintf(buf + len, n - len, "  ETA %s", anneal_format_duration(s->eta_s, eta, sizeof eta));
         len += k < 0 ? 0 : (size_t)k < n - len ? (size_t)k : n - len - 1;

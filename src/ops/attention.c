@@ -134,7 +134,8 @@ static anneal_status attention_backward(anneal_node *node, anneal_tensor *const 
     }
     anneal_attention_desc d = layout(x[0], x[1], x[2], o, node->ints[0] != 0, (float)node->scalars[0],
                                      (anneal_dtype)node->ints[1]);
-    anneal_status s = be->attention_bwd(be->ctx, &d, g[0], g[1], g[2], x[0], x[1], x[2], o, dout, lse);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status s = anneal_ops_span_end("attention_bwd", &span_t0, anneal_ops_attention_flops(d, true), 0, be->attention_bwd(be->ctx, &d, g[0], g[1], g[2], x[0], x[1], x[2], o, dout, lse));
     if (s == ANNEAL_OK && node->ints[2]) {
         anneal_rope_desc r = anneal_ops_rope_load(node, 1, 4);
         int64_t pos0 = node->ints[3];
@@ -206,7 +207,8 @@ anneal_tensor *anneal_attention_ex(anneal_tensor *q, anneal_tensor *k, anneal_te
         if (!kc) s = anneal_last_status();
         else d = layout(qc, kc, vc, out, o.causal, scale, o.compute);
     }
-    if (s == ANNEAL_OK) s = be->attention_fwd(be->ctx, &d, out, lse, qc, kc, vc);
+    int64_t span_t0 = anneal_span_begin();
+    if (s == ANNEAL_OK) s = anneal_ops_span_end("attention_fwd", &span_t0, anneal_ops_attention_flops(d, false), 0, be->attention_fwd(be->ctx, &d, out, lse, qc, kc, vc));
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record(op, attention_backward, 3, in, 1, &out);
         if (node) {
@@ -259,7 +261,8 @@ static anneal_status packed_backward(anneal_node *node, anneal_tensor *const *go
     if (!q || !k || !v || !dq || !dk || !dv || !o4 || !do4) return anneal_last_status();
     anneal_attention_desc d = layout(q, k, v, o4, node->ints[0] != 0, (float)node->scalars[0],
                                      (anneal_dtype)node->ints[1]);
-    anneal_status s = be->attention_bwd(be->ctx, &d, dq, dk, dv, q, k, v, o4, do4, lse);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status s = anneal_ops_span_end("attention_bwd", &span_t0, anneal_ops_attention_flops(d, true), 0, be->attention_bwd(be->ctx, &d, dq, dk, dv, q, k, v, o4, do4, lse));
     if (s == ANNEAL_OK && rope) {
         anneal_rope_desc r = anneal_ops_rope_load(node, 1, 4);
         s = anneal_ops_rope_apply("attention_packed", be, dq, &r, node->ints[3], true);
@@ -346,7 +349,8 @@ anneal_tensor *anneal_attention_packed(anneal_tensor *qkv, int n_head, int n_kv_
         if (s == ANNEAL_OK) s = anneal_ops_rope_apply(op, be, q, o.rope, o.rope_pos0, false);
         if (s == ANNEAL_OK) s = anneal_ops_rope_apply(op, be, k, o.rope, o.rope_pos0, false);
     }
-    if (s == ANNEAL_OK) s = be->attention_fwd(be->ctx, &d, o4, lse, q, k, v);
+    int64_t span_t0 = anneal_span_begin();
+    if (s == ANNEAL_OK) s = anneal_ops_span_end("attention_fwd", &span_t0, anneal_ops_attention_flops(d, false), 0, be->attention_fwd(be->ctx, &d, o4, lse, q, k, v));
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record(op, packed_backward, 1, &qkv, 1, &out);
         if (node) {

@@ -64,20 +64,23 @@ static anneal_tensor *act_backward(anneal_node *node, const anneal_backend *be, 
     anneal_tensor *dyc = anneal_ops_contiguous_raw(dy);
     anneal_tensor *dpre = dyc ? anneal_empty_on(pre->device, ANNEAL_F32, 2, (int64_t[]){R, N}) : NULL;
     if (!dpre) return NULL;
+    int64_t span_t0 = anneal_span_begin();
     if (act == ANNEAL_ACT_GELU_TANH)
-        return be->unary_bwd(be->ctx, ANNEAL_UNARY_GELU_TANH, dpre, pre, dyc, 0.0f) == ANNEAL_OK ? dpre : NULL;
+        return anneal_ops_span_end("unary_bwd", &span_t0, 0, anneal_ops_span_bytes(pre), be->unary_bwd(be->ctx, ANNEAL_UNARY_GELU_TANH, dpre, pre, dyc, 0.0f)) == ANNEAL_OK ? dpre : NULL;
     /* SiLU times mul: d_pre = (dy * mul) * silu'(pre); d_mul = dy * silu(pre) */
     anneal_tensor *mul = node->saved[3];
     anneal_tensor *t = anneal_empty_on(pre->device, ANNEAL_F32, 2, (int64_t[]){R, N});
-    if (!t || be->binary(be->ctx, ANNEAL_MUL, t, dyc, mul) != ANNEAL_OK ||
-        be->unary_bwd(be->ctx, ANNEAL_UNARY_SILU, dpre, pre, t, 0.0f) != ANNEAL_OK)
+    span_t0 = anneal_span_begin();
+    if (!t || anneal_ops_span_end("binary", &span_t0, 0, anneal_ops_span_bytes(dyc), be->binary(be->ctx, ANNEAL_MUL, t, dyc, mul)) != ANNEAL_OK ||
+        anneal_ops_span_end("unary_bwd", &span_t0, 0, anneal_ops_span_bytes(pre), be->unary_bwd(be->ctx, ANNEAL_UNARY_SILU, dpre, pre, t, 0.0f)) != ANNEAL_OK)
         return NULL;
     if (emul) {
         anneal_tensor *sp = anneal_empty_on(pre->device, ANNEAL_F32, 2, (int64_t[]){R, N});
         anneal_tensor *dm = sp ? anneal_empty_on(pre->device, ANNEAL_F32, emul->ndim, emul->shape) : NULL;
         anneal_tensor *dm2 = as_2d(dm, R, N);
-        if (!dm2 || be->unary(be->ctx, ANNEAL_UNARY_SILU, sp, pre, 0.0f) != ANNEAL_OK ||
-            be->binary(be->ctx, ANNEAL_MUL, dm2, dyc, sp) != ANNEAL_OK)
+        span_t0 = anneal_span_begin();
+        if (!dm2 || anneal_ops_span_end("unary", &span_t0, 0, anneal_ops_span_bytes(pre), be->unary(be->ctx, ANNEAL_UNARY_SILU, sp, pre, 0.0f)) != ANNEAL_OK ||
+            anneal_ops_span_end("binary", &span_t0, 0, anneal_ops_span_bytes(dyc), be->binary(be->ctx, ANNEAL_MUL, dm2, dyc, sp)) != ANNEAL_OK)
             return NULL;
         *dmul = dm;
     }
@@ -170,9 +173,10 @@ static anneal_status forward(const char *op, const anneal_backend *be, anneal_ac
     if (s == ANNEAL_OK) s = anneal_ops_gemm_nd(op, be, target, x2, wop, 1.0f, beta, cd);
     if (s != ANNEAL_OK || act == ANNEAL_ACT_NONE) return s;
     if (!anneal_ops_kernel(op, be, ANNEAL_OP_UNARY, ANNEAL_F32)) return anneal_last_status();
-    if (act == ANNEAL_ACT_GELU_TANH) return be->unary(be->ctx, ANNEAL_UNARY_GELU_TANH, y2, pre, 0.0f);
-    s = be->unary(be->ctx, ANNEAL_UNARY_SILU, y2, pre, 0.0f);
-    return s == ANNEAL_OK ? be->binary(be->ctx, ANNEAL_MUL, y2, y2, mul2) : s;
+    int64_t span_t0 = anneal_span_begin();
+    if (act == ANNEAL_ACT_GELU_TANH) return anneal_ops_span_end("unary", &span_t0, 0, anneal_ops_span_bytes(pre), be->unary(be->ctx, ANNEAL_UNARY_GELU_TANH, y2, pre, 0.0f));
+    s = anneal_ops_span_end("unary", &span_t0, 0, anneal_ops_span_bytes(pre), be->unary(be->ctx, ANNEAL_UNARY_SILU, y2, pre, 0.0f));
+    return s == ANNEAL_OK ? anneal_ops_span_end("binary", &span_t0, 0, anneal_ops_span_bytes(y2), be->binary(be->ctx, ANNEAL_MUL, y2, y2, mul2)) : s;
 }
 
 anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b, const anneal_dense_opts *opts) {

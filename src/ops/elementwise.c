@@ -49,7 +49,8 @@ static anneal_tensor *binary(anneal_binary_op op, anneal_tensor *a, anneal_tenso
     anneal_scope_enter(NULL);
     anneal_tensor *xa = anneal_ops_expand(a, nd, shape), *xb = anneal_ops_expand(b, nd, shape);
     anneal_scope_leave();
-    anneal_status s = (xa && xb) ? be->binary(be->ctx, op, out, xa, xb) : anneal_last_status();
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status s = (xa && xb) ? anneal_ops_span_end("binary", &span_t0, 0, anneal_ops_span_bytes(xa), be->binary(be->ctx, op, out, xa, xb)) : anneal_last_status();
     anneal_release(xa);
     anneal_release(xb);
     if (s != ANNEAL_OK) return NULL;
@@ -91,8 +92,10 @@ static anneal_status unary_backward(anneal_node *node, anneal_tensor *const *gou
     anneal_tensor *dx = anneal_ops_new_like(dy);
     const anneal_backend *be = anneal_backend_get(dy->device);
     if (!dx || !be) return anneal_last_status();
+    int64_t span_t0 = anneal_span_begin();
     anneal_status s = be->unary_bwd(be->ctx, op, dx, node->n_saved ? node->saved[0] : NULL, dy,
                                     (float)node->scalars[0]);
+    anneal_ops_span_end("unary_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), ANNEAL_OK);
     gin[0] = dx;
     return s;
 }
@@ -104,7 +107,8 @@ static anneal_tensor *unary(anneal_unary_op op, anneal_tensor *x, float alpha) {
         return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *out = xc ? anneal_ops_new_like(x) : NULL;
-    if (!out || be->unary(be->ctx, op, out, xc, alpha) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (!out || anneal_ops_span_end("unary", &span_t0, 0, anneal_ops_span_bytes(xc), be->unary(be->ctx, op, out, xc, alpha)) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(name, unary_backward, 1, &x, 1, &out);
     if (node) {
         node->ints[0] = op;
@@ -133,7 +137,8 @@ static anneal_status dropout_backward(anneal_node *node, anneal_tensor *const *g
     const anneal_backend *be = dx ? anneal_backend_get(dx->device) : NULL;
     if (!be) return anneal_last_status();
     gin[0] = dx;
-    return be->dropout_bwd(be->ctx, dx, node->saved[0], dy, (float)node->scalars[0]);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("dropout_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), be->dropout_bwd(be->ctx, dx, node->saved[0], dy, (float)node->scalars[0]));
 }
 
 anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
@@ -152,7 +157,8 @@ anneal_tensor *anneal_dropout(anneal_tensor *x, float p, bool training) {
     if (!mask) return NULL;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve((uint64_t)anneal_numel(x));
-    if (be->dropout_fwd(be->ctx, out, mask, xc, p, rs.seed, offset) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (anneal_ops_span_end("dropout_fwd", &span_t0, 0, anneal_ops_span_bytes(out), be->dropout_fwd(be->ctx, out, mask, xc, p, rs.seed, offset)) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record("dropout", dropout_backward, 1, &x, 1, &out);
     if (node) {
         node->scalars[0] = p;

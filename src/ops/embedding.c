@@ -13,7 +13,8 @@ static anneal_status embedding_backward(anneal_node *node, anneal_tensor *const 
     anneal_tensor *dw = dy ? anneal_empty_on(ids->device, ANNEAL_F32, e->ndim, e->shape) : NULL;
     if (!be || !dw) return anneal_last_status();
     gin[0] = dw;
-    return be->embedding_bwd(be->ctx, dw, ids, dy);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("embedding_bwd", &span_t0, 0, anneal_ops_span_bytes(dy), be->embedding_bwd(be->ctx, dw, ids, dy));
 }
 
 anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {
@@ -44,7 +45,8 @@ anneal_tensor *anneal_embedding(anneal_tensor *ids, anneal_tensor *weight) {
     for (int i = 0; i < ids->ndim; i++) shape[i] = ids->shape[i];
     shape[ids->ndim] = C;
     anneal_tensor *y = anneal_empty_on(weight->device, ANNEAL_F32, ids->ndim + 1, shape);
-    if (!y || be->embedding_fwd(be->ctx, y, idc, wc) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (!y || anneal_ops_span_end("embedding_fwd", &span_t0, 0, anneal_ops_span_bytes(y), be->embedding_fwd(be->ctx, y, idc, wc)) != ANNEAL_OK) return NULL;
     /* Only the weight is a differentiable input: integer ids never require grad. */
     anneal_node *node = anneal_record(op, embedding_backward, 1, &weight, 1, &y);
     if (node && anneal_node_save(node, idc) < 0) return NULL;

@@ -107,14 +107,18 @@ anneal_tensor *anneal_linear_cross_entropy_ex(anneal_tensor *h, anneal_tensor *w
     int64_t CH = chunk_rows(N, V);
     anneal_tensor *loss = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_WORKSPACE); /* the chunk's logits */
     anneal_tensor *work = anneal_empty_on(h->device, ANNEAL_F32, 2, (int64_t[]){CH, V});
+    anneal_memory_category_set(mc);
     anneal_tensor *dh = want_h ? anneal_ops_new_like(hc) : NULL;
     anneal_tensor *dw = want_w ? anneal_empty_on(h->device, ANNEAL_F32, 2, (int64_t[]){V, C}) : NULL;
     anneal_tensor *h2 = anneal_alias(hc, 2, (int64_t[]){N, C}, (int64_t[]){C, 1}, hc->offset);
     anneal_tensor *dh2 = dh ? anneal_alias(dh, 2, (int64_t[]){N, C}, (int64_t[]){C, 1}, 0) : NULL;
     if (!(loss && lse && work && h2 && (dh2 || !want_h) && (dw || !want_w))) s = anneal_last_status();
+    int64_t span_t0 = anneal_span_begin(); /* the logits GEMM and, fused, those of dh and dw */
+    double span_flops = span_t0 ? 2.0 * (double)N * (double)V * (double)C * (1.0 + (dh2 != NULL) + (dw != NULL)) : 0;
     if (s == ANNEAL_OK)
-        s = be->linear_cross_entropy(be->ctx, loss, lse, dh2, dw, work, h2, wc, tc, ignore_index, count, compute);
+        s = anneal_ops_span_end("linear_cross_entropy", &span_t0, span_flops, 0, be->linear_cross_entropy(be->ctx, loss, lse, dh2, dw, work, h2, wc, tc, ignore_index, count, compute));
     if (s == ANNEAL_OK) s = be->loss_mean(be->ctx, out, loss, tc, ignore_index, count);
     if (s == ANNEAL_OK) {
         anneal_node *node = anneal_record(op, linear_ce_backward, 2, in, 1, &out);

@@ -37,7 +37,8 @@ static anneal_status add_layer_norm_backward(anneal_node *node, anneal_tensor *c
     if ((want_x || want_r) && !(dx = anneal_ops_new_like(s))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 2) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 3) && !(db = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status st = be->add_layer_norm_bwd(be->ctx, dx, dw, db, s, w, mean, rstd, dy, ds);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status st = anneal_ops_span_end("add_layer_norm_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), be->add_layer_norm_bwd(be->ctx, dx, dw, db, s, w, mean, rstd, dy, ds));
     gin[0] = want_x ? dx : NULL; /* the engine never modifies a gradient in place: sharing is safe */
     gin[1] = want_r ? dx : NULL;
     gin[2] = dw;
@@ -82,8 +83,9 @@ anneal_tensor *anneal_add_layer_norm(anneal_tensor *x, anneal_tensor *r, anneal_
     anneal_tensor *s = anneal_ops_new_like(x), *y = anneal_ops_new_like(x);
     anneal_tensor *mean = anneal_empty_on(x->device, ANNEAL_F32, 1, &N);
     anneal_tensor *rstd = anneal_empty_on(x->device, ANNEAL_F32, 1, &N);
+    int64_t span_t0 = anneal_span_begin();
     if (!s || !y || !mean || !rstd ||
-        be->add_layer_norm_fwd(be->ctx, s, y, mean, rstd, xc, rc, wc, bc, eps) != ANNEAL_OK)
+        anneal_ops_span_end("add_layer_norm_fwd", &span_t0, 0, anneal_ops_span_bytes(s), be->add_layer_norm_fwd(be->ctx, s, y, mean, rstd, xc, rc, wc, bc, eps)) != ANNEAL_OK)
         return NULL;
     anneal_tensor *in[4] = {x, r, w, b}, *out[2] = {y, s};
     anneal_node *node = anneal_record(op, add_layer_norm_backward, 4, in, 2, out);

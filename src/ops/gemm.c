@@ -28,7 +28,8 @@ static anneal_status run(const char *op, const anneal_backend *be, const anneal_
                          const anneal_tensor *a, const anneal_tensor *b) {
     anneal_op_query q = {.kind = ANNEAL_OP_MATMUL, .dtype = ANNEAL_F32, .matmul = d};
     if (!anneal_ops_supported(op, be, &q)) return anneal_last_status();
-    return be->matmul(be->ctx, d, c, a, b);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("matmul", &span_t0, anneal_ops_matmul_flops(d), 0, be->matmul(be->ctx, d, c, a, b));
 }
 
 static anneal_status layout_error(const char *op) {

@@ -18,7 +18,8 @@ static anneal_status cross_entropy_backward(anneal_node *node, anneal_tensor *co
     anneal_tensor *dlogits = be ? anneal_ops_new_like(logits) : NULL;
     if (!dlogits) return anneal_last_status();
     gin[0] = dlogits;
-    return be->cross_entropy_bwd(be->ctx, dlogits, logits, targets, lse, ignore_index, gout[0], count);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("cross_entropy_bwd", &span_t0, 0, anneal_ops_span_bytes(dlogits), be->cross_entropy_bwd(be->ctx, dlogits, logits, targets, lse, ignore_index, gout[0], count));
 }
 
 anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *targets,
@@ -57,7 +58,8 @@ anneal_tensor *anneal_cross_entropy(anneal_tensor *logits, anneal_tensor *target
     anneal_tensor *loss = anneal_empty_on(logits->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = loss ? anneal_empty_on(logits->device, ANNEAL_F32, 1, &N) : NULL;
     anneal_tensor *out = lse ? anneal_empty_on(logits->device, ANNEAL_F32, 0, NULL) : NULL;
-    if (!out || be->cross_entropy_fwd(be->ctx, loss, lse, lc, tc, ignore_index) != ANNEAL_OK ||
+    int64_t span_t0 = anneal_span_begin();
+    if (!out || anneal_ops_span_end("cross_entropy_fwd", &span_t0, 0, anneal_ops_span_bytes(loss), be->cross_entropy_fwd(be->ctx, loss, lse, lc, tc, ignore_index)) != ANNEAL_OK ||
         be->loss_mean(be->ctx, out, loss, tc, ignore_index, count) != ANNEAL_OK)
         return NULL;
     anneal_node *node = anneal_record(op, cross_entropy_backward, 1, &logits, 1, &out);

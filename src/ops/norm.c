@@ -53,7 +53,8 @@ static anneal_status layer_norm_backward(anneal_node *node, anneal_tensor *const
     if (anneal_node_input_needs_grad(node, 0) && !(dx = anneal_ops_new_like(x))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 1) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 2) && !(db = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status s = be->layer_norm_bwd(be->ctx, dx, dw, db, x, w, mean, rstd, dy);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status s = anneal_ops_span_end("layer_norm_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), be->layer_norm_bwd(be->ctx, dx, dw, db, x, w, mean, rstd, dy));
     gin[0] = dx;
     gin[1] = dw;
     gin[2] = db;
@@ -79,7 +80,8 @@ anneal_tensor *anneal_layer_norm(anneal_tensor *x, anneal_tensor *w, anneal_tens
     anneal_tensor *y = anneal_ops_new_like(x);
     anneal_tensor *mean = y ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
     anneal_tensor *rstd = mean ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
-    if (!rstd || be->layer_norm_fwd(be->ctx, y, mean, rstd, xc, wc, bc, eps) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (!rstd || anneal_ops_span_end("layer_norm_fwd", &span_t0, 0, anneal_ops_span_bytes(y), be->layer_norm_fwd(be->ctx, y, mean, rstd, xc, wc, bc, eps)) != ANNEAL_OK) return NULL;
     anneal_tensor *in[3] = {x, w, b};
     anneal_node *node = anneal_record(op, layer_norm_backward, 3, in, 1, &y);
     if (node) {
@@ -105,7 +107,8 @@ static anneal_status rms_norm_backward(anneal_node *node, anneal_tensor *const *
     anneal_tensor *dx = NULL, *dw = NULL;
     if (anneal_node_input_needs_grad(node, 0) && !(dx = anneal_ops_new_like(x))) return anneal_last_status();
     if (anneal_node_input_needs_grad(node, 1) && !(dw = anneal_ops_new_like(w))) return anneal_last_status();
-    anneal_status s = be->rms_norm_bwd(be->ctx, dx, dw, x, w, rstd, dy);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status s = anneal_ops_span_end("rms_norm_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), be->rms_norm_bwd(be->ctx, dx, dw, x, w, rstd, dy));
     gin[0] = dx;
     gin[1] = dw;
     return s;
@@ -123,7 +126,8 @@ anneal_tensor *anneal_rms_norm(anneal_tensor *x, anneal_tensor *w, float eps) {
     if (!wc) return NULL;
     anneal_tensor *y = anneal_ops_new_like(x);
     anneal_tensor *rstd = y ? anneal_empty_on(x->device, ANNEAL_F32, 1, &N) : NULL;
-    if (!rstd || be->rms_norm_fwd(be->ctx, y, rstd, xc, wc, eps) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (!rstd || anneal_ops_span_end("rms_norm_fwd", &span_t0, 0, anneal_ops_span_bytes(y), be->rms_norm_fwd(be->ctx, y, rstd, xc, wc, eps)) != ANNEAL_OK) return NULL;
     anneal_tensor *in[2] = {x, w};
     anneal_node *node = anneal_record(op, rms_norm_backward, 2, in, 1, &y);
     if (node) {

@@ -6,6 +6,7 @@
 #include "anneal/autograd.h"
 #include "anneal/backend.h"
 #include "anneal/ops.h"
+#include "anneal/trace.h"
 
 /* Backend for the inputs of op `name` (all non-NULL inputs on one device), or NULL:
  * silently when an input is NULL (an earlier error), with an error otherwise. */
@@ -83,5 +84,36 @@ anneal_tensor *anneal_ops_rope_copy(const char *op, const anneal_backend *be, co
 bool anneal_ops_check_compute(const char *op, anneal_dtype compute);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
+
+/* ---- profiler spans around backend kernels (include/anneal/trace.h) ---- */
+
+/* Records the op span begun at *t0 (0: not recording) with its work, restarts *t0 at
+ * now (so chained kernels on one line measure each their own time) and passes the
+ * kernel's status through. */
+static inline anneal_status anneal_ops_span_end(const char *name, int64_t *t0, double flops, double bytes,
+                                                anneal_status s) {
+    if (*t0) {
+        anneal_span_record(ANNEAL_SPAN_OP, name, *t0, flops, bytes);
+        *t0 = anneal_trace_now_ns();
+    }
+    return s;
+}
+/* FLOPs of a matmul: 2 * batch * M * N * K. */
+static inline double anneal_ops_matmul_flops(const anneal_matmul_desc *d) {
+    return anneal_trace_enabled() ? 2.0 * (double)(d->batch > 0 ? d->batch : 1) * (double)d->M * (double)d->N * (double)d->K : 0;
+}
+/* FLOPs of attention: QK^T and PV, 4 * B * Hq * Tq * Tk * D forward (halved when
+ * causal), 2.5x that backward (dV, dP, dS->dQ, dK and the recomputed P). */
+static inline double anneal_ops_attention_flops(anneal_attention_desc d, bool backward) {
+    if (!anneal_trace_enabled()) return 0;
+    double f = 4.0 * (double)d.B * (double)d.Hq * (double)d.Tq * (double)d.Tk * (double)d.D;
+    if (d.causal) f *= 0.5;
+    return backward ? 2.5 * f : f;
+}
+/* Bytes a memory-bound kernel moves, estimated as reading and writing a tensor of
+ * t's size (2 * numel * element size). */
+static inline double anneal_ops_span_bytes(const anneal_tensor *t) {
+    return anneal_trace_enabled() && t ? 2.0 * (double)anneal_numel(t) * (double)anneal_dtype_size(t->dtype) : 0;
+}
 
 #endif

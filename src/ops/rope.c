@@ -45,7 +45,8 @@ anneal_status anneal_ops_rope_apply(const char *op, const anneal_backend *be, an
                                     const anneal_rope_desc *r, int64_t pos0, bool inverse) {
     anneal_op_query q = {.kind = ANNEAL_OP_ROPE, .dtype = x->dtype, .rope = r};
     if (!anneal_ops_supported(op, be, &q)) return anneal_last_status();
-    return be->rope(be->ctx, r, x, pos0, inverse);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("rope", &span_t0, 0, anneal_ops_span_bytes(x), be->rope(be->ctx, r, x, pos0, inverse));
 }
 
 /* A fresh copy of x (4-D) with x's shape, contiguous, rotated: position of row t is pos0 + t. */

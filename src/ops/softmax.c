@@ -11,7 +11,8 @@ static anneal_status softmax_backward(anneal_node *node, anneal_tensor *const *g
     anneal_tensor *dx = dy ? anneal_ops_new_like(y) : NULL;
     if (!be || !dx) return anneal_last_status();
     gin[0] = dx;
-    return be->softmax_bwd(be->ctx, dx, y, dy, node->ints[0] != 0);
+    int64_t span_t0 = anneal_span_begin();
+    return anneal_ops_span_end("softmax_bwd", &span_t0, 0, anneal_ops_span_bytes(dx), be->softmax_bwd(be->ctx, dx, y, dy, node->ints[0] != 0));
 }
 
 /* y (x's shape, contiguous) = (log-)softmax of x over its last dim (a 0-dim x is one
@@ -22,7 +23,8 @@ static anneal_tensor *softmax(const char *op, anneal_tensor *x, bool log) {
         return NULL;
     anneal_tensor *xc = anneal_ops_contiguous_raw(x);
     anneal_tensor *y = xc ? anneal_ops_new_like(x) : NULL;
-    if (!y || be->softmax_fwd(be->ctx, y, xc, log) != ANNEAL_OK) return NULL;
+    int64_t span_t0 = anneal_span_begin();
+    if (!y || anneal_ops_span_end("softmax_fwd", &span_t0, 0, anneal_ops_span_bytes(y), be->softmax_fwd(be->ctx, y, xc, log)) != ANNEAL_OK) return NULL;
     anneal_node *node = anneal_record(op, softmax_backward, 1, &x, 1, &y);
     if (node) {
         node->ints[0] = log;

@@ -141,7 +141,9 @@ static bool grow_slots(anneal_optimizer *o) {
 /* Zero-filled state tensor shaped like p, owned by the optimizer's scope. */
 static anneal_tensor *new_state(anneal_optimizer *o, const anneal_tensor *p) {
     anneal_scope_enter(o->scope);
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_OPTIMIZER);
     anneal_tensor *t = anneal_zeros_like(p);
+    anneal_memory_category_set(mc);
     anneal_scope_leave();
     return t;
 }

@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "anneal/trace.h"
 #include "parallel/comm_internal.h"
 
 #include "anneal/autograd.h"
@@ -61,6 +62,7 @@ typedef struct ddp_bucket {
     anneal_tensor *buf;  /* f32, stage 0: n (kept); stages 1-2: chunk * world (while in flight) */
     anneal_tensor *recv; /* f32, stages 1-2: chunk */
     anneal_comm_request *req;
+    int64_t span_t0;     /* profiler: launch time (0: not recording) */
 } ddp_bucket;
 
 typedef struct ptr_index {
@@ -324,6 +326,7 @@ static anneal_status launch(anneal_ddp *d, int k) {
     const anneal_backend *be = d->be;
     int world = anneal_comm_size(d->c);
     int64_t nbuf = d->cfg.zero_stage == 0 ? b->n : b->chunk * world;
+    b->span_t0 = anneal_span_begin();
     if (!b->buf) {
         if (!(b->buf = new_buffer(d, nbuf))) return anneal_last_status();
         d->bucket_live += nbuf * 4;
@@ -381,6 +384,10 @@ static anneal_tensor *new_grad(anneal_tensor *t) {
 static anneal_status complete(anneal_ddp *d, int k) {
     ddp_bucket *b = &d->b[k];
     b->completed = true;
+    /* profiler: the bucket from launch until its completion was seen, on its own track */
+    anneal_span_record_track("communication", ANNEAL_SPAN_COMM, d->cfg.zero_stage == 0 ? "all-reduce bucket" :
+                             "reduce-scatter bucket", b->span_t0, 0, (double)b->n * 4.0);
+    b->span_t0 = 0;
     if (d->cfg.zero_stage == 0) {
         for (int p = b->lo; p <= b->hi; p++) {
             anneal_tensor *t = d->ps->items[p].tensor;

@@ -87,6 +87,13 @@ static const option_def defs[] = {
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
+    {{"profile", ANNEAL_OPT_INT, "profile steps N..N+K-1 (K: --profile-steps): a per-op table at the end and a Chrome "
+      "trace (Perfetto, chrome://tracing) in the run directory; 0 = off"}, OFF(profile), 0, BIG, 0, 0, NULL},
+    {{"profile-steps", ANNEAL_OPT_INT, "steps --profile covers (default 3)"}, OFF(profile_steps), 1, 1 << 20, 0, 0, NULL},
+    {{"memory-report", ANNEAL_OPT_ONOFF, "print memory by category (parameters, gradients, optimizer state, "
+      "activations, workspace, cache) after the first step and at the end"}, OFF(memory_report), 0, 0, 0, 0, NULL},
+    {{"memory-limit", ANNEAL_OPT_FLOAT, "fail a step that would hold more than this many MiB of tensors (an "
+      "out-of-memory error with the breakdown), 0 = none"}, OFF(memory_limit_mb), 0, 1e12, 0, 0, NULL},
     {{"lora-rank", ANNEAL_OPT_INT, "LoRA fine-tuning: adapters of rank R on --lora-targets, the base frozen (bf16 "
       "with --dtype bf16); 0 = train every parameter (default 0)"}, OFF(lora_rank), 0, 65536, 0, 0, NULL},
     {{"lora-alpha", ANNEAL_OPT_FLOAT, "LoRA: scale = alpha / rank (default: alpha = rank)"}, OFF(lora_alpha), 0, 1e6, 0, 0, NULL},
@@ -150,6 +157,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->scale_growth_interval = 2000;
     c->loss_scale_init = 65536;
     c->log_every = 1;
+    c->profile_steps = 3;
     c->bucket_mb = 25;
     c->overlap = true;
 }

@@ -9,6 +9,7 @@
  * every step start to (seed, (step + 1) * 2^40): a pure function of the step, so a
  * resumed run draws the same masks as a straight one whatever happened in between
  * (evaluation, sampling, a different process). */
+#include "anneal/trace.h"
 #include "train_internal.h"
 
 #include <cjson/cJSON.h>
@@ -47,6 +48,8 @@ static anneal_status read_losses(trainer *t, double *mean) {
     return st;
 }
 
+static anneal_status optimizer_phase(trainer *t, step_out *o);
+
 static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     const anneal_train_config *c = &t->cfg;
     anneal_rng_state rs = {(uint64_t)c->seed, (uint64_t)(step + 1) << 40};
@@ -67,15 +70,21 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
          * buffers are refilled only once the device has read the last micro-batch's
          * (a queued copy reads them until the device's synchronize) */
         if (k > 0) st = anneal_device_synchronize(dev);
+        int64_t span_t0 = anneal_span_begin();
         if (st == ANNEAL_OK) st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
+        anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
         if (st == ANNEAL_OK) {
             anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_ids);
             anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_tg);
+            span_t0 = anneal_span_begin();
             anneal_tensor *loss = anneal_model_loss(t->model, ids, tg);
+            anneal_span_end(ANNEAL_SPAN_STEP, "forward", span_t0, 0, 0);
             if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
             anneal_tensor *obj = c->accum > 1 ? anneal_scale(loss, 1.0f / (float)c->accum) : loss;
             obj = anneal_train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
+            span_t0 = anneal_span_begin();
             st = obj ? anneal_backward(obj) : anneal_last_status();
+            anneal_span_end(ANNEAL_SPAN_STEP, "backward", span_t0, 0, 0);
             /* kept (without its graph) until every micro-batch is done: read once below */
             if (st == ANNEAL_OK) t->losses[k] = anneal_keep(anneal_detach(loss), step_scope);
         }
@@ -85,6 +94,18 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     anneal_scope_close(step_scope);
     if (st != ANNEAL_OK) return st;
     o->lr = anneal_schedule_lr(&t->sch, step);
+    int64_t span_t0 = anneal_span_begin(); /* gradient sync (DDP), norm, clipping, update */
+    st = optimizer_phase(t, o);
+    anneal_span_end(ANNEAL_SPAN_STEP, "optimizer", span_t0, 0, 0);
+    return st;
+}
+
+/* The second half of a step: gradients synchronised (distributed), their norm, the
+ * update unless anything is not finite. */
+static anneal_status optimizer_phase(trainer *t, step_out *o) {
+    const anneal_train_config *c = &t->cfg;
+    bool ddp = anneal_train_dist_active(t);
+    anneal_status st;
     float norm = NAN;
     if (ddp) {
         /* the mean gradient over ranks, its global norm, and the mean loss: the same on
@@ -336,6 +357,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         return fail;
     }
     print_header(t);
+    anneal_train_memory_limit(t, true); /* --memory-limit (profile.c) */
     anneal_train_dist_print_header(t);
     anneal_train_log_start(t);
     if ((fail = anneal_train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = anneal_train_dist_fatal(t, fail);
@@ -349,9 +371,13 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     int bad_in_row = 0, signo = 0;
     bool interrupted = false;
     for (int64_t step = t->st.step; step < t->total_steps; step++) {
+        anneal_train_profile_before_step(t, step + 1); /* --profile (profile.c) */
         double t0 = anneal_train_now_ms(), c0 = anneal_train_cpu_ms();
+        int64_t span_t0 = anneal_span_begin();
         step_out so;
-        if (run_step(t, step, &so) != ANNEAL_OK) {
+        anneal_status rs = run_step(t, step, &so);
+        anneal_span_end(ANNEAL_SPAN_STEP, "step", span_t0, 0, 0);
+        if (rs != ANNEAL_OK) {
             fail = anneal_train_dist_fatal(t, step_error(step + 1));
             break;
         }
@@ -369,6 +395,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         anneal_step_stats ps = {.step = step + 1, .total = t->total_steps, .loss = so.loss, .lr = so.lr,
                                 .grad_norm = so.norm, .ms = ms, .cpu_ms = cpu_ms, .skipped = so.skipped};
         ps.tokens_per_s = (double)t->tokens_per_step / (ms / 1e3);
+        ps.mem_bytes = (double)anneal_memory_stats_get(anneal_model_device(t->model)).peak_bytes;
         ps.mfu = t->peak_gflops > 0 ? t->flops_per_token * ps.tokens_per_s / (t->peak_gflops * 1e9) : NAN;
         /* ETA from the average wall time per step since the first (which warms up) */
         double avg_ms = ran > 1 ? (now - first_end) / (double)(ran - 1) : ms;
@@ -376,6 +403,8 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         anneal_progress_step(t->prog, &ps);
         if ((fail = anneal_train_dist_fatal(t, anneal_train_telemetry_step_times(t, ms))) != ANNEAL_OK) break;
         log_step(t, &so, &ps);
+        anneal_train_profile_after_step(t, step + 1);
+        if (ran == 1) anneal_train_memory_report(t, "after the first step");
         if (so.overflow) {
             anneal_progress_note(t->prog, "step %lld: fp16 gradient overflow at loss scale %g: update skipped, scale now %g",
                                  (long long)t->st.step, (double)so.loss_scale, (double)t->scaler.scale);
@@ -459,6 +488,9 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     /* every rank gets here (a failure on one rank alone ended the job): collective */
     anneal_status mr = anneal_train_dist_report_memory(t, "at end");
     if (mr != ANNEAL_OK && fail == ANNEAL_OK) fail = mr;
+    anneal_train_profile_finish(t);
+    anneal_train_memory_limit(t, false);
+    anneal_train_memory_report(t, "at the end");
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
     anneal_train_stop_reset();
     anneal_train_dist_teardown(t);

@@ -411,8 +411,18 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_c
     return ANNEAL_OK;
 }
 
-/* Weights: random init, then --init, or everything from the resumed checkpoint. */
+static anneal_status build_model_tagged(trainer *t, bool *usage);
+
+/* Weights: random init, then --init, or everything from the resumed checkpoint; their
+ * storages are charged to the parameters in the memory breakdown. */
 static anneal_status build_model(trainer *t, bool *usage) {
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    anneal_status st = build_model_tagged(t, usage);
+    anneal_memory_category_set(mc);
+    return st;
+}
+
+static anneal_status build_model_tagged(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
     /* the device the model lives on (a --device flag chooses it once there is more than one) */
     t->model = anneal_model_new(&t->mcfg, ANNEAL_CPU);

@@ -94,7 +94,18 @@ typedef struct trainer {
     anneal_loss_scaler scaler;
     anneal_dtype resumed_dtype;      /* precision of the checkpoint resumed from */
     bool scaler_restored;            /* the scaler state came from that checkpoint */
+    struct train_profile *prof;      /* --profile: the window's spans (profile.c) */
 } trainer;
+
+/* profile.c: --profile N --profile-steps K and --memory-report. before/after_step take
+ * the 1-based step; finish prints the op table and the trace's path (and frees). */
+void anneal_train_profile_before_step(trainer *t, int64_t step1);
+void anneal_train_profile_after_step(trainer *t, int64_t step1);
+void anneal_train_profile_finish(trainer *t);
+/* Prints the memory breakdown by category ("after step 1", "at end") with --memory-report. */
+void anneal_train_memory_report(trainer *t, const char *when);
+/* --memory-limit: sets (on) or lifts (off) the cap on the model device's tensor bytes. */
+void anneal_train_memory_limit(trainer *t, bool on);
 
 /* setup.c: everything before the first step (config resolution, run directory, data,
  * model, optimizer, resume). Errors are recorded; *usage says a setting is at fault. */
