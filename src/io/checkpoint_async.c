@@ -23,6 +23,7 @@ struct anneal_checkpointer {
     anneal_status status; /* result of the last write, set by the thread */
     char *message;        /* its error message (malloc'd), NULL when OK */
     const anneal_tokenizer *tok; /* carried by every checkpoint (not owned) */
+    int64_t span_t0;             /* the write's span start, taken when save() launches it */
 };
 
 anneal_checkpointer *anneal_checkpointer_new(const char *run_dir, int keep) {
@@ -62,9 +63,10 @@ static void record_result(anneal_checkpointer *c, anneal_status s) {
 static void *writer_main(void *arg) {
     anneal_checkpointer *c = arg;
     anneal_trace_thread_name("checkpoint writer");
-    int64_t span_t0 = anneal_span_begin();
+    /* the span starts at the launch (save() took t0 on the training thread), so whether a
+     * write is profiled does not depend on when this thread gets a core */
     record_result(c, anneal_ckpt_write(c->run_dir, c->keep, &c->snap));
-    anneal_span_end(ANNEAL_SPAN_CHECKPOINT, "checkpoint write", span_t0, 0, 0);
+    anneal_span_end(ANNEAL_SPAN_CHECKPOINT, "checkpoint write", c->span_t0, 0, 0);
     return NULL;
 }
 
@@ -105,6 +107,7 @@ anneal_status anneal_checkpointer_save(anneal_checkpointer *c, const anneal_mode
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
+        c->span_t0 = anneal_span_begin();
         int rc = pthread_create(&c->thread, NULL, writer_main, c);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (rc == 0) c->running = true;

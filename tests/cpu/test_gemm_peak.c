@@ -2,8 +2,8 @@
  * MFU quote GEMM speeds against: the right microbenchmark for each dtype, and figures
  * bounded by things measured or physical:
  *   below: a ceiling must not be beaten by anneal's own GEMM at that precision, timed here
- *          on one thread (each side's best of 3 alternating runs, so a busy machine slows
- *          both; asserted: GEMM <= 1.25 x peak; measured on AVX-512 with AVX512-BF16,
+ *          on one thread (each side's best of 3 to 12 alternating runs, so a busy machine
+ *          slows both; asserted: GEMM <= 1.25 x peak; measured on AVX-512 with AVX512-BF16,
  *          GEMM/peak = 0.79 f32, 0.38 bf16, 0.45 f16; a peak loop that lost an FMA port
  *          or its vector width fails);
  *   above: one core retires at most 2 vector FMAs per cycle (two FMA ports), at most 6 GHz:
@@ -58,8 +58,12 @@ TEST(peak_bounded_by_the_gemm_and_the_hardware) {
     for (int d = 0; d < 3; d++) {
         double peak = 0, gemm = 0;
         const char *isa = NULL;
-        for (int k = 0; k < 3; k++) {
-            peak = fmax(peak, anneal_peak_gflops_measure_dtype(1, 0.02, (anneal_dtype)dts[d], &isa));
+        /* Best of alternating runs: at least 3, more (up to 12) while the bound is not met,
+         * since on a busy machine a short window loses its core to other jobs. Each best
+         * only grows toward its true figure, so a peak loop at half speed still fails: it
+         * passes only if every GEMM run of up to 12 came out below 0.625 of its own speed. */
+        for (int k = 0; k < 12 && (k < 3 || gemm > 1.25 * peak); k++) {
+            peak = fmax(peak, anneal_peak_gflops_measure_dtype(1, 0.03, (anneal_dtype)dts[d], &isa));
             gemm = fmax(gemm, gemm_gflops(dts[d]));
         }
         REQUIRE(isa);
