@@ -1,6 +1,7 @@
-/* The checks every architecture's Hugging Face import makes the same way: name lists
+/* What every architecture's Hugging Face import and export do the same way: name lists
  * for errors, "are these two tensors equal" (tied heads), shapes and dtypes of the
- * matched tensors, and the missing ones. Each architecture keeps its own name mapping
+ * matched tensors, the missing ones, the copy into the parameters, and the export of
+ * parameters already named as transformers names them. Each architecture keeps its own name mapping
  * (gpt2_hf.c, llama_hf.c). */
 #include "models_internal.h"
 
@@ -72,4 +73,26 @@ anneal_status anneal_hf_check_missing(const anneal_model *m, const anneal_tensor
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: missing %d tensor(s): %s", src->what, n_missing, missing);
     }
     return ANNEAL_OK;
+}
+
+anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source *src, const char **seen) {
+    anneal_status r = anneal_hf_check_entries(m, src, seen); /* every tensor, before any parameter is written */
+    const anneal_params *ps = m->params;
+    for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
+        anneal_tensor *p = ps->items[i].tensor;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
+        r = t ? anneal_copy_(p, t)
+          : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
+                                              : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
+        anneal_scope_close(sc);
+    }
+    return r;
+}
+
+anneal_status anneal_hf_export_params(const anneal_model *m, const anneal_tensor_sink *sink) {
+    const anneal_params *ps = m->params;
+    anneal_status r = ANNEAL_OK;
+    for (int i = 0; i < ps->n && r == ANNEAL_OK; i++) r = sink->put(sink->ctx, ps->items[i].name, ps->items[i].tensor);
+    return r;
 }

@@ -402,25 +402,12 @@ anneal_status anneal_llama_hf_import(anneal_model *m, const anneal_tensor_source
                                  "(tie_word_embeddings)",
                                  src->what);
     }
-    /* Shapes and dtypes are checked for every tensor before any parameter is written. */
-    if (r == ANNEAL_OK) r = anneal_hf_check_entries(m, src, seen);
-    for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
-        anneal_tensor *p = ps->items[i].tensor;
-        anneal_scope *sc = anneal_scope_open();
-        anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
-        r = t ? anneal_copy_(p, t)
-          : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
-                                              : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
-        anneal_scope_close(sc);
-    }
+    if (r == ANNEAL_OK) r = anneal_hf_load_matched(m, src, seen);
     free(seen);
     return r;
 }
 
 anneal_status anneal_llama_hf_export(const anneal_model *m, const anneal_tensor_sink *sink) {
     if (!m || !sink) return anneal_set_error(ANNEAL_ERR_ARG, "llama export: NULL argument");
-    const anneal_params *ps = m->params;
-    anneal_status r = ANNEAL_OK;
-    for (int i = 0; i < ps->n && r == ANNEAL_OK; i++) r = sink->put(sink->ctx, ps->items[i].name, ps->items[i].tensor);
-    return r;
+    return anneal_hf_export_params(m, sink);
 }

@@ -25,5 +25,12 @@ anneal_status anneal_hf_check_entries(const anneal_model *m, const anneal_tensor
 /* Every parameter i of m was matched (seen[i] set): ANNEAL_ERR_FORMAT listing the
  * missing ones otherwise. */
 anneal_status anneal_hf_check_missing(const anneal_model *m, const anneal_tensor_source *src, const char **seen);
+/* Copies source tensor seen[i] into every parameter i of m, converted to f32 on m's
+ * device, after checking every shape and dtype first (anneal_hf_check_entries), so a
+ * bad tensor leaves m unwritten. */
+anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source *src, const char **seen);
+/* Puts every parameter of m into sink under its own (Hugging Face) name, in order: the
+ * export of an architecture whose parameter names are transformers' keys. */
+anneal_status anneal_hf_export_params(const anneal_model *m, const anneal_tensor_sink *sink);
 
 #endif
