@@ -72,7 +72,8 @@ int anneal_cmd_export(int argc, char **argv) {
     }
     if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
     if (!strcmp(format, "gguf") || !strcmp(format, "onnx"))
-        return USAGE_ERR("--format %s: not implemented yet (formats: hf)", format);
+        return USAGE_ERR("--format %s: anneal has no %s exporter; it exports Hugging Face directories only "
+                         "(--format hf)", format, format);
     if (strcmp(format, "hf")) return USAGE_ERR("--format: unknown format '%s' (formats: hf)", format);
     if (!out || !*out) return USAGE_ERR("--out DIR is required");
     anneal_hf_save_opts o = {0};
