@@ -45,7 +45,7 @@ HEADERS = {"core": "core", "fs": "core", "backend": "core", "trace": "core", "pr
            "ops": "ops", "custom_op": "ops", "nn": "nn", "model": "models", "models": "models",
            "gpt2": "models", "parallel": "parallel", "optim": "optim", "data": "data",
            "tokenizer": "data", "shard": "data", "loader": "data", "prepare": "data",
-           "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "obs": "obs", "telemetry": "obs",
+           "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "gguf": "io", "obs": "obs", "telemetry": "obs",
            "train": "train",
            "anneal": "cli"}
 # Deliberate exceptions, each with its reason: (from layer, to layer, symbol).

@@ -10,6 +10,7 @@
 #include "anneal/custom_op.h"
 #include "anneal/io.h"
 #include "anneal/peft.h"
+#include "anneal/gguf.h"
 #include "anneal/nn.h"
 #include "anneal/parallel.h"
 #include "anneal/optim.h"

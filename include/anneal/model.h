@@ -129,6 +129,33 @@ struct anneal_model {
     anneal_nn_ctx ctx;     /* precision and training mode the forward passes run with */
 };
 
+/* How llama.cpp names and lays out an architecture's tensors in a GGUF file (what its
+ * convert_hf_to_gguf.py writes), for io's GGUF export and import (anneal/gguf.h). Each
+ * architecture keeps its table in its own file (src/models/<arch>_gguf.c). */
+typedef enum anneal_gguf_layout {
+    ANNEAL_GGUF_SAME = 0,   /* stored as the Hugging Face tensor */
+    ANNEAL_GGUF_TRANSPOSED, /* 2-D, transposed (GPT-2's Conv1D (in, out) becomes (out, in)) */
+    ANNEAL_GGUF_PERMUTE_Q,  /* rows of each of n_head heads reordered from rotate-half to interleaved RoPE */
+    ANNEAL_GGUF_PERMUTE_K,  /* the same over n_kv_head heads */
+} anneal_gguf_layout;
+
+/* One tensor: Hugging Face name and GGUF name, "%d" in both for the layer. */
+typedef struct anneal_gguf_name {
+    const char *hf, *gguf;
+    anneal_gguf_layout layout;
+} anneal_gguf_name;
+
+typedef struct anneal_gguf_arch {
+    const char *name;       /* general.architecture ("gpt2", "llama") */
+    bool rms_norm;          /* eps under attention.layer_norm_rms_epsilon (else layer_norm_epsilon) */
+    bool rope;              /* head_count_kv, rope.* and vocab_size keys, as the converter writes them */
+    bool output_copy;       /* output.weight is written as a copy of the token embedding (GPT-2) */
+    const anneal_gguf_name *names; /* ended by {NULL} */
+    /* Refuses (ANNEAL_ERR_UNSUPPORTED naming the setting) a config this GGUF
+     * architecture cannot express; NULL: every valid config can be written. */
+    anneal_status (*check)(const anneal_model_config *c);
+} anneal_gguf_arch;
+
 /* An architecture: how to make its models and translate its configs. */
 struct anneal_model_arch {
     const char *name;                     /* "gpt2" */
@@ -151,6 +178,8 @@ struct anneal_model_arch {
      * passed config_check. It fills every field of anneal_model (ops, cfg, device,
      * params; ctx zero: f32, not training) but arch, which anneal_model_new sets. */
     anneal_model *(*create)(const anneal_model_config *c, anneal_device dev);
+    /* GGUF names and layouts (NULL: no GGUF export/import for this architecture). */
+    const anneal_gguf_arch *gguf;
 };
 
 /* ------------------------------------------------------------ the registry */

@@ -63,6 +63,32 @@ void anneal_tokenizer_free(anneal_tokenizer *tok);
  * vocabulary and merges and a PreTrainedTokenizerFast tokenizer_config.json. */
 anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir);
 
+/* A tokenizer as GGUF's tokenizer.ggml.* keys hold it (llama.cpp's vocabulary). Only
+ * byte-level BPE with GPT-2's pre-tokenizer (model "gpt2", pre "gpt-2") is converted
+ * so far; others are ANNEAL_ERR_UNSUPPORTED naming what they are. */
+typedef struct anneal_tokenizer_gguf {
+    const char *model;        /* tokenizer.ggml.model: "gpt2" (byte-level BPE) */
+    const char *pre;          /* tokenizer.ggml.pre: "gpt-2" */
+    int32_t n_tokens;
+    const char *const *tokens;/* byte-level strings ("\u0120the"), specials as their text */
+    const size_t *token_len;
+    const int32_t *token_type;/* 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte */
+    int32_t n_merges;
+    const char *const *merges;/* "left right", byte-level strings */
+    const size_t *merge_len;
+    int32_t bos, eos;         /* -1: none */
+    int add_bos;              /* -1: not said, 0, 1 */
+    const char *chat_template;/* NULL: none */
+    void *owned;              /* what anneal_tokenizer_to_gguf allocated */
+} anneal_tokenizer_gguf;
+
+/* Fills *out from tok (arrays malloc'd; release with anneal_tokenizer_gguf_free). */
+anneal_status anneal_tokenizer_to_gguf(const anneal_tokenizer *tok, anneal_tokenizer_gguf *out);
+void anneal_tokenizer_gguf_free(anneal_tokenizer_gguf *v);
+/* Builds a tokenizer from GGUF's vocabulary; errors name `what` (the file) and the token
+ * or merge at fault. */
+anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const char *what, anneal_tokenizer **out);
+
 /* Number of ids (including special tokens). */
 int32_t anneal_tokenizer_vocab_size(const anneal_tokenizer *tok);
 /* Id of "<|endoftext|>" (or the tokenizer's end-of-text special), -1 if none. */

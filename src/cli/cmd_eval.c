@@ -116,7 +116,7 @@ int anneal_cmd_eval(int argc, char **argv) {
     }
     if (model_tok && !st.tokenizer_fingerprint) { /* a model directory's tokenizer.json: the shards should be its ids */
         anneal_tokenizer *tok = NULL;
-        if (anneal_tokenizer_load(model_tok, &tok) != ANNEAL_OK) {
+        if (anneal_cli_tokenizer_load(model_tok, &tok) != ANNEAL_OK) {
             fprintf(stderr, "anneal eval: --model: %s: %s\n", model_tok, anneal_last_error());
             goto done;
         }

@@ -1,7 +1,8 @@
 /* anneal export: writes a model (a checkpoint, a run's latest, or a Hugging Face
- * directory to re-shard or convert) in another format. Only --format hf exists now: a
- * Hugging Face model directory (anneal_model_save_hf) that transformers'
- * from_pretrained loads; other formats are named and refused until they exist. */
+ * directory to re-shard or convert) in another format: --format hf, a Hugging Face
+ * model directory (anneal_model_save_hf) that transformers' from_pretrained loads;
+ * --format gguf, one GGUF file (anneal_model_save_gguf) that llama.cpp loads. Other
+ * formats are named and refused until they exist. */
 #include "anneal/anneal.h"
 #include "args.h"
 #include "commands.h"
@@ -47,14 +48,16 @@ static bool parse_size(const char *s, uint64_t *out) {
 
 int anneal_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *format = "hf", *out = NULL, *dtype = "fp32", *shard = "5GB",
-               *tok_spec = NULL;
+               *tok_spec = NULL, *gguf_type = "f32";
     int64_t threads = 0;
     bool help = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (to convert or re-shard)", &model_arg, 0},
-        {"format", ARG_STRING, "hf: a Hugging Face model directory (default hf; the only format so far)", &format, 0},
-        {"out", ARG_STRING, "the directory to write (must not exist, or be empty)", &out, 0},
+        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); gguf: one llama.cpp GGUF file", &format, 0},
+        {"gguf-type", ARG_STRING, "--format gguf: type of the 2-D weights, f32, f16, bf16 or q8_0 (default f32; "
+                                  "norms and biases stay f32)", &gguf_type, 0},
+        {"out", ARG_STRING, "the directory to write (must not exist, or be empty); --format gguf: the file", &out, 0},
         {"dtype", ARG_STRING, "stored tensor type: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"max-shard-size", ARG_STRING, "split the weights into shards + model.safetensors.index.json above this size "
                                        "(bytes, or 500MB, 2GB, 1GiB...; default 5GB as transformers)", &shard, 0},
@@ -71,10 +74,19 @@ int anneal_cmd_export(int argc, char **argv) {
         return 0;
     }
     if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
-    if (!strcmp(format, "gguf") || !strcmp(format, "onnx"))
-        return USAGE_ERR("--format %s: anneal has no %s exporter; it exports Hugging Face directories only "
-                         "(--format hf)", format, format);
-    if (strcmp(format, "hf")) return USAGE_ERR("--format: unknown format '%s' (formats: hf)", format);
+    if (!strcmp(format, "onnx"))
+        return USAGE_ERR("--format %s: anneal has no %s exporter (formats: hf, gguf)", format, format);
+    bool gguf = !strcmp(format, "gguf");
+    if (strcmp(format, "hf") && !gguf) return USAGE_ERR("--format: unknown format '%s' (formats: hf, gguf)", format);
+    anneal_gguf_save_opts go = {0};
+    static const struct {
+        const char *name;
+        anneal_ggml_type type;
+    } gtypes[] = {{"f32", ANNEAL_GGML_F32}, {"f16", ANNEAL_GGML_F16}, {"bf16", ANNEAL_GGML_BF16}, {"q8_0", ANNEAL_GGML_Q8_0}};
+    size_t gt = 0;
+    while (gt < 4 && strcmp(gguf_type, gtypes[gt].name)) gt++;
+    if (gt == 4) return USAGE_ERR("--gguf-type: unknown type '%s' (f32, f16, bf16, q8_0)", gguf_type);
+    go.type = gtypes[gt].type;
     if (!out || !*out) return USAGE_ERR("--out DIR is required");
     anneal_hf_save_opts o = {0};
     if (!anneal_train_dtype_parse(dtype, &o.dtype)) return USAGE_ERR("--dtype: unknown type '%s' (fp32, bf16, fp16)", dtype);
@@ -98,7 +110,7 @@ int anneal_cmd_export(int argc, char **argv) {
         cJSON_Delete(config);
     }
     if (tok_spec && strcmp(tok_spec, "none")) {
-        if (anneal_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
+        if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
             fprintf(stderr, "anneal export: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
             goto done;
         }
@@ -119,7 +131,17 @@ int anneal_cmd_export(int argc, char **argv) {
     } else if (!tok_spec) {
         fprintf(stderr, "anneal export: note: no tokenizer known for this model (give --tokenizer): %s gets none\n", out);
     }
-    o.tokenizer = tok;
+    o.tokenizer = go.tokenizer = tok;
+    if (gguf) {
+        if (anneal_model_save_gguf(m, out, &go) != ANNEAL_OK) {
+            fprintf(stderr, "anneal export: --out %s: %s\n", out, anneal_last_error());
+            goto done;
+        }
+        fprintf(stderr, "anneal export: %s: GGUF %s model, %lld parameters, %s weights%s\n", out, m->arch->gguf->name,
+                (long long)anneal_model_num_params(m), gguf_type, tok ? ", with its tokenizer" : "");
+        rc = 0;
+        goto done;
+    }
     if (anneal_model_save_hf(m, out, &o) != ANNEAL_OK) {
         fprintf(stderr, "anneal export: --out %s: %s\n", out, anneal_last_error());
         goto done;

@@ -213,7 +213,7 @@ int anneal_cmd_generate(int argc, char **argv) {
                        "tokenizer.json");
         goto done;
     }
-    if (anneal_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
+    if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
         goto done;
     }

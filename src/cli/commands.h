@@ -40,6 +40,10 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
  * 1 (failure) or 2 (usage). */
 int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, struct anneal_model **model,
                           struct anneal_train_state *st, char **config_json, char **tokenizer_path);
+/* model_arg.c: anneal_tokenizer_load, or the tokenizer inside a .gguf file (an
+ * anneal_status; *tok set on success). */
+struct anneal_tokenizer;
+int anneal_cli_tokenizer_load(const char *spec, struct anneal_tokenizer **tok);
 /* cmd_generate.c: the tokenizer a training run used, from its trainer config (its
  * --tokenizer, else its data's prepare.json); malloc'd or NULL. */
 struct cJSON;

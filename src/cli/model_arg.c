@@ -47,6 +47,16 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
         }
         int rc = anneal_cli_load_checkpoint(cmd, dir, model, st, config_json);
         if (rc) return rc;
+    } else if (anneal_gguf_path(arg) && path_exists(arg)) {
+        anneal_tokenizer *tok = NULL;
+        if (anneal_model_load_gguf(arg, ANNEAL_CPU, model, tokenizer_path ? &tok : NULL) != ANNEAL_OK) {
+            fprintf(stderr, "anneal %s: --%s %s: %s\n", cmd, flag, arg, anneal_last_error());
+            return 1;
+        }
+        /* the file holds the tokenizer: anneal_cli_tokenizer_load reads it from there */
+        if (tok) *tokenizer_path = strdup(arg);
+        anneal_tokenizer_free(tok);
+        return 0;
     } else if (path_exists(arg)) {
         if (anneal_model_load_hf(arg, ANNEAL_CPU, model) != ANNEAL_OK) {
             fprintf(stderr, "anneal %s: --%s %s: %s\n", cmd, flag, arg, anneal_last_error());
@@ -81,4 +91,10 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
     /* the directory, so its tokenizer_config.json (special tokens, chat template) comes too */
     if (tokenizer_path && path_exists(tp)) *tokenizer_path = strdup(dir);
     return 0;
+}
+
+int anneal_cli_tokenizer_load(const char *spec, anneal_tokenizer **tok) {
+    anneal_status r = anneal_gguf_path(spec) ? anneal_gguf_load_tokenizer(spec, tok) : anneal_tokenizer_load(spec, tok);
+    if (r == ANNEAL_OK && !*tok) r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the GGUF file holds no tokenizer", spec);
+    return r;
 }

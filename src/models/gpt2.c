@@ -6,6 +6,7 @@
 #include "anneal/autograd.h"
 #include "anneal/gpt2.h"
 #include "gpt2_hf.h"
+#include "models_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -301,4 +302,5 @@ const anneal_model_arch anneal_gpt2_arch = {
     .config_from_hf = anneal_gpt2_config_from_hf,
     .config_to_hf = anneal_gpt2_config_to_hf,
     .create = gpt2_create,
+    .gguf = &anneal_gpt2_gguf,
 };

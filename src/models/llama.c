@@ -8,6 +8,7 @@
  * transposing; the config.json and weight translation is llama_hf.c. */
 #include "anneal/autograd.h"
 #include "llama_internal.h"
+#include "models_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -329,4 +330,5 @@ const anneal_model_arch anneal_llama_arch = {
     .config_from_hf = anneal_llama_config_from_hf,
     .config_to_hf = anneal_llama_config_to_hf,
     .create = llama_create,
+    .gguf = &anneal_llama_gguf,
 };

@@ -7,6 +7,10 @@
 /* The library's own architectures (registry.c), NULL-ended. */
 extern const anneal_model_arch *const anneal_builtin_archs[];
 
+/* The GGUF tables of the built-in architectures (gpt2_gguf.c, llama_gguf.c). */
+extern const anneal_gguf_arch anneal_gpt2_gguf;
+extern const anneal_gguf_arch anneal_llama_gguf;
+
 /* ------------------------------------------ shared by the HF importers
  * (hf_import.c): what every architecture's hf_import checks the same way. */
 

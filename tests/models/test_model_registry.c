@@ -132,7 +132,7 @@ static bool toy_preset(const char *name, anneal_model_config *out) {
 }
 
 static const anneal_model_arch toy_arch = {"toy",      toy_types,  "ToyBigram", toy_preset, toy_presets,
-                                           toy_check,  toy_from_hf, toy_to_hf,  toy_create};
+                                           toy_check,  toy_from_hf, toy_to_hf,  toy_create, NULL /* no GGUF */};
 
 /* ------------------------------------------------------------------ tests */
 

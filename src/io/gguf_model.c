@@ -1,0 +1,508 @@
+/* Models to and from GGUF through the model interface. Export: the architecture's
+ * hf_export puts its Hugging Face tensors, its anneal_gguf_arch table renames and
+ * lays them out as llama.cpp's convert_hf_to_gguf.py does, the config becomes the
+ * <arch>.* keys and the tokenizer tokenizer.ggml.*. Import: the keys become a config,
+ * and a tensor source presents the file's tensors under their Hugging Face names
+ * (dequantized, un-permuted, un-transposed) to the architecture's hf_import, which
+ * checks every name and shape as it does for safetensors. */
+#include "anneal/gguf.h"
+#include "anneal/io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --------------------------------------------------------------- name maps */
+
+/* Matches name against pattern (one "%d" at most): true with *layer (-1 if none). */
+static bool match(const char *pattern, const char *name, int *layer) {
+    const char *pd = strstr(pattern, "%d");
+    *layer = -1;
+    if (!pd) return !strcmp(pattern, name);
+    size_t pre = (size_t)(pd - pattern), suf = strlen(pd + 2), n = strlen(name);
+    if (n <= pre + suf || strncmp(name, pattern, pre) || strcmp(name + n - suf, pd + 2)) return false;
+    int v = 0;
+    for (size_t i = pre; i < n - suf; i++) {
+        if (name[i] < '0' || name[i] > '9' || v > 100000) return false;
+        v = v * 10 + (name[i] - '0');
+    }
+    if (n - suf - pre > 1 && name[pre] == '0') return false;
+    *layer = v;
+    return true;
+}
+
+/* The table entry whose `from` side (HF or GGUF) matches name; *to set to the other side. */
+static const anneal_gguf_name *map_name(const anneal_gguf_arch *a, const char *name, bool from_hf, char *to, size_t n) {
+    for (const anneal_gguf_name *e = a->names; e->hf; e++) {
+        int layer;
+        if (!match(from_hf ? e->hf : e->gguf, name, &layer)) continue;
+        const char *pat = from_hf ? e->gguf : e->hf;
+        if (layer >= 0) snprintf(to, n, pat, layer);
+        else snprintf(to, n, "%s", pat);
+        return e;
+    }
+    return NULL;
+}
+
+/* Row permutation between Hugging Face's rotate-half and ggml's interleaved RoPE
+ * (the converter's permute: reshape(heads, 2, hd/2, ...).swapaxes(1, 2)): row r of the
+ * GGUF tensor is row src_row(r) of the Hugging Face one. */
+static int64_t gguf_row_to_hf(int64_t r, int64_t hd) {
+    int64_t h = r / hd, k = r % hd, i = k / 2, j = k % 2;
+    return h * hd + j * (hd / 2) + i;
+}
+
+/* dst = src with the layout applied (to_gguf) or undone; shape is the HF shape. */
+static anneal_status relayout(anneal_gguf_layout lay, bool to_gguf, int ndim, const int64_t *shape, int heads,
+                              const float *src, float *dst, const char *name) {
+    int64_t rows = shape[0], cols = ndim > 1 ? shape[1] : 1, n = rows * cols;
+    switch (lay) {
+    case ANNEAL_GGUF_SAME: memcpy(dst, src, (size_t)n * sizeof *dst); return ANNEAL_OK;
+    case ANNEAL_GGUF_TRANSPOSED:
+        if (ndim != 2) return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: %s: a transposed tensor must be 2-D", name);
+        /* to_gguf: HF (rows, cols) -> (cols, rows); back: the file's (cols, rows) -> (rows, cols) */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                if (to_gguf) dst[c * rows + r] = src[r * cols + c];
+                else dst[r * cols + c] = src[c * rows + r];
+            }
+        return ANNEAL_OK;
+    case ANNEAL_GGUF_PERMUTE_Q:
+    case ANNEAL_GGUF_PERMUTE_K: {
+        if (heads <= 0 || rows % heads || (rows / heads) % 2)
+            return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: %s: %lld rows do not split into %d heads of even size", name,
+                                    (long long)rows, heads);
+        int64_t hd = rows / heads;
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t h = gguf_row_to_hf(r, hd);
+            if (to_gguf) memcpy(dst + r * cols, src + h * cols, (size_t)cols * sizeof *dst);
+            else memcpy(dst + h * cols, src + r * cols, (size_t)cols * sizeof *dst);
+        }
+        return ANNEAL_OK;
+    }
+    }
+    return anneal_set_error(ANNEAL_ERR_ARG, "gguf: %s: unknown layout %d", name, (int)lay);
+}
+
+static int layout_heads(anneal_gguf_layout lay, const anneal_model_config *c) {
+    if (lay == ANNEAL_GGUF_PERMUTE_Q) return c->n_head;
+    if (lay == ANNEAL_GGUF_PERMUTE_K) return c->n_kv_head ? c->n_kv_head : c->n_head;
+    return 0;
+}
+
+/* ------------------------------------------------------------------- export */
+
+typedef struct export_ctx {
+    const anneal_model *m;
+    const anneal_gguf_arch *a;
+    anneal_gguf_writer *w;
+    anneal_ggml_type type;
+} export_ctx;
+
+/* The stored type of a tensor as the converter picks it: 1-D and the position
+ * embedding F32; Q8_0 rows that are not whole blocks fall back to F16. */
+static anneal_ggml_type pick_type(anneal_ggml_type want, const char *gguf_name, int ndim, int64_t row) {
+    if (ndim <= 1 || !strcmp(gguf_name, "position_embd.weight")) return ANNEAL_GGML_F32;
+    if (want == ANNEAL_GGML_Q8_0 && row % ANNEAL_GGUF_QK8_0) return ANNEAL_GGML_F16;
+    return want;
+}
+
+static anneal_status export_put(void *ctx, const char *name, const anneal_tensor *t) {
+    export_ctx *x = ctx;
+    char gname[256];
+    const anneal_gguf_name *e = map_name(x->a, name, true, gname, sizeof gname);
+    if (!e)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gguf: tensor %s of the %s model has no GGUF name", name,
+                                x->a->name);
+    int ndim = t->ndim;
+    if (ndim < 1 || ndim > 2) return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: tensor %s has %d dimensions", name, ndim);
+    int64_t shape[2] = {t->shape[0], ndim > 1 ? t->shape[1] : 1}, n = shape[0] * shape[1];
+    float *src = malloc((size_t)(n ? n : 1) * sizeof *src), *dst = malloc((size_t)(n ? n : 1) * sizeof *dst);
+    anneal_status r = src && dst ? anneal_to_f32_buffer(t, src) : anneal_set_error(ANNEAL_ERR_OOM, "gguf: out of memory");
+    if (!r) r = relayout(e->layout, true, ndim, shape, layout_heads(e->layout, &x->m->cfg), src, dst, name);
+    int64_t gshape[2] = {shape[0], shape[1]};
+    if (e->layout == ANNEAL_GGUF_TRANSPOSED) gshape[0] = shape[1], gshape[1] = shape[0];
+    anneal_ggml_type ty = pick_type(x->type, gname, ndim, ndim > 1 ? gshape[1] : gshape[0]);
+    if (!r) r = anneal_gguf_put_tensor(x->w, gname, ndim, gshape, ty, dst);
+    if (!r && x->a->output_copy && !strcmp(gname, "token_embd.weight"))
+        r = anneal_gguf_put_tensor(x->w, "output.weight", ndim, gshape, ty, dst);
+    free(src);
+    free(dst);
+    return r;
+}
+
+static uint32_t file_type(anneal_ggml_type t) {
+    switch (t) {
+    case ANNEAL_GGML_F16: return 1;
+    case ANNEAL_GGML_Q8_0: return 7;
+    case ANNEAL_GGML_BF16: return 32;
+    default: return 0;
+    }
+}
+
+/* The <arch>.* hyperparameters of c. */
+static anneal_status put_hparams(anneal_gguf_writer *w, const anneal_gguf_arch *a, const anneal_model_config *c) {
+    char k[96];
+    anneal_status r = ANNEAL_OK;
+#define PUT_U32(key, v) (snprintf(k, sizeof k, "%s." key, a->name), r = r ? r : anneal_gguf_put_u32(w, k, (uint32_t)(v)))
+#define PUT_F32(key, v) (snprintf(k, sizeof k, "%s." key, a->name), r = r ? r : anneal_gguf_put_f32(w, k, (float)(v)))
+    int n_ff = c->n_ff ? c->n_ff : 4 * c->n_embd;
+    if (a->rope) PUT_U32("vocab_size", c->vocab_size);
+    PUT_U32("context_length", c->n_ctx);
+    PUT_U32("embedding_length", c->n_embd);
+    PUT_U32("block_count", c->n_layer);
+    PUT_U32("feed_forward_length", n_ff);
+    PUT_U32("attention.head_count", c->n_head);
+    if (a->rope) {
+        PUT_U32("attention.head_count_kv", c->n_kv_head ? c->n_kv_head : c->n_head);
+        PUT_F32("rope.freq_base", c->rope.theta > 0 ? c->rope.theta : c->rope_theta);
+        PUT_U32("rope.dimension_count", c->n_embd / c->n_head);
+    }
+    if (a->rms_norm) PUT_F32("attention.layer_norm_rms_epsilon", c->norm_eps);
+    else PUT_F32("attention.layer_norm_epsilon", c->norm_eps);
+    if (a->rope && c->rope.scaling == ANNEAL_ROPE_SCALING_LINEAR) {
+        snprintf(k, sizeof k, "%s.rope.scaling.type", a->name);
+        if (!r) r = anneal_gguf_put_str(w, k, "linear", 6);
+        PUT_F32("rope.scaling.factor", c->rope.factor);
+    }
+#undef PUT_U32
+#undef PUT_F32
+    return r;
+}
+
+/* tokenizer.ggml.* of tok. */
+static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer *tok) {
+    anneal_tokenizer_gguf v;
+    anneal_status r = anneal_tokenizer_to_gguf(tok, &v);
+    if (r) return r;
+    r = anneal_gguf_put_str(w, "tokenizer.ggml.model", v.model, strlen(v.model));
+    if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.pre", v.pre, strlen(v.pre));
+    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.tokens", v.n_tokens, v.tokens, v.token_len);
+    if (!r) r = anneal_gguf_put_i32_array(w, "tokenizer.ggml.token_type", v.n_tokens, v.token_type);
+    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.merges", v.n_merges, v.merges, v.merge_len);
+    if (!r && v.bos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos);
+    if (!r && v.eos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos);
+    if (!r) r = anneal_gguf_put_bool(w, "tokenizer.ggml.add_bos_token", v.add_bos == 1);
+    if (!r && v.chat_template)
+        r = anneal_gguf_put_str(w, "tokenizer.chat_template", v.chat_template, strlen(v.chat_template));
+    anneal_tokenizer_gguf_free(&v);
+    return r;
+}
+
+anneal_status anneal_model_save_gguf(const anneal_model *m, const char *path, const anneal_gguf_save_opts *opts) {
+    if (!m || !path) return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: NULL argument");
+    anneal_gguf_save_opts o = opts ? *opts : (anneal_gguf_save_opts){0};
+    const anneal_gguf_arch *a = m->arch ? m->arch->gguf : NULL;
+    if (!a)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gguf export: the %s architecture has no GGUF table", m->cfg.arch);
+    if (o.type != ANNEAL_GGML_F32 && o.type != ANNEAL_GGML_F16 && o.type != ANNEAL_GGML_BF16 && o.type != ANNEAL_GGML_Q8_0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: tensor type %u is not written (f32, f16, bf16, q8_0)",
+                                (unsigned)o.type);
+    if (a->check) {
+        anneal_status r = a->check(&m->cfg);
+        if (r) return r;
+    }
+    if (o.tokenizer && anneal_tokenizer_vocab_size(o.tokenizer) > m->cfg.vocab_size)
+        return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: the tokenizer has %d ids, more than the model's %d",
+                                anneal_tokenizer_vocab_size(o.tokenizer), m->cfg.vocab_size);
+    anneal_gguf_writer *w = anneal_gguf_writer_new(0);
+    if (!w) return anneal_last_status();
+    char name[96];
+    snprintf(name, sizeof name, "anneal %s", a->name);
+    const char *nm = o.name ? o.name : name;
+    anneal_status r = anneal_gguf_put_str(w, "general.architecture", a->name, strlen(a->name));
+    if (!r) r = anneal_gguf_put_str(w, "general.name", nm, strlen(nm));
+    if (!r) r = put_hparams(w, a, &m->cfg);
+    if (!r) r = anneal_gguf_put_u32(w, "general.file_type", file_type(o.type));
+    if (!r) r = anneal_gguf_put_u32(w, "general.quantization_version", 2);
+    if (!r && o.tokenizer) r = put_tokenizer(w, o.tokenizer);
+    export_ctx x = {m, a, w, o.type};
+    anneal_tensor_sink sink = {.ctx = &x, .put = export_put};
+    if (!r) r = anneal_model_hf_export(m, &sink);
+    if (!r) r = anneal_gguf_writer_save(w, path);
+    anneal_gguf_writer_free(w);
+    return r;
+}
+
+/* ------------------------------------------------------------------- import */
+
+typedef struct src_entry {
+    char hf[256];
+    const anneal_gguf_tensor *t;
+    anneal_gguf_layout layout;
+} src_entry;
+
+typedef struct import_ctx {
+    const anneal_gguf *g;
+    const anneal_model_config *cfg;
+    src_entry *e;
+    int n;
+    const char **names;
+} import_ctx;
+
+static const src_entry *find_entry(const import_ctx *x, const char *name) {
+    for (int i = 0; i < x->n; i++)
+        if (!strcmp(x->e[i].hf, name)) return &x->e[i];
+    return NULL;
+}
+
+/* The HF shape of an entry: the file's dims reversed (numpy order), then un-transposed. */
+static int entry_shape(const src_entry *e, int64_t *shape) {
+    int nd = e->t->n_dims;
+    for (int d = 0; d < nd; d++) shape[d] = e->t->ne[nd - 1 - d];
+    if (e->layout == ANNEAL_GGUF_TRANSPOSED && nd == 2) {
+        int64_t s = shape[0];
+        shape[0] = shape[1];
+        shape[1] = s;
+    }
+    return nd;
+}
+
+static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim, int64_t *shape) {
+    const src_entry *e = find_entry(ctx, name);
+    if (!e) return false;
+    *dtype = e->t->type == ANNEAL_GGML_F16 ? ANNEAL_F16 : e->t->type == ANNEAL_GGML_BF16 ? ANNEAL_BF16 : ANNEAL_F32;
+    *ndim = entry_shape(e, shape);
+    return true;
+}
+
+static anneal_tensor *src_get(void *ctx, const char *name) {
+    import_ctx *x = ctx;
+    const src_entry *e = find_entry(x, name);
+    if (!e) return NULL;
+    int64_t shape[ANNEAL_GGUF_MAX_DIMS];
+    int nd = entry_shape(e, shape);
+    if (nd > 2) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "%s: tensor %s has %d dimensions", x->g->path, e->t->cname, nd);
+        return NULL;
+    }
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    float *raw = malloc((size_t)(n ? n : 1) * sizeof *raw);
+    anneal_tensor *t = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, nd, shape);
+    anneal_status r = raw && t ? anneal_gguf_tensor_to_f32(e->t, raw) : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", x->g->path);
+    int64_t hshape[2] = {shape[0], nd > 1 ? shape[1] : 1};
+    if (!r) r = relayout(e->layout, false, nd, hshape, layout_heads(e->layout, x->cfg), raw, anneal_data(t), e->t->cname);
+    free(raw);
+    return r ? NULL : t;
+}
+
+/* A required positive integer key <arch>.<key> (bounded so sizes stay in int). */
+static anneal_status need_int(const anneal_gguf *g, const char *arch, const char *key, int64_t max, int *out) {
+    char k[96];
+    int64_t v;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (!anneal_gguf_find_kv(g, k)) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata %s is missing", g->path, k);
+    if (!anneal_gguf_get_int(g, k, &v) || v <= 0 || v > max)
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata %s is not an integer in 1..%lld", g->path, k,
+                                (long long)max);
+    *out = (int)v;
+    return ANNEAL_OK;
+}
+
+/* The config of a GGUF file of architecture a (anneal's arch `arch`). */
+static anneal_status read_config(const anneal_gguf *g, const anneal_gguf_arch *a, const char *arch,
+                                 anneal_model_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    const char *an = a->name;
+    anneal_status r = need_int(g, an, "block_count", 4096, &c->n_layer);
+    if (!r) r = need_int(g, an, "context_length", 1 << 24, &c->n_ctx);
+    if (!r) r = need_int(g, an, "embedding_length", 1 << 20, &c->n_embd);
+    if (!r) r = need_int(g, an, "feed_forward_length", 1 << 22, &c->n_ff);
+    if (!r) r = need_int(g, an, "attention.head_count", 1 << 12, &c->n_head);
+    if (r) return r;
+    char k[96];
+    double eps;
+    snprintf(k, sizeof k, "%s.attention.%s", an, a->rms_norm ? "layer_norm_rms_epsilon" : "layer_norm_epsilon");
+    if (!anneal_gguf_get_float(g, k, &eps) || !(eps > 0 && eps < 1))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata %s is missing or not a float in (0, 1)", g->path, k);
+    c->norm_eps = (float)eps;
+    const anneal_gguf_tensor *emb = anneal_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->ne[1] <= 0 || emb->ne[1] > (1 << 24))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: no 2-D token_embd.weight tensor to take the vocabulary size from",
+                                g->path);
+    c->vocab_size = (int)emb->ne[1];
+    if (!a->rope) {
+        if (c->n_ff == 4 * c->n_embd) c->n_ff = 0;
+        return ANNEAL_OK;
+    }
+    snprintf(c->hf_model_type, sizeof c->hf_model_type, "%s", an);
+    int64_t v;
+    snprintf(k, sizeof k, "%s.attention.head_count_kv", an);
+    c->n_kv_head = c->n_head;
+    if (anneal_gguf_find_kv(g, k) && (!anneal_gguf_get_int(g, k, &v) || v <= 0 || v > c->n_head))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata %s is not an integer in 1..%d", g->path, k, c->n_head);
+    if (anneal_gguf_find_kv(g, k)) c->n_kv_head = (int)v;
+    snprintf(k, sizeof k, "%s.rope.dimension_count", an);
+    if (anneal_gguf_get_int(g, k, &v) && v != c->n_embd / c->n_head)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: %s %lld differs from the head size %d (anneal rotates whole heads)",
+                                g->path, k, (long long)v, c->n_embd / c->n_head);
+    double theta = 10000.0;
+    snprintf(k, sizeof k, "%s.rope.freq_base", an);
+    if (anneal_gguf_find_kv(g, k) && (!anneal_gguf_get_float(g, k, &theta) || !(theta > 0)))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata %s is not a positive float", g->path, k);
+    c->rope_theta = c->rope.theta = (float)theta;
+    anneal_gguf_str st;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", an);
+    if (anneal_gguf_get_str(g, k, &st) && !(st.n == 4 && !memcmp(st.s, "none", 4))) {
+        double f;
+        char fk[96];
+        snprintf(fk, sizeof fk, "%s.rope.scaling.factor", an);
+        if (!(st.n == 6 && !memcmp(st.s, "linear", 6)))
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: rope scaling \"%.*s\" is not read (none and linear are)",
+                                    g->path, (int)(st.n > 32 ? 32 : st.n), st.s);
+        if (!anneal_gguf_get_float(g, fk, &f) || !(f > 0))
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: %s is missing or not positive", g->path, fk);
+        c->rope.scaling = ANNEAL_ROPE_SCALING_LINEAR;
+        c->rope.factor = (float)f;
+    }
+    c->tie_embeddings = !anneal_gguf_find_tensor(g, "output.weight");
+    c->qkv_bias = anneal_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    c->out_bias = anneal_gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
+    return ANNEAL_OK;
+}
+
+/* Copies a GGUF string into a NUL-terminated malloc'd one. */
+static char *gguf_strdup(anneal_gguf_str s) {
+    char *p = malloc(s.n + 1);
+    if (p) {
+        memcpy(p, s.s, s.n);
+        p[s.n] = '\0';
+    }
+    return p;
+}
+
+/* The tokenizer of tokenizer.ggml.* (*out NULL when there is no tokenizer.ggml.model). */
+static anneal_status read_tokenizer(const anneal_gguf *g, anneal_tokenizer **out) {
+    *out = NULL;
+    anneal_gguf_str model, pre = {0};
+    if (!anneal_gguf_get_str(g, "tokenizer.ggml.model", &model)) return ANNEAL_OK;
+    const anneal_gguf_kv *tk = anneal_gguf_find_kv(g, "tokenizer.ggml.tokens");
+    const anneal_gguf_kv *ty = anneal_gguf_find_kv(g, "tokenizer.ggml.token_type");
+    const anneal_gguf_kv *mg = anneal_gguf_find_kv(g, "tokenizer.ggml.merges");
+    if (!tk || tk->type != ANNEAL_GGUF_ARRAY || tk->arr_type != ANNEAL_GGUF_STRING || tk->arr_n == 0 ||
+        tk->arr_n > (1u << 24))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing or not an array of strings",
+                                g->path);
+    if (ty && (ty->type != ANNEAL_GGUF_ARRAY || ty->arr_type != ANNEAL_GGUF_INT32 || ty->arr_n != tk->arr_n))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokenizer.ggml.token_type is not an int32 array of %llu", g->path,
+                                (unsigned long long)tk->arr_n);
+    if (mg && (mg->type != ANNEAL_GGUF_ARRAY || mg->arr_type != ANNEAL_GGUF_STRING || mg->arr_n > (1u << 24)))
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokenizer.ggml.merges is not an array of strings", g->path);
+    int32_t n = (int32_t)tk->arr_n, nm = mg ? (int32_t)mg->arr_n : 0;
+    const char **toks = malloc((size_t)n * sizeof *toks), **merges = malloc((size_t)(nm ? nm : 1) * sizeof *merges);
+    size_t *tl = malloc((size_t)n * sizeof *tl), *ml = malloc((size_t)(nm ? nm : 1) * sizeof *ml);
+    int32_t *types = malloc((size_t)n * sizeof *types);
+    char *model_s = gguf_strdup(model), *pre_s = NULL, *tmpl = NULL;
+    anneal_gguf_str s;
+    if (anneal_gguf_get_str(g, "tokenizer.ggml.pre", &pre)) pre_s = gguf_strdup(pre);
+    if (anneal_gguf_get_str(g, "tokenizer.chat_template", &s)) tmpl = gguf_strdup(s);
+    anneal_status r = toks && merges && tl && ml && types && model_s ? ANNEAL_OK
+                                                                    : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", g->path);
+    for (int32_t i = 0; !r && i < n; i++) {
+        anneal_gguf_str t = anneal_gguf_array_str(tk, (uint64_t)i);
+        toks[i] = t.s;
+        tl[i] = (size_t)t.n;
+        types[i] = 1;
+        if (ty) memcpy(&types[i], ty->val + 4 * (size_t)i, 4);
+    }
+    for (int32_t i = 0; !r && i < nm; i++) {
+        anneal_gguf_str t = anneal_gguf_array_str(mg, (uint64_t)i);
+        merges[i] = t.s;
+        ml[i] = (size_t)t.n;
+    }
+    int64_t bos = -1, eos = -1;
+    bool add_bos = false;
+    bool has_add = anneal_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    if (!anneal_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos)) bos = -1;
+    if (!anneal_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &eos)) eos = -1;
+    anneal_tokenizer_gguf v = {.model = model_s, .pre = pre_s, .n_tokens = n, .tokens = toks, .token_len = tl,
+                               .token_type = types, .n_merges = nm, .merges = merges, .merge_len = ml,
+                               .bos = bos >= 0 && bos < n ? (int32_t)bos : -1, .eos = eos >= 0 && eos < n ? (int32_t)eos : -1,
+                               .add_bos = has_add ? add_bos : -1, .chat_template = tmpl};
+    if (!r) r = anneal_tokenizer_from_gguf(&v, g->path, out);
+    free(toks);
+    free(merges);
+    free(tl);
+    free(ml);
+    free(types);
+    free(model_s);
+    free(pre_s);
+    free(tmpl);
+    return r;
+}
+
+anneal_status anneal_model_load_gguf(const char *path, anneal_device dev, anneal_model **out, anneal_tokenizer **tok) {
+    if (out) *out = NULL;
+    if (tok) *tok = NULL;
+    if (!path || !out) return anneal_set_error(ANNEAL_ERR_ARG, "gguf import: NULL argument");
+    anneal_gguf *g = NULL;
+    anneal_status r = anneal_gguf_open(path, &g);
+    if (r) return r;
+    anneal_gguf_str an;
+    const anneal_model_arch *arch = NULL;
+    if (!anneal_gguf_get_str(g, "general.architecture", &an)) {
+        r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata general.architecture is missing", path);
+    } else {
+        int na;
+        const anneal_model_arch *const *all = anneal_model_archs(&na);
+        char known[256] = "";
+        for (int i = 0; i < na; i++) {
+            if (!all[i]->gguf) continue;
+            if (strlen(all[i]->gguf->name) == an.n && !memcmp(all[i]->gguf->name, an.s, an.n)) arch = all[i];
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", known[0] ? ", " : "", all[i]->gguf->name);
+        }
+        if (!arch)
+            r = anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: architecture \"%.*s\" is not one anneal reads from GGUF (%s)",
+                                 path, (int)(an.n > 64 ? 64 : an.n), an.s, known);
+    }
+    anneal_model_config cfg;
+    if (!r) r = read_config(g, arch->gguf, arch->name, &cfg);
+    if (!r) r = anneal_model_config_check(&cfg);
+    import_ctx x = {.g = g, .cfg = &cfg};
+    if (!r) {
+        x.e = calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *x.e);
+        x.names = calloc((size_t)(g->n_tensors ? g->n_tensors : 1) + 1, sizeof *x.names);
+        if (!x.e || !x.names) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
+    }
+    for (int64_t i = 0; !r && i < g->n_tensors; i++) {
+        src_entry *e = &x.e[x.n];
+        const anneal_gguf_name *m = map_name(arch->gguf, g->tensors[i].cname, false, e->hf, sizeof e->hf);
+        if (!m) snprintf(e->hf, sizeof e->hf, "%s", g->tensors[i].cname); /* hf_import names it as unknown */
+        e->t = &g->tensors[i];
+        e->layout = m ? m->layout : ANNEAL_GGUF_SAME;
+        if (e->layout == ANNEAL_GGUF_TRANSPOSED && e->t->n_dims != 2)
+            r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tensor %s is not 2-D", path, e->t->cname);
+        x.names[x.n++] = e->hf;
+    }
+    anneal_model *m = NULL;
+    if (!r && !(m = anneal_model_new(&cfg, dev))) r = anneal_last_status();
+    if (!r) {
+        anneal_tensor_source src = {.ctx = &x, .what = path, .info = src_info, .get = src_get, .n = x.n, .names = x.names};
+        anneal_scope *sc = anneal_scope_open();
+        r = anneal_model_hf_import(m, &src);
+        anneal_scope_close(sc);
+    }
+    if (!r && tok) r = read_tokenizer(g, tok);
+    free(x.e);
+    free(x.names);
+    anneal_gguf_close(g);
+    if (r) {
+        anneal_model_free(m);
+        if (tok) anneal_tokenizer_free(*tok), *tok = NULL;
+        return r;
+    }
+    *out = m;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_gguf_load_tokenizer(const char *path, anneal_tokenizer **tok) {
+    if (tok) *tok = NULL;
+    if (!path || !tok) return anneal_set_error(ANNEAL_ERR_ARG, "gguf tokenizer: NULL argument");
+    anneal_gguf *g = NULL;
+    anneal_status r = anneal_gguf_open(path, &g);
+    if (!r) r = read_tokenizer(g, tok);
+    anneal_gguf_close(g);
+    return r;
+}
