@@ -129,15 +129,20 @@ anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const c
                                 v->pre);
     if (v->n_tokens <= 0 || !v->tokens || !v->token_len)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing or empty", what);
+    /* the converter pads the vocabulary to the model's with UNUSED "[PAD<i>]" tokens: not anneal's */
+    int32_t n_tok = v->n_tokens;
+    while (n_tok > 0 && v->token_type && v->token_type[n_tok - 1] == 5 && v->token_len[n_tok - 1] > 5 &&
+           !memcmp(v->tokens[n_tok - 1], "[PAD", 4))
+        n_tok--;
     size_t maxlen = 0;
-    for (int32_t i = 0; i < v->n_tokens; i++) maxlen = v->token_len[i] > maxlen ? v->token_len[i] : maxlen;
+    for (int32_t i = 0; i < n_tok; i++) maxlen = v->token_len[i] > maxlen ? v->token_len[i] : maxlen;
     for (int32_t r = 0; r < v->n_merges; r++) maxlen = v->merge_len[r] > maxlen ? v->merge_len[r] : maxlen;
     char *scratch = malloc(maxlen + 1);
-    int32_t *special = malloc((size_t)v->n_tokens * sizeof *special);
+    int32_t *special = malloc((size_t)(n_tok ? n_tok : 1) * sizeof *special);
     anneal_tokenizer *t = anneal_tok_new();
     anneal_status s = scratch && special && t ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
     int n_special = 0;
-    for (int32_t i = 0; !s && i < v->n_tokens; i++) {
+    for (int32_t i = 0; !s && i < n_tok; i++) {
         int32_t ty = v->token_type ? v->token_type[i] : 1;
         const char *b = v->tokens[i];
         size_t bl = v->token_len[i];
@@ -181,11 +186,11 @@ anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const c
     }
     if (!s) {
         t->kind = TOK_BYTE_LEVEL;
-        t->eos = v->eos >= 0 && v->eos < v->n_tokens ? v->eos : -1;
+        t->eos = v->eos >= 0 && v->eos < n_tok ? v->eos : -1;
         s = anneal_tok_finish(t, special, n_special, what);
     }
     if (!s) {
-        t->bos = v->bos >= 0 && v->bos < v->n_tokens ? v->bos : -1;
+        t->bos = v->bos >= 0 && v->bos < n_tok ? v->bos : -1;
         t->add_bos = v->add_bos == 1;
         if (v->chat_template && !(t->chat_template = strdup(v->chat_template)))
             s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);

@@ -170,15 +170,36 @@ static anneal_status put_hparams(anneal_gguf_writer *w, const anneal_gguf_arch *
     return r;
 }
 
-/* tokenizer.ggml.* of tok. */
-static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer *tok) {
+/* tokenizer.ggml.* of tok, its tokens padded to the model's vocabulary with "[PAD<i>]"
+ * of type UNUSED as the converter does (llama.cpp takes n_vocab from the token list). */
+static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer *tok, int32_t n_vocab) {
     anneal_tokenizer_gguf v;
     anneal_status r = anneal_tokenizer_to_gguf(tok, &v);
     if (r) return r;
-    r = anneal_gguf_put_str(w, "tokenizer.ggml.model", v.model, strlen(v.model));
+    int32_t n = v.n_tokens > n_vocab ? v.n_tokens : n_vocab;
+    const char **toks = malloc((size_t)n * sizeof *toks);
+    size_t *len = malloc((size_t)n * sizeof *len);
+    int32_t *types = malloc((size_t)n * sizeof *types);
+    char *pads = malloc((size_t)(n - v.n_tokens) * 24 + 1);
+    if (!toks || !len || !types || !pads) r = anneal_set_error(ANNEAL_ERR_OOM, "gguf export: out of memory");
+    for (int32_t i = 0; !r && i < n; i++) {
+        if (i < v.n_tokens) {
+            toks[i] = v.tokens[i], len[i] = v.token_len[i], types[i] = v.token_type[i];
+            continue;
+        }
+        char *p = pads + (size_t)(i - v.n_tokens) * 24;
+        len[i] = (size_t)snprintf(p, 24, "[PAD%d]", (int)i);
+        toks[i] = p;
+        types[i] = 5; /* UNUSED */
+    }
+    if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.model", v.model, strlen(v.model));
     if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.pre", v.pre, strlen(v.pre));
-    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.tokens", v.n_tokens, v.tokens, v.token_len);
-    if (!r) r = anneal_gguf_put_i32_array(w, "tokenizer.ggml.token_type", v.n_tokens, v.token_type);
+    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.tokens", n, toks, len);
+    if (!r) r = anneal_gguf_put_i32_array(w, "tokenizer.ggml.token_type", n, types);
+    free(toks);
+    free(len);
+    free(types);
+    free(pads);
     if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.merges", v.n_merges, v.merges, v.merge_len);
     if (!r && v.bos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos);
     if (!r && v.eos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos);
@@ -215,7 +236,7 @@ anneal_status anneal_model_save_gguf(const anneal_model *m, const char *path, co
     if (!r) r = put_hparams(w, a, &m->cfg);
     if (!r) r = anneal_gguf_put_u32(w, "general.file_type", file_type(o.type));
     if (!r) r = anneal_gguf_put_u32(w, "general.quantization_version", 2);
-    if (!r && o.tokenizer) r = put_tokenizer(w, o.tokenizer);
+    if (!r && o.tokenizer) r = put_tokenizer(w, o.tokenizer, m->cfg.vocab_size);
     export_ctx x = {m, a, w, o.type};
     anneal_tensor_sink sink = {.ctx = &x, .put = export_put};
     if (!r) r = anneal_model_hf_export(m, &sink);
