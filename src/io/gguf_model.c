@@ -344,6 +344,18 @@ static anneal_status read_config(const anneal_gguf *g, const anneal_gguf_arch *a
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: no 2-D token_embd.weight tensor to take the vocabulary size from",
                                 g->path);
     c->vocab_size = (int)emb->ne[1];
+    if (emb->ne[0] != c->n_embd)
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token_embd.weight has rows of %lld, not embedding_length %d",
+                                g->path, (long long)emb->ne[0], c->n_embd);
+    /* every weight the model will have is in the file, at a byte or more each: so the
+     * hyperparameters cannot make anneal allocate more than the file could hold */
+    double weights = (double)c->vocab_size * c->n_embd +
+                     (double)c->n_layer * (2.0 * c->n_embd * c->n_embd + 2.0 * c->n_embd * c->n_ff) +
+                     (a->rope ? 0.0 : (double)c->n_ctx * c->n_embd);
+    if (weights > (double)g->size)
+        return anneal_set_error(ANNEAL_ERR_FORMAT,
+                                "%s: the hyperparameters describe %.0f weights or more, more than the file's %llu bytes hold",
+                                g->path, weights, (unsigned long long)g->size);
     if (!a->rope) {
         if (c->n_ff == 4 * c->n_embd) c->n_ff = 0;
         return ANNEAL_OK;

@@ -678,6 +678,97 @@ TEST(bad_models) {
     CHECK(anneal_model_load_gguf(tmp_path("none.gguf"), ANNEAL_CPU, &b, NULL) == ANNEAL_ERR_IO, "a missing file");
 }
 
+
+/* Files llama.cpp's own writer made (gguf-py's GGUFWriter: tests/fixtures/gen_gguf_corpus.py,
+ * committed as the fuzz seeds): every value type read, a GPT-2 with its tokenizer loaded. */
+TEST(reads_files_gguf_py_wrote) {
+    anneal_gguf *g = NULL;
+    REQUIRE(anneal_gguf_open(anneal_test_path("tests/fuzz/corpus/gguf/all_types.gguf"), &g) == ANNEAL_OK);
+    int64_t v;
+    double d;
+    bool b;
+    anneal_gguf_str s;
+    CHECK(anneal_gguf_get_int(g, "u8", &v) && v == 7, "u8");
+    CHECK(anneal_gguf_get_int(g, "i8", &v) && v == -7, "i8");
+    CHECK(anneal_gguf_get_int(g, "u16", &v) && v == 700, "u16");
+    CHECK(anneal_gguf_get_int(g, "i16", &v) && v == -700, "i16");
+    CHECK(anneal_gguf_get_int(g, "u32", &v) && v == 70000, "u32");
+    CHECK(anneal_gguf_get_int(g, "i32", &v) && v == -70000, "i32");
+    CHECK(anneal_gguf_get_int(g, "u64", &v) && v == (1LL << 40), "u64");
+    CHECK(anneal_gguf_get_int(g, "i64", &v) && v == -(1LL << 40), "i64");
+    CHECK(anneal_gguf_get_float(g, "f32", &d) && d == 0.5, "f32");
+    CHECK(anneal_gguf_get_float(g, "f64", &d) && d == 0.25, "f64");
+    CHECK(anneal_gguf_get_bool(g, "b", &b) && b, "bool");
+    CHECK(anneal_gguf_get_str(g, "s", &s) && s.n == 6 && !memcmp(s.s, "h\xC3\xA9llo", 6), "string");
+    const anneal_gguf_kv *kv = anneal_gguf_find_kv(g, "a_str");
+    CHECK(kv && kv->arr_n == 3 && anneal_gguf_array_str(kv, 1).n == 2, "string array");
+    float f[4][128];
+    const char *names[] = {"f32", "f16", "bf16", "q8_0"};
+    for (int k = 0; k < 4; k++) {
+        const anneal_gguf_tensor *t = anneal_gguf_find_tensor(g, names[k]);
+        REQUIRE(t && t->ne[0] == 64 && t->ne[1] == 2);
+        REQUIRE(anneal_gguf_tensor_to_f32(t, f[k]) == ANNEAL_OK);
+    }
+    for (int i = 0; i < 128; i++) {
+        CHECK(f[1][i] == anneal_f16_to_f32(anneal_f32_to_f16(f[0][i])), "f16 %d", i);
+        CHECK(f[2][i] == anneal_bf16_to_f32(anneal_f32_to_bf16(f[0][i])), "bf16 %d", i);
+    }
+    float ref[128];
+    for (int blk = 0; blk < 4; blk++) ref_q8_0(f[0] + 32 * blk, ref + 32 * blk);
+    CHECK(!memcmp(ref, f[3], sizeof ref), "gguf-py's q8_0 is the reference's");
+    anneal_gguf_close(g);
+    anneal_model *m = NULL;
+    anneal_tokenizer *tok = NULL;
+    REQUIRE(anneal_model_load_gguf(anneal_test_path("tests/fuzz/corpus/gguf/gpt2_tok.gguf"), ANNEAL_CPU, &m, &tok) ==
+            ANNEAL_OK);
+    CHECK(m->cfg.n_layer == 1 && m->cfg.n_embd == 32 && m->cfg.vocab_size == 260 && m->cfg.n_ctx == 8, "config");
+    REQUIRE(tok);
+    anneal_ids ids = {0};
+    REQUIRE(anneal_tokenizer_encode(tok, " the<|endoftext|>", 17, true, &ids) == ANNEAL_OK);
+    CHECK(ids.n == 2 && ids.ids[0] == 258 && ids.ids[1] == 259, "\" the\" is token 258, <|endoftext|> 259");
+    anneal_ids_free(&ids);
+    anneal_tokenizer_free(tok);
+    anneal_model_free(m);
+}
+
+/* Random byte changes of a valid model file: every one loads or fails with an error
+ * (ASan/UBSan builds check that nothing is read out of bounds). */
+TEST(mutated_files_fail_cleanly) {
+    size_t n;
+    uint8_t *orig = read_all(anneal_test_path("tests/fuzz/corpus/gguf/gpt2_tok.gguf"), &n);
+    REQUIRE(orig);
+    uint8_t *b = malloc(n);
+    uint64_t s = 99;
+    int loaded = 0, failed = 0;
+    for (int round = 0; round < 60; round++) {
+        memcpy(b, orig, n);
+        int changes = 1 + round % 4;
+        for (int k = 0; k < changes; k++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            size_t at = (size_t)(s >> 33) % (round % 2 ? 2048 : n); /* half of them in the header */
+            b[at] = (uint8_t)(s >> 17);
+        }
+        FILE *f = fopen(tmp_path("mut.gguf"), "wb");
+        REQUIRE(f);
+        fwrite(b, 1, n, f);
+        fclose(f);
+        anneal_model *m = NULL;
+        anneal_tokenizer *tok = NULL;
+        anneal_clear_error();
+        if (anneal_model_load_gguf(tmp_path("mut.gguf"), ANNEAL_CPU, &m, &tok) == ANNEAL_OK) loaded++;
+        else {
+            failed++;
+            CHECK(anneal_last_error() && *anneal_last_error(), "a failure without a message");
+            CHECK(!m && !tok, "a failure left a model or tokenizer");
+        }
+        anneal_model_free(m);
+        anneal_tokenizer_free(tok);
+    }
+    CHECK(loaded + failed == 60, "every mutation ran");
+    free(b);
+    free(orig);
+}
+
 TEST(cli_export_generate) {
     const char *bin = getenv("ANNEAL_BIN");
     if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
@@ -722,6 +813,8 @@ int main(void) {
     RUN(f16_and_bf16_files_load);
     RUN(tokenizer_round_trip);
     RUN(bad_models);
+    RUN(reads_files_gguf_py_wrote);
+    RUN(mutated_files_fail_cleanly);
     RUN(cli_export_generate);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
