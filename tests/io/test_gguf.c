@@ -790,6 +790,23 @@ TEST(cli_export_generate) {
     char *gen = (char *)read_all(tmp_path("gen.txt"), &n);
     CHECK(gen && n > 9 && !strncmp(gen, "the model", 9), "generate printed the prompt and its continuation");
     free(gen);
+    /* eval on shards of the same tokenizer: f32 file and the HF directory of the same weights agree */
+    snprintf(cmd, sizeof cmd,
+             "'%s' prepare --tokenizer '%s/tok' --input '%s/corpus.txt' --out '%s/data' --val-fraction 0.2 >/dev/null 2>&1 && "
+             "'%s' export --model tiny --format gguf --tokenizer '%s/tok' --out '%s/f32.gguf' 2>/dev/null && "
+             "'%s' eval --model '%s/f32.gguf' --data '%s/data' --batch 2 --seq 32 --max-batches 2 --json >'%s/eval.json' "
+             "2>'%s/err.txt'",
+             bin, g_dir, g_dir, g_dir, bin, g_dir, g_dir, bin, g_dir, g_dir, g_dir, g_dir);
+    rc = system(cmd);
+    if (rc) {
+        snprintf(cmd, sizeof cmd, "cat '%s/err.txt' >&2", g_dir);
+        if (system(cmd)) {}
+    }
+    CHECK(rc == 0, "eval --model FILE.gguf failed");
+    char *ev = (char *)read_all(tmp_path("eval.json"), &n);
+    double loss = ev && strstr(ev, "\"loss\"") ? atof(strstr(ev, "\"loss\"") + 7) : 0;
+    CHECK(loss > 5.0 && loss < 7.5, "eval of a random 512-id model: loss %g near ln 512 = 6.24 (%s)", loss, ev ? ev : "no output");
+    free(ev);
     snprintf(cmd, sizeof cmd, "'%s' export --model tiny --format gguf --gguf-type q4_0 --out '%s' 2>/dev/null", bin,
              tmp_path("x.gguf"));
     rc = system(cmd);
