@@ -63,20 +63,24 @@ void anneal_tokenizer_free(anneal_tokenizer *tok);
  * vocabulary and merges and a PreTrainedTokenizerFast tokenizer_config.json. */
 anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir);
 
-/* A tokenizer as GGUF's tokenizer.ggml.* keys hold it (llama.cpp's vocabulary). Only
- * byte-level BPE with GPT-2's pre-tokenizer (model "gpt2", pre "gpt-2") is converted
- * so far; others are ANNEAL_ERR_UNSUPPORTED naming what they are. */
+/* A tokenizer as GGUF's tokenizer.ggml.* keys hold it (llama.cpp's vocabulary):
+ * byte-level BPE with GPT-2's pre-tokenizer (model "gpt2", pre "gpt-2") and
+ * SentencePiece-style BPE with Llama 2's normalizer and byte fallback (model "llama", pre
+ * "default", scores = -rank of the merge that makes the token, merges kept too). Others
+ * are ANNEAL_ERR_UNSUPPORTED naming what they are. */
 typedef struct anneal_tokenizer_gguf {
-    const char *model;        /* tokenizer.ggml.model: "gpt2" (byte-level BPE) */
-    const char *pre;          /* tokenizer.ggml.pre: "gpt-2" */
+    const char *model;        /* tokenizer.ggml.model: "gpt2" or "llama" */
+    const char *pre;          /* tokenizer.ggml.pre: "gpt-2", "default" */
     int32_t n_tokens;
-    const char *const *tokens;/* byte-level strings ("\u0120the"), specials as their text */
+    const char *const *tokens;/* "gpt2": byte-level strings ("\u0120the"); "llama": pieces ("\u2581the",
+                                 "<0x0A>"); added tokens as their text */
     const size_t *token_len;
     const int32_t *token_type;/* 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte */
+    const float *scores;      /* "llama" (NULL otherwise) */
     int32_t n_merges;
-    const char *const *merges;/* "left right", byte-level strings */
+    const char *const *merges;/* "left right" */
     const size_t *merge_len;
-    int32_t bos, eos;         /* -1: none */
+    int32_t bos, eos, unk;    /* -1: none */
     int add_bos;              /* -1: not said, 0, 1 */
     const char *chat_template;/* NULL: none */
     void *owned;              /* what anneal_tokenizer_to_gguf allocated */

@@ -180,9 +180,11 @@ static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer
     const char **toks = malloc((size_t)n * sizeof *toks);
     size_t *len = malloc((size_t)n * sizeof *len);
     int32_t *types = malloc((size_t)n * sizeof *types);
+    float *scores = malloc((size_t)n * sizeof *scores);
     char *pads = malloc((size_t)(n - v.n_tokens) * 24 + 1);
-    if (!toks || !len || !types || !pads) r = anneal_set_error(ANNEAL_ERR_OOM, "gguf export: out of memory");
+    if (!toks || !len || !types || !scores || !pads) r = anneal_set_error(ANNEAL_ERR_OOM, "gguf export: out of memory");
     for (int32_t i = 0; !r && i < n; i++) {
+        scores[i] = v.scores && i < v.n_tokens ? v.scores[i] : -1e9f;
         if (i < v.n_tokens) {
             toks[i] = v.tokens[i], len[i] = v.token_len[i], types[i] = v.token_type[i];
             continue;
@@ -195,7 +197,9 @@ static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer
     if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.model", v.model, strlen(v.model));
     if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.pre", v.pre, strlen(v.pre));
     if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.tokens", n, toks, len);
+    if (!r && v.scores) r = anneal_gguf_put_f32_array(w, "tokenizer.ggml.scores", n, scores);
     if (!r) r = anneal_gguf_put_i32_array(w, "tokenizer.ggml.token_type", n, types);
+    free(scores);
     free(toks);
     free(len);
     free(types);
@@ -203,6 +207,7 @@ static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer
     if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.merges", v.n_merges, v.merges, v.merge_len);
     if (!r && v.bos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos);
     if (!r && v.eos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos);
+    if (!r && v.unk >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)v.unk);
     if (!r) r = anneal_gguf_put_bool(w, "tokenizer.ggml.add_bos_token", v.add_bos == 1);
     if (!r && v.chat_template)
         r = anneal_gguf_put_str(w, "tokenizer.chat_template", v.chat_template, strlen(v.chat_template));
@@ -445,7 +450,8 @@ static anneal_status read_tokenizer(const anneal_gguf *g, anneal_tokenizer **out
         merges[i] = t.s;
         ml[i] = (size_t)t.n;
     }
-    int64_t bos = -1, eos = -1;
+    int64_t bos = -1, eos = -1, unk = -1;
+    if (!anneal_gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &unk)) unk = -1;
     bool add_bos = false;
     bool has_add = anneal_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
     if (!anneal_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos)) bos = -1;
@@ -453,6 +459,7 @@ static anneal_status read_tokenizer(const anneal_gguf *g, anneal_tokenizer **out
     anneal_tokenizer_gguf v = {.model = model_s, .pre = pre_s, .n_tokens = n, .tokens = toks, .token_len = tl,
                                .token_type = types, .n_merges = nm, .merges = merges, .merge_len = ml,
                                .bos = bos >= 0 && bos < n ? (int32_t)bos : -1, .eos = eos >= 0 && eos < n ? (int32_t)eos : -1,
+                               .unk = unk >= 0 && unk < n ? (int32_t)unk : -1,
                                .add_bos = has_add ? add_bos : -1, .chat_template = tmpl};
     if (!r) r = anneal_tokenizer_from_gguf(&v, g->path, out);
     free(toks);

@@ -584,6 +584,88 @@ TEST(tokenizer_round_trip) {
     anneal_model_free(b);
 }
 
+
+/* SentencePiece-style (Llama 2's shape) as tokenizer.ggml.model "llama": the same ids,
+ * text, BOS and fingerprint back; and the vocabularies anneal does not read, by name. */
+TEST(sentencepiece_tokenizer_round_trip) {
+    anneal_tokenizer *tok = NULL;
+    REQUIRE(anneal_tokenizer_load(anneal_test_path("tests/fixtures/hf_tokenizers/llama2_sp"), &tok) == ANNEAL_OK);
+    anneal_model_config c;
+    REQUIRE(anneal_model_preset("llama-tiny", &c));
+    c.vocab_size = anneal_tokenizer_vocab_size(tok) + 3; /* padded with [PAD<i>] */
+    anneal_model *m = anneal_model_new(&c, ANNEAL_CPU);
+    REQUIRE(m);
+    const char *p = tmp_path("sp.gguf");
+    REQUIRE(anneal_model_save_gguf(m, p, &(anneal_gguf_save_opts){.tokenizer = tok}) == ANNEAL_OK);
+    anneal_gguf *g = NULL;
+    REQUIRE(anneal_gguf_open(p, &g) == ANNEAL_OK);
+    anneal_gguf_str s;
+    CHECK(anneal_gguf_get_str(g, "tokenizer.ggml.model", &s) && s.n == 5 && !memcmp(s.s, "llama", 5), "model llama");
+    const anneal_gguf_kv *sc = anneal_gguf_find_kv(g, "tokenizer.ggml.scores");
+    CHECK(sc && sc->arr_type == ANNEAL_GGUF_FLOAT32 && sc->arr_n == (uint64_t)c.vocab_size, "scores for every token");
+    int64_t unk;
+    CHECK(anneal_gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &unk) && unk == 0, "<unk> is id 0");
+    anneal_gguf_close(g);
+    anneal_tokenizer *t2 = NULL;
+    REQUIRE(anneal_gguf_load_tokenizer(p, &t2) == ANNEAL_OK && t2);
+    /* GGUF has no place for added tokens' single_word / lstrip / rstrip / normalized flags
+     * (this fixture's <mask>, Amen, Jehovah and " selah" have them), so the fingerprint,
+     * which covers them, differs; vocabulary, merges and every other setting come back */
+    CHECK(anneal_tokenizer_vocab_size(t2) == anneal_tokenizer_vocab_size(tok), "vocabulary size");
+    for (int32_t id = 0; id < anneal_tokenizer_vocab_size(tok); id++) {
+        size_t l1, l2;
+        const char *b1 = anneal_tokenizer_token_bytes(tok, id, &l1), *b2 = anneal_tokenizer_token_bytes(t2, id, &l2);
+        if (l1 != l2 || memcmp(b1, b2, l1)) {
+            CHECK(false, "token %d differs", (int)id);
+            break;
+        }
+    }
+    CHECK(anneal_tokenizer_bos(t2) == anneal_tokenizer_bos(tok) && anneal_tokenizer_adds_bos(t2) &&
+              anneal_tokenizer_eot(t2) == anneal_tokenizer_eot(tok),
+          "bos/eos");
+    const char *texts[] = {"In the beginning God created the heaven and the earth.", "  two  spaces\nand a newline",
+                           "caf\xC3\xA9 \xE2\x9C\x93 </s> <s>x<|im_start|>user\n"};
+    for (int k = 0; k < 3; k++) {
+        anneal_ids a = {0}, b = {0};
+        REQUIRE(anneal_tokenizer_encode(tok, texts[k], strlen(texts[k]), true, &a) == ANNEAL_OK);
+        REQUIRE(anneal_tokenizer_encode(t2, texts[k], strlen(texts[k]), true, &b) == ANNEAL_OK);
+        CHECK(a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids), "text %d: ids differ", k);
+        char *d1 = NULL, *d2 = NULL;
+        size_t l1, l2;
+        REQUIRE(anneal_tokenizer_decode(tok, a.ids, a.n, &d1, &l1) == ANNEAL_OK);
+        REQUIRE(anneal_tokenizer_decode(t2, b.ids, b.n, &d2, &l2) == ANNEAL_OK);
+        CHECK(l1 == l2 && !memcmp(d1, d2, l1), "text %d: decoding differs", k);
+        free(d1), free(d2);
+        anneal_ids_free(&a), anneal_ids_free(&b);
+    }
+    anneal_tokenizer_free(t2);
+    /* a "llama" vocabulary with scores only (no merges), and an unknown model */
+    anneal_tokenizer_gguf v;
+    REQUIRE(anneal_tokenizer_to_gguf(tok, &v) == ANNEAL_OK);
+    v.n_merges = 0;
+    anneal_clear_error();
+    CHECK(anneal_tokenizer_from_gguf(&v, "x.gguf", &t2) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "merges"),
+          "scores only: %s", anneal_last_error());
+    v.model = "bert";
+    anneal_clear_error();
+    CHECK(anneal_tokenizer_from_gguf(&v, "x.gguf", &t2) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "bert"),
+          "bert: %s", anneal_last_error());
+    v.model = "gpt2";
+    v.pre = "qwen2";
+    anneal_clear_error();
+    CHECK(anneal_tokenizer_from_gguf(&v, "x.gguf", &t2) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "qwen2"),
+          "pre qwen2: %s", anneal_last_error());
+    anneal_tokenizer_gguf_free(&v);
+    anneal_tokenizer_free(tok);
+    /* Llama 3's byte-level tokenizer is refused on export, by name */
+    REQUIRE(anneal_tokenizer_load(anneal_test_path("tests/fixtures/hf_tokenizers/llama3_bl"), &tok) == ANNEAL_OK);
+    anneal_clear_error();
+    CHECK(anneal_tokenizer_to_gguf(tok, &v) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "Llama 3"),
+          "llama3: %s", anneal_last_error());
+    anneal_tokenizer_free(tok);
+    anneal_model_free(m);
+}
+
 /* Rewrites a file with metadata key `key` renamed to `to` (same length). */
 static void rename_key(const char *src, const char *dst, const char *key, const char *to) {
     size_t n;
@@ -829,6 +911,7 @@ int main(void) {
     RUN(models_q8_0_are_the_dequantized_weights);
     RUN(f16_and_bf16_files_load);
     RUN(tokenizer_round_trip);
+    RUN(sentencepiece_tokenizer_round_trip);
     RUN(bad_models);
     RUN(reads_files_gguf_py_wrote);
     RUN(mutated_files_fail_cleanly);
