@@ -725,8 +725,15 @@ TEST(bad_models) {
         char key[128];
         snprintf(key, sizeof key, "%.*s", (int)kv->key.n, kv->key.s);
         if (kv->type == ANNEAL_GGUF_STRING) anneal_gguf_put_str(w, key, kv->str.s, kv->str.n);
-        else if (kv->type == ANNEAL_GGUF_UINT32) anneal_gguf_put_u32(w, key, *(const uint32_t *)kv->val);
-        else if (kv->type == ANNEAL_GGUF_FLOAT32) anneal_gguf_put_f32(w, key, *(const float *)kv->val);
+        else if (kv->type == ANNEAL_GGUF_UINT32) {
+            uint32_t u;
+            memcpy(&u, kv->val, 4); /* values in the file are not aligned */
+            anneal_gguf_put_u32(w, key, u);
+        } else if (kv->type == ANNEAL_GGUF_FLOAT32) {
+            float f;
+            memcpy(&f, kv->val, 4);
+            anneal_gguf_put_f32(w, key, f);
+        }
     }
     for (int64_t i = 0; i < g->n_tensors; i++) {
         const anneal_gguf_tensor *t = &g->tensors[i];
