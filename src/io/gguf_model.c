@@ -84,6 +84,7 @@ static anneal_status relayout(anneal_gguf_layout lay, bool to_gguf, int ndim, co
     return anneal_set_error(ANNEAL_ERR_ARG, "gguf: %s: unknown layout %d", name, (int)lay);
 }
 
+/* The number of heads a Q/K permutation runs over (0 for other layouts). */
 static int layout_heads(anneal_gguf_layout lay, const anneal_model_config *c) {
     if (lay == ANNEAL_GGUF_PERMUTE_Q) return c->n_head;
     if (lay == ANNEAL_GGUF_PERMUTE_K) return c->n_kv_head ? c->n_kv_head : c->n_head;
@@ -107,6 +108,8 @@ static anneal_ggml_type pick_type(anneal_ggml_type want, const char *gguf_name, 
     return want;
 }
 
+/* The export sink: renames, lays out and stores one Hugging Face tensor (and GPT-2's
+ * output copy of the embedding). */
 static anneal_status export_put(void *ctx, const char *name, const anneal_tensor *t) {
     export_ctx *x = ctx;
     char gname[256];
@@ -131,6 +134,7 @@ static anneal_status export_put(void *ctx, const char *name, const anneal_tensor
     return r;
 }
 
+/* general.file_type of a weight type (llama_ftype: 0 f32, 1 f16, 7 q8_0, 32 bf16). */
 static uint32_t file_type(anneal_ggml_type t) {
     switch (t) {
     case ANNEAL_GGML_F16: return 1;
@@ -266,6 +270,7 @@ typedef struct import_ctx {
     const char **names;
 } import_ctx;
 
+/* The file's tensor shown under Hugging Face name `name`, or NULL. */
 static const src_entry *find_entry(const import_ctx *x, const char *name) {
     for (int i = 0; i < x->n; i++)
         if (!strcmp(x->e[i].hf, name)) return &x->e[i];
@@ -284,6 +289,7 @@ static int entry_shape(const src_entry *e, int64_t *shape) {
     return nd;
 }
 
+/* Tensor source info: the Hugging Face shape and the stored dtype (Q8_0 shows as f32). */
 static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim, int64_t *shape) {
     const src_entry *e = find_entry(ctx, name);
     if (!e) return false;
@@ -292,6 +298,8 @@ static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim
     return true;
 }
 
+/* Tensor source get: dequantized to f32, transposed or permuted back to the Hugging
+ * Face layout, in the current scope (NULL + error on failure). */
 static anneal_tensor *src_get(void *ctx, const char *name) {
     import_ctx *x = ctx;
     const src_entry *e = find_entry(x, name);

@@ -35,6 +35,7 @@ static bool take(cursor *c, uint64_t n, const uint8_t **at, const char *field) {
     return true;
 }
 
+/* Reads a little-endian u32 (false, error naming field, past the end). */
 static bool rd_u32(cursor *c, uint32_t *v, const char *field) {
     const uint8_t *at;
     if (!take(c, 4, &at, field)) return false;
@@ -42,6 +43,7 @@ static bool rd_u32(cursor *c, uint32_t *v, const char *field) {
     return true;
 }
 
+/* Reads a little-endian u64 (false, error naming field, past the end). */
 static bool rd_u64(cursor *c, uint64_t *v, const char *field) {
     const uint8_t *at;
     if (!take(c, 8, &at, field)) return false;
@@ -49,6 +51,7 @@ static bool rd_u64(cursor *c, uint64_t *v, const char *field) {
     return true;
 }
 
+/* Reads a GGUF string (u64 length + bytes), its length bounded by the bytes left. */
 static bool rd_str(cursor *c, anneal_gguf_str *s, const char *field) {
     uint64_t n;
     const uint8_t *at;
@@ -69,6 +72,7 @@ static uint64_t scalar_size(uint32_t t) {
     }
 }
 
+/* True for the value types of the format (UINT8 .. FLOAT64). */
 static bool known_vtype(uint32_t t) { return t <= ANNEAL_GGUF_FLOAT64; }
 
 const char *anneal_ggml_type_name(anneal_ggml_type t) {
@@ -142,8 +146,10 @@ anneal_gguf_str anneal_gguf_array_str(const anneal_gguf_kv *kv, uint64_t i) {
     return s;
 }
 
+/* True when GGUF string a is exactly the C string b. */
 static bool str_eq(anneal_gguf_str a, const char *b) { return a.n == strlen(b) && !memcmp(a.s, b, a.n); }
 
+/* qsort order of tensor pointers by data offset. */
 static int cmp_offset(const void *a, const void *b) {
     const anneal_gguf_tensor *x = *(anneal_gguf_tensor *const *)a, *y = *(anneal_gguf_tensor *const *)b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
@@ -269,6 +275,7 @@ static anneal_status parse(anneal_gguf *g) {
     return r;
 }
 
+/* Parses g; on success hands it to *out, else frees it and returns the error. */
 static anneal_status finish_open(anneal_gguf *g, anneal_gguf **out) {
     anneal_status r = parse(g);
     if (r) {

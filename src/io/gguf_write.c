@@ -88,6 +88,7 @@ static anneal_status add_kv(anneal_gguf_writer *w, const char *key, anneal_gguf_
     return ANNEAL_OK;
 }
 
+/* A malloc'd copy of n bytes (NULL when out of memory). */
 static uint8_t *dup_bytes(const void *p, size_t n) {
     uint8_t *b = malloc(n ? n : 1);
     if (b && n) memcpy(b, p, n);
@@ -219,17 +220,22 @@ anneal_status anneal_gguf_put_tensor(anneal_gguf_writer *w, const char *name, in
     return ANNEAL_OK;
 }
 
+/* Appends bytes to the file being written (the atomic helpers name the file in errors). */
 static anneal_status put(anneal_atomic_file *af, const void *p, size_t n) { return anneal_atomic_write(af, p, n); }
 
+/* Appends a little-endian u32. */
 static anneal_status put_u32(anneal_atomic_file *af, uint32_t v) { return put(af, &v, 4); }
+/* Appends a little-endian u64. */
 static anneal_status put_u64(anneal_atomic_file *af, uint64_t v) { return put(af, &v, 8); }
 
+/* Appends a GGUF string: u64 length, bytes. */
 static anneal_status put_string(anneal_atomic_file *af, const char *s) {
     size_t n = strlen(s);
     anneal_status r = put_u64(af, n);
     return r ? r : put(af, s, n);
 }
 
+/* Appends zeros until *pos is a multiple of align (*pos advanced). */
 static anneal_status pad_to(anneal_atomic_file *af, uint64_t *pos, uint32_t align) {
     static const uint8_t zeros[256];
     uint64_t target = (*pos + align - 1) / align * align;
