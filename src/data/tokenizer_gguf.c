@@ -7,6 +7,7 @@
  * merge that makes a token), and the merges as well, which the import reads (a
  * tokenizer.json of Llama 2's shape is made from them and read by the Hugging Face
  * loader, so both kinds of files behave as their tokenizer.json would). */
+#include "pretokenize.h"
 #include "tokenizer_impl.h"
 
 #include <cjson/cJSON.h>
@@ -56,6 +57,31 @@ static bool is_added(const anneal_tokenizer *t, int32_t id, bool *special) {
     return false;
 }
 
+/* Byte-level pre-tokenizers llama.cpp knows by name (tokenizer.ggml.pre) besides GPT-2's:
+ * the Hugging Face Split regex each stands for, and whether llama.cpp then takes a
+ * piece that is a token as that token (tokenizers' ignore_merges). */
+static const struct {
+    const char *pre, *regex;
+    bool ignore_merges;
+} known_pre[] = {
+    {"llama-bpe",
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     true},
+};
+
+/* The known_pre entry whose regex anneal translates to `pattern` (-1 if none). */
+static int find_pre(const char *pattern) {
+    for (int i = 0; pattern && i < (int)(sizeof known_pre / sizeof *known_pre); i++) {
+        const char *why = NULL;
+        char *pat = anneal_hf_regex_to_pcre(known_pre[i].regex, &why);
+        bool same = pat && !strcmp(pat, pattern);
+        free(pat);
+        if (same) return i;
+    }
+    return -1;
+}
+
 /* The GGUF token type of id in a SentencePiece-style tokenizer. */
 static int32_t sp_type(const anneal_tokenizer *t, int32_t id) {
     bool special = false;
@@ -75,10 +101,19 @@ anneal_status anneal_tokenizer_to_gguf(const anneal_tokenizer *t, anneal_tokeniz
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
                                 "tokenizer to gguf: a SentencePiece-style tokenizer other than Llama 2's shape "
                                 "(normalizer Prepend + Replace, no Metaspace pre-tokenizer) is not written as GGUF yet");
-    if (!sp && (t->pattern || t->pre_none || t->add_prefix_space || t->ignore_merges || t->sp.norm_nfc))
+    int pre = sp ? -1 : find_pre(t->pattern);
+    if (!sp && (t->pre_none || t->add_prefix_space || t->sp.norm_nfc || (t->pattern && pre < 0) ||
+                (!t->pattern && t->ignore_merges)))
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
-                                "tokenizer to gguf: a byte-level tokenizer with a pre-tokenizer other than GPT-2's "
-                                "(Llama 3, Qwen2) is not written as GGUF yet");
+                                "tokenizer to gguf: a byte-level tokenizer with a pre-tokenizer other than GPT-2's and "
+                                "Llama 3's (Qwen2, NFC, add_prefix_space) is not written as GGUF yet");
+    if (pre >= 0 && t->ignore_merges != known_pre[pre].ignore_merges)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
+                                "tokenizer to gguf: llama.cpp's \"%s\" pre-tokenizer %s merges for pieces that are tokens "
+                                "and this tokenizer %s (its tokenizer.json's ignore_merges): llama.cpp would encode "
+                                "differently",
+                                known_pre[pre].pre, known_pre[pre].ignore_merges ? "ignores" : "keeps",
+                                t->ignore_merges ? "ignores them" : "does not");
     owned *o = calloc(1, sizeof *o);
     if (!o) return anneal_set_error(ANNEAL_ERR_OOM, "tokenizer to gguf: out of memory");
     out->owned = o;
@@ -124,7 +159,7 @@ anneal_status anneal_tokenizer_to_gguf(const anneal_tokenizer *t, anneal_tokeniz
         if (sp && o->scores[t->merges[r].merged] == -1e9f) o->scores[t->merges[r].merged] = -(float)r;
     }
     out->model = sp ? "llama" : "gpt2";
-    out->pre = sp ? "default" : "gpt-2";
+    out->pre = sp ? "default" : pre >= 0 ? known_pre[pre].pre : "gpt-2";
     out->n_tokens = n;
     out->tokens = (const char *const *)o->tokens;
     out->token_len = o->token_len;
@@ -279,9 +314,12 @@ anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const c
                                 "%s: tokenizer.ggml.model \"%s\" is not read yet (anneal reads \"gpt2\", byte-level BPE, "
                                 "and \"llama\", SentencePiece-style BPE)",
                                 what, v->model ? v->model : "(none)");
-    if (!sp && v->pre && strcmp(v->pre, "gpt-2"))
+    int pre = -1;
+    for (int i = 0; !sp && v->pre && i < (int)(sizeof known_pre / sizeof *known_pre); i++)
+        if (!strcmp(v->pre, known_pre[i].pre)) pre = i;
+    if (!sp && v->pre && strcmp(v->pre, "gpt-2") && pre < 0)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
-                                "%s: tokenizer.ggml.pre \"%s\" is not read yet (anneal reads GPT-2's, \"gpt-2\")", what,
+                                "%s: tokenizer.ggml.pre \"%s\" is not read yet (anneal reads \"gpt-2\" and \"llama-bpe\")", what,
                                 v->pre);
     if (v->n_tokens <= 0 || !v->tokens || !v->token_len)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing or empty", what);
@@ -298,13 +336,14 @@ anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const c
     int32_t *special = malloc((size_t)(n_tok ? n_tok : 1) * sizeof *special);
     anneal_tokenizer *t = anneal_tok_new();
     anneal_status s = scratch && special && t ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
-    int n_special = 0;
+    int n_special = 0, n_user = 0;
     for (int32_t i = 0; !s && i < n_tok; i++) {
         int32_t ty = v->token_type ? v->token_type[i] : 1;
         const char *b = v->tokens[i];
         size_t bl = v->token_len[i];
         if (ty == 3 || ty == 4) {
-            special[n_special++] = i;
+            if (ty == 3) special[n_special++] = i;
+            n_user += ty == 4;
         } else if (!anneal_bpe_str_to_bytes(v->tokens[i], v->token_len[i], scratch, &bl)) {
             s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: token %d \"%.*s\" is not a byte-level string", what, (int)i,
                                  (int)(v->token_len[i] > 60 ? 60 : v->token_len[i]), v->tokens[i]);
@@ -340,6 +379,32 @@ anneal_status anneal_tokenizer_from_gguf(const anneal_tokenizer_gguf *v, const c
         if (!s && anneal_tok_add_merge(t, ids[0], ids[1], &merged, &why))
             s = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: merge %d \"%.*s\" %s", what, (int)r, (int)(ml > 60 ? 60 : ml), m,
                                  why == 1 ? "makes a token that is not in the vocabulary" : "repeats an earlier merge");
+    }
+    if (!s && pre >= 0) {
+        const char *why = NULL;
+        t->ignore_merges = known_pre[pre].ignore_merges;
+        if (!(t->pattern = anneal_hf_regex_to_pcre(known_pre[pre].regex, &why)))
+            s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
+    }
+    /* USER_DEFINED tokens are added tokens that are not special (matched in any text, as
+     * tokenizers does): then every added token is listed, specials flagged */
+    if (!s && n_user) {
+        t->added = calloc((size_t)(n_special + n_user), sizeof *t->added);
+        if (!t->added) s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
+        for (int32_t i = 0; !s && i < n_tok; i++) {
+            int32_t ty = v->token_type[i];
+            if (ty != 3 && ty != 4) continue;
+            tok_added *a = &t->added[t->n_added];
+            a->id = i;
+            a->special = ty == 3;
+            if (!(a->norm = malloc(v->token_len[i] ? v->token_len[i] : 1))) {
+                s = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", what);
+                break;
+            }
+            memcpy(a->norm, v->tokens[i], v->token_len[i]);
+            a->norm_len = v->token_len[i];
+            t->n_added++;
+        }
     }
     if (!s) {
         t->kind = TOK_BYTE_LEVEL;

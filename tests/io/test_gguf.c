@@ -14,6 +14,7 @@
 
 #include "anneal/anneal.h"
 #include "test.h"
+#include "gguf_test_util.h"
 
 static char g_dir[64];
 
@@ -657,11 +658,61 @@ TEST(sentencepiece_tokenizer_round_trip) {
           "pre qwen2: %s", anneal_last_error());
     anneal_tokenizer_gguf_free(&v);
     anneal_tokenizer_free(tok);
-    /* Llama 3's byte-level tokenizer is refused on export, by name */
+    /* Llama 3's regex without ignore_merges (llama.cpp's llama-bpe ignores merges) and
+     * Qwen2's are refused on export, by name */
     REQUIRE(anneal_tokenizer_load(anneal_test_path("tests/fixtures/hf_tokenizers/llama3_bl"), &tok) == ANNEAL_OK);
     anneal_clear_error();
-    CHECK(anneal_tokenizer_to_gguf(tok, &v) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "Llama 3"),
-          "llama3: %s", anneal_last_error());
+    CHECK(anneal_tokenizer_to_gguf(tok, &v) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "llama-bpe") &&
+              strstr(anneal_last_error(), "ignore_merges"),
+          "llama3 without ignore_merges: %s", anneal_last_error());
+    anneal_tokenizer_free(tok);
+    REQUIRE(anneal_tokenizer_load(anneal_test_path("tests/fixtures/hf_tokenizers/qwen2_bl"), &tok) == ANNEAL_OK);
+    anneal_clear_error();
+    CHECK(anneal_tokenizer_to_gguf(tok, &v) == ANNEAL_ERR_UNSUPPORTED && strstr(anneal_last_error(), "Qwen2"),
+          "qwen2: %s", anneal_last_error());
+    anneal_tokenizer_free(tok);
+    anneal_model_free(m);
+}
+
+/* Llama 3's tokenizer (the fixture with ignore_merges true, as Llama 3's own file has it)
+ * as pre "llama-bpe": fingerprint, ids and BOS back. */
+TEST(llama3_tokenizer_round_trip) {
+    anneal_tokenizer *tok = NULL, *t2 = NULL;
+    REQUIRE(anneal_test_llama3_tokenizer(g_dir, &tok) == ANNEAL_OK);
+    anneal_model_config c;
+    REQUIRE(anneal_model_preset("llama-tiny", &c));
+    c.vocab_size = anneal_tokenizer_vocab_size(tok);
+    anneal_model *m = anneal_model_new(&c, ANNEAL_CPU);
+    REQUIRE(m);
+    const char *p = tmp_path("l3.gguf");
+    REQUIRE(anneal_model_save_gguf(m, p, &(anneal_gguf_save_opts){.tokenizer = tok}) == ANNEAL_OK);
+    anneal_gguf *g = NULL;
+    REQUIRE(anneal_gguf_open(p, &g) == ANNEAL_OK);
+    anneal_gguf_str s;
+    CHECK(anneal_gguf_get_str(g, "tokenizer.ggml.pre", &s) && s.n == 9 && !memcmp(s.s, "llama-bpe", 9), "pre llama-bpe");
+    anneal_gguf_close(g);
+    REQUIRE(anneal_gguf_load_tokenizer(p, &t2) == ANNEAL_OK && t2);
+    /* the fixture's <mask>, Amen, Jehovah and " selah" carry flags GGUF cannot hold (see
+     * sentencepiece_tokenizer_round_trip), so the tokens are compared, not the fingerprint */
+    CHECK(anneal_tokenizer_vocab_size(t2) == anneal_tokenizer_vocab_size(tok), "vocabulary size");
+    for (int32_t id = 0; id < anneal_tokenizer_vocab_size(tok); id++) {
+        size_t l1, l2;
+        const char *b1 = anneal_tokenizer_token_bytes(tok, id, &l1), *b2 = anneal_tokenizer_token_bytes(t2, id, &l2);
+        if (l1 != l2 || memcmp(b1, b2, l1)) {
+            CHECK(false, "token %d differs", (int)id);
+            break;
+        }
+    }
+    CHECK(anneal_tokenizer_bos(t2) == anneal_tokenizer_bos(tok) &&
+              anneal_tokenizer_adds_bos(t2) == anneal_tokenizer_adds_bos(tok),
+          "bos");
+    const char *text = "Hello, world!  It's 2024\n\n  and 12345 <|begin_of_text|>caf\xC3\xA9 Jehovah";
+    anneal_ids a = {0}, b = {0};
+    REQUIRE(anneal_tokenizer_encode(tok, text, strlen(text), true, &a) == ANNEAL_OK);
+    REQUIRE(anneal_tokenizer_encode(t2, text, strlen(text), true, &b) == ANNEAL_OK);
+    CHECK(a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids), "ids differ");
+    anneal_ids_free(&a), anneal_ids_free(&b);
+    anneal_tokenizer_free(t2);
     anneal_tokenizer_free(tok);
     anneal_model_free(m);
 }
@@ -919,6 +970,7 @@ int main(void) {
     RUN(f16_and_bf16_files_load);
     RUN(tokenizer_round_trip);
     RUN(sentencepiece_tokenizer_round_trip);
+    RUN(llama3_tokenizer_round_trip);
     RUN(bad_models);
     RUN(reads_files_gguf_py_wrote);
     RUN(mutated_files_fail_cleanly);

@@ -8,7 +8,8 @@
  *   - llama-cpp-python 0.3.36 loads a random GPT-2 with the real GPT-2 tokenizer
  *     (../shared/data/gpt2) and a llama-tiny (GQA 4/2, a tokenizer trained here), in f32
  *     and q8_0, and a llama-tiny with a SentencePiece-style tokenizer (Llama 2's shape,
- *     tests/fixtures/hf_tokenizers/llama2_sp, written as tokenizer.ggml.model "llama"):
+ *     tests/fixtures/hf_tokenizers/llama2_sp, written as tokenizer.ggml.model "llama") and
+ *     one with Llama 3's byte-level tokenizer (llama3_bl with ignore_merges, pre "llama-bpe"):
  *     its tokenization of the prompt equals anneal's, and its greedy
  *     continuation equals anneal's `generate` on the model read back from the same file. */
 #include <cjson/cJSON.h>
@@ -18,6 +19,7 @@
 
 #include "anneal/anneal.h"
 #include "test.h"
+#include "gguf_test_util.h"
 
 static char g_dir[64];
 static const char *g_py;
@@ -298,6 +300,23 @@ TEST(llama_cpp_llama_sentencepiece) {
     anneal_tokenizer_free(tok);
 }
 
+
+TEST(llama_cpp_llama3_tokenizer) {
+    if (!need_python()) SKIP_PROMISED("needs the Python clients (make test sets them up: scripts/pyenv.sh)");
+    anneal_tokenizer *tok = NULL;
+    REQUIRE(anneal_test_llama3_tokenizer(g_dir, &tok) == ANNEAL_OK);
+    anneal_model_config c;
+    REQUIRE(anneal_model_preset("llama-tiny", &c));
+    c.vocab_size = anneal_tokenizer_vocab_size(tok);
+    anneal_model *m = model_of(&c, 9);
+    REQUIRE(m);
+    scale_params(m, (const char *const[]){"q_proj", "k_proj", "embed_tokens", "lm_head", NULL}, 12.0f);
+    check_llama_cpp(m, tok, ANNEAL_GGML_F32, "Hello, world!  It is 2024 and 12345 things.", 16);
+    check_llama_cpp(m, tok, ANNEAL_GGML_Q8_0, "In the beginning God created the heaven", 16);
+    anneal_model_free(m);
+    anneal_tokenizer_free(tok);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/anneal_gguf_interop_XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
@@ -306,6 +325,7 @@ int main(void) {
     RUN(llama_cpp_gpt2_real_tokenizer);
     RUN(llama_cpp_llama_tiny);
     RUN(llama_cpp_llama_sentencepiece);
+    RUN(llama_cpp_llama3_tokenizer);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd)) {}
