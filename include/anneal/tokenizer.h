@@ -64,13 +64,14 @@ void anneal_tokenizer_free(anneal_tokenizer *tok);
 anneal_status anneal_tokenizer_save_hf(const anneal_tokenizer *tok, const char *dir);
 
 /* A tokenizer as GGUF's tokenizer.ggml.* keys hold it (llama.cpp's vocabulary):
- * byte-level BPE with GPT-2's pre-tokenizer (model "gpt2", pre "gpt-2") and
+ * byte-level BPE with GPT-2's pre-tokenizer (model "gpt2", pre "gpt-2") or Llama 3's
+ * with ignore_merges (pre "llama-bpe"), and
  * SentencePiece-style BPE with Llama 2's normalizer and byte fallback (model "llama", pre
  * "default", scores = -rank of the merge that makes the token, merges kept too). Others
  * are ANNEAL_ERR_UNSUPPORTED naming what they are. */
 typedef struct anneal_tokenizer_gguf {
     const char *model;        /* tokenizer.ggml.model: "gpt2" or "llama" */
-    const char *pre;          /* tokenizer.ggml.pre: "gpt-2", "default" */
+    const char *pre;          /* tokenizer.ggml.pre: "gpt-2", "llama-bpe", "default" */
     int32_t n_tokens;
     const char *const *tokens;/* "gpt2": byte-level strings ("\u0120the"); "llama": pieces ("\u2581the",
                                  "<0x0A>"); added tokens as their text */
