@@ -1,260 +1,12 @@
-/* Models to and from GGUF through the model interface. Export: the architecture's
- * hf_export puts its Hugging Face tensors, its anneal_gguf_arch table renames and
- * lays them out as llama.cpp's convert_hf_to_gguf.py does, the config becomes the
- * <arch>.* keys and the tokenizer tokenizer.ggml.*. Import: the keys become a config,
- * and a tensor source presents the file's tensors under their Hugging Face names
- * (dequantized, un-permuted, un-transposed) to the architecture's hf_import, which
- * checks every name and shape as it does for safetensors. */
-#include "anneal/gguf.h"
-#include "anneal/io.h"
+/* Models from GGUF through the model interface: the keys become a config, and a tensor
+ * source presents the file's tensors under their Hugging Face names (dequantized,
+ * un-permuted, un-transposed) to the architecture's hf_import, which checks every name
+ * and shape as it does for safetensors; the tokenizer comes from tokenizer.ggml.*. */
+#include "gguf_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* --------------------------------------------------------------- name maps */
-
-/* Matches name against pattern (one "%d" at most): true with *layer (-1 if none). */
-static bool match(const char *pattern, const char *name, int *layer) {
-    const char *pd = strstr(pattern, "%d");
-    *layer = -1;
-    if (!pd) return !strcmp(pattern, name);
-    size_t pre = (size_t)(pd - pattern), suf = strlen(pd + 2), n = strlen(name);
-    if (n <= pre + suf || strncmp(name, pattern, pre) || strcmp(name + n - suf, pd + 2)) return false;
-    int v = 0;
-    for (size_t i = pre; i < n - suf; i++) {
-        if (name[i] < '0' || name[i] > '9' || v > 100000) return false;
-        v = v * 10 + (name[i] - '0');
-    }
-    if (n - suf - pre > 1 && name[pre] == '0') return false;
-    *layer = v;
-    return true;
-}
-
-/* The table entry whose `from` side (HF or GGUF) matches name; *to set to the other side. */
-static const anneal_gguf_name *map_name(const anneal_gguf_arch *a, const char *name, bool from_hf, char *to, size_t n) {
-    for (const anneal_gguf_name *e = a->names; e->hf; e++) {
-        int layer;
-        if (!match(from_hf ? e->hf : e->gguf, name, &layer)) continue;
-        const char *pat = from_hf ? e->gguf : e->hf;
-        if (layer >= 0) snprintf(to, n, pat, layer);
-        else snprintf(to, n, "%s", pat);
-        return e;
-    }
-    return NULL;
-}
-
-/* Row permutation between Hugging Face's rotate-half and ggml's interleaved RoPE
- * (the converter's permute: reshape(heads, 2, hd/2, ...).swapaxes(1, 2)): row r of the
- * GGUF tensor is row src_row(r) of the Hugging Face one. */
-static int64_t gguf_row_to_hf(int64_t r, int64_t hd) {
-    int64_t h = r / hd, k = r % hd, i = k / 2, j = k % 2;
-    return h * hd + j * (hd / 2) + i;
-}
-
-/* dst = src with the layout applied (to_gguf) or undone; shape is the HF shape. */
-static anneal_status relayout(anneal_gguf_layout lay, bool to_gguf, int ndim, const int64_t *shape, int heads,
-                              const float *src, float *dst, const char *name) {
-    int64_t rows = shape[0], cols = ndim > 1 ? shape[1] : 1, n = rows * cols;
-    switch (lay) {
-    case ANNEAL_GGUF_SAME: memcpy(dst, src, (size_t)n * sizeof *dst); return ANNEAL_OK;
-    case ANNEAL_GGUF_TRANSPOSED:
-        if (ndim != 2) return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: %s: a transposed tensor must be 2-D", name);
-        /* to_gguf: HF (rows, cols) -> (cols, rows); back: the file's (cols, rows) -> (rows, cols) */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) {
-                if (to_gguf) dst[c * rows + r] = src[r * cols + c];
-                else dst[r * cols + c] = src[c * rows + r];
-            }
-        return ANNEAL_OK;
-    case ANNEAL_GGUF_PERMUTE_Q:
-    case ANNEAL_GGUF_PERMUTE_K: {
-        if (heads <= 0 || rows % heads || (rows / heads) % 2)
-            return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: %s: %lld rows do not split into %d heads of even size", name,
-                                    (long long)rows, heads);
-        int64_t hd = rows / heads;
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t h = gguf_row_to_hf(r, hd);
-            if (to_gguf) memcpy(dst + r * cols, src + h * cols, (size_t)cols * sizeof *dst);
-            else memcpy(dst + h * cols, src + r * cols, (size_t)cols * sizeof *dst);
-        }
-        return ANNEAL_OK;
-    }
-    }
-    return anneal_set_error(ANNEAL_ERR_ARG, "gguf: %s: unknown layout %d", name, (int)lay);
-}
-
-/* The number of heads a Q/K permutation runs over (0 for other layouts). */
-static int layout_heads(anneal_gguf_layout lay, const anneal_model_config *c) {
-    if (lay == ANNEAL_GGUF_PERMUTE_Q) return c->n_head;
-    if (lay == ANNEAL_GGUF_PERMUTE_K) return c->n_kv_head ? c->n_kv_head : c->n_head;
-    return 0;
-}
-
-/* ------------------------------------------------------------------- export */
-
-typedef struct export_ctx {
-    const anneal_model *m;
-    const anneal_gguf_arch *a;
-    anneal_gguf_writer *w;
-    anneal_ggml_type type;
-} export_ctx;
-
-/* The stored type of a tensor as the converter picks it: 1-D and the position
- * embedding F32; Q8_0 rows that are not whole blocks fall back to F16. */
-static anneal_ggml_type pick_type(anneal_ggml_type want, const char *gguf_name, int ndim, int64_t row) {
-    if (ndim <= 1 || !strcmp(gguf_name, "position_embd.weight")) return ANNEAL_GGML_F32;
-    if (want == ANNEAL_GGML_Q8_0 && row % ANNEAL_GGUF_QK8_0) return ANNEAL_GGML_F16;
-    return want;
-}
-
-/* The export sink: renames, lays out and stores one Hugging Face tensor (and GPT-2's
- * output copy of the embedding). */
-static anneal_status export_put(void *ctx, const char *name, const anneal_tensor *t) {
-    export_ctx *x = ctx;
-    char gname[256];
-    const anneal_gguf_name *e = map_name(x->a, name, true, gname, sizeof gname);
-    if (!e)
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gguf: tensor %s of the %s model has no GGUF name", name,
-                                x->a->name);
-    int ndim = t->ndim;
-    if (ndim < 1 || ndim > 2) return anneal_set_error(ANNEAL_ERR_SHAPE, "gguf: tensor %s has %d dimensions", name, ndim);
-    int64_t shape[2] = {t->shape[0], ndim > 1 ? t->shape[1] : 1}, n = shape[0] * shape[1];
-    float *src = malloc((size_t)(n ? n : 1) * sizeof *src), *dst = malloc((size_t)(n ? n : 1) * sizeof *dst);
-    anneal_status r = src && dst ? anneal_to_f32_buffer(t, src) : anneal_set_error(ANNEAL_ERR_OOM, "gguf: out of memory");
-    if (!r) r = relayout(e->layout, true, ndim, shape, layout_heads(e->layout, &x->m->cfg), src, dst, name);
-    int64_t gshape[2] = {shape[0], shape[1]};
-    if (e->layout == ANNEAL_GGUF_TRANSPOSED) gshape[0] = shape[1], gshape[1] = shape[0];
-    anneal_ggml_type ty = pick_type(x->type, gname, ndim, ndim > 1 ? gshape[1] : gshape[0]);
-    if (!r) r = anneal_gguf_put_tensor(x->w, gname, ndim, gshape, ty, dst);
-    if (!r && x->a->output_copy && !strcmp(gname, "token_embd.weight"))
-        r = anneal_gguf_put_tensor(x->w, "output.weight", ndim, gshape, ty, dst);
-    free(src);
-    free(dst);
-    return r;
-}
-
-/* general.file_type of a weight type (llama_ftype: 0 f32, 1 f16, 7 q8_0, 32 bf16). */
-static uint32_t file_type(anneal_ggml_type t) {
-    switch (t) {
-    case ANNEAL_GGML_F16: return 1;
-    case ANNEAL_GGML_Q8_0: return 7;
-    case ANNEAL_GGML_BF16: return 32;
-    default: return 0;
-    }
-}
-
-/* The <arch>.* hyperparameters of c. */
-static anneal_status put_hparams(anneal_gguf_writer *w, const anneal_gguf_arch *a, const anneal_model_config *c) {
-    char k[96];
-    anneal_status r = ANNEAL_OK;
-#define PUT_U32(key, v) (snprintf(k, sizeof k, "%s." key, a->name), r = r ? r : anneal_gguf_put_u32(w, k, (uint32_t)(v)))
-#define PUT_F32(key, v) (snprintf(k, sizeof k, "%s." key, a->name), r = r ? r : anneal_gguf_put_f32(w, k, (float)(v)))
-    int n_ff = c->n_ff ? c->n_ff : 4 * c->n_embd;
-    if (a->rope) PUT_U32("vocab_size", c->vocab_size);
-    PUT_U32("context_length", c->n_ctx);
-    PUT_U32("embedding_length", c->n_embd);
-    PUT_U32("block_count", c->n_layer);
-    PUT_U32("feed_forward_length", n_ff);
-    PUT_U32("attention.head_count", c->n_head);
-    if (a->rope) {
-        PUT_U32("attention.head_count_kv", c->n_kv_head ? c->n_kv_head : c->n_head);
-        PUT_F32("rope.freq_base", c->rope.theta > 0 ? c->rope.theta : c->rope_theta);
-        PUT_U32("rope.dimension_count", c->n_embd / c->n_head);
-    }
-    if (a->rms_norm) PUT_F32("attention.layer_norm_rms_epsilon", c->norm_eps);
-    else PUT_F32("attention.layer_norm_epsilon", c->norm_eps);
-    if (a->rope && c->rope.scaling == ANNEAL_ROPE_SCALING_LINEAR) {
-        snprintf(k, sizeof k, "%s.rope.scaling.type", a->name);
-        if (!r) r = anneal_gguf_put_str(w, k, "linear", 6);
-        PUT_F32("rope.scaling.factor", c->rope.factor);
-    }
-#undef PUT_U32
-#undef PUT_F32
-    return r;
-}
-
-/* tokenizer.ggml.* of tok, its tokens padded to the model's vocabulary with "[PAD<i>]"
- * of type UNUSED as the converter does (llama.cpp takes n_vocab from the token list). */
-static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer *tok, int32_t n_vocab) {
-    anneal_tokenizer_gguf v;
-    anneal_status r = anneal_tokenizer_to_gguf(tok, &v);
-    if (r) return r;
-    int32_t n = v.n_tokens > n_vocab ? v.n_tokens : n_vocab;
-    const char **toks = malloc((size_t)n * sizeof *toks);
-    size_t *len = malloc((size_t)n * sizeof *len);
-    int32_t *types = malloc((size_t)n * sizeof *types);
-    float *scores = malloc((size_t)n * sizeof *scores);
-    char *pads = malloc((size_t)(n - v.n_tokens) * 24 + 1);
-    if (!toks || !len || !types || !scores || !pads) r = anneal_set_error(ANNEAL_ERR_OOM, "gguf export: out of memory");
-    for (int32_t i = 0; !r && i < n; i++) {
-        scores[i] = v.scores && i < v.n_tokens ? v.scores[i] : -1e9f;
-        if (i < v.n_tokens) {
-            toks[i] = v.tokens[i], len[i] = v.token_len[i], types[i] = v.token_type[i];
-            continue;
-        }
-        char *p = pads + (size_t)(i - v.n_tokens) * 24;
-        len[i] = (size_t)snprintf(p, 24, "[PAD%d]", (int)i);
-        toks[i] = p;
-        types[i] = 5; /* UNUSED */
-    }
-    if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.model", v.model, strlen(v.model));
-    if (!r) r = anneal_gguf_put_str(w, "tokenizer.ggml.pre", v.pre, strlen(v.pre));
-    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.tokens", n, toks, len);
-    if (!r && v.scores) r = anneal_gguf_put_f32_array(w, "tokenizer.ggml.scores", n, scores);
-    if (!r) r = anneal_gguf_put_i32_array(w, "tokenizer.ggml.token_type", n, types);
-    free(scores);
-    free(toks);
-    free(len);
-    free(types);
-    free(pads);
-    if (!r) r = anneal_gguf_put_str_array(w, "tokenizer.ggml.merges", v.n_merges, v.merges, v.merge_len);
-    if (!r && v.bos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos);
-    if (!r && v.eos >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos);
-    if (!r && v.unk >= 0) r = anneal_gguf_put_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)v.unk);
-    if (!r) r = anneal_gguf_put_bool(w, "tokenizer.ggml.add_bos_token", v.add_bos == 1);
-    if (!r && v.chat_template)
-        r = anneal_gguf_put_str(w, "tokenizer.chat_template", v.chat_template, strlen(v.chat_template));
-    anneal_tokenizer_gguf_free(&v);
-    return r;
-}
-
-anneal_status anneal_model_save_gguf(const anneal_model *m, const char *path, const anneal_gguf_save_opts *opts) {
-    if (!m || !path) return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: NULL argument");
-    anneal_gguf_save_opts o = opts ? *opts : (anneal_gguf_save_opts){0};
-    const anneal_gguf_arch *a = m->arch ? m->arch->gguf : NULL;
-    if (!a)
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gguf export: the %s architecture has no GGUF table", m->cfg.arch);
-    if (o.type != ANNEAL_GGML_F32 && o.type != ANNEAL_GGML_F16 && o.type != ANNEAL_GGML_BF16 && o.type != ANNEAL_GGML_Q8_0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: tensor type %u is not written (f32, f16, bf16, q8_0)",
-                                (unsigned)o.type);
-    if (a->check) {
-        anneal_status r = a->check(&m->cfg);
-        if (r) return r;
-    }
-    if (o.tokenizer && anneal_tokenizer_vocab_size(o.tokenizer) > m->cfg.vocab_size)
-        return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: the tokenizer has %d ids, more than the model's %d",
-                                anneal_tokenizer_vocab_size(o.tokenizer), m->cfg.vocab_size);
-    anneal_gguf_writer *w = anneal_gguf_writer_new(0);
-    if (!w) return anneal_last_status();
-    char name[96];
-    snprintf(name, sizeof name, "anneal %s", a->name);
-    const char *nm = o.name ? o.name : name;
-    anneal_status r = anneal_gguf_put_str(w, "general.architecture", a->name, strlen(a->name));
-    if (!r) r = anneal_gguf_put_str(w, "general.name", nm, strlen(nm));
-    if (!r) r = put_hparams(w, a, &m->cfg);
-    if (!r) r = anneal_gguf_put_u32(w, "general.file_type", file_type(o.type));
-    if (!r) r = anneal_gguf_put_u32(w, "general.quantization_version", 2);
-    if (!r && o.tokenizer) r = put_tokenizer(w, o.tokenizer, m->cfg.vocab_size);
-    export_ctx x = {m, a, w, o.type};
-    anneal_tensor_sink sink = {.ctx = &x, .put = export_put};
-    if (!r) r = anneal_model_hf_export(m, &sink);
-    if (!r) r = anneal_gguf_writer_save(w, path);
-    anneal_gguf_writer_free(w);
-    return r;
-}
-
-/* ------------------------------------------------------------------- import */
 
 typedef struct src_entry {
     char hf[256];
@@ -316,7 +68,7 @@ static anneal_tensor *src_get(void *ctx, const char *name) {
     anneal_tensor *t = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, nd, shape);
     anneal_status r = raw && t ? anneal_gguf_tensor_to_f32(e->t, raw) : anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", x->g->path);
     int64_t hshape[2] = {shape[0], nd > 1 ? shape[1] : 1};
-    if (!r) r = relayout(e->layout, false, nd, hshape, layout_heads(e->layout, x->cfg), raw, anneal_data(t), e->t->cname);
+    if (!r) r = anneal_gguf_relayout(e->layout, false, nd, hshape, anneal_gguf_layout_heads(e->layout, x->cfg), raw, anneal_data(t), e->t->cname);
     free(raw);
     return r ? NULL : t;
 }
@@ -516,7 +268,7 @@ anneal_status anneal_model_load_gguf(const char *path, anneal_device dev, anneal
     }
     for (int64_t i = 0; !r && i < g->n_tensors; i++) {
         src_entry *e = &x.e[x.n];
-        const anneal_gguf_name *m = map_name(arch->gguf, g->tensors[i].cname, false, e->hf, sizeof e->hf);
+        const anneal_gguf_name *m = anneal_gguf_map_name(arch->gguf, g->tensors[i].cname, false, e->hf, sizeof e->hf);
         if (!m) snprintf(e->hf, sizeof e->hf, "%s", g->tensors[i].cname); /* hf_import names it as unknown */
         e->t = &g->tensors[i];
         e->layout = m ? m->layout : ANNEAL_GGUF_SAME;
