@@ -11,6 +11,7 @@
 #include "anneal/io.h"
 #include "anneal/peft.h"
 #include "anneal/nn.h"
+#include "anneal/onnx.h"
 #include "anneal/parallel.h"
 #include "anneal/optim.h"
 #include "anneal/models.h"

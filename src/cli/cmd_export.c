@@ -1,7 +1,8 @@
 /* anneal export: writes a model (a checkpoint, a run's latest, or a Hugging Face
- * directory to re-shard or convert) in another format. Only --format hf exists now: a
- * Hugging Face model directory (anneal_model_save_hf) that transformers'
- * from_pretrained loads; other formats are named and refused until they exist. */
+ * directory to re-shard or convert) in another format: --format hf, a Hugging Face
+ * model directory (anneal_model_save_hf) that transformers' from_pretrained loads;
+ * --format onnx, one ONNX file of the forward graph (anneal_model_save_onnx) that
+ * onnxruntime runs. */
 #include "anneal/anneal.h"
 #include "args.h"
 #include "commands.h"
@@ -49,12 +50,15 @@ int anneal_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *format = "hf", *out = NULL, *dtype = "fp32", *shard = "5GB",
                *tok_spec = NULL;
     int64_t threads = 0;
-    bool help = false;
+    bool help = false, onnx_kv = false, onnx_ext = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (to convert or re-shard)", &model_arg, 0},
-        {"format", ARG_STRING, "hf: a Hugging Face model directory (default hf; the only format so far)", &format, 0},
-        {"out", ARG_STRING, "the directory to write (must not exist, or be empty)", &out, 0},
+        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); onnx: an ONNX file (opset 17, fp32)",
+         &format, 0},
+        {"out", ARG_STRING, "the directory to write (must not exist, or be empty); with --format onnx the file", &out, 0},
+        {"onnx-kv-cache", ARG_BOOL, "onnx: past_key_values.N.key/.value inputs and present.N.* outputs", &onnx_kv, 0},
+        {"external-data", ARG_BOOL, "onnx: weights in OUT.data beside the file (automatic above 2 GB)", &onnx_ext, 0},
         {"dtype", ARG_STRING, "stored tensor type: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"max-shard-size", ARG_STRING, "split the weights into shards + model.safetensors.index.json above this size "
                                        "(bytes, or 500MB, 2GB, 1GiB...; default 5GB as transformers)", &shard, 0},
@@ -71,11 +75,13 @@ int anneal_cmd_export(int argc, char **argv) {
         return 0;
     }
     if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
-    if (!strcmp(format, "gguf") || !strcmp(format, "onnx"))
-        return USAGE_ERR("--format %s: anneal has no %s exporter; it exports Hugging Face directories only "
-                         "(--format hf)", format, format);
-    if (strcmp(format, "hf")) return USAGE_ERR("--format: unknown format '%s' (formats: hf)", format);
-    if (!out || !*out) return USAGE_ERR("--out DIR is required");
+    if (!strcmp(format, "gguf"))
+        return USAGE_ERR("--format %s: anneal has no %s exporter; it exports Hugging Face directories and ONNX "
+                         "(--format hf|onnx)", format, format);
+    bool onnx = !strcmp(format, "onnx");
+    if (strcmp(format, "hf") && !onnx) return USAGE_ERR("--format: unknown format '%s' (formats: hf, onnx)", format);
+    if (!out || !*out) return USAGE_ERR("--out %s is required", onnx ? "FILE" : "DIR");
+    if (!onnx && (onnx_kv || onnx_ext)) return USAGE_ERR("--onnx-kv-cache and --external-data go with --format onnx");
     anneal_hf_save_opts o = {0};
     if (!anneal_train_dtype_parse(dtype, &o.dtype)) return USAGE_ERR("--dtype: unknown type '%s' (fp32, bf16, fp16)", dtype);
     if (!parse_size(shard, &o.max_shard_bytes))
@@ -91,6 +97,18 @@ int anneal_cmd_export(int argc, char **argv) {
     if (rc) return rc;
     anneal_tokenizer *tok = NULL;
     rc = 1;
+    if (onnx) {
+        anneal_onnx_save_opts oo = {.kv_cache = onnx_kv, .external_data = onnx_ext};
+        if (anneal_model_save_onnx(m, out, &oo) != ANNEAL_OK) {
+            fprintf(stderr, "anneal export: --out %s: %s\n", out, anneal_last_error());
+            goto done;
+        }
+        fprintf(stderr, "anneal export: %s: %s model, %lld parameters, ONNX opset %d, f32 weights%s%s\n", out,
+                m->cfg.arch, (long long)anneal_model_num_params(m), ANNEAL_ONNX_OPSET,
+                onnx_kv ? ", KV-cache inputs/outputs" : "", onnx_ext ? ", external data in OUT.data" : "");
+        rc = 0;
+        goto done;
+    }
     if (!tok_spec) tok_spec = model_tok;
     if (!tok_spec) {
         cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
