@@ -258,7 +258,7 @@ anneal_status anneal_onnx_save(const anneal_onnx_graph *g, const char *path, con
     uint64_t total = 0;
     for (int i = 0; i < g->n_inits; i++)
         total += g->inits[i].tensor ? (uint64_t)anneal_numel(g->inits[i].tensor) * 4 : g->inits[i].nbytes;
-    bool external = o.external_data || total > ANNEAL_ONNX_INLINE_MAX_BYTES;
+    bool external = o.external_data || total > (o.inline_max_bytes ? o.inline_max_bytes : ANNEAL_ONNX_INLINE_MAX_BYTES);
 
     proto_arena a = {0};
     anneal_status s = ANNEAL_OK;

@@ -334,7 +334,73 @@ TEST(cli_external_data_and_kv_cache) {
     }
 }
 
+/* The automatic switch to external data: above inline_max_bytes of weights (2 GB by
+ * default; lowered here so that a tiny model crosses it), not below. */
+TEST(external_data_above_the_limit) {
+    REQUIRE(setup());
+    anneal_model *m = make_model("llama", 5);
+    REQUIRE(m);
+    char below[512], above[512], data[600];
+    snprintf(below, sizeof below, "%s/below.onnx", tmpdir);
+    snprintf(above, sizeof above, "%s/above.onnx", tmpdir);
+    int64_t bytes = anneal_model_num_params(m) * 4;
+    anneal_onnx_save_opts o = {.inline_max_bytes = (uint64_t)bytes * 2};
+    REQUIRE(anneal_model_save_onnx(m, below, &o) == ANNEAL_OK);
+    snprintf(data, sizeof data, "%s.data", below);
+    CHECK(!exists(data) && file_size(below) > bytes, "below the limit: %lld bytes inline", (long long)file_size(below));
+    o.inline_max_bytes = (uint64_t)bytes / 2;
+    REQUIRE(anneal_model_save_onnx(m, above, &o) == ANNEAL_OK);
+    snprintf(data, sizeof data, "%s.data", above);
+    CHECK(file_size(data) >= bytes && file_size(above) < bytes / 4, "above the limit: %lld + %lld bytes",
+          (long long)file_size(above), (long long)file_size(data));
+    const char *py = anneal_test_python("onnx,onnxruntime,numpy");
+    if (py) check_with_runtime(m, "auto_external", above, NULL, py);
+    anneal_model_free(m);
+    if (!py) SKIP_PROMISED("needs the Python clients onnx + onnxruntime (make test sets them up: scripts/pyenv.sh)");
+}
+
 /* --------------------------------------------------------- bad cases */
+
+/* The builder: a failed call makes every later one return NULL, the first error is
+ * kept, and a failed graph is not written. */
+TEST(graph_builder_errors_propagate) {
+    REQUIRE(setup());
+    anneal_onnx_graph *g = anneal_onnx_graph_new("g");
+    REQUIRE(g);
+    int64_t d[2] = {2, 3};
+    anneal_tensor *a = anneal_zeros(ANNEAL_F32, 2, d), *b = anneal_zeros(ANNEAL_F32, 2, d);
+    anneal_tensor *ids = anneal_zeros(ANNEAL_I32, 2, d);
+    REQUIRE(a && b && ids);
+    const char *x = anneal_onnx_input(g, "x", ANNEAL_ONNX_FLOAT, 2, (int64_t[]){-1, 3}, (const char *[]){"n", NULL});
+    const char *w = anneal_onnx_weight(g, "w", a, true);
+    CHECK_TRUE(x && w && anneal_onnx_weight(g, "w", a, true) == w); /* the same initializer again */
+    CHECK_TRUE(anneal_onnx_op2(g, "MatMul", x, w) != NULL);
+    CHECK_TRUE(anneal_onnx_op2(g, "Add", x, NULL) == NULL);          /* a NULL input: no node, no error */
+    CHECK_TRUE(anneal_onnx_graph_status(g) == ANNEAL_OK);
+    CHECK_TRUE(anneal_onnx_weight(g, "ids", ids, false) == NULL);     /* not a float */
+    CHECK(anneal_onnx_graph_status(g) == ANNEAL_ERR_DTYPE, "status %d", (int)anneal_onnx_graph_status(g));
+    CHECK_TRUE(anneal_onnx_weight(g, "w", b, true) == NULL);          /* a name twice: later errors ... */
+    CHECK_TRUE(anneal_onnx_op1(g, "Relu", x) == NULL);                /* ... and calls return NULL */
+    CHECK(anneal_onnx_graph_status(g) == ANNEAL_ERR_DTYPE, "the first error is kept: %d",
+          (int)anneal_onnx_graph_status(g));
+    char p[512];
+    snprintf(p, sizeof p, "%s/failed.onnx", tmpdir);
+    CHECK_TRUE(anneal_onnx_save(g, p, NULL) != ANNEAL_OK && !exists(p));
+    anneal_onnx_graph_free(g);
+    /* a duplicate name with other contents is its own error */
+    anneal_clear_error();
+    g = anneal_onnx_graph_new("g2");
+    REQUIRE(g);
+    CHECK_TRUE(anneal_onnx_weight(g, "w", a, false) != NULL);
+    CHECK_TRUE(anneal_onnx_weight(g, "w", b, false) == NULL);
+    CHECK(anneal_onnx_graph_status(g) == ANNEAL_ERR_ARG && strstr(anneal_last_error(), "given twice"),
+          "error: %s", anneal_last_error());
+    anneal_onnx_graph_free(g);
+    anneal_release(a);
+    anneal_release(b);
+    anneal_release(ids);
+    anneal_clear_error();
+}
 
 TEST(unwritable_path_is_an_error) {
     REQUIRE(setup());
@@ -417,6 +483,8 @@ int main(void) {
     RUN(architecture_without_exporter_is_refused);
     RUN(lora_adapter_is_refused_and_nothing_written);
     RUN(cli_refusals);
+    RUN(graph_builder_errors_propagate);
+    RUN(external_data_above_the_limit);
     RUN(gpt2_tiny_matches_onnxruntime);
     RUN(llama_tiny_matches_onnxruntime);
     RUN(qwen2_like_gqa_biases_matches_onnxruntime);
