@@ -54,8 +54,8 @@ int anneal_cmd_export(int argc, char **argv) {
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (to convert or re-shard)", &model_arg, 0},
-        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); onnx: an ONNX file (opset 17, fp32)",
-         &format, 0},
+        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); onnx: an ONNX file (opset 17, f32 "
+                                 "weights: bf16/f16 checkpoints converted)", &format, 0},
         {"out", ARG_STRING, "the directory to write (must not exist, or be empty); with --format onnx the file", &out, 0},
         {"onnx-kv-cache", ARG_BOOL, "onnx: past_key_values.N.key/.value inputs and present.N.* outputs", &onnx_kv, 0},
         {"external-data", ARG_BOOL, "onnx: weights in OUT.data beside the file (automatic above 2 GB)", &onnx_ext, 0},
@@ -71,7 +71,8 @@ int anneal_cmd_export(int argc, char **argv) {
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (!cli_parse("export", argc, argv, flags, nf)) return 2;
     if (help) {
-        cli_usage("export", "Writes a checkpoint as a Hugging Face model directory (--format hf).", flags, nf);
+        cli_usage("export", "Writes a checkpoint as a Hugging Face model directory (--format hf) or as an ONNX "
+                            "file of its forward graph (--format onnx).", flags, nf);
         return 0;
     }
     if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
@@ -82,6 +83,8 @@ int anneal_cmd_export(int argc, char **argv) {
     if (strcmp(format, "hf") && !onnx) return USAGE_ERR("--format: unknown format '%s' (formats: hf, onnx)", format);
     if (!out || !*out) return USAGE_ERR("--out %s is required", onnx ? "FILE" : "DIR");
     if (!onnx && (onnx_kv || onnx_ext)) return USAGE_ERR("--onnx-kv-cache and --external-data go with --format onnx");
+    if (onnx && strcmp(dtype, "fp32") && strcmp(dtype, "f32"))
+        return USAGE_ERR("--dtype %s: ONNX exports keep f32 weights (--dtype goes with --format hf)", dtype);
     anneal_hf_save_opts o = {0};
     if (!anneal_train_dtype_parse(dtype, &o.dtype)) return USAGE_ERR("--dtype: unknown type '%s' (fp32, bf16, fp16)", dtype);
     if (!parse_size(shard, &o.max_shard_bytes))

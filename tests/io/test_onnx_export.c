@@ -11,8 +11,9 @@
  * - the command line: --onnx-kv-cache and --external-data from a Hugging Face
  *   directory and from a bf16 one (converted to f32), checked and run the same way;
  * - bad cases without Python: an unwritable path, an architecture without an ONNX
- *   exporter, a LoRA adapter (nothing written), an unknown --format, ONNX flags with
- *   --format hf. */
+ *   exporter, a LoRA adapter (nothing written), a failed graph, an unknown --format,
+ *   ONNX flags with --format hf, --dtype bf16 with --format onnx; the automatic switch to
+ *   external data above the limit (lowered for the test). */
 #include "anneal/anneal.h"
 #include "test.h"
 
@@ -465,6 +466,9 @@ TEST(cli_refusals) {
     snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format hf --onnx-kv-cache --out '%s/y'", bin, dir, tmpdir);
     CHECK_TRUE(sh(cmd) == 2);
     CHECK(strstr(err, "--format onnx") != NULL, "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --dtype bf16 --out '%s/z.onnx'", bin, dir, tmpdir);
+    CHECK_TRUE(sh(cmd) == 2);
+    CHECK(strstr(err, "f32 weights") != NULL, "stderr: %s", err);
     snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --out '%s/missing/m.onnx'", bin, dir, tmpdir);
     CHECK_TRUE(sh(cmd) == 1);
     CHECK(strstr(err, "missing/m.onnx") != NULL, "stderr: %s", err);
