@@ -9,7 +9,8 @@
  * - with the KV cache: a prompt then 5 greedy steps in onnxruntime (presents fed back
  *   as pasts) give anneal_model_forward_cached's logits and tokens;
  * - the command line: --onnx-kv-cache and --external-data from a Hugging Face
- *   directory and from a bf16 one (converted to f32), checked and run the same way;
+ *   directory and from a bf16 one (converted to f32), and --ckpt RUN of a training run,
+ *   checked and run the same way;
  * - bad cases without Python: an unwritable path, an architecture without an ONNX
  *   exporter, a LoRA adapter (nothing written), a failed graph, an unknown --format,
  *   ONNX flags with --format hf, --dtype bf16 with --format onnx; the automatic switch to
@@ -360,6 +361,33 @@ TEST(external_data_above_the_limit) {
     if (!py) SKIP_PROMISED("needs the Python clients onnx + onnxruntime (make test sets them up: scripts/pyenv.sh)");
 }
 
+/* `anneal export --ckpt RUN`: a training run's latest checkpoint (llama-tiny after two
+ * steps), checked against the checkpoint as anneal loads it. */
+TEST(cli_from_a_training_run) {
+    const char *py = anneal_test_python("onnx,onnxruntime,numpy");
+    if (!py) SKIP_PROMISED("needs the Python clients onnx + onnxruntime (make test sets them up: scripts/pyenv.sh)");
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("needs ANNEAL_BIN (the CLI; ctest sets it)");
+    REQUIRE(setup());
+    char cmd[2048], file[512], kvfile[512], ckpt[512];
+    snprintf(cmd, sizeof cmd, "'%s' train --synthetic --model llama-tiny --steps 2 --seq 16 --batch 2 --out '%s/run'",
+             bin, tmpdir);
+    int rc = sh(cmd);
+    if (rc != 0) TEST_FAIL("%s: exit %d: %s", cmd, rc, err);
+    snprintf(file, sizeof file, "%s/run.onnx", tmpdir);
+    snprintf(kvfile, sizeof kvfile, "%s/run_kv.onnx", tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s' export --ckpt '%s/run' --format onnx --out '%s'", bin, tmpdir, file);
+    if ((rc = sh(cmd)) != 0) TEST_FAIL("%s: exit %d: %s", cmd, rc, err);
+    snprintf(cmd, sizeof cmd, "'%s' export --ckpt '%s/run' --format onnx --onnx-kv-cache --out '%s'", bin, tmpdir,
+             kvfile);
+    if ((rc = sh(cmd)) != 0) TEST_FAIL("%s: exit %d: %s", cmd, rc, err);
+    snprintf(ckpt, sizeof ckpt, "%s/run/ckpt_00000002", tmpdir);
+    anneal_model *m = NULL;
+    REQUIRE(anneal_model_load_hf(ckpt, ANNEAL_CPU, &m) == ANNEAL_OK);
+    check_with_runtime(m, "run", file, kvfile, py);
+    anneal_model_free(m);
+}
+
 /* --------------------------------------------------------- bad cases */
 
 /* The builder: a failed call makes every later one return NULL, the first error is
@@ -493,6 +521,7 @@ int main(void) {
     RUN(llama_tiny_matches_onnxruntime);
     RUN(qwen2_like_gqa_biases_matches_onnxruntime);
     RUN(cli_external_data_and_kv_cache);
+    RUN(cli_from_a_training_run);
     cleanup();
     return anneal_test_summary();
 }
