@@ -117,6 +117,7 @@ static void *arena_alloc(proto_arena *a, size_t n, size_t sz) {
     return m;
 }
 
+/* Frees every block of the arena. */
 static void arena_free(proto_arena *a) {
     for (int i = 0; i < a->n; i++) free(a->blocks[i]);
     free(a->blocks);

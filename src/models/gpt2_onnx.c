@@ -18,11 +18,12 @@ anneal_status anneal_gpt2_onnx_graph(const anneal_model *mm, anneal_onnx_graph *
     for (int l = 0; l < c->n_layer; l++) {
         const anneal_gpt2_block *b = &m->blocks[l];
         anneal_onnx_set_prefix(g, "transformer.h.%d", l);
-        x = anneal_onnx_op2(g, "Add", x, anneal_nn_attention_onnx(g, &b->attn, &d, l, anneal_nn_layer_norm_onnx(g, &b->ln_1, x)));
+        const char *h = anneal_nn_layer_norm_onnx(g, &b->ln_1, x);
+        x = anneal_onnx_op2(g, "Add", x, anneal_nn_attention_onnx(g, &b->attn, &d, l, h));
         x = anneal_onnx_op2(g, "Add", x, anneal_nn_mlp_onnx(g, &b->mlp, anneal_nn_layer_norm_onnx(g, &b->ln_2, x)));
     }
     anneal_onnx_set_prefix(g, "lm_head");
     const char *h = anneal_nn_layer_norm_onnx(g, &m->ln_f, x);
-    const char *w = anneal_onnx_weight(g, "transformer.wte.weight", m->wte.weight, false);
+    const char *w = anneal_onnx_weight(g, m->wte.weight->name, m->wte.weight, false); /* the Gather's table */
     return anneal_onnx_decoder_end(g, &d, anneal_onnx_lm_head(g, h, w, c->n_embd), c->vocab_size);
 }

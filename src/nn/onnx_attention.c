@@ -140,8 +140,9 @@ anneal_status anneal_onnx_rope_tables(anneal_onnx_graph *g, const anneal_rope_de
     anneal_no_grad_begin();
     anneal_tensor *x = anneal_from_data(ANNEAL_F32, 4, shape, probe);
     anneal_tensor *r = anneal_rope(x, rope, 0);
-    anneal_tensor *c = r ? anneal_reshape(anneal_contiguous(anneal_narrow(r, 3, 0, half)), 2, (int64_t[]){n_ctx, half}) : NULL;
-    anneal_tensor *s = r ? anneal_reshape(anneal_contiguous(anneal_narrow(r, 3, half, half)), 2, (int64_t[]){n_ctx, half}) : NULL;
+    const int64_t tshape[2] = {n_ctx, half};
+    anneal_tensor *c = r ? anneal_reshape(anneal_contiguous(anneal_narrow(r, 3, 0, half)), 2, tshape) : NULL;
+    anneal_tensor *s = r ? anneal_reshape(anneal_contiguous(anneal_narrow(r, 3, half, half)), 2, tshape) : NULL;
     anneal_no_grad_end();
     free(probe);
     if (c && s) {
@@ -169,8 +170,10 @@ static const char *rope(anneal_onnx_graph *g, const char *x, const char *cos, co
     const char *xs[2] = {NULL, NULL};
     anneal_onnx_attr ax = ANNEAL_ONNX_ATTR_INT("axis", -1);
     anneal_onnx_node_n(g, "Split", 2, in, 2, xs, &ax, 1);
-    const char *lo = anneal_onnx_op2(g, "Sub", anneal_onnx_op2(g, "Mul", xs[0], cos), anneal_onnx_op2(g, "Mul", xs[1], sin));
-    const char *hi = anneal_onnx_op2(g, "Add", anneal_onnx_op2(g, "Mul", xs[1], cos), anneal_onnx_op2(g, "Mul", xs[0], sin));
+    const char *lo =
+        anneal_onnx_op2(g, "Sub", anneal_onnx_op2(g, "Mul", xs[0], cos), anneal_onnx_op2(g, "Mul", xs[1], sin));
+    const char *hi =
+        anneal_onnx_op2(g, "Add", anneal_onnx_op2(g, "Mul", xs[1], cos), anneal_onnx_op2(g, "Mul", xs[0], sin));
     const char *cat[2] = {lo, hi};
     return anneal_onnx_node(g, "Concat", 2, cat, &ax, 1);
 }

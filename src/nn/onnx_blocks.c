@@ -37,7 +37,8 @@ const char *anneal_nn_dense_onnx(anneal_onnx_graph *g, const anneal_nn_dense *d,
         w = anneal_onnx_weight(g, name, d->weight, true);
     }
     const char *y = anneal_onnx_op2(g, "MatMul", x, w);
-    if (d->bias) y = anneal_onnx_op2(g, "Add", y, anneal_onnx_weight(g, weight_name(d->bias, "dense.bias"), d->bias, false));
+    if (d->bias)
+        y = anneal_onnx_op2(g, "Add", y, anneal_onnx_weight(g, weight_name(d->bias, "dense.bias"), d->bias, false));
     return y;
 }
 
@@ -72,7 +73,8 @@ const char *anneal_nn_rms_norm_onnx(anneal_onnx_graph *g, const anneal_nn_rms_no
 /* tanh-GELU, composed (opset 17 has no Gelu): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 static const char *gelu_tanh(anneal_onnx_graph *g, const char *x) {
     const char *x3 = anneal_onnx_op2(g, "Mul", anneal_onnx_op2(g, "Mul", x, x), x);
-    const char *inner = anneal_onnx_op2(g, "Add", x, anneal_onnx_op2(g, "Mul", x3, anneal_onnx_float_scalar(g, 0.044715f)));
+    const char *k = anneal_onnx_float_scalar(g, 0.044715f);
+    const char *inner = anneal_onnx_op2(g, "Add", x, anneal_onnx_op2(g, "Mul", x3, k));
     const char *u = anneal_onnx_op2(g, "Mul", inner, anneal_onnx_float_scalar(g, (float)sqrt(2.0 / M_PI)));
     const char *t = anneal_onnx_op2(g, "Add", anneal_onnx_op1(g, "Tanh", u), anneal_onnx_float_scalar(g, 1.0f));
     return anneal_onnx_op2(g, "Mul", anneal_onnx_op2(g, "Mul", x, t), anneal_onnx_float_scalar(g, 0.5f));

@@ -321,7 +321,8 @@ TEST(cli_external_data_and_kv_cache) {
         snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --out '%s' --external-data", bin, dir, file);
         int rc = sh(cmd);
         if (rc != 0) TEST_FAIL("%s: exit %d: %s", cmd, rc, err);
-        snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --out '%s' --onnx-kv-cache", bin, dir, kvfile);
+        snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --out '%s' --onnx-kv-cache", bin, dir,
+                 kvfile);
         rc = sh(cmd);
         if (rc != 0) TEST_FAIL("%s: exit %d: %s", cmd, rc, err);
         snprintf(data, sizeof data, "%s.data", file);
@@ -472,7 +473,8 @@ TEST(lora_adapter_is_refused_and_nothing_written) {
     char p[512];
     snprintf(p, sizeof p, "%s/lora.onnx", tmpdir);
     CHECK_TRUE(anneal_model_save_onnx(m, p, NULL) == ANNEAL_ERR_UNSUPPORTED);
-    CHECK(strstr(anneal_last_error(), "LoRA") != NULL && strstr(anneal_last_error(), "v_proj") != NULL, "error: %s", anneal_last_error());
+    CHECK(strstr(anneal_last_error(), "LoRA") != NULL && strstr(anneal_last_error(), "v_proj") != NULL, "error: %s",
+          anneal_last_error());
     CHECK_TRUE(!exists(p));
     anneal_clear_error();
     anneal_model_free(m);
@@ -494,7 +496,8 @@ TEST(cli_refusals) {
     snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format hf --onnx-kv-cache --out '%s/y'", bin, dir, tmpdir);
     CHECK_TRUE(sh(cmd) == 2);
     CHECK(strstr(err, "--format onnx") != NULL, "stderr: %s", err);
-    snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --dtype bf16 --out '%s/z.onnx'", bin, dir, tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --dtype bf16 --out '%s/z.onnx'", bin, dir,
+             tmpdir);
     CHECK_TRUE(sh(cmd) == 2);
     CHECK(strstr(err, "f32 weights") != NULL, "stderr: %s", err);
     snprintf(cmd, sizeof cmd, "'%s' export --model '%s' --format onnx --out '%s/missing/m.onnx'", bin, dir, tmpdir);
