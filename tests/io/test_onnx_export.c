@@ -1,7 +1,8 @@
 /* ONNX export (anneal_model_save_onnx, `anneal export --format onnx`), proven by the
  * real clients (tests/io/onnx_run.py in the .venv: onnx.checker.check_model with
  * full_check on the path, onnxruntime 1.20 on the CPU):
- * - GPT-2 tiny, llama-tiny (GQA 4/2, untied head, theta 500000 with linear scaling) and
+ * - GPT-2 tiny, llama-tiny (GQA 4/2, untied head, theta 500000 with linear scaling,
+ *   attention_bias: biases on q, k, v and o) and
  *   a Qwen2-like config (q/k/v biases, GQA 8/2, tied head, theta 1e6 with llama3
  *   scaling), random weights (biases and norms too): onnxruntime's logits equal
  *   anneal's (max |a - b| / max |b| <= 1e-4) at batch 2 and two sequence lengths in one
@@ -74,6 +75,7 @@ static bool config_of(const char *which, anneal_model_config *c) {
         c->rope_theta = c->rope.theta = 500000.0f;
         c->rope.scaling = ANNEAL_ROPE_SCALING_LINEAR;
         c->rope.factor = 2.0f;
+        c->qkv_bias = c->out_bias = true; /* Llama's attention_bias: all four projections */
         return true;
     }
     snprintf(c->hf_model_type, sizeof c->hf_model_type, "qwen2");
