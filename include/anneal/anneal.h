@@ -12,6 +12,7 @@
 #include "anneal/peft.h"
 #include "anneal/gguf.h"
 #include "anneal/nn.h"
+#include "anneal/onnx.h"
 #include "anneal/parallel.h"
 #include "anneal/optim.h"
 #include "anneal/models.h"

@@ -156,6 +156,29 @@ typedef struct anneal_hf_save_opts {
  * at all. dir must not exist or be an empty directory; on failure nothing is left. */
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts);
 
+/* ------------------------------------------------------------ ONNX export */
+
+/* Above this many bytes of initializers an ONNX file keeps them in external data
+ * (protobuf messages are limited to 2 GiB; the rest is room for the graph). */
+#define ANNEAL_ONNX_INLINE_MAX_BYTES 2000000000ULL
+
+/* How anneal_onnx_save / anneal_model_save_onnx write. */
+typedef struct anneal_onnx_save_opts {
+    bool kv_cache;      /* anneal_model_save_onnx: past_key_values.N.* inputs, present.N.* outputs */
+    bool external_data; /* every weight in "<path>.data" beside the file, even below the limit */
+    uint64_t inline_max_bytes; /* the automatic limit; 0: ANNEAL_ONNX_INLINE_MAX_BYTES */
+} anneal_onnx_save_opts;
+
+/* Writes g as an ONNX ModelProto (IR ANNEAL_ONNX_IR_VERSION, opset ANNEAL_ONNX_OPSET,
+ * producer "anneal") to path: every weight as f32 raw data (bf16/f16 tensors converted,
+ * transposed ones transposed), in the file or, with external_data or above
+ * inline_max_bytes of weights in all, in "<path>.data" (location = its base name, offsets
+ * 64-byte aligned) with the small constants left inline. Each file is written to a
+ * temporary, fsync'ed and renamed; on failure nothing is left at path. */
+anneal_status anneal_onnx_save(const anneal_onnx_graph *g, const char *path, const anneal_onnx_save_opts *opts);
+/* The model's forward graph (anneal_model_onnx_graph) written with anneal_onnx_save. */
+anneal_status anneal_model_save_onnx(const anneal_model *m, const char *path, const anneal_onnx_save_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 
 #include "anneal/backend.h"
 #include "anneal/nn.h"
+#include "anneal/onnx.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -116,6 +117,12 @@ typedef struct anneal_model_ops {
     /* Writes the weights under their Hugging Face names (what transformers'
      * save_pretrained writes for this architecture). */
     anneal_status (*hf_export)(const anneal_model *m, const anneal_tensor_sink *sink);
+    /* Optional (NULL: the architecture has no ONNX export). Describes the forward pass
+     * into g with the nn blocks' graph pieces (include/anneal/onnx.h): input_ids
+     * (batch, sequence) int64 -> logits (batch, sequence, vocab), and with kv_cache the
+     * past_key_values.N.key/.value inputs and present.N.key/.value outputs, the new
+     * rows placed after the past ones. The graph keeps references to m's tensors. */
+    anneal_status (*onnx_graph)(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
 } anneal_model_ops;
 
 /* A model: the fields every architecture has. Architectures embed it first in their
@@ -231,6 +238,10 @@ anneal_status anneal_model_set_compute(anneal_model *m, anneal_dtype compute);
 void anneal_model_set_training(anneal_model *m, bool training);
 anneal_status anneal_model_hf_import(anneal_model *m, const anneal_tensor_source *src);
 anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_sink *sink);
+/* The model's forward graph into g (see anneal_model_ops.onnx_graph), built in a scope
+ * of its own; ANNEAL_ERR_UNSUPPORTED naming the architecture when it has no ONNX
+ * export, or naming what the exporter cannot express (a LoRA adapter). */
+anneal_status anneal_model_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
 
 /* A cache for `batch` sequences of up to max_len positions (1 <= max_len <= n_ctx, else
  * ANNEAL_ERR_ARG); free it with anneal_kv_cache_free. */

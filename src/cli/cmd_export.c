@@ -1,8 +1,9 @@
 /* anneal export: writes a model (a checkpoint, a run's latest, or a Hugging Face
  * directory to re-shard or convert) in another format: --format hf, a Hugging Face
  * model directory (anneal_model_save_hf) that transformers' from_pretrained loads;
- * --format gguf, one GGUF file (anneal_model_save_gguf) that llama.cpp loads. Other
- * formats are named and refused until they exist. */
+ * --format gguf, one GGUF file (anneal_model_save_gguf) that llama.cpp loads;
+ * --format onnx, one ONNX file of the forward graph (anneal_model_save_onnx) that
+ * onnxruntime runs. */
 #include "anneal/anneal.h"
 #include "args.h"
 #include "commands.h"
@@ -50,14 +51,17 @@ int anneal_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *format = "hf", *out = NULL, *dtype = "fp32", *shard = "5GB",
                *tok_spec = NULL, *gguf_type = "f32";
     int64_t threads = 0;
-    bool help = false;
+    bool help = false, onnx_kv = false, onnx_ext = false;
     cli_flag flags[] = {
         {"ckpt", ARG_STRING, "checkpoint directory, or a run directory (its latest checkpoint)", &ckpt, 0},
         {"model", ARG_STRING, "instead of --ckpt: a Hugging Face model directory (to convert or re-shard)", &model_arg, 0},
-        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); gguf: one llama.cpp GGUF file", &format, 0},
+        {"format", ARG_STRING, "hf: a Hugging Face model directory (default); gguf: one llama.cpp GGUF file; "
+                               "onnx: an ONNX file (opset 17, f32 weights: bf16/f16 checkpoints converted)", &format, 0},
         {"gguf-type", ARG_STRING, "--format gguf: type of the 2-D weights, f32, f16, bf16 or q8_0 (default f32; "
                                   "norms and biases stay f32)", &gguf_type, 0},
-        {"out", ARG_STRING, "the directory to write (must not exist, or be empty); --format gguf: the file", &out, 0},
+        {"out", ARG_STRING, "the directory to write (must not exist, or be empty); --format gguf|onnx: the file", &out, 0},
+        {"onnx-kv-cache", ARG_BOOL, "onnx: past_key_values.N.key/.value inputs and present.N.* outputs", &onnx_kv, 0},
+        {"external-data", ARG_BOOL, "onnx: weights in OUT.data beside the file (automatic above 2 GB)", &onnx_ext, 0},
         {"dtype", ARG_STRING, "stored tensor type: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"max-shard-size", ARG_STRING, "split the weights into shards + model.safetensors.index.json above this size "
                                        "(bytes, or 500MB, 2GB, 1GiB...; default 5GB as transformers)", &shard, 0},
@@ -70,14 +74,14 @@ int anneal_cmd_export(int argc, char **argv) {
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (!cli_parse("export", argc, argv, flags, nf)) return 2;
     if (help) {
-        cli_usage("export", "Writes a checkpoint as a Hugging Face model directory (--format hf).", flags, nf);
+        cli_usage("export", "Writes a checkpoint as a Hugging Face model directory (--format hf) or as an ONNX "
+                            "file of its forward graph (--format onnx).", flags, nf);
         return 0;
     }
     if (!ckpt == !model_arg) return USAGE_ERR("give one of --ckpt DIR or --model DIR");
-    if (!strcmp(format, "onnx"))
-        return USAGE_ERR("--format %s: anneal has no %s exporter (formats: hf, gguf)", format, format);
-    bool gguf = !strcmp(format, "gguf");
-    if (strcmp(format, "hf") && !gguf) return USAGE_ERR("--format: unknown format '%s' (formats: hf, gguf)", format);
+    bool gguf = !strcmp(format, "gguf"), onnx = !strcmp(format, "onnx");
+    if (strcmp(format, "hf") && !gguf && !onnx)
+        return USAGE_ERR("--format: unknown format '%s' (formats: hf, gguf, onnx)", format);
     anneal_gguf_save_opts go = {0};
     static const struct {
         const char *name;
@@ -87,7 +91,10 @@ int anneal_cmd_export(int argc, char **argv) {
     while (gt < 4 && strcmp(gguf_type, gtypes[gt].name)) gt++;
     if (gt == 4) return USAGE_ERR("--gguf-type: unknown type '%s' (f32, f16, bf16, q8_0)", gguf_type);
     go.type = gtypes[gt].type;
-    if (!out || !*out) return USAGE_ERR("--out DIR is required");
+    if (!out || !*out) return USAGE_ERR("--out %s is required", gguf || onnx ? "FILE" : "DIR");
+    if (!onnx && (onnx_kv || onnx_ext)) return USAGE_ERR("--onnx-kv-cache and --external-data go with --format onnx");
+    if (onnx && strcmp(dtype, "fp32") && strcmp(dtype, "f32"))
+        return USAGE_ERR("--dtype %s: ONNX exports keep f32 weights (--dtype goes with --format hf)", dtype);
     anneal_hf_save_opts o = {0};
     if (!anneal_train_dtype_parse(dtype, &o.dtype)) return USAGE_ERR("--dtype: unknown type '%s' (fp32, bf16, fp16)", dtype);
     if (!parse_size(shard, &o.max_shard_bytes))
@@ -103,6 +110,18 @@ int anneal_cmd_export(int argc, char **argv) {
     if (rc) return rc;
     anneal_tokenizer *tok = NULL;
     rc = 1;
+    if (onnx) {
+        anneal_onnx_save_opts oo = {.kv_cache = onnx_kv, .external_data = onnx_ext};
+        if (anneal_model_save_onnx(m, out, &oo) != ANNEAL_OK) {
+            fprintf(stderr, "anneal export: --out %s: %s\n", out, anneal_last_error());
+            goto done;
+        }
+        fprintf(stderr, "anneal export: %s: %s model, %lld parameters, ONNX opset %d, f32 weights%s%s\n", out,
+                m->cfg.arch, (long long)anneal_model_num_params(m), ANNEAL_ONNX_OPSET,
+                onnx_kv ? ", KV-cache inputs/outputs" : "", onnx_ext ? ", external data in OUT.data" : "");
+        rc = 0;
+        goto done;
+    }
     if (!tok_spec) tok_spec = model_tok;
     if (!tok_spec) {
         cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;

@@ -288,6 +288,7 @@ static const anneal_model_ops gpt2_ops = {
     .flops_per_token = op_flops,
     .hf_import = anneal_gpt2_hf_import,
     .hf_export = anneal_gpt2_hf_export,
+    .onnx_graph = anneal_gpt2_onnx_graph,
 };
 
 static const char *const gpt2_hf_types[] = {"gpt2", NULL};

@@ -13,5 +13,7 @@ char *anneal_gpt2_config_to_hf(const anneal_model_config *c);
 anneal_status anneal_gpt2_hf_import(anneal_model *m, const anneal_tensor_source *src);
 /* Every parameter under its name (the tied lm_head.weight omitted, as transformers does). */
 anneal_status anneal_gpt2_hf_export(const anneal_model *m, const anneal_tensor_sink *sink);
+/* GPT-2's forward graph for ONNX export (gpt2_onnx.c; the model interface's onnx_graph). */
+anneal_status anneal_gpt2_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
 
 #endif

@@ -314,6 +314,7 @@ static const anneal_model_ops llama_ops = {
     .flops_per_token = op_flops,
     .hf_import = anneal_llama_hf_import,
     .hf_export = anneal_llama_hf_export,
+    .onnx_graph = anneal_llama_onnx_graph,
 };
 
 /* The model_types of the family: other types (gemma, phi, ...) are refused by the

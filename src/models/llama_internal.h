@@ -41,5 +41,7 @@ anneal_status anneal_llama_hf_import(anneal_model *m, const anneal_tensor_source
 /* Writes every parameter under its transformers name (no lm_head.weight when tied, as
  * save_pretrained writes tied weights once). */
 anneal_status anneal_llama_hf_export(const anneal_model *m, const anneal_tensor_sink *sink);
+/* The forward graph for ONNX export (llama_onnx.c; the model interface's onnx_graph). */
+anneal_status anneal_llama_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
 
 #endif

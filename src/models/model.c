@@ -294,6 +294,19 @@ anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_
     return m->ops->hf_export(m, sink);
 }
 
+anneal_status anneal_model_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache) {
+    if (!m || !g) return anneal_set_error(ANNEAL_ERR_ARG, "onnx export: NULL argument");
+    if (!m->ops->onnx_graph)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "onnx export: architecture %s has no ONNX exporter",
+                                m->cfg.arch);
+    if (g->status != ANNEAL_OK) return g->status;
+    anneal_scope *sc = anneal_scope_open(); /* temporaries (rope tables) die here; g holds its own */
+    anneal_status s = m->ops->onnx_graph(m, g, kv_cache);
+    anneal_scope_close(sc);
+    if (s == ANNEAL_OK && g->status != ANNEAL_OK) s = g->status;
+    return s;
+}
+
 /* ------------------------------------------------------------- generation */
 
 anneal_kv_cache *anneal_model_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {

@@ -376,7 +376,7 @@ TEST(commands_refuse_other_formats_and_bad_model_dirs) {
         int rc;
     } cases[] = {
         {"export --model %s/one --format gguf --gguf-type q4_k --out %s/g", "--gguf-type", 2},
-        {"export --model %s/one --format onnx --out %s/g", "onnx", 2},
+        {"export --model %s/one --format hf --external-data --out %s/g", "--format onnx", 2},
         {"export --model %s/one --format safetensors --out %s/g", "unknown format 'safetensors'", 2},
         {"export --model %s/one --dtype int8 --out %s/g", "--dtype", 2},
         {"export --model %s/one --max-shard-size 2XB --out %s/g", "--max-shard-size", 2},
