@@ -106,6 +106,10 @@ int anneal_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "anneal eval: --data %s: %s\n", data, anneal_last_error());
         goto done;
     }
+    if (anneal_prepare_check_dir(data) != ANNEAL_OK) { /* shards of a prepare that was killed */
+        fprintf(stderr, "anneal eval: --data: %s\n", anneal_last_error());
+        goto done;
+    }
     uint64_t fp = anneal_loader_fingerprint(l);
     if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
         fprintf(stderr,

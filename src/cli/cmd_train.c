@@ -51,36 +51,6 @@ static void usage(void) {
     printf("  %-24s %s\n", "--help", "show this help");
 }
 
-/* Reads a whole (small) file; NULL on failure with errno-style message in err. */
-static char *read_text(const char *path, char *err, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, n, "cannot open");
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4097 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *g = cap > (16u << 20) ? NULL : realloc(buf, cap);
-            if (!g) {
-                free(buf);
-                fclose(f);
-                snprintf(err, n, "too large or out of memory");
-                return NULL;
-            }
-            buf = g;
-        }
-        size_t r = fread(buf + len, 1, 4096, f);
-        len += r;
-        if (r < 4096) break;
-    }
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
-}
-
 /* Applies the command-line flags to c. */
 static bool apply_flags(anneal_train_config *c, const flag_kv *kv, int n) {
     for (int i = 0; i < n; i++) {
@@ -187,10 +157,9 @@ int anneal_cmd_train(int argc, char **argv) {
         goto done;
     }
     if (config_file) {
-        char err[128];
-        file_json = read_text(config_file, err, sizeof err);
-        if (!file_json) {
-            fprintf(stderr, "%sanneal train: --config-file %s: %s\n", rank_prefix, config_file, err);
+        if (anneal_read_text_file(config_file, 16u << 20, &file_json, NULL) != ANNEAL_OK) {
+            fprintf(stderr, "%sanneal train: --config-file %s\n", rank_prefix, anneal_last_error());
+            anneal_clear_error();
             goto done;
         }
     }

@@ -63,6 +63,7 @@ typedef struct trainer {
     anneal_schedule sch;
     train_source train, val;
     bool has_val;
+    char val_note[600];        /* why the val split is unusable (printed after the settings checks) */
     int64_t eval_batches;      /* per evaluation, capped to the val split's size */
     anneal_tokenizer *tok;     /* for samples (NULL: no samples) */
     anneal_checkpointer *ckpt;
