@@ -135,7 +135,8 @@ typedef struct anneal_train_result {
     double train_loss;        /* loss of the last step (NaN if none ran) */
     double val_loss;          /* last validation loss (NaN if none) */
     double seconds;           /* wall time of this invocation */
-    bool interrupted;         /* stopped by anneal_train_request_stop */
+    bool interrupted;         /* stopped by anneal_train_request_stop (or a signal's handler) */
+    int signal;               /* the signal of that request (0: none or a request without one) */
     bool usage_error;         /* the failure is a bad setting (CLI exit code 2) */
     char run_dir[4096];       /* where logs and checkpoints went */
 } anneal_train_result;

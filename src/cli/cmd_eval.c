@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define USAGE_ERR(...) (fprintf(stderr, "anneal eval: " __VA_ARGS__), fputc('\n', stderr), 2)
@@ -106,7 +107,8 @@ int anneal_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "anneal eval: --data %s: %s\n", data, anneal_last_error());
         goto done;
     }
-    if (anneal_prepare_check_dir(data) != ANNEAL_OK) { /* shards of a prepare that was killed */
+    struct stat dsb; /* a directory of shards (not one shard file): complete only with its prepare.json */
+    if (stat(data, &dsb) == 0 && S_ISDIR(dsb.st_mode) && anneal_prepare_check_dir(data) != ANNEAL_OK) {
         fprintf(stderr, "anneal eval: --data: %s\n", anneal_last_error());
         goto done;
     }

@@ -173,8 +173,12 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_mo
     s->config_json = NULL;
     if (config_json) {
         cJSON *c = NULL; /* nothing after the object, no duplicate keys */
-        if (anneal_json_parse(config_json, strlen(config_json), "checkpoint: the trainer config", &c) != ANNEAL_OK)
-            return anneal_last_status();
+        if (anneal_json_parse(config_json, strlen(config_json), "checkpoint: the trainer config", &c) != ANNEAL_OK) {
+            char msg[512]; /* the caller's argument: ANNEAL_ERR_ARG */
+            snprintf(msg, sizeof msg, "%s", anneal_last_error());
+            anneal_clear_error();
+            return anneal_set_error(ANNEAL_ERR_ARG, "%s", msg);
+        }
         bool obj = cJSON_IsObject(c);
         cJSON_Delete(c);
         if (!obj) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: the trainer config is not a JSON object");

@@ -480,6 +480,7 @@ static anneal_status restore_optimizer(const anneal_safetensors *st, const annea
     char key[640];
     for (int i = 0; r == ANNEAL_OK && i < m->params->n; i++) {
         if (!m->params->items[i].trainable) continue;
+        if ((r = anneal_interrupt_check("loading the optimizer state")) != ANNEAL_OK) break;
         for (int j = 0; r == ANNEAL_OK && j < k; j++) {
             snprintf(key, sizeof key, "%s.%s", m->params->items[i].name, names[j]);
             anneal_tensor *dst = anneal_optimizer_state(opt, i, names[j]);

@@ -62,7 +62,18 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     int64_t shape[2] = {t->local_batch, c->seq};
     anneal_scope *step_scope = anneal_scope_open(); /* holds the micro-batches' losses */
     anneal_status st = ANNEAL_OK;
+    bool abandoned = false;
     for (int64_t k = 0; k < c->accum && st == ANNEAL_OK; k++) {
+        if (k > 0) {
+            /* a stop request between micro-batches abandons the step (no update): with a
+             * long --accum a step can take minutes. The ranks agree, as at a step's end. */
+            bool stop = anneal_train_stop_requested(NULL);
+            if ((st = anneal_train_dist_any(t, &stop)) != ANNEAL_OK) break;
+            if (stop) {
+                abandoned = true;
+                break;
+            }
+        }
         /* distributed: gradients are communicated on the last micro-step only */
         if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
@@ -90,8 +101,12 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         }
         anneal_scope_close(s);
     }
-    if (st == ANNEAL_OK) st = read_losses(t, &o->loss);
+    if (st == ANNEAL_OK && !abandoned) st = read_losses(t, &o->loss);
     anneal_scope_close(step_scope);
+    if (abandoned) {
+        anneal_params_zero_grad(t->model->params);
+        return ANNEAL_ERR_INTERRUPTED; /* the caller ends the run as after a step's stop */
+    }
     if (st != ANNEAL_OK) return st;
     o->lr = anneal_schedule_lr(&t->sch, step);
     int64_t span_t0 = anneal_span_begin(); /* gradient sync (DDP), norm, clipping, update */
@@ -319,6 +334,15 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     anneal_train_log_json(t, o);
 }
 
+/* True (and *st cleared to ANNEAL_OK) when *st says a stop request cut the work
+ * short: the run then ends like a stop between steps. */
+static bool stop_hit(anneal_status *st) {
+    if (*st != ANNEAL_ERR_INTERRUPTED) return false;
+    anneal_clear_error();
+    *st = ANNEAL_OK;
+    return true;
+}
+
 /* Re-records the current error with "step N: " in front. */
 static anneal_status step_error(int64_t step1) {
     anneal_status code = anneal_last_status();
@@ -351,11 +375,20 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;
+        if (fail == ANNEAL_ERR_INTERRUPTED) { /* a stop during setup: nothing to save */
+            res->interrupted = true;
+            res->signal = anneal_interrupt_pending() > 0 ? anneal_interrupt_pending() : 0;
+        }
+        anneal_train_stop_reset();
         anneal_train_dist_teardown(t);
         anneal_train_teardown(t);
         free(t);
         return fail;
     }
+    /* distributed: evaluation and samples run to their end on every rank (their
+     * collectives must match); the ranks agree on a stop between micro-batches */
+    bool hold = t->world > 1;
+    if (hold) anneal_interrupt_hold(true);
     print_header(t);
     anneal_train_memory_limit(t, true); /* --memory-limit (profile.c) */
     anneal_train_dist_print_header(t);
@@ -377,6 +410,12 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         step_out so;
         anneal_status rs = run_step(t, step, &so);
         anneal_span_end(ANNEAL_SPAN_STEP, "step", span_t0, 0, 0);
+        if (stop_hit(&rs)) { /* between micro-batches: the step is abandoned */
+            anneal_train_stop_requested(&signo);
+            if (!signo) signo = -1;
+            interrupted = true;
+            break;
+        }
         if (rs != ANNEAL_OK) {
             fail = anneal_train_dist_fatal(t, step_error(step + 1));
             break;
@@ -423,11 +462,23 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         }
         bool last = t->st.step == t->total_steps;
         if (c->eval_every > 0 && t->st.step % c->eval_every == 0 && t->has_val && t->eval_batches > 0) {
-            if ((fail = anneal_train_dist_fatal(t, do_eval(t, &val))) != ANNEAL_OK) break;
+            anneal_status es = do_eval(t, &val);
+            if (stop_hit(&es)) {
+                anneal_train_stop_requested(&signo);
+                interrupted = true;
+                break;
+            }
+            if ((fail = anneal_train_dist_fatal(t, es)) != ANNEAL_OK) break;
             last_eval_step = t->st.step;
         }
         if (c->sample_every > 0 && t->st.step % c->sample_every == 0 && t->tok) {
-            if ((fail = do_sample(t)) != ANNEAL_OK) break;
+            anneal_status ss = do_sample(t);
+            if (stop_hit(&ss)) {
+                anneal_train_stop_requested(&signo);
+                interrupted = true;
+                break;
+            }
+            if ((fail = ss) != ANNEAL_OK) break;
             last_sample_step = t->st.step;
         }
         /* a signal may reach one rank only: the ranks stop together or not at all */
@@ -443,12 +494,22 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
 
     if (fail == ANNEAL_OK) {
         /* the end: evaluation and sample at the final step, then the final checkpoint */
-        if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step)
-            fail = anneal_train_dist_fatal(t, do_eval(t, &val));
+        if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step) {
+            fail = do_eval(t, &val);
+            if (stop_hit(&fail)) anneal_train_stop_requested(&signo), interrupted = true;
+            fail = anneal_train_dist_fatal(t, fail);
+        }
         if (fail == ANNEAL_OK && !interrupted && ran > 0 && c->sample_every > 0 && t->tok &&
-            last_sample_step != t->st.step)
+            last_sample_step != t->st.step) {
             fail = do_sample(t);
-        if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && (ran > 0 || interrupted)) save_checkpoint(t);
+            if (stop_hit(&fail)) anneal_train_stop_requested(&signo), interrupted = true;
+        }
+        /* a checkpoint when a step completed since the last one (a stop before any step of
+         * a new run has nothing to save; a resume's checkpoint is still the latest) */
+        if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && ran > 0) save_checkpoint(t);
+        if (fail == ANNEAL_OK && interrupted && ran == 0 && !t->resume_ckpt[0])
+            fail = anneal_set_error(ANNEAL_ERR_INTERRUPTED, "interrupted by %s before the first step ended",
+                                    signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "a stop request");
     }
     /* every write must be complete (or known to have failed) before we report; an
      * earlier failure keeps its message */
@@ -484,6 +545,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     res->train_loss = last_loss;
     res->val_loss = val;
     res->interrupted = interrupted;
+    res->signal = signo > 0 ? signo : 0;
     res->seconds = (anneal_train_now_ms() - t_start) / 1e3;
     /* every rank gets here (a failure on one rank alone ended the job): collective */
     anneal_status mr = anneal_train_dist_report_memory(t, "at end");
@@ -493,6 +555,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     anneal_train_memory_report(t, "at the end");
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
     anneal_train_stop_reset();
+    if (hold) anneal_interrupt_hold(false);
     anneal_train_dist_teardown(t);
     anneal_train_teardown(t);
     free(t);
