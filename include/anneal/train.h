@@ -64,6 +64,7 @@ typedef struct anneal_train_config {
     int64_t metrics_port;     /* Prometheus /metrics on this port (0: off) */
     char *metrics_addr;       /* the address it listens on (NULL: 127.0.0.1) */
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
+    int64_t max_ckpt_failures; /* stop after this many failed checkpoint writes in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
     /* LoRA fine-tuning (src/train/lora.c): the base frozen, adapters trained */
     int64_t lora_rank;        /* 0: off (every parameter trained) */

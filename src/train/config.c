@@ -86,6 +86,8 @@ static const option_def defs[] = {
     {{"metrics-addr", ANNEAL_OPT_STRING, "address --metrics-port listens on (default 127.0.0.1, loopback only)"},
      OFF(metrics_addr), 0, 0, 0, 0, NULL},
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
+    {{"max-ckpt-failures", ANNEAL_OPT_INT, "stop after N checkpoint writes in a row failed (a full disk, a read-only "
+      "directory), keeping the last complete checkpoint (default 3)"}, OFF(max_ckpt_failures), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
     {{"profile", ANNEAL_OPT_INT, "profile steps N..N+K-1 (K: --profile-steps): a per-op table at the end and a Chrome "
@@ -155,6 +157,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->ckpt_every = 250;
     c->keep = 3;
     c->max_bad_steps = 5;
+    c->max_ckpt_failures = 3;
     c->scale_growth_interval = 2000;
     c->loss_scale_init = 65536;
     c->log_every = 1;

@@ -4,6 +4,7 @@
  * ANNEAL_TEST_INJECT_NAN hook), and SIGINT/SIGTERM: each ends with a clear message
  * and the right exit code, and leaves every complete checkpoint usable. */
 #include "test.h"
+#include <dirent.h>
 #include "train/train_util.h"
 
 static char args[4096], out[600];
@@ -193,6 +194,49 @@ TEST(sigint_and_sigterm) {
     interrupt_with(SIGTERM, "SIGTERM");
 }
 
+/* Issue 16, defect 4: a disk that stays full only warned at each checkpoint, trained
+ * to the end and exited 1 with no failure or summary record. Now every failed write
+ * is a "checkpoint_failed" record, --max-ckpt-failures N (default 3) failures in a
+ * row stop the run with an error naming the newest complete checkpoint, the log ends
+ * with a summary record, and that checkpoint still resumes. */
+TEST(checkpoint_failures_stop_the_run) {
+    char extra[1600], run[700], logp[800];
+    snprintf(run, sizeof run, "%s/full", dir);
+    snprintf(logp, sizeof logp, "%s/log.jsonl", run);
+    snprintf(extra, sizeof extra, "--steps 4 --ckpt-every 2 --data %s --out %s", data, run);
+    REQUIRE(run_tiny(extra, 0) == 0);
+    int before = tu_count_records(logp, "step");
+    snprintf(args, sizeof args, "train --resume %s --steps 40 --ckpt-every 2", run);
+    int rc = tu_run_anneal(args, out, 200000); /* files past 200 kB fail: a full disk */
+    CHECK(rc == 1 && strstr(OUTPUT, "3 checkpoint writes in a row failed") && strstr(OUTPUT, "--max-ckpt-failures 3") &&
+              strstr(OUTPUT, "ckpt_00000004"),
+          "exit %d: %s", rc, OUTPUT);
+    int steps = tu_count_records(logp, "step") - before;
+    CHECK(steps > 0 && steps < 36, "%d steps after the resume", steps);
+    CHECK(tu_count_records(logp, "checkpoint_failed") == 3, "%d checkpoint_failed records",
+          tu_count_records(logp, "checkpoint_failed"));
+    const char *log = tu_slurp(logp), *last = strrchr(log, '{');
+    while (last && last > log && last[-1] != '\n') last--; /* the start of the last line */
+    CHECK(last && strstr(last, "\"type\":\"summary\"") && strstr(last, "\"failed\":true"), "last record: %s",
+          last ? last : "(none)");
+    char ck[1024];
+    CHECK_TRUE(anneal_checkpoint_resolve(run, ck, sizeof ck) == ANNEAL_OK && strstr(ck, "ckpt_00000004"));
+    DIR *d = opendir(run); /* nothing half-written is left */
+    REQUIRE(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        CHECK(strncmp(e->d_name, ".tmp", 4) != 0 && !strstr(e->d_name, ".tmp."), "left behind: %s", e->d_name);
+    closedir(d);
+    /* --max-ckpt-failures 1: the first failure stops it */
+    snprintf(args, sizeof args, "train --resume %s --steps 40 --ckpt-every 2 --max-ckpt-failures 1", run);
+    rc = tu_run_anneal(args, out, 200000);
+    CHECK(rc == 1 && strstr(OUTPUT, "1 checkpoint write in a row failed"), "exit %d: %s", rc, OUTPUT);
+    /* with room again, the kept checkpoint resumes and the run finishes */
+    snprintf(args, sizeof args, "train --resume %s --steps 6", run);
+    rc = tu_run_anneal(args, out, 0);
+    CHECK(rc == 0 && strstr(OUTPUT, "step     6/6"), "exit %d: %s", rc, OUTPUT);
+}
+
 /* Waits at most `seconds` for pid: its exit code (tu_wait's), or -1 after killing it
  * with SIGKILL when it is still running then. *secs: how long it took. */
 static int wait_bounded(pid_t pid, double seconds, double *secs) {
@@ -328,6 +372,7 @@ int main(void) {
     RUN(unwritable_out);
     RUN(non_finite_losses);
     RUN(sigint_and_sigterm);
+    RUN(checkpoint_failures_stop_the_run);
     RUN(stop_signal_between_micro_batches);
     RUN(stop_signal_during_setup);
     tu_rmrf(dir);
