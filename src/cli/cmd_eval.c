@@ -87,7 +87,14 @@ int anneal_cmd_eval(int argc, char **argv) {
                   : anneal_cli_load_model("eval", "model", model_arg, &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
-    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    cJSON *config = NULL;
+    if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
+                           ANNEAL_OK) {
+        fprintf(stderr, "anneal eval: %s\n", anneal_last_error());
+        free(config_text);
+        anneal_model_free(m);
+        return 1;
+    }
     free(config_text);
     int64_t n_ctx = m->cfg.n_ctx;
     if (!given(flags, nf, "batch")) batch = config_int(config, "batch", 8);

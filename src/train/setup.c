@@ -403,6 +403,13 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
                 anneal_train_state tmp;
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
                 if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
+                /* ids of another tokenizer (of the same vocabulary size) mean other tokens: refused as --resume does */
+                if (st == ANNEAL_OK && tmp.tokenizer_fingerprint && t->data_fingerprint &&
+                    tmp.tokenizer_fingerprint != t->data_fingerprint)
+                    return USAGE("--init: the checkpoint %s was trained on data of tokenizer %016llx but --data %s has "
+                                 "%016llx (the same ids would mean other tokens)",
+                                 ck, (unsigned long long)tmp.tokenizer_fingerprint, c->data,
+                                 (unsigned long long)t->data_fingerprint);
             } else { /* a model directory, a .safetensors file or a sharded set's index */
                 st = anneal_model_load_hf_weights(t->model, c->init);
             }
