@@ -179,6 +179,19 @@ TEST(interrupted_prepare_temporaries_are_removed) {
     CHECK_TRUE(exists(live_p) && exists(other_p));
     unlink(live_p);
     unlink(other_p);
+    /* the same for `anneal tokenizer train --out` and `anneal export --out` (a directory) */
+    snprintf(dead_p, sizeof dead_p, "%s/tok/tokenizer.json.tmp.%d", D, (int)child);
+    write_file(dead_p, "half a tokenizer");
+    REQUIRE(run_in(D, "tokenizer train --vocab-size 300 --input c.txt --out tok --threads 1") == 0);
+    CHECK(!exists(dead_p), "%s left", dead_p);
+    char exp_tmp[400];
+    snprintf(exp_tmp, sizeof exp_tmp, "%s/exported.tmp.%d", D, (int)child);
+    mkdir(exp_tmp, 0755);
+    snprintf(dead_p, sizeof dead_p, "%s/model.safetensors", exp_tmp);
+    write_file(dead_p, "half a model");
+    snprintf(a, sizeof a, "export --ckpt %s/run1 --format hf --out %s/exported", D, D);
+    rc = run_in(D, a);
+    CHECK(rc == 0 && !exists(exp_tmp), "exit %d, %s: %s", rc, exists(exp_tmp) ? "left" : "removed", OUTPUT);
 }
 
 /* Defect 6: JSON settings with a key containing \u0000 or a key twice are refused,
