@@ -297,14 +297,14 @@ TEST(stop_signal_between_micro_batches) {
     /* a step done: the signal lands in a later step's micro-batches, the checkpoint is of the last whole step */
     snprintf(run, sizeof run, "%s/accum2", dir);
     snprintf(logp, sizeof logp, "%s/log.jsonl", run);
-    snprintf(a, sizeof a, "train --synthetic --model tiny --steps 1000 --accum 200 --threads 2 --peak-gflops 100 "
+    snprintf(a, sizeof a, "train --synthetic --model tiny --steps 1000 --accum 60 --threads 2 --peak-gflops 100 "
                           "--ckpt-every 0 --out %s", run);
     pid = spawn_anneal(a);
     REQUIRE(pid > 0);
     for (int i = 0; i < 24000 && tu_count_records(logp, "step") < 1; i++) tu_sleep_ms(5);
     kill(pid, SIGTERM);
     rc = wait_bounded(pid, STOP_BOUND_S, &secs);
-    printf("    SIGTERM during --accum 200 after a step: exit %d after %.2f s\n", rc, secs);
+    printf("    SIGTERM during --accum 60 after a step: exit %d after %.2f s\n", rc, secs);
     CHECK(rc == 0 && strstr(OUTPUT, "interrupted by SIGTERM"), "exit %d after %.1f s: %s", rc, secs, OUTPUT);
     int steps = tu_count_records(logp, "step");
     char want[64];
