@@ -3,6 +3,7 @@
 #define ANNEAL_H
 
 #include "anneal/core.h"
+#include "anneal/parse.h"
 #include "anneal/trace.h"
 #include "anneal/backend.h"
 #include "anneal/autograd.h"

@@ -26,6 +26,7 @@ typedef enum anneal_status {
     ANNEAL_ERR_STATE,       /* call made in the wrong state (e.g. backward twice) */
     ANNEAL_ERR_UNSUPPORTED, /* a valid request this build cannot do */
     ANNEAL_ERR_NUMERIC,     /* NaN/Inf where a finite value is required */
+    ANNEAL_ERR_INTERRUPTED, /* a stop was requested (SIGINT/SIGTERM) while the work ran */
 } anneal_status;
 
 /* Records an error for this thread and returns `code`. The first error since the
@@ -41,6 +42,28 @@ const char *anneal_last_error(void);
 void anneal_clear_error(void);
 /* Short name of a status code ("ANNEAL_ERR_SHAPE"). */
 const char *anneal_status_name(anneal_status s);
+
+/* ---------------------------------------------------------------- stop requests */
+
+/* A process-wide stop request (src/core/interrupt.c): a SIGINT/SIGTERM handler records
+ * it, and long loops (building and initialising a model, loading weights or a
+ * checkpoint, opening shards, evaluation, generation, the trainer's micro-batches)
+ * check it and end with ANNEAL_ERR_INTERRUPTED, so a stop takes effect within moments
+ * wherever the work is. */
+/* Records a stop request: signo > 0 names the signal, anything else means "a stop
+ * without a signal" (-1). Async-signal-safe. */
+void anneal_interrupt_request(int signo);
+/* The pending request: its signal, -1 without one, 0 when none is pending. */
+int anneal_interrupt_pending(void);
+/* Forgets the pending request. */
+void anneal_interrupt_reset(void);
+/* ANNEAL_OK when no stop is pending (or checks are held); else records and returns
+ * ANNEAL_ERR_INTERRUPTED with "interrupted by SIGTERM while <what>". */
+anneal_status anneal_interrupt_check(const char *what);
+/* While held (calls nest), anneal_interrupt_check answers ANNEAL_OK and a request stays
+ * pending: for work that every rank of a job must finish together (its collectives),
+ * where the caller itself decides when to stop. Not for signal handlers. */
+void anneal_interrupt_hold(bool on);
 
 /* ---------------------------------------------------------------- dtypes */
 

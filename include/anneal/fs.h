@@ -7,6 +7,7 @@
 #ifndef ANNEAL_FS_H
 #define ANNEAL_FS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "anneal/core.h"
@@ -40,5 +41,17 @@ anneal_status anneal_write_file_atomic(const char *path, const void *data, size_
 /* fsyncs the directory that contains path (so a rename into it is durable).
  * File systems that cannot fsync a directory (EINVAL) count as success. */
 anneal_status anneal_fsync_parent_dir(const char *path);
+
+/* Leftovers of interrupted atomic writes (src/core/fs_stale.c). */
+/* True when name is "<base>.tmp.<pid>" (pid: 1-9 decimal digits, no leading zero):
+ * *base_len is the length of <base>. */
+bool anneal_tmp_name_parse(const char *name, size_t *base_len, long *pid);
+/* True when no process has this pid (kill(pid, 0) fails with ESRCH); false for our own
+ * pid and for a live process of another user. */
+bool anneal_pid_is_dead(long pid);
+/* Removes the regular files "<base>.tmp.<pid>" in dir whose <base> ours() accepts and
+ * whose pid is dead (a live pid keeps its file: a concurrent writer, or a reused pid
+ * whose file a later run removes). Returns how many were removed. */
+int anneal_remove_stale_tmp_files(const char *dir, bool (*ours)(const char *base, size_t base_len));
 
 #endif

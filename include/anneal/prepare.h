@@ -38,6 +38,7 @@ typedef struct anneal_prepare_result {
     anneal_prepare_shard *shards;    /* train shards in order, then val shards */
     int n_shards;
     int stale_removed;               /* old <split>_NNNNNN.bin files beyond this run's count */
+    int stale_tmp_removed;           /* "*.tmp.<pid>" files of interrupted runs (dead pids) removed */
 } anneal_prepare_result;
 
 /* Runs the pipeline and writes DIR/train_NNNNNN.bin, DIR/val_NNNNNN.bin (when
@@ -45,6 +46,17 @@ typedef struct anneal_prepare_result {
  * the shard being written is removed and prepare.json is absent. */
 anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepare_result *res);
 void anneal_prepare_result_free(anneal_prepare_result *res);
+
+/* Checks that data_dir is the complete output of anneal prepare: DIR/prepare.json
+ * exists (prepare writes it last, so a prepare that was killed leaves none) and is a
+ * JSON object. The error names the missing or bad file (ANNEAL_ERR_IO / FORMAT). */
+anneal_status anneal_prepare_check_dir(const char *data_dir);
+
+/* The tokenizer DIR/prepare.json names, ready for anneal_tokenizer_load (malloc'd in
+ * *spec; NULL when it names none): "gpt2" and absolute paths as stored; a relative
+ * path (files of earlier versions) is taken inside the data directory when it exists
+ * there, else relative to the current directory as before. Errors name the file. */
+anneal_status anneal_prepare_tokenizer_spec(const char *data_dir, char **spec);
 
 /* Length of the first chunk of text[0..len) when aiming at `target` bytes: the last
  * safe cut in (0, target] (see FORMATS.md), else (*forced set) target moved back to a

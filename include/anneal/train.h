@@ -64,6 +64,7 @@ typedef struct anneal_train_config {
     int64_t metrics_port;     /* Prometheus /metrics on this port (0: off) */
     char *metrics_addr;       /* the address it listens on (NULL: 127.0.0.1) */
     int64_t max_bad_steps;    /* stop after this many non-finite steps in a row */
+    int64_t max_ckpt_failures; /* stop after this many failed checkpoint writes in a row */
     double peak_gflops;       /* MFU denominator; <= 0: measured at start */
     /* LoRA fine-tuning (src/train/lora.c): the base frozen, adapters trained */
     int64_t lora_rank;        /* 0: off (every parameter trained) */
@@ -135,7 +136,8 @@ typedef struct anneal_train_result {
     double train_loss;        /* loss of the last step (NaN if none ran) */
     double val_loss;          /* last validation loss (NaN if none) */
     double seconds;           /* wall time of this invocation */
-    bool interrupted;         /* stopped by anneal_train_request_stop */
+    bool interrupted;         /* stopped by anneal_train_request_stop (or a signal's handler) */
+    int signal;               /* the signal of that request (0: none or a request without one) */
     bool usage_error;         /* the failure is a bad setting (CLI exit code 2) */
     char run_dir[4096];       /* where logs and checkpoints went */
 } anneal_train_result;

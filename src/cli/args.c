@@ -1,5 +1,6 @@
 /* Flag parsing for subcommands (see args.h). */
 #include "args.h"
+#include "anneal/parse.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,22 +9,28 @@
 #include <string.h>
 
 static bool set_value(const char *cmd, cli_flag *f, const char *v) {
-    char *end = NULL;
-    errno = 0;
     switch (f->kind) {
     case ARG_INT: {
-        long long x = strtoll(v, &end, 10);
-        if (errno || !*v || *end) {
-            fprintf(stderr, "anneal %s: --%s expects an integer, got '%s'\n", cmd, f->name, v);
+        int64_t x = 0;
+        anneal_number_parse np = anneal_parse_decimal_i64(v, &x);
+        if (np != ANNEAL_NUMBER_OK) {
+            if (np == ANNEAL_NUMBER_RANGE)
+                fprintf(stderr, "anneal %s: --%s: %s is out of range (a 64-bit integer)\n", cmd, f->name, v);
+            else
+                fprintf(stderr, "anneal %s: --%s expects a decimal integer, got '%s'\n", cmd, f->name, v);
             return false;
         }
         *(int64_t *)f->dst = x;
         break;
     }
     case ARG_FLOAT: {
-        double x = strtod(v, &end);
-        if (errno || !*v || *end || !isfinite(x)) {
-            fprintf(stderr, "anneal %s: --%s expects a number, got '%s'\n", cmd, f->name, v);
+        double x = 0;
+        anneal_number_parse np = anneal_parse_decimal_f64(v, &x);
+        if (np != ANNEAL_NUMBER_OK) {
+            if (np == ANNEAL_NUMBER_RANGE)
+                fprintf(stderr, "anneal %s: --%s: %s is out of range (a finite double)\n", cmd, f->name, v);
+            else
+                fprintf(stderr, "anneal %s: --%s expects a decimal number, got '%s'\n", cmd, f->name, v);
             return false;
         }
         *(double *)f->dst = x;

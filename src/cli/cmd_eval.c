@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define USAGE_ERR(...) (fprintf(stderr, "anneal eval: " __VA_ARGS__), fputc('\n', stderr), 2)
@@ -86,7 +87,14 @@ int anneal_cmd_eval(int argc, char **argv) {
                   : anneal_cli_load_model("eval", "model", model_arg, &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
-    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    cJSON *config = NULL;
+    if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
+                           ANNEAL_OK) {
+        fprintf(stderr, "anneal eval: %s\n", anneal_last_error());
+        free(config_text);
+        anneal_model_free(m);
+        return 1;
+    }
     free(config_text);
     int64_t n_ctx = m->cfg.n_ctx;
     if (!given(flags, nf, "batch")) batch = config_int(config, "batch", 8);
@@ -104,6 +112,11 @@ int anneal_cmd_eval(int argc, char **argv) {
     anneal_loader_config lc = {.batch = batch, .seq = seq, .shuffle = false, .rank = 0, .world = 1, .prefetch = true};
     if (anneal_loader_open(data, split, &lc, &l) != ANNEAL_OK) {
         fprintf(stderr, "anneal eval: --data %s: %s\n", data, anneal_last_error());
+        goto done;
+    }
+    struct stat dsb; /* a directory of shards (not one shard file): complete only with its prepare.json */
+    if (stat(data, &dsb) == 0 && S_ISDIR(dsb.st_mode) && anneal_prepare_check_dir(data) != ANNEAL_OK) {
+        fprintf(stderr, "anneal eval: --data: %s\n", anneal_last_error());
         goto done;
     }
     uint64_t fp = anneal_loader_fingerprint(l);

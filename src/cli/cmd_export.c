@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,8 @@ int anneal_cmd_export(int argc, char **argv) {
     if (rc) return rc;
     anneal_tokenizer *tok = NULL;
     rc = 1;
+    char tok_from[PATH_MAX + 64] = "--tokenizer";
+    if (!tok_spec) snprintf(tok_from, sizeof tok_from, "the model's tokenizer.json");
     if (onnx) {
         anneal_onnx_save_opts oo = {.kv_cache = onnx_kv, .external_data = onnx_ext};
         if (anneal_model_save_onnx(m, out, &oo) != ANNEAL_OK) {
@@ -124,13 +127,18 @@ int anneal_cmd_export(int argc, char **argv) {
     }
     if (!tok_spec) tok_spec = model_tok;
     if (!tok_spec) {
-        cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
-        tok_spec = run_tok = anneal_cli_run_tokenizer(config);
+        cJSON *config = NULL;
+        if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config",
+                                             &config) != ANNEAL_OK) {
+            fprintf(stderr, "anneal export: %s\n", anneal_last_error());
+            goto done;
+        }
+        tok_spec = run_tok = anneal_cli_run_tokenizer(config, tok_from, sizeof tok_from);
         cJSON_Delete(config);
     }
     if (tok_spec && strcmp(tok_spec, "none")) {
         if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
-            fprintf(stderr, "anneal export: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
+            anneal_cli_tokenizer_error("export", tok_spec, tok_from, anneal_last_error());
             goto done;
         }
         uint64_t fp = anneal_tokenizer_fingerprint(tok);

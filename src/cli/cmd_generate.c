@@ -67,29 +67,23 @@ static int load_hf(const char *weights, const char *config, anneal_model **model
 /* The tokenizer a training run used (malloc'd, or NULL): its --tokenizer, else the one
  * its data directory's prepare.json names (a relative path there is tried both as
  * given and inside the data directory). */
-char *anneal_cli_run_tokenizer(const cJSON *config) {
+char *anneal_cli_run_tokenizer(const cJSON *config, char *from, size_t from_n) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
-    if (cJSON_IsString(t) && *t->valuestring) return strdup(t->valuestring);
+    if (cJSON_IsString(t) && *t->valuestring) {
+        snprintf(from, from_n, "the training run's --tokenizer");
+        return strdup(t->valuestring);
+    }
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(config, "data");
     if (!cJSON_IsString(d)) return NULL;
-    char path[PATH_MAX], *text = NULL;
-    snprintf(path, sizeof path, "%s/prepare.json", d->valuestring);
-    FILE *f = fopen(path, "rb");
-    long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (size > 0 && size < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1)))
-        text[fread(text, 1, (size_t)size, f)] = '\0';
-    if (f) fclose(f);
-    cJSON *prep = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(prep, "tokenizer"), "spec");
-    char *out = NULL;
-    if (cJSON_IsString(spec) && *spec->valuestring) {
-        snprintf(path, sizeof path, "%s/%s", d->valuestring, spec->valuestring);
-        bool inside = spec->valuestring[0] != '/' && strcmp(spec->valuestring, "gpt2") && access(path, F_OK) == 0;
-        out = strdup(inside ? path : spec->valuestring);
-    }
-    cJSON_Delete(prep);
-    return out;
+    char *spec = NULL;
+    if (anneal_prepare_tokenizer_spec(d->valuestring, &spec) != ANNEAL_OK) anneal_clear_error(); /* none known */
+    snprintf(from, from_n, "prepare.json of %s", d->valuestring);
+    return spec;
+}
+
+void anneal_cli_tokenizer_error(const char *cmd, const char *spec, const char *from, const char *msg) {
+    if (!from || !*from || !strcmp(from, "--tokenizer")) fprintf(stderr, "anneal %s: --tokenizer %s: %s\n", cmd, spec, msg);
+    else fprintf(stderr, "anneal %s: tokenizer %s (from %s): %s\n", cmd, spec, from, msg);
 }
 
 /* Where generated text goes: the streaming decoder and a token count. */
@@ -191,8 +185,17 @@ int anneal_cmd_generate(int argc, char **argv) {
                                                  &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
-    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    cJSON *config = NULL;
+    if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
+                           ANNEAL_OK) {
+        fprintf(stderr, "anneal generate: %s\n", anneal_last_error());
+        free(config_text);
+        anneal_model_free(m);
+        return 1;
+    }
     free(config_text);
+    char tok_from[PATH_MAX + 64] = "--tokenizer";
+    if (!tok_spec) snprintf(tok_from, sizeof tok_from, "the model's tokenizer.json");
     if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
         char dir[4096];
         char tj[4096 + 16];
@@ -202,7 +205,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         }
     }
     if (!tok_spec) tok_spec = model_tok;
-    char *run_tok = tok_spec ? NULL : anneal_cli_run_tokenizer(config);
+    char *run_tok = tok_spec ? NULL : anneal_cli_run_tokenizer(config, tok_from, sizeof tok_from);
     if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
@@ -214,15 +217,15 @@ int anneal_cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
-        fprintf(stderr, "anneal generate: --tokenizer %s: %s\n", tok_spec, anneal_last_error());
+        anneal_cli_tokenizer_error("generate", tok_spec, tok_from, anneal_last_error());
         goto done;
     }
     uint64_t fp = anneal_tokenizer_fingerprint(tok);
     if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
-        fprintf(stderr,
-                "anneal generate: --tokenizer %s: fingerprint %016llx does not match the checkpoint's %016llx "
-                "(the model was trained on ids of another tokenizer)\n",
-                tok_spec, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
+        char msg[256];
+        snprintf(msg, sizeof msg, "fingerprint %016llx does not match the checkpoint's %016llx (the model was trained "
+                 "on ids of another tokenizer)", (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
+        anneal_cli_tokenizer_error("generate", tok_spec, tok_from, msg);
         rc = 2;
         goto done;
     }

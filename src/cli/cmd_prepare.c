@@ -127,6 +127,9 @@ int anneal_cmd_prepare(int argc, char **argv) {
     if (res.forced_cuts)
         printf("note: %llu chunk cut%s had no safe point within --chunk-bytes (see docs/FORMATS.md)\n",
                (unsigned long long)res.forced_cuts, res.forced_cuts == 1 ? "" : "s");
+    if (res.stale_tmp_removed)
+        printf("removed %d temporary file%s left in %s by an interrupted run\n", res.stale_tmp_removed,
+               res.stale_tmp_removed == 1 ? "" : "s", out);
     if (res.stale_removed)
         printf("removed %d shard file%s left in %s by an earlier run\n", res.stale_removed,
                res.stale_removed == 1 ? "" : "s", out);

@@ -113,16 +113,12 @@ static double bits_per_byte(const cJSON *config, double val_loss, char *why, siz
     }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/prepare.json", data);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(why, n, "%s: %s", path, strerror(errno));
+    cJSON *p = NULL;
+    if (anneal_json_read_file(path, 64u << 20, &p) != ANNEAL_OK) {
+        snprintf(why, n, "%s", anneal_last_error());
+        anneal_clear_error();
         return NAN;
     }
-    static char buf[1 << 20];
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[k] = 0;
-    cJSON *p = cJSON_Parse(buf);
     double bytes = num(p, "bytes"), tokens = num(p, "train_tokens") + num(p, "val_tokens");
     cJSON_Delete(p);
     if (!(bytes > 0 && tokens > 0)) {

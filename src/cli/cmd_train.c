@@ -1,8 +1,12 @@
 /* anneal train: flag parsing and wiring for the training loop (src/train). Settings
  * come in layers, later ones winning: defaults, then (with --resume) the settings
  * saved in the checkpoint, then --config-file (a JSON object whose keys are the flag
- * names), then the command line. SIGINT/SIGTERM ask the loop to finish the step,
- * write a checkpoint and exit 0; a second signal ends the process at once. */
+ * names), then the command line. The first SIGINT/SIGTERM stops the run within
+ * moments wherever it is (between micro-batches, in setup's loops, in evaluation):
+ * with a step done since the last checkpoint it writes one, and the exit status is 0
+ * when a checkpoint to resume from exists, 128 + the signal when the run stopped
+ * before it had anything to save; a second signal exits at once with 128 + the signal
+ * (docs/ARCHITECTURE.md, "Stopping a run"). */
 #include "anneal/anneal.h"
 #include "anneal/train.h"
 #include "commands.h"
@@ -24,8 +28,14 @@ typedef struct flag_kv {
 } flag_kv;
 
 static void on_signal(int signo) {
-    static const char msg[] = "\nanneal train: stopping after this step and writing a checkpoint "
-                              "(signal again to quit at once)\n";
+    static const char msg[] = "\nanneal train: stopping (a checkpoint if a step completed since the last one; "
+                              "signal again to quit at once)\n";
+    static const char again[] = "\nanneal train: second signal: exiting now\n";
+    if (anneal_interrupt_pending()) { /* the second one: no cleanup, the last complete checkpoint stays */
+        ssize_t w = write(STDERR_FILENO, again, sizeof again - 1);
+        (void)w;
+        _exit(128 + signo);
+    }
     anneal_train_request_stop(signo);
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
@@ -49,36 +59,6 @@ static void usage(void) {
     }
     printf("  %-24s %s\n", "--config-file FILE", "JSON object of settings named like the flags (flags override it)");
     printf("  %-24s %s\n", "--help", "show this help");
-}
-
-/* Reads a whole (small) file; NULL on failure with errno-style message in err. */
-static char *read_text(const char *path, char *err, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, n, "cannot open");
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4097 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *g = cap > (16u << 20) ? NULL : realloc(buf, cap);
-            if (!g) {
-                free(buf);
-                fclose(f);
-                snprintf(err, n, "too large or out of memory");
-                return NULL;
-            }
-            buf = g;
-        }
-        size_t r = fread(buf + len, 1, 4096, f);
-        len += r;
-        if (r < 4096) break;
-    }
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
 }
 
 /* Applies the command-line flags to c. */
@@ -187,10 +167,9 @@ int anneal_cmd_train(int argc, char **argv) {
         goto done;
     }
     if (config_file) {
-        char err[128];
-        file_json = read_text(config_file, err, sizeof err);
-        if (!file_json) {
-            fprintf(stderr, "%sanneal train: --config-file %s: %s\n", rank_prefix, config_file, err);
+        if (anneal_read_text_file(config_file, 16u << 20, &file_json, NULL) != ANNEAL_OK) {
+            fprintf(stderr, "%sanneal train: --config-file %s\n", rank_prefix, anneal_last_error());
+            anneal_clear_error();
             goto done;
         }
     }
@@ -225,7 +204,7 @@ int anneal_cmd_train(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -235,7 +214,10 @@ int anneal_cmd_train(int argc, char **argv) {
     /* rank 0 prints progress; every rank reports its own errors on stderr */
     anneal_status st = anneal_train_run_comm(&cfg, comm, rank == 0 ? stdout : NULL, &res);
     fflush(stdout);
-    if (st != ANNEAL_OK) {
+    if (st == ANNEAL_ERR_INTERRUPTED) { /* stopped before there was anything to save */
+        fprintf(stderr, "%sanneal train: %s (nothing saved)\n", rank_prefix, anneal_last_error());
+        rc = 128 + (res.signal > 0 ? res.signal : SIGTERM);
+    } else if (st != ANNEAL_OK) {
         fprintf(stderr, "%sanneal train: %s\n", rank_prefix, anneal_last_error());
         rc = res.usage_error ? 2 : 1;
     } else {

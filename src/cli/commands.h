@@ -45,8 +45,14 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, st
 struct anneal_tokenizer;
 int anneal_cli_tokenizer_load(const char *spec, struct anneal_tokenizer **tok);
 /* cmd_generate.c: the tokenizer a training run used, from its trainer config (its
- * --tokenizer, else its data's prepare.json); malloc'd or NULL. */
+ * --tokenizer, else its data's prepare.json, resolved as anneal_prepare_tokenizer_spec
+ * does); malloc'd or NULL. `from` (from_n bytes) says where it came from, for
+ * messages ("the training run's --tokenizer", "prepare.json of DIR"). */
 struct cJSON;
-char *anneal_cli_run_tokenizer(const struct cJSON *config);
+char *anneal_cli_run_tokenizer(const struct cJSON *config, char *from, size_t from_n);
+/* Prints "anneal CMD: --tokenizer SPEC: MSG" for a spec the user gave, else
+ * "anneal CMD: tokenizer SPEC (from FROM): MSG", so a message never names a flag the
+ * user did not pass. */
+void anneal_cli_tokenizer_error(const char *cmd, const char *spec, const char *from, const char *msg);
 
 #endif

@@ -41,6 +41,7 @@ const char *anneal_status_name(anneal_status s) {
     case ANNEAL_ERR_STATE: return "ANNEAL_ERR_STATE";
     case ANNEAL_ERR_UNSUPPORTED: return "ANNEAL_ERR_UNSUPPORTED";
     case ANNEAL_ERR_NUMERIC: return "ANNEAL_ERR_NUMERIC";
+    case ANNEAL_ERR_INTERRUPTED: return "ANNEAL_ERR_INTERRUPTED";
     }
     return "ANNEAL_ERR_?";
 }

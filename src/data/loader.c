@@ -339,6 +339,7 @@ anneal_status anneal_loader_open(const char *path, const char *split,
     }
     l->cfg = *cfg;
     for (size_t i = 0; i < n_files && st == ANNEAL_OK; i++) {
+        if ((st = anneal_interrupt_check("opening the data shards")) != ANNEAL_OK) break;
         if ((st = anneal_shard_open(files[i], true, &l->shards[i]))) break;
         l->n_shards = i + 1;
         const anneal_shard_info *a = &l->shards[0]->info, *b = &l->shards[i]->info;

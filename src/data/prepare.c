@@ -12,6 +12,7 @@
 
 #include "anneal/shard.h"
 #include "anneal/fs.h"
+#include "anneal/parse.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -378,7 +379,10 @@ static anneal_status write_manifest(const anneal_prepare_config *cfg, const inpu
     cJSON *tk = cJSON_AddObjectToObject(root, "tokenizer");
     cJSON_AddStringToObject(root, "format", "anneal-prepare");
     cJSON_AddNumberToObject(root, "version", 1);
-    cJSON_AddStringToObject(tk, "spec", cfg->tokenizer_spec ? cfg->tokenizer_spec : "");
+    /* a path is stored absolute, so the tokenizer is found from any directory (FORMATS.md) */
+    char *abs = cfg->tokenizer_spec && strcmp(cfg->tokenizer_spec, "gpt2") ? realpath(cfg->tokenizer_spec, NULL) : NULL;
+    cJSON_AddStringToObject(tk, "spec", abs ? abs : cfg->tokenizer_spec ? cfg->tokenizer_spec : "");
+    free(abs);
     cJSON_AddStringToObject(tk, "fingerprint", hex64(anneal_tokenizer_fingerprint(cfg->tok), hex));
     cJSON_AddNumberToObject(tk, "vocab_size", anneal_tokenizer_vocab_size(cfg->tok));
     cJSON_AddNumberToObject(tk, "eot", anneal_tokenizer_eot(cfg->tok));
@@ -424,9 +428,20 @@ static anneal_status write_manifest(const anneal_prepare_config *cfg, const inpu
     return s;
 }
 
+/* The temporaries an interrupted prepare leaves in its --out: "<split>_NNNNNN.bin",
+ * "prepare.json" and ".stdin" (the spool of standard input), each + ".tmp.<pid>". */
+static bool prepare_owns(const char *base, size_t n) {
+    if ((n == 12 && !strncmp(base, "prepare.json", 12)) || (n == 6 && !strncmp(base, ".stdin", 6))) return true;
+    size_t sl = n >= 16 && !strncmp(base, "train_", 6) ? 5 : n >= 14 && !strncmp(base, "val_", 4) ? 3 : 0;
+    if (!sl || n != sl + 1 + 6 + 4 || strncmp(base + sl + 7, ".bin", 4)) return false;
+    for (size_t i = 0; i < 6; i++)
+        if (base[sl + 1 + i] < '0' || base[sl + 1 + i] > '9') return false;
+    return true;
+}
+
 /* Validates cfg, stats every input (so a missing file fails before anything is
  * written) and prepares the output directory. */
-static anneal_status setup(const anneal_prepare_config *cfg, input *inputs, uint64_t *total) {
+static anneal_status setup(const anneal_prepare_config *cfg, input *inputs, uint64_t *total, int *stale_tmp) {
     if (!cfg->tok) return anneal_set_error(ANNEAL_ERR_ARG, "prepare: no tokenizer");
     if (!cfg->out_dir || !*cfg->out_dir) return anneal_set_error(ANNEAL_ERR_ARG, "prepare: no output directory");
     if (cfg->n_inputs <= 0) return anneal_set_error(ANNEAL_ERR_ARG, "prepare: no input files");
@@ -459,6 +474,8 @@ static anneal_status setup(const anneal_prepare_config *cfg, input *inputs, uint
     struct stat st;
     if (stat(cfg->out_dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return anneal_set_error(ANNEAL_ERR_IO, "%s: not a directory", cfg->out_dir);
+    /* what an interrupted earlier run left half-written (its pid no longer lives) */
+    *stale_tmp = anneal_remove_stale_tmp_files(cfg->out_dir, prepare_owns);
     /* An earlier run's manifest would describe shards this run replaces. */
     char path[4096];
     snprintf(path, sizeof path, "%s/prepare.json", cfg->out_dir);
@@ -500,7 +517,7 @@ anneal_status anneal_prepare_run(const anneal_prepare_config *cfg, anneal_prepar
     if (!inputs) return anneal_set_error(ANNEAL_ERR_OOM, "prepare: out of memory");
     for (int i = 0; i < n_in; i++) inputs[i].fd = -1;
     uint64_t total = 0;
-    anneal_status st = setup(cfg, inputs, &total);
+    anneal_status st = setup(cfg, inputs, &total, &res->stale_tmp_removed);
 
     /* Chunks in flight: 4 per thread for load balance, trimmed (not below one per
      * thread) so their text stays under 256 MiB. Memory is about twice that (ids). */

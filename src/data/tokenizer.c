@@ -672,9 +672,19 @@ static anneal_status write_in_dir(const char *dir, const char *name, const annea
     return s;
 }
 
+/* The files anneal_bpe_write_files writes (their "<name>.tmp.<pid>" temporaries of a
+ * dead run are removed first). */
+static bool bpe_files_own(const char *base, size_t n) {
+    static const char *const names[] = {"encoder.json", "vocab.bpe", "tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i]) == n && !strncmp(base, names[i], n)) return true;
+    return false;
+}
+
 anneal_status anneal_bpe_write_files(const char *dir, const anneal_bpe_tables *t) {
     if (!dir || !t || t->n_vocab <= 0 || !t->tok || !t->tok_len || (t->n_merges && !t->merges))
         return anneal_set_error(ANNEAL_ERR_ARG, "write tokenizer files: bad arguments");
+    anneal_remove_stale_tmp_files(dir, bpe_files_own); /* an interrupted earlier run's */
     for (int32_t r = 0; r < t->n_merges; r++)
         for (int k = 0; k < 2; k++)
             if (t->merges[r][k] < 0 || t->merges[r][k] >= t->n_vocab)

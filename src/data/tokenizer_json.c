@@ -1,6 +1,7 @@
 /* Reading tokenizer files: a whole file into memory, and JSON with errors that name
  * the file, line and column (shared by the GPT-2 and Hugging Face loaders). */
 #include "tokenizer_impl.h"
+#include "anneal/parse.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -42,24 +43,6 @@ anneal_status anneal_tok_read_file(const char *path, char **buf, size_t *len) {
 anneal_status anneal_tok_parse_json(const char *path, const char *buf, size_t len, cJSON **out) {
     *out = NULL;
     if (len == 0) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the file is empty", path);
-    const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(buf, len, &end, false);
-    if (*out) return ANNEAL_OK;
-    size_t at = end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0;
-    int line = 1, col = 1;
-    for (size_t i = 0; i < at; i++) {
-        if (buf[i] == '\n') {
-            line++;
-            col = 1;
-        } else {
-            col++;
-        }
-    }
-    size_t last = len; /* a document that does not end in } or ] was probably cut short */
-    while (last > 0 && (buf[last - 1] == ' ' || buf[last - 1] == '\n' || buf[last - 1] == '\r' || buf[last - 1] == '\t'))
-        last--;
-    bool cut = at >= len || last == 0 || (buf[last - 1] != '}' && buf[last - 1] != ']');
-    return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: invalid JSON at line %d, column %d%s", path, line, col,
-                            cut ? " (the file ends early: truncated?)" : "");
+    /* the checked parser: duplicate keys and \u0000 in keys refused, errors with line/column */
+    return anneal_json_parse(buf, len, path, out);
 }
-

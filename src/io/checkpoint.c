@@ -11,6 +11,7 @@
  * by the next save) and the previous checkpoint in place; a crash after it leaves a
  * complete new checkpoint. Layout: docs/FORMATS.md "Checkpoints". */
 #include "anneal/tokenizer.h"
+#include "anneal/parse.h"
 #include "io/checkpoint_internal.h"
 
 #include <dirent.h>
@@ -171,7 +172,13 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_mo
     free(s->config_json);
     s->config_json = NULL;
     if (config_json) {
-        cJSON *c = cJSON_ParseWithOpts(config_json, NULL, 1); /* nothing after the object */
+        cJSON *c = NULL; /* nothing after the object, no duplicate keys */
+        if (anneal_json_parse(config_json, strlen(config_json), "checkpoint: the trainer config", &c) != ANNEAL_OK) {
+            char msg[512]; /* the caller's argument: ANNEAL_ERR_ARG */
+            snprintf(msg, sizeof msg, "%s", anneal_last_error());
+            anneal_clear_error();
+            return anneal_set_error(ANNEAL_ERR_ARG, "%s", msg);
+        }
         bool obj = cJSON_IsObject(c);
         cJSON_Delete(c);
         if (!obj) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: the trainer config is not a JSON object");

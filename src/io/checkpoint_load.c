@@ -3,6 +3,7 @@
  * against the model (and optimizer) before anything is written, then restoring
  * parameters, optimizer state and the train state. Layout: docs/FORMATS.md. */
 #include "io/checkpoint_internal.h"
+#include "anneal/parse.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -221,8 +222,10 @@ static anneal_status open_checkpoint(const char *dir, cJSON **out, anneal_train_
     char *txt = NULL;
     anneal_status r = anneal_ckpt_read_file(path, 64u << 20, &txt, NULL);
     if (r != ANNEAL_OK) return r;
-    cJSON *j = cJSON_ParseWithOpts(txt, NULL, 1);
+    cJSON *j = NULL;
+    r = anneal_json_parse(txt, strlen(txt), path, &j);
     free(txt);
+    if (r != ANNEAL_OK) return anneal_last_status();
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not a valid JSON object (corrupt checkpoint)", path);
@@ -431,7 +434,9 @@ static anneal_status check_optimizer_file(const anneal_safetensors *st, const an
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: metadata \"format\" is not \"anneal-optimizer\"", st->path);
     anneal_optim_config oc = anneal_optimizer_config(opt);
     const char *want = oc.kind == ANNEAL_OPTIM_ADAMW ? "adamw" : "sgd";
-    cJSON *cj = cJSON_Parse(anneal_safetensors_meta(st, "optimizer") ? anneal_safetensors_meta(st, "optimizer") : "");
+    const char *meta = anneal_safetensors_meta(st, "optimizer");
+    cJSON *cj = NULL;
+    if (meta && anneal_json_parse(meta, strlen(meta), st->path, &cj) != ANNEAL_OK) return anneal_last_status();
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(cj, "kind");
     anneal_status r = ANNEAL_OK;
     if (!cJSON_IsString(kind))
@@ -475,6 +480,7 @@ static anneal_status restore_optimizer(const anneal_safetensors *st, const annea
     char key[640];
     for (int i = 0; r == ANNEAL_OK && i < m->params->n; i++) {
         if (!m->params->items[i].trainable) continue;
+        if ((r = anneal_interrupt_check("loading the optimizer state")) != ANNEAL_OK) break;
         for (int j = 0; r == ANNEAL_OK && j < k; j++) {
             snprintf(key, sizeof key, "%s.%s", m->params->items[i].name, names[j]);
             anneal_tensor *dst = anneal_optimizer_state(opt, i, names[j]);

@@ -9,6 +9,7 @@
  * sits in a shard the index does not name for it. PyTorch pickles (pytorch_model.bin)
  * are refused with how to convert them. */
 #include "anneal/io.h"
+#include "anneal/parse.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -197,9 +198,10 @@ static anneal_status open_index(const char *index, anneal_hf_weights *w) {
         text[fread(text, 1, (size_t)size, f)] = '\0';
     fclose(f);
     if (!text) return anneal_set_error(ANNEAL_ERR_IO, "%s: cannot read (or larger than %zu bytes)", index, HF_INDEX_MAX_BYTES);
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
+    cJSON *root = NULL;
+    anneal_status r = anneal_json_parse(text, strlen(text), index, &root);
     free(text);
-    anneal_status r = ANNEAL_OK;
+    if (r != ANNEAL_OK) return r;
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     char **files = NULL; /* distinct shard files, in first-seen order */
     if (!root || !cJSON_IsObject(root)) r = anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not a JSON object", index);

@@ -279,6 +279,31 @@ static anneal_status fsync_path(const char *path) {
     return ANNEAL_OK;
 }
 
+/* Removes "<clean>.tmp.<pid>" directories that exports killed mid-way left beside
+ * clean (their pid no live process; a live one may be exporting right now). */
+static void remove_dead_exports(const char *clean) {
+    char parent[PATH_MAX];
+    const char *slash = strrchr(clean, '/'), *base = slash ? slash + 1 : clean;
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == clean) snprintf(parent, sizeof parent, "/");
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash - clean), clean);
+    size_t bl0 = strlen(base);
+    DIR *d = opendir(parent);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t bl;
+        long pid;
+        if (!anneal_tmp_name_parse(e->d_name, &bl, &pid) || bl != bl0 || strncmp(e->d_name, base, bl) ||
+            !anneal_pid_is_dead(pid))
+            continue;
+        char p[PATH_MAX + 300];
+        snprintf(p, sizeof p, "%s/%s", parent, e->d_name);
+        anneal_ckpt_remove_tree(p);
+    }
+    closedir(d);
+}
+
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts) {
     if (!m || !dir || !*dir) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_model_save_hf: NULL argument");
     anneal_hf_save_opts o = opts ? *opts : (anneal_hf_save_opts){0};
@@ -295,6 +320,7 @@ anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const
     if (r != ANNEAL_OK) return r;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", clean, (long)getpid());
     anneal_ckpt_remove_tree(tmp); /* a leftover of a crashed export with this pid */
+    remove_dead_exports(clean);  /* and of other exports killed mid-way */
     if (mkdir(tmp, 0755) != 0) return anneal_set_error(ANNEAL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     shard_writer w = {.dir = tmp, .dt = o.dtype, .max = o.max_shard_bytes};
     anneal_tensor_sink sink = {.ctx = &w, .put = shard_put};

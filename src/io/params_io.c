@@ -45,6 +45,7 @@ anneal_status anneal_params_load(anneal_params *ps, const anneal_safetensors *st
                                     e->name, anneal_dtype_name(e->dtype));
     }
     for (int i = 0; i < ps->n; i++) {
+        if (anneal_interrupt_check("loading the weights") != ANNEAL_OK) return ANNEAL_ERR_INTERRUPTED;
         const anneal_param *p = &ps->items[i];
         const anneal_st_entry *e = find_entry(st, prefix, p->name);
         anneal_scope *s = anneal_scope_open();

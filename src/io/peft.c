@@ -4,6 +4,7 @@
  * removed) and read back with every field and tensor checked. Layout in
  * docs/FORMATS.md "PEFT adapters". */
 #include "anneal/peft.h"
+#include "anneal/parse.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -127,9 +128,10 @@ anneal_status anneal_peft_read_config(const char *dir, anneal_peft_config *out) 
     if (s != ANNEAL_OK) return s;
     char *text = read_text(path);
     if (!text) return anneal_last_status();
-    cJSON *j = cJSON_Parse(text);
+    cJSON *j = NULL;
+    s = anneal_json_parse(text, strlen(text), path, &j);
     free(text);
-    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", path);
+    if (s != ANNEAL_OK) return s;
     s = parse_config(path, j, out);
     cJSON_Delete(j);
     if (s != ANNEAL_OK) anneal_peft_config_free(out);

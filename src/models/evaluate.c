@@ -30,6 +30,7 @@ anneal_status anneal_model_evaluate(anneal_model *m, int64_t batch, int64_t seq,
     int64_t count = 0;
     for (int64_t i = 0; i < n && s == ANNEAL_OK; i++) {
         int64_t rows = batch;
+        if ((s = anneal_interrupt_check("evaluating")) != ANNEAL_OK) break;
         if ((s = next(user, i, ids, tg, &rows)) != ANNEAL_OK) break;
         if (rows < 0 || rows > batch) {
             s = anneal_set_error(ANNEAL_ERR_ARG, "evaluate: batch %lld has %lld rows (0..%lld)", (long long)i,

@@ -42,6 +42,7 @@ anneal_status anneal_model_generate(anneal_model *m, const int32_t *prompt, int6
     anneal_status s = feed(m, kv, win, w, logits);
     /* pos: the position of the next token in the whole sequence (seeds its draw) */
     for (int64_t i = 0, pos = n_prompt; i < max_new && s == ANNEAL_OK; i++, pos++) {
+        if ((s = anneal_interrupt_check("generating")) != ANNEAL_OK) break;
         int32_t id = anneal_sample_logits(logits, V, cfg, (uint64_t)pos);
         if ((stop_id >= 0 && id == stop_id) || (on_token && !on_token(id, user))) break;
         if (i + 1 == max_new) break;

@@ -4,6 +4,7 @@
  * buffers older transformers versions saved ("h.N.attn.bias", "h.N.attn.masked_bias").
  * Everything is validated before a parameter is written. */
 #include "gpt2_hf.h"
+#include "anneal/parse.h"
 #include "models_internal.h"
 
 #include <cjson/cJSON.h>
@@ -121,8 +122,8 @@ static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_mo
 anneal_status anneal_gpt2_config_from_hf(const char *json, const char *source, anneal_model_config *out) {
     if (!json || !out) return anneal_set_error(ANNEAL_ERR_ARG, "gpt2 config: NULL argument");
     if (!source) source = "config.json";
-    cJSON *j = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", source);
+    cJSON *j = NULL;
+    if (anneal_json_parse(json, strlen(json), source, &j) != ANNEAL_OK) return anneal_last_status();
     anneal_status r = parse_hf_config(source, j, out);
     cJSON_Delete(j);
     return r;

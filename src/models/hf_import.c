@@ -79,6 +79,7 @@ anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source
     anneal_status r = anneal_hf_check_entries(m, src, seen); /* every tensor, before any parameter is written */
     const anneal_params *ps = m->params;
     for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
+        if ((r = anneal_interrupt_check("loading the weights")) != ANNEAL_OK) break;
         anneal_tensor *p = ps->items[i].tensor;
         anneal_scope *sc = anneal_scope_open();
         anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);

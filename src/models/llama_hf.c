@@ -16,6 +16,7 @@
  * transformers' matrix products (the same function) and is ignored. Everything is
  * validated before a parameter is written. */
 #include "llama_internal.h"
+#include "anneal/parse.h"
 #include "models_internal.h"
 
 #include <cjson/cJSON.h>
@@ -226,8 +227,8 @@ static anneal_status parse_hf_config(const char *path, const cJSON *j, anneal_mo
 anneal_status anneal_llama_config_from_hf(const char *json, const char *source, anneal_model_config *out) {
     if (!json || !out) return anneal_set_error(ANNEAL_ERR_ARG, "llama config: NULL argument");
     if (!source) source = "config.json";
-    cJSON *j = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", source);
+    cJSON *j = NULL;
+    if (anneal_json_parse(json, strlen(json), source, &j) != ANNEAL_OK) return anneal_last_status();
     anneal_status r = parse_hf_config(source, j, out);
     cJSON_Delete(j);
     return r;

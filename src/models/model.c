@@ -4,6 +4,7 @@
  * anneal_model_* wrappers every consumer calls (argument checks, then the
  * architecture's op). */
 #include "models_internal.h"
+#include "anneal/parse.h"
 
 #include "anneal/autograd.h"
 
@@ -176,8 +177,8 @@ const char *anneal_recompute_name(anneal_recompute_mode m) {
 anneal_status anneal_model_config_from_hf_json(const char *json, const char *source, anneal_model_config *out) {
     if (!json || !out) return anneal_set_error(ANNEAL_ERR_ARG, "model config: NULL argument");
     if (!source) source = "config.json";
-    cJSON *j = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!j) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not valid JSON", source);
+    cJSON *j = NULL;
+    if (anneal_json_parse(json, strlen(json), source, &j) != ANNEAL_OK) return anneal_last_status();
     anneal_status r = ANNEAL_OK;
     const anneal_model_arch *a = NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");

@@ -63,6 +63,7 @@ anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndi
                          !ps ? "NULL parameter set" : "empty or NULL name");
         return NULL;
     }
+    if (anneal_interrupt_check("creating the model's parameters") != ANNEAL_OK) return NULL; /* a stop during setup */
     if (anneal_params_find(ps, name)) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_create: duplicate parameter name '%s'", name);
         return NULL;
@@ -211,6 +212,7 @@ static const anneal_backend *init_backend(const char *fn, const anneal_tensor *t
  * same seed gives the same values whether a tensor is made by randn or initialised
  * here. Non-contiguous or non-f32 tensors go through a contiguous f32 temporary. */
 anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
+    if (anneal_interrupt_check("initialising the model") != ANNEAL_OK) return ANNEAL_ERR_INTERRUPTED;
     const anneal_backend *be = init_backend("anneal_init_normal_", t);
     if (!be) return anneal_last_status();
     if (!anneal_dtype_is_float(t->dtype))
@@ -269,6 +271,7 @@ anneal_status anneal_init_uniform_(anneal_tensor *t, float lo, float hi) {
 
 /* Sets every element of t (any dtype, any strides) to value. */
 anneal_status anneal_init_fill_(anneal_tensor *t, float value) {
+    if (anneal_interrupt_check("initialising the model") != ANNEAL_OK) return ANNEAL_ERR_INTERRUPTED;
     const anneal_backend *be = init_backend("anneal_init_fill_", t);
     if (!be) return anneal_last_status();
     return be->fill(be->ctx, t, value);

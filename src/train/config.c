@@ -2,6 +2,7 @@
  * of one value, JSON objects of them (config files, the config saved in checkpoints)
  * and back. One table serves the CLI, --config-file and resume, so every path
  * validates a value the same way and names the flag in the error. */
+#include "anneal/parse.h"
 #include "anneal/train.h"
 
 #include <arpa/inet.h>
@@ -85,6 +86,8 @@ static const option_def defs[] = {
     {{"metrics-addr", ANNEAL_OPT_STRING, "address --metrics-port listens on (default 127.0.0.1, loopback only)"},
      OFF(metrics_addr), 0, 0, 0, 0, NULL},
     {{"max-bad-steps", ANNEAL_OPT_INT, "stop after N non-finite (NaN/Inf) steps in a row; they are skipped (default 5)"}, OFF(max_bad_steps), 1, 1 << 30, 0, 0, NULL},
+    {{"max-ckpt-failures", ANNEAL_OPT_INT, "stop after N checkpoint writes in a row failed (a full disk, a read-only "
+      "directory), keeping the last complete checkpoint (default 3)"}, OFF(max_ckpt_failures), 1, 1 << 30, 0, 0, NULL},
     {{"peak-gflops", ANNEAL_OPT_FLOAT, "peak GFLOP/s for the MFU figure (default: measured by an FMA microbenchmark)"}, OFF(peak_gflops), 0, 1e12, 0, 0, NULL},
     {{"log-every", ANNEAL_OPT_INT, "plain progress line every N steps when not on a terminal (default 1)"}, OFF(log_every), 1, BIG, 0, 0, NULL},
     {{"profile", ANNEAL_OPT_INT, "profile steps N..N+K-1 (K: --profile-steps): a per-op table at the end and a Chrome "
@@ -154,6 +157,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->ckpt_every = 250;
     c->keep = 3;
     c->max_bad_steps = 5;
+    c->max_ckpt_failures = 3;
     c->scale_growth_interval = 2000;
     c->loss_scale_init = 65536;
     c->log_every = 1;
@@ -228,26 +232,32 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
     const option_def *d = name ? find_def(name) : NULL;
     if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "--%s: unknown flag (see anneal train --help)", name ? name : "?");
     void *dst = (char *)c + d->offset;
-    char rb[64], *end = NULL;
+    char rb[64];
     if (!value && d->opt.kind != ANNEAL_OPT_ONOFF && d->opt.kind != ANNEAL_OPT_OPTSTRING)
         return anneal_set_error(ANNEAL_ERR_ARG, "--%s: needs a value", name);
     switch (d->opt.kind) {
     case ANNEAL_OPT_INT: {
-        errno = 0;
-        long long x = strtoll(value, &end, 10);
-        if (errno || !*value || *end)
-            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: expects an integer, got '%s'", name, value);
+        int64_t x = 0;
+        anneal_number_parse np = anneal_parse_decimal_i64(value, &x);
+        if (np == ANNEAL_NUMBER_RANGE)
+            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: %s is out of range (must be %s)", name, value,
+                                    range_text(d, rb, sizeof rb));
+        if (np != ANNEAL_NUMBER_OK)
+            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: expects a decimal integer, got '%s'", name, value);
         if (!in_range(d, (double)x))
-            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: %lld is out of range (must be %s)", name, x,
+            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: %lld is out of range (must be %s)", name, (long long)x,
                                     range_text(d, rb, sizeof rb));
         *(int64_t *)dst = x;
         break;
     }
     case ANNEAL_OPT_FLOAT: {
-        errno = 0;
-        double x = strtod(value, &end);
-        if (errno || !*value || *end || !isfinite(x))
-            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: expects a number, got '%s'", name, value);
+        double x = 0;
+        anneal_number_parse np = anneal_parse_decimal_f64(value, &x);
+        if (np == ANNEAL_NUMBER_RANGE)
+            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: %s is out of range (must be %s)", name, value,
+                                    range_text(d, rb, sizeof rb));
+        if (np != ANNEAL_NUMBER_OK)
+            return anneal_set_error(ANNEAL_ERR_ARG, "--%s: expects a decimal number, got '%s'", name, value);
         if (!in_range(d, x))
             return anneal_set_error(ANNEAL_ERR_ARG, "--%s: %g is out of range (must be %s)", name, x,
                                     range_text(d, rb, sizeof rb));
@@ -287,9 +297,8 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             value = anneal_precision_name(dt);
         }
         if (!strcmp(name, "loss-scale") && strcmp(value, "dynamic")) {
-            errno = 0;
-            double x = strtod(value, &end);
-            if (errno || *end || !isfinite(x) || !(x > 0) || !isfinite((float)x) || (float)x <= 0)
+            double x = 0;
+            if (anneal_parse_decimal_f64(value, &x) != ANNEAL_NUMBER_OK || !(x > 0) || !isfinite((float)x) || (float)x <= 0)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--loss-scale: expects dynamic or a positive number, got '%s'",
                                         value);
         }
@@ -333,10 +342,12 @@ static bool in_list(const char *const *list, const char *s) {
 
 anneal_status anneal_train_config_apply_json(anneal_train_config *c, const char *json, const char *source,
                                              const char *const *skip) {
-    cJSON *root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = NULL;
+    if (anneal_json_parse(json, json ? strlen(json) : 0, source, &root) != ANNEAL_OK) return anneal_last_status();
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not a JSON object of settings", source);
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: not a JSON object of settings (a JSON %s)", source,
+                                cJSON_IsArray(root) ? "array" : cJSON_IsString(root) ? "string" : "value");
     }
     anneal_status st = ANNEAL_OK;
     for (cJSON *it = root->child; it && st == ANNEAL_OK; it = it->next) {

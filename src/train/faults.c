@@ -8,17 +8,17 @@
 #include <string.h>
 #include <time.h>
 
-static volatile sig_atomic_t stop_signo; /* 0: keep going; else the signal (or -1) */
-
-void anneal_train_request_stop(int signo) { stop_signo = signo > 0 ? signo : -1; }
+/* The request lives in core (anneal_interrupt_*), where the loops of the lower layers
+ * (model building, loading, evaluation) check it too. */
+void anneal_train_request_stop(int signo) { anneal_interrupt_request(signo); }
 
 bool anneal_train_stop_requested(int *signo) {
-    int s = stop_signo;
+    int s = anneal_interrupt_pending();
     if (signo) *signo = s;
     return s != 0;
 }
 
-void anneal_train_stop_reset(void) { stop_signo = 0; }
+void anneal_train_stop_reset(void) { anneal_interrupt_reset(); }
 
 double anneal_train_cpu_ms(void) {
     struct timespec ts;

@@ -62,7 +62,18 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     int64_t shape[2] = {t->local_batch, c->seq};
     anneal_scope *step_scope = anneal_scope_open(); /* holds the micro-batches' losses */
     anneal_status st = ANNEAL_OK;
+    bool abandoned = false;
     for (int64_t k = 0; k < c->accum && st == ANNEAL_OK; k++) {
+        if (k > 0) {
+            /* a stop request between micro-batches abandons the step (no update): with a
+             * long --accum a step can take minutes. The ranks agree, as at a step's end. */
+            bool stop = anneal_train_stop_requested(NULL);
+            if ((st = anneal_train_dist_any(t, &stop)) != ANNEAL_OK) break;
+            if (stop) {
+                abandoned = true;
+                break;
+            }
+        }
         /* distributed: gradients are communicated on the last micro-step only */
         if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
@@ -90,8 +101,12 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         }
         anneal_scope_close(s);
     }
-    if (st == ANNEAL_OK) st = read_losses(t, &o->loss);
+    if (st == ANNEAL_OK && !abandoned) st = read_losses(t, &o->loss);
     anneal_scope_close(step_scope);
+    if (abandoned) {
+        anneal_params_zero_grad(t->model->params);
+        return ANNEAL_ERR_INTERRUPTED; /* the caller ends the run as after a step's stop */
+    }
     if (st != ANNEAL_OK) return st;
     o->lr = anneal_schedule_lr(&t->sch, step);
     int64_t span_t0 = anneal_span_begin(); /* gradient sync (DDP), norm, clipping, update */
@@ -130,13 +145,39 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
     return st;
 }
 
-/* Waits for the checkpoint write in flight; a failure is counted and, unless the
- * caller reports it itself (report false), printed as a warning. */
+/* Counts a failed checkpoint of `step` and logs a "checkpoint_failed" record with
+ * the error (the current one, which stays recorded). */
+static void note_ckpt_failure(trainer *t, int64_t step) {
+    t->ckpt_failures++;
+    t->ckpt_good = false;
+    size_t n = strlen(t->ckpt_fail_steps);
+    if (t->ckpt_fail_row++ == 0) n = 0, t->ckpt_fail_steps[0] = '\0';
+    if (n + 24 < sizeof t->ckpt_fail_steps)
+        snprintf(t->ckpt_fail_steps + n, sizeof t->ckpt_fail_steps - n, "%s%lld", n ? ", " : "", (long long)step);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "checkpoint_failed");
+    cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddStringToObject(o, "error", anneal_last_error());
+    cJSON_AddNumberToObject(o, "failures_in_a_row", t->ckpt_fail_row);
+    char msg[1024]; /* logging must not replace the error being reported */
+    snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    anneal_status code = anneal_last_status();
+    anneal_clear_error();
+    anneal_train_log_json(t, o);
+    anneal_clear_error();
+    anneal_set_error(code ? code : ANNEAL_ERR_IO, "%s", msg);
+}
+
+/* Waits for the checkpoint write in flight; a failure is counted, logged and, unless
+ * the caller reports it itself (report false), printed as a warning; a write that
+ * completed ends a series of failures. */
 static anneal_status wait_checkpoint(trainer *t, bool report) {
     anneal_status st = anneal_checkpointer_wait(t->ckpt);
+    bool pending = t->ckpt_pending;
+    t->ckpt_pending = false;
+    if (st == ANNEAL_OK && pending) t->ckpt_fail_row = 0;
     if (st != ANNEAL_OK) {
-        t->ckpt_failures++;
-        t->ckpt_good = false;
+        note_ckpt_failure(t, t->last_ckpt_step);
         if (report) {
             anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s", (long long)t->last_ckpt_step,
                                  anneal_last_error());
@@ -146,11 +187,28 @@ static anneal_status wait_checkpoint(trainer *t, bool report) {
     return st;
 }
 
+/* ANNEAL_ERR_IO (and the message) once --max-ckpt-failures checkpoints in a row failed. */
+static anneal_status too_many_ckpt_failures(trainer *t) {
+    if (t->ckpt_fail_row < t->cfg.max_ckpt_failures) return ANNEAL_OK;
+    char ck[PATH_MAX];
+    bool have = anneal_checkpoint_resolve(t->run_dir, ck, sizeof ck) == ANNEAL_OK;
+    anneal_clear_error();
+    return anneal_set_error(ANNEAL_ERR_IO,
+                            "%d checkpoint write%s in a row failed (step%s %s): stopping at step %lld "
+                            "(--max-ckpt-failures %lld); the newest complete checkpoint is %s",
+                            t->ckpt_fail_row, t->ckpt_fail_row == 1 ? "" : "s", t->ckpt_fail_row == 1 ? "" : "s",
+                            t->ckpt_fail_steps, (long long)t->st.step,
+                            (long long)t->cfg.max_ckpt_failures, have ? ck : "none");
+}
+
 /* Starts a checkpoint of the current state on the background writer and logs how
- * long the loop waited (the previous write, if still running, plus the snapshot). */
-static void save_checkpoint(trainer *t) {
+ * long the loop waited (the previous write, if still running, plus the snapshot).
+ * Returns an error (the run stops) once --max-ckpt-failures writes in a row failed. */
+static anneal_status save_checkpoint(trainer *t) {
     double t0 = anneal_train_now_ms();
     wait_checkpoint(t, true);
+    anneal_status too_many = too_many_ckpt_failures(t);
+    if (too_many != ANNEAL_OK) return too_many;
     double t1 = anneal_train_now_ms();
     /* distributed: every rank takes part in assembling the (ZeRO) optimizer state, rank
      * 0 alone snapshots and writes the world-size independent checkpoint */
@@ -162,12 +220,13 @@ static void save_checkpoint(trainer *t) {
     double t2 = anneal_train_now_ms();
     t->last_ckpt_step = t->st.step;
     t->ckpt_good = st == ANNEAL_OK; /* so far: the write itself is checked by the next wait */
+    t->ckpt_pending = st == ANNEAL_OK && t->rank == 0;
     if (st != ANNEAL_OK) {
-        t->ckpt_failures++;
+        note_ckpt_failure(t, t->st.step);
         anneal_progress_note(t->prog, "warning: the checkpoint of step %lld failed: %s", (long long)t->st.step,
                              anneal_last_error());
         anneal_clear_error();
-        return;
+        return too_many_ckpt_failures(t);
     }
     cJSON *o = cJSON_CreateObject();
     char name[64];
@@ -178,6 +237,7 @@ static void save_checkpoint(trainer *t) {
     cJSON_AddNumberToObject(o, "stall_ms", t2 - t0);
     cJSON_AddNumberToObject(o, "snapshot_ms", t2 - t1);
     anneal_train_log_json(t, o);
+    return ANNEAL_OK;
 }
 
 static void log_eval(trainer *t, double val) {
@@ -319,6 +379,39 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     anneal_train_log_json(t, o);
 }
 
+/* The "summary" record of a run that failed after it started: where it got to and
+ * the error ("failed": true). The recorded error is kept. */
+static void log_failed_summary(trainer *t, const anneal_train_result *res) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    anneal_status code = anneal_last_status();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "summary");
+    cJSON_AddNumberToObject(o, "step", (double)t->st.step);
+    cJSON_AddNumberToObject(o, "steps_this_run", (double)(t->st.step - t->start_step));
+    cJSON_AddNumberToObject(o, "tokens", (double)t->st.tokens);
+    cJSON_AddNumberToObject(o, "seconds", res->seconds);
+    cJSON_AddNumberToObject(o, "train_loss", res->train_loss);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)t->st.skipped_steps);
+    cJSON_AddNumberToObject(o, "checkpoint_failures", t->ckpt_failures);
+    cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
+    cJSON_AddBoolToObject(o, "failed", true);
+    cJSON_AddStringToObject(o, "error", msg);
+    anneal_clear_error();
+    anneal_train_log_json(t, o);
+    anneal_clear_error();
+    anneal_set_error(code ? code : ANNEAL_ERR_IO, "%s", msg);
+}
+
+/* True (and *st cleared to ANNEAL_OK) when *st says a stop request cut the work
+ * short: the run then ends like a stop between steps. */
+static bool stop_hit(anneal_status *st) {
+    if (*st != ANNEAL_ERR_INTERRUPTED) return false;
+    anneal_clear_error();
+    *st = ANNEAL_OK;
+    return true;
+}
+
 /* Re-records the current error with "step N: " in front. */
 static anneal_status step_error(int64_t step1) {
     anneal_status code = anneal_last_status();
@@ -351,11 +444,20 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;
+        if (fail == ANNEAL_ERR_INTERRUPTED) { /* a stop during setup: nothing to save */
+            res->interrupted = true;
+            res->signal = anneal_interrupt_pending() > 0 ? anneal_interrupt_pending() : 0;
+        }
+        anneal_train_stop_reset();
         anneal_train_dist_teardown(t);
         anneal_train_teardown(t);
         free(t);
         return fail;
     }
+    /* distributed: evaluation and samples run to their end on every rank (their
+     * collectives must match); the ranks agree on a stop between micro-batches */
+    bool hold = t->world > 1;
+    if (hold) anneal_interrupt_hold(true);
     print_header(t);
     anneal_train_memory_limit(t, true); /* --memory-limit (profile.c) */
     anneal_train_dist_print_header(t);
@@ -377,6 +479,12 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         step_out so;
         anneal_status rs = run_step(t, step, &so);
         anneal_span_end(ANNEAL_SPAN_STEP, "step", span_t0, 0, 0);
+        if (stop_hit(&rs)) { /* between micro-batches: the step is abandoned */
+            anneal_train_stop_requested(&signo);
+            if (!signo) signo = -1;
+            interrupted = true;
+            break;
+        }
         if (rs != ANNEAL_OK) {
             fail = anneal_train_dist_fatal(t, step_error(step + 1));
             break;
@@ -423,11 +531,23 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
         }
         bool last = t->st.step == t->total_steps;
         if (c->eval_every > 0 && t->st.step % c->eval_every == 0 && t->has_val && t->eval_batches > 0) {
-            if ((fail = anneal_train_dist_fatal(t, do_eval(t, &val))) != ANNEAL_OK) break;
+            anneal_status es = do_eval(t, &val);
+            if (stop_hit(&es)) {
+                anneal_train_stop_requested(&signo);
+                interrupted = true;
+                break;
+            }
+            if ((fail = anneal_train_dist_fatal(t, es)) != ANNEAL_OK) break;
             last_eval_step = t->st.step;
         }
         if (c->sample_every > 0 && t->st.step % c->sample_every == 0 && t->tok) {
-            if ((fail = do_sample(t)) != ANNEAL_OK) break;
+            anneal_status ss = do_sample(t);
+            if (stop_hit(&ss)) {
+                anneal_train_stop_requested(&signo);
+                interrupted = true;
+                break;
+            }
+            if ((fail = ss) != ANNEAL_OK) break;
             last_sample_step = t->st.step;
         }
         /* a signal may reach one rank only: the ranks stop together or not at all */
@@ -438,17 +558,29 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
             interrupted = true;
             break;
         }
-        if (c->ckpt_every > 0 && t->st.step % c->ckpt_every == 0 && !last) save_checkpoint(t);
+        if (c->ckpt_every > 0 && t->st.step % c->ckpt_every == 0 && !last &&
+            (fail = anneal_train_dist_fatal(t, save_checkpoint(t))) != ANNEAL_OK)
+            break;
     }
 
     if (fail == ANNEAL_OK) {
         /* the end: evaluation and sample at the final step, then the final checkpoint */
-        if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step)
-            fail = anneal_train_dist_fatal(t, do_eval(t, &val));
+        if (!interrupted && ran > 0 && t->has_val && t->eval_batches > 0 && last_eval_step != t->st.step) {
+            fail = do_eval(t, &val);
+            if (stop_hit(&fail)) anneal_train_stop_requested(&signo), interrupted = true;
+            fail = anneal_train_dist_fatal(t, fail);
+        }
         if (fail == ANNEAL_OK && !interrupted && ran > 0 && c->sample_every > 0 && t->tok &&
-            last_sample_step != t->st.step)
+            last_sample_step != t->st.step) {
             fail = do_sample(t);
-        if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && (ran > 0 || interrupted)) save_checkpoint(t);
+            if (stop_hit(&fail)) anneal_train_stop_requested(&signo), interrupted = true;
+        }
+        /* a checkpoint when a step completed since the last one (a stop before any step of
+         * a new run has nothing to save; a resume's checkpoint is still the latest) */
+        if (fail == ANNEAL_OK && t->last_ckpt_step != t->st.step && ran > 0) fail = save_checkpoint(t);
+        if (fail == ANNEAL_OK && interrupted && ran == 0 && !t->resume_ckpt[0])
+            fail = anneal_set_error(ANNEAL_ERR_INTERRUPTED, "interrupted by %s before the first step ended",
+                                    signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "a stop request");
     }
     /* every write must be complete (or known to have failed) before we report; an
      * earlier failure keeps its message */
@@ -484,6 +616,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     res->train_loss = last_loss;
     res->val_loss = val;
     res->interrupted = interrupted;
+    res->signal = signo > 0 ? signo : 0;
     res->seconds = (anneal_train_now_ms() - t_start) / 1e3;
     /* every rank gets here (a failure on one rank alone ended the job): collective */
     anneal_status mr = anneal_train_dist_report_memory(t, "at end");
@@ -492,7 +625,9 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     anneal_train_memory_limit(t, false);
     anneal_train_memory_report(t, "at the end");
     if (fail == ANNEAL_OK) print_summary(t, res, first_loss, signo);
+    else if (t->log) log_failed_summary(t, res); /* a run that started ends its log with a summary too */
     anneal_train_stop_reset();
+    if (hold) anneal_interrupt_hold(false);
     anneal_train_dist_teardown(t);
     anneal_train_teardown(t);
     free(t);

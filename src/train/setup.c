@@ -4,6 +4,7 @@
  * config.json, checkpoint, --init), weights (random, --init, or the checkpoint),
  * the optimizer, the schedule, logs, the checkpointer and the MFU denominator. */
 #include "train_internal.h"
+#include "anneal/prepare.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -131,66 +132,29 @@ anneal_status anneal_train_resume_config(const anneal_train_config *c, char *ckp
     return ANNEAL_OK;
 }
 
-/* The tokenizer spec DIR/prepare.json records (malloc'd), or NULL. */
-static char *prepare_tokenizer_spec(const char *data_dir) {
-    char p[PATH_MAX];
-    if (!path_join(p, sizeof p, data_dir, "prepare.json")) return NULL;
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (64u << 20)) break;
-            char *g = realloc(buf, cap);
-            if (!g) break;
-            buf = g;
-        }
-        size_t r = fread(buf + n, 1, 4096, f);
-        n += r;
-        if (r < 4096) break;
-    }
-    fclose(f);
-    if (!buf) return NULL;
-    buf[n] = '\0';
-    cJSON *root = cJSON_Parse(buf);
-    free(buf);
-    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
-    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(tk, "spec");
-    char *out = cJSON_IsString(spec) && *spec->valuestring ? strdup(spec->valuestring) : NULL;
-    cJSON_Delete(root);
-    return out;
-}
-
 /* Loads the tokenizer for samples. An explicit --tokenizer that fails or does not
  * match the data is an error; the one prepare.json names only turns samples off. */
 static anneal_status load_tokenizer(trainer *t) {
     const anneal_train_config *c = &t->cfg;
     bool explicit_tok = c->tokenizer != NULL;
-    char *spec = explicit_tok ? strdup(c->tokenizer) : c->data ? prepare_tokenizer_spec(c->data) : NULL;
+    char *spec = NULL;
+    if (explicit_tok) spec = strdup(c->tokenizer);
+    else if (c->data && !c->synthetic && anneal_prepare_tokenizer_spec(c->data, &spec) != ANNEAL_OK)
+        return prefix_error("--data: ");
     if (!spec) {
         if (c->sample_every > 0)
             anneal_progress_note(t->prog, "note: no tokenizer (give --tokenizer): samples are off");
         return ANNEAL_OK;
     }
     anneal_status st = anneal_tokenizer_load(spec, &t->tok);
-    if (st != ANNEAL_OK && spec[0] != '/' && c->data) {
-        /* a relative spec recorded by prepare may be relative to the data directory */
-        char alt[PATH_MAX];
-        if (path_join(alt, sizeof alt, c->data, spec) && exists(alt)) {
-            anneal_clear_error();
-            st = anneal_tokenizer_load(alt, &t->tok);
-        }
-    }
     if (st != ANNEAL_OK) {
         if (explicit_tok) {
             free(spec);
             return prefix_error("--tokenizer: ");
         }
-        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json (%s): samples are off, "
-                                      "checkpoints carry no tokenizer",
-                             spec, anneal_last_error());
+        anneal_progress_note(t->prog, "note: cannot load the tokenizer %s named in prepare.json of %s (%s): samples are "
+                                      "off, checkpoints carry no tokenizer",
+                             spec, c->data, anneal_last_error());
         anneal_clear_error();
         free(spec);
         return ANNEAL_OK;
@@ -207,8 +171,8 @@ static anneal_status load_tokenizer(trainer *t) {
             free(spec);
             return e;
         }
-        anneal_progress_note(t->prog, "note: tokenizer %s does not match the data's fingerprint: samples are off, "
-                                      "checkpoints carry no tokenizer", spec);
+        anneal_progress_note(t->prog, "note: tokenizer %s (named in prepare.json of %s) does not match the data's "
+                                      "fingerprint: samples are off, checkpoints carry no tokenizer", spec, c->data);
     }
     free(spec);
     return ANNEAL_OK;
@@ -299,6 +263,8 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     }
     if (!has_split(c->data, "train"))
         return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no train_*.bin shards (make them with anneal prepare)", c->data);
+    /* shards without prepare.json: a prepare that was killed (some shards may be missing) */
+    if (anneal_prepare_check_dir(c->data) != ANNEAL_OK) return prefix_error("--data: ");
     if (anneal_train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
                                  t->rank, t->world) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
@@ -309,7 +275,8 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
         if (anneal_train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
                                      t->rank, t->world) != ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
-            anneal_progress_note(t->prog, "note: val split unusable (%s): no evaluation", anneal_last_error());
+            /* printed once the settings are known good (a bad --seq is told first) */
+            snprintf(t->val_note, sizeof t->val_note, "note: val split unusable (%s): no evaluation", anneal_last_error());
             anneal_clear_error();
         } else if (anneal_loader_fingerprint(t->val.loader) != t->data_fingerprint) {
             return anneal_set_error(ANNEAL_ERR_FORMAT, "--data %s: val and train shards come from different tokenizers",
@@ -436,6 +403,13 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
                 anneal_train_state tmp;
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
                 if (st == ANNEAL_OK) st = anneal_checkpoint_load(ck, t->model, NULL, &tmp);
+                /* ids of another tokenizer (of the same vocabulary size) mean other tokens: refused as --resume does */
+                if (st == ANNEAL_OK && tmp.tokenizer_fingerprint && t->data_fingerprint &&
+                    tmp.tokenizer_fingerprint != t->data_fingerprint)
+                    return USAGE("--init: the checkpoint %s was trained on data of tokenizer %016llx but --data %s has "
+                                 "%016llx (the same ids would mean other tokens)",
+                                 ck, (unsigned long long)tmp.tokenizer_fingerprint, c->data,
+                                 (unsigned long long)t->data_fingerprint);
             } else { /* a model directory, a .safetensors file or a sharded set's index */
                 st = anneal_model_load_hf_weights(t->model, c->init);
             }
@@ -555,6 +529,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     anneal_clear_error();
     if ((st = open_data(t, usage, synth_vocab))) return st;
     if ((st = resolve_model(t, usage, &ck_cfg))) return st;
+    if (t->val_note[0]) anneal_progress_note(t->prog, "%s", t->val_note);
     /* the tokenizer: for samples, and carried by every checkpoint */
     if ((c->sample_every > 0 || c->tokenizer || (c->data && !c->synthetic)) && (st = load_tokenizer(t))) {
         *usage = st == ANNEAL_ERR_ARG;

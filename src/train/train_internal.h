@@ -63,6 +63,7 @@ typedef struct trainer {
     anneal_schedule sch;
     train_source train, val;
     bool has_val;
+    char val_note[600];        /* why the val split is unusable (printed after the settings checks) */
     int64_t eval_batches;      /* per evaluation, capped to the val split's size */
     anneal_tokenizer *tok;     /* for samples (NULL: no samples) */
     anneal_checkpointer *ckpt;
@@ -82,6 +83,9 @@ typedef struct trainer {
     int64_t last_ckpt_step;    /* step of the newest checkpoint started (written or in flight) */
     bool ckpt_good;            /* that checkpoint has not failed (so far) */
     int ckpt_failures;
+    int ckpt_fail_row;         /* failed checkpoints since the last one that completed */
+    bool ckpt_pending;         /* a write started and not yet waited for */
+    char ckpt_fail_steps[160]; /* the steps of those failures, for the message ("6, 8, 10") */
     /* distributed (dist.c): comm NULL or world 1 without ZeRO = the single-process path */
     anneal_comm *comm;
     anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */

@@ -251,7 +251,17 @@ static bool write_shard(const char *path, uint32_t hdr_vocab, uint64_t f, int n,
             return false;
         }
     }
-    return anneal_shard_writer_finish(w) == ANNEAL_OK;
+    if (anneal_shard_writer_finish(w) != ANNEAL_OK) return false;
+    /* the manifest anneal prepare writes last (eval refuses a directory without one) */
+    char man[1024];
+    snprintf(man, sizeof man, "%s", path);
+    char *slash = strrchr(man, '/');
+    if (!slash) return false;
+    snprintf(slash, sizeof man - (size_t)(slash - man), "/prepare.json");
+    FILE *mf = fopen(man, "w");
+    if (!mf) return false;
+    fputs("{\"format\": \"anneal-prepare\", \"version\": 1}\n", mf);
+    return fclose(mf) == 0;
 }
 
 /* Mean loss over every window of T+1 tokens of the shard, one window at a time. */

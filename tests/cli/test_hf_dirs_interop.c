@@ -64,7 +64,13 @@ static bool write_shard(const char *name, uint64_t fp) {
     anneal_shard_writer *w = NULL;
     if (anneal_shard_writer_open(p, VOCAB, -1, fp, &w) != ANNEAL_OK) return false;
     if (anneal_shard_writer_append(w, ids, N_IDS) != ANNEAL_OK) return false;
-    return anneal_shard_writer_finish(w) == ANNEAL_OK;
+    if (anneal_shard_writer_finish(w) != ANNEAL_OK) return false;
+    /* the manifest anneal prepare writes last (eval refuses a directory without one) */
+    snprintf(p, sizeof p, "%s/%s/prepare.json", tmpdir, name);
+    FILE *mf = fopen(p, "w");
+    if (!mf) return false;
+    fputs("{\"format\": \"anneal-prepare\", \"version\": 1}\n", mf);
+    return fclose(mf) == 0;
 }
 
 /* The ids of the windows and a val shard of them under tmpdir/data. */

@@ -151,7 +151,7 @@ TEST(bad_ids) {
         {", \"ab\": -1, \"abc\": 257, \"<|endoftext|>\": 258", "\"ab\" has id -1"},
         {", \"ab\": 256, \"abc\": 256, \"<|endoftext|>\": 258", "used twice"},
         {", \"ab\": 256, \"abc\": 300, \"<|endoftext|>\": 258", "id 257 is missing"},
-        {", \"ab\": 256, \"abc\": 257, \"<|endoftext|>\": 258, \"ab\": 259", "same bytes"},
+        {", \"ab\": 256, \"abc\": 257, \"<|endoftext|>\": 258, \"ab\": 259", "duplicate key \"ab\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *e = encoder_text(-1, cases[i].tail);

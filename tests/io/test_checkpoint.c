@@ -563,7 +563,7 @@ TEST(corrupt_state_json) {
         anneal_status want;
         const char *msg;
     } cases[] = {
-        {NULL, "{\"format\": \"anneal-checkpoint\", \"format_", ANNEAL_ERR_FORMAT, "not a valid JSON"},
+        {NULL, "{\"format\": \"anneal-checkpoint\", \"format_", ANNEAL_ERR_FORMAT, "invalid JSON"},
         {"\"format_version\":\t1", "\"format_version\":\t99", ANNEAL_ERR_UNSUPPORTED, "format_version 99"},
         {"\"anneal-checkpoint\"", "\"something-else\"", ANNEAL_ERR_FORMAT, "format"},
         {"\"step\":\t1,", "\"step\":\t-1,", ANNEAL_ERR_FORMAT, "\"step\""},

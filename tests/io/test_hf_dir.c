@@ -227,7 +227,7 @@ TEST(bad_index_and_shards_are_named) {
     REQUIRE(copy_dir("sharded", "bad_json"));
     REQUIRE(write_text(path("bad_json", "model.safetensors.index.json"), "{\"weight_map\": {\"a\": "));
     expect_load_error(path("bad_json", NULL), ANNEAL_ERR_FORMAT,
-                      (const char *[]){"model.safetensors.index.json", "not a JSON object", NULL});
+                      (const char *[]){"model.safetensors.index.json", "invalid JSON", NULL});
 
     REQUIRE(write_text(path("bad_json", "model.safetensors.index.json"), "{\"metadata\": {}}"));
     expect_load_error(path("bad_json", NULL), ANNEAL_ERR_FORMAT, (const char *[]){"index.json", "weight_map", NULL});
@@ -290,7 +290,7 @@ TEST(bad_index_and_shards_are_named) {
     expect_load_error(path("two", NULL), ANNEAL_ERR_FORMAT, (const char *[]){"'b'", "two shards", "s2.safetensors", NULL});
     REQUIRE(write_text(path("two", "model.safetensors.index.json"),
                        "{\"weight_map\": {\"a\": \"s1.safetensors\", \"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\"}}"));
-    expect_load_error(path("two", NULL), ANNEAL_ERR_FORMAT, (const char *[]){"'a'", "listed twice", NULL});
+    expect_load_error(path("two", NULL), ANNEAL_ERR_FORMAT, (const char *[]){"\"a\"", "duplicate key", NULL});
     REQUIRE(write_text(path("two", "model.safetensors.index.json"), "{\"weight_map\": {\"a\": \"s1.safetensors\"}}"));
     expect_load_error(path("two", NULL), ANNEAL_ERR_FORMAT, (const char *[]){"s1.safetensors", "'b'", "does not list", NULL});
 }

@@ -120,10 +120,10 @@ TEST(config_validation) {
          "not divisible", 0},
         {NULL, "{\"n_head\": 2, \"n_embd\": 32, \"vocab_size\": 100, \"n_ctx\": 16}", ANNEAL_ERR_FORMAT,
          "missing \"n_layer\"", 0},
-        {NULL, "{\"n_layer\": 2,", ANNEAL_ERR_FORMAT, "not valid JSON", 0},
+        {NULL, "{\"n_layer\": 2,", ANNEAL_ERR_FORMAT, "invalid JSON", 0},
         {NULL, "[1, 2]", ANNEAL_ERR_FORMAT, "not a JSON object", 0},
         {NULL, "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"vocab_size\": 100, \"n_ctx\": 16} x",
-         ANNEAL_ERR_FORMAT, "not valid JSON", 0},
+         ANNEAL_ERR_FORMAT, "after the JSON document", 0},
     };
     const char *p = scratch("cfg.json");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

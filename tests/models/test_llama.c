@@ -143,7 +143,7 @@ TEST(config_refusals_name_the_key) {
         {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2.5, \"num_attention_heads\": 4, \"hidden_size\": 32, "
          "\"intermediate_size\": 40, \"vocab_size\": 50}",
          ANNEAL_ERR_FORMAT, "num_hidden_layers"},
-        {"{\"model_type\": \"llama\", %s", ANNEAL_ERR_FORMAT, "not valid JSON"},
+        {"{\"model_type\": \"llama\", %s", ANNEAL_ERR_FORMAT, "invalid JSON"},
     };
     const char *p = tmp_path("cfg.json");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -489,6 +489,14 @@ TEST(shards_match_single_process) {
         }
         REQUIRE(anneal_shard_writer_finish(w) == ANNEAL_OK);
     }
+    {   /* the manifest anneal prepare writes last (train refuses a directory without one) */
+        char p[700];
+        snprintf(p, sizeof p, "%s/prepare.json", dir);
+        FILE *mf = fopen(p, "w");
+        REQUIRE(mf);
+        fputs("{\"format\": \"anneal-prepare\", \"version\": 1}\n", mf);
+        REQUIRE(fclose(mf) == 0);
+    }
     char extra[1024];
     snprintf(extra, sizeof extra, "--synthetic off --data %s --steps 10 --eval-every 5 --eval-batches 3", dir);
     REQUIRE(train("", "sh1", extra) == 0);

@@ -147,13 +147,25 @@ TEST(stop_request_checkpoints_and_resume_continues) {
     anneal_train_config c;
     base_config(&c, out, 12);
     anneal_train_config_set(&c, "ckpt-every", "0");
-    anneal_train_request_stop(SIGINT); /* as a handler would during the first step */
+    /* a request before the run stops it in setup (building the model): nothing to save */
+    anneal_train_request_stop(SIGINT);
     anneal_train_result r;
-    REQUIRE(anneal_train_run(&c, devnull, &r) == ANNEAL_OK);
-    CHECK_TRUE(r.interrupted && r.steps_done == 1);
+    anneal_clear_error();
+    anneal_status st = anneal_train_run(&c, devnull, &r);
+    CHECK(st == ANNEAL_ERR_INTERRUPTED && r.interrupted && r.signal == SIGINT && r.steps_done == 0, "status %s: %s",
+          anneal_status_name(st), anneal_last_error());
+    CHECK(strstr(anneal_last_error(), "interrupted by SIGINT while"), "%s", anneal_last_error());
+    anneal_clear_error();
     char ck[1024];
+    CHECK_TRUE(anneal_checkpoint_resolve(out, ck, sizeof ck) != ANNEAL_OK);
+    anneal_clear_error();
+    /* the request was consumed: --stop-at 1 (the same path as a stop after a step) saves step 1 */
+    anneal_train_config_set(&c, "stop-at", "1");
+    REQUIRE(anneal_train_run(&c, devnull, &r) == ANNEAL_OK);
+    CHECK_TRUE(r.interrupted && r.steps_done == 1 && r.signal == 0);
     CHECK_TRUE(anneal_checkpoint_resolve(out, ck, sizeof ck) == ANNEAL_OK && strstr(ck, "ckpt_00000001"));
-    /* the request was consumed: a resume runs to the end */
+    /* and a resume runs to the end */
+    anneal_train_config_set(&c, "stop-at", "0");
     anneal_train_config_set(&c, "resume", NULL);
     REQUIRE(anneal_train_run(&c, devnull, &r) == ANNEAL_OK);
     CHECK_TRUE(!r.interrupted && r.steps_done == 12 && r.tokens == 12 * 8 * 32);
