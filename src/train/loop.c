@@ -232,6 +232,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     /* allocator bytes held on the model's device (tensors + cache) */
     cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
+    anneal_train_dist_log_bytes(t, o, false); /* PowerSGD: bytes on the wire */
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
         cJSON_AddBoolToObject(o, "overflow", so->overflow);
@@ -315,6 +316,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     cJSON_AddNumberToObject(o, "peak_allocator_bytes", (double)mem.peak_reserved_bytes);
     cJSON_AddNumberToObject(o, "allocator_system_allocs", (double)mem.n_system_allocs);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)anneal_peak_rss_bytes());
+    anneal_train_dist_log_bytes(t, o, true); /* PowerSGD: bytes on the wire, the run's */
     cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
     anneal_train_log_json(t, o);
 }
