@@ -221,6 +221,9 @@ typedef struct anneal_powersgd_stats {
 } anneal_powersgd_stats;
 anneal_powersgd_stats anneal_powersgd_stats_get(const anneal_powersgd *p);
 
+/* Bytes of host memory the compression state holds now (error feedback, P, Q and the
+ * per-bucket scratch), for the memory report. */
+int64_t anneal_powersgd_memory_bytes(const anneal_powersgd *p);
 /* Elements of bucket k's Q (0 when nothing in it is compressed). */
 int64_t anneal_powersgd_q_numel(const anneal_powersgd *p, int k);
 /* Sets bucket k's Q (q_numel floats, PyTorch's q_memory layout: matrices grouped by

@@ -377,6 +377,17 @@ anneal_powersgd_stats anneal_powersgd_stats_get(const anneal_powersgd *p) {
     return p ? p->st : s;
 }
 
+int64_t anneal_powersgd_memory_bytes(const anneal_powersgd *p) {
+    int64_t n = 0;
+    for (int k = 0; p && k < p->nb; k++) {
+        const psgd_bucket *b = &p->b[k];
+        n += b->numel + b->p_numel + b->plain_numel; /* cp, P, uncompressed staging */
+        if (b->err) n += b->numel;
+        if (b->q) n += b->q_numel;
+    }
+    return n * (int64_t)sizeof(float);
+}
+
 int64_t anneal_powersgd_q_numel(const anneal_powersgd *p, int k) {
     return p && k >= 0 && k < p->nb ? p->b[k].q_numel : 0;
 }
