@@ -111,6 +111,10 @@ static const option_def defs[] = {
      OFF(powersgd_rank), 1, 65536, 0, 0, NULL},
     {{"powersgd-warmup-steps", ANNEAL_OPT_INT, "PowerSGD: plain all-reduce for the first N steps (default 10)"},
      OFF(powersgd_warmup_steps), 0, BIG, 0, 0, NULL},
+    {{"offload", ANNEAL_OPT_STRING, "keep AdamW's state in a memory-mapped file (--offload-dir) stepped in chunks "
+      "instead of RAM: none or optimizer (default none)"}, OFF(offload), 0, 0, 0, 0, NULL},
+    {{"offload-dir", ANNEAL_OPT_STRING, "directory of the --offload file, on fast disk (default the run directory)"},
+     OFF(offload_dir), 0, 0, 0, 0, NULL},
 };
 #define N_DEFS ((int)(sizeof defs / sizeof defs[0]))
 
@@ -288,6 +292,9 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             if (inet_pton(AF_INET, value, &a) != 1)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--metrics-addr %s: not an IPv4 address (default 127.0.0.1)", value);
         }
+        if (!strcmp(name, "offload") && strcmp(value, "none") && strcmp(value, "optimizer"))
+            return anneal_set_error(ANNEAL_ERR_ARG, "--offload: '%s' is not available (none, optimizer; offloading "
+                                    "activations is not built yet)", value);
         if (!strcmp(name, "grad-compress") && strcmp(value, "none") && strcmp(value, "powersgd"))
             return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress: unknown compression '%s' (none, powersgd)", value);
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */

@@ -313,11 +313,16 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag) {
 }
 
 anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
+    /* --offload optimizer: the state comes out of its file for the snapshot */
+    anneal_status so = anneal_optimizer_offload_gather(t->opt);
+    if (so != ANNEAL_OK) return so;
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     return anneal_optimizer_gather_state(t->opt);
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
+    anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
+    if (so != ANNEAL_OK) return so;
     if (t->psgd) {
         /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
          * directory exists on rank 0's host, the others make it on theirs */
@@ -354,6 +359,7 @@ static void memory_of(trainer *t, double out[3]) {
         out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd));
         int64_t owned = t->cfg.zero > 0 ? anneal_ddp_shard_numel(t->ddp) : n;
         out[2] = (double)owned * 2.0 * sizeof(float); /* AdamW: exp_avg + exp_avg_sq */
+        if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */
     } else {
         out[0] = out[1] = out[2] = (double)n * sizeof(float);
         out[2] *= 2.0;

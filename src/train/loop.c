@@ -233,6 +233,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     anneal_train_dist_log_bytes(t, o, false); /* PowerSGD: bytes on the wire */
+    cJSON_AddNumberToObject(o, "rss_bytes", (double)anneal_train_rss_bytes()); /* resident now (offload.c) */
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
         cJSON_AddBoolToObject(o, "overflow", so->overflow);
@@ -350,6 +351,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     /* distributed: no rank goes on unless every rank's setup worked */
     fail = anneal_train_dist_agree(t, fail, "setup");
     if (fail == ANNEAL_OK) fail = anneal_train_dist_setup(t, &usage);
+    if (fail == ANNEAL_OK) fail = anneal_train_dist_agree(t, anneal_train_setup_offload(t, &usage), "--offload");
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;
