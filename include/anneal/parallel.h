@@ -212,6 +212,10 @@ anneal_powersgd *anneal_powersgd_new(anneal_ddp *d, anneal_powersgd_config cfg);
 /* Removes the hook and frees the state. */
 void anneal_powersgd_free(anneal_powersgd *p);
 
+/* Forgets every bucket's error feedback and Q (the next compressed step starts from a
+ * zero error and a fresh seeded Q), e.g. after a step whose gradients were not finite
+ * had put Inf/NaN into them. Every rank must call it at the same step. */
+void anneal_powersgd_reset(anneal_powersgd *p);
 /* Payload bytes this rank handed to all-reduce (not counting the collective's own
  * algorithm factor) and what plain all-reduce of every bucket would have handed. */
 typedef struct anneal_powersgd_stats {

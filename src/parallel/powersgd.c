@@ -289,6 +289,7 @@ static anneal_status hook(void *user, anneal_ddp *d, int k, float *buf) {
     }
     bool fresh = !b->has_state;
     if (fresh && !init_state(p, k)) return anneal_set_error(ANNEAL_ERR_OOM, "PowerSGD: out of memory for bucket %d", k);
+    if (fresh) memset(b->err, 0, (size_t)b->numel * sizeof *b->err); /* after anneal_powersgd_reset */
     for (int64_t i = 0; i < b->numel; i++) buf[i] += b->err[i];
     memcpy(b->cp, buf, (size_t)b->numel * sizeof *buf);
     /* uncompressed tensors: element offsets inside the bucket from the flat layout */
@@ -370,6 +371,10 @@ oom:
     anneal_powersgd_free(p);
     anneal_set_error(ANNEAL_ERR_OOM, "PowerSGD: out of memory setting up the compression state");
     return NULL;
+}
+
+void anneal_powersgd_reset(anneal_powersgd *p) {
+    for (int k = 0; p && k < p->nb; k++) p->b[k].has_state = false;
 }
 
 anneal_powersgd_stats anneal_powersgd_stats_get(const anneal_powersgd *p) {

@@ -275,6 +275,13 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--zero %lld: not available with the fp16 loss scaler yet (use --zero 0, "
                                                 "or --dtype bf16)", (long long)t->cfg.zero);
     }
+    /* an overflow step would carry Inf into the error feedback, and the scale would
+     * change the units of the error between steps */
+    if (t->use_scaler && compressing(t)) {
+        *usage = true;
+        return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress powersgd: not available with the fp16 loss scaler "
+                                                "(use --dtype bf16 or fp32)");
+    }
     anneal_ddp_config dc = anneal_ddp_defaults();
     dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
     if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;

@@ -125,6 +125,9 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
     if (st != ANNEAL_OK) return st;
     o->norm = norm;
     o->skipped = !isfinite(o->loss) || !isfinite(norm);
+    /* PowerSGD: a non-finite gradient went into the error feedback and Q (every rank
+     * sees the same global norm, so every rank resets) */
+    if (o->skipped && t->psgd) anneal_powersgd_reset(t->psgd);
     if (!o->skipped) st = anneal_optimizer_step(t->opt, o->lr);
     anneal_params_zero_grad(t->model->params);
     return st;

@@ -163,6 +163,28 @@ TEST(powersgd_resume_is_exact) {
     CHECK(rc != 0 && rc != -2 && o && strstr(o, "powersgd_rank1_step00000010.bin"), "exit %d: %s", rc, o);
 }
 
+/* A step with non-finite gradients (injected NaN at step 8) is skipped and PowerSGD's
+ * error feedback and Q start afresh: the later steps train (finite losses) instead of
+ * carrying the NaN into every following step. */
+TEST(nan_step_resets_the_compression_state) {
+    NEED_MPI();
+    char cmd[4096], out[600];
+    snprintf(cmd, sizeof cmd,
+             "exec env ANNEAL_TEST_INJECT_NAN=8 %s -x ANNEAL_TEST_INJECT_NAN %s train %s --ckpt-every 0 --grad-compress "
+             "powersgd --powersgd-rank 2 --powersgd-warmup-steps 3 --out %s",
+             mpi, bin, common, wpath("nan"));
+    snprintf(out, sizeof out, "%s.out", wpath("nan"));
+    int rc = sh_run(cmd, out);
+    CHECK(rc == 0, "exit %d: %s", rc, tu_slurp(out));
+    double l[64];
+    bool skipped[64] = {0};
+    char log[600];
+    snprintf(log, sizeof log, "%s/log.jsonl", wpath("nan"));
+    REQUIRE(tu_read_losses(log, l, skipped, 64) == steps);
+    CHECK(skipped[7] && !isfinite(l[7]), "step 8 was not the skipped NaN step");
+    for (int i = 8; i < steps; i++) CHECK(isfinite(l[i]) && !skipped[i], "step %d: loss %g, skipped %d", i + 1, l[i], skipped[i]);
+}
+
 TEST(bad_settings) {
     NEED_MPI();
     char extra[1024];
@@ -178,6 +200,10 @@ TEST(bad_settings) {
     rc = sh_run(cmd, out);
     o = tu_slurp(out);
     CHECK(rc != 0 && o && strstr(o, "--powersgd-rank"), "exit %d: %s", rc, o);
+    snprintf(cmd, sizeof cmd, "exec %s train %s --grad-compress powersgd --dtype fp16 --out %s", bin, common, wpath("bad3"));
+    rc = sh_run(cmd, out);
+    o = tu_slurp(out);
+    CHECK(rc != 0 && o && strstr(o, "not available with the fp16 loss scaler"), "exit %d: %s", rc, o);
 }
 
 int main(void) {
@@ -200,6 +226,7 @@ int main(void) {
              steps);
     RUN(powersgd_trains_near_uncompressed);
     RUN(powersgd_resume_is_exact);
+    RUN(nan_step_resets_the_compression_state);
     RUN(bad_settings);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
