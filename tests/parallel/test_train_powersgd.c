@@ -163,6 +163,38 @@ TEST(powersgd_resume_is_exact) {
     CHECK(rc != 0 && rc != -2 && o && strstr(o, "powersgd_rank1_step00000010.bin"), "exit %d: %s", rc, o);
 }
 
+/* With gradient accumulation (compressed on the last micro-step) and clipping (the norm
+ * of the decompressed gradient) PowerSGD stays within the bound of the uncompressed run;
+ * ZeRO-1 keeps its chunk of the same decompressed gradient and steps its shard of the
+ * same AdamW: the DDP losses within float summation order (1e-6 relative, as
+ * test_train_dist's ZeRO vs DDP check). */
+TEST(accumulation_clipping_and_zero1) {
+    NEED_MPI();
+    char extra[1024];
+    const char *psgd = "--grad-compress powersgd --powersgd-rank 2 --powersgd-warmup-steps 3";
+    snprintf(extra, sizeof extra, "--ckpt-every 0 --accum 2 --clip 0.5 --out %s", wpath("acc_plain"));
+    REQUIRE(train("acc_plain", extra) == 0);
+    snprintf(extra, sizeof extra, "--ckpt-every 0 --accum 2 --clip 0.5 %s --out %s", psgd, wpath("acc_psgd"));
+    REQUIRE(train("acc_psgd", extra) == 0);
+    snprintf(extra, sizeof extra, "--ckpt-every 0 %s --zero 1 --out %s", psgd, wpath("z1_psgd"));
+    REQUIRE(train("z1_psgd", extra) == 0);
+    snprintf(extra, sizeof extra, "--ckpt-every 0 %s --out %s", psgd, wpath("z0_psgd"));
+    REQUIRE(train("z0_psgd", extra) == 0);
+    double a[64], b[64], z1[64], z0[64];
+    REQUIRE(losses_of("acc_plain", a) == steps && losses_of("acc_psgd", b) == steps);
+    REQUIRE(losses_of("z1_psgd", z1) == steps && losses_of("z0_psgd", z0) == steps);
+    double worst = 0, worst_z = 0;
+    for (int i = 0; i < steps; i++) {
+        worst = fmax(worst, fabs(b[i] - a[i]) / a[i]);
+        worst_z = fmax(worst_z, fabs(z1[i] - z0[i]) / z0[i]);
+    }
+    printf("    accumulation + clipping: worst step %.3g relative from uncompressed; ZeRO-1 vs DDP: %.3g\n", worst,
+           worst_z);
+    CHECK(worst <= LOSS_BOUND && b[steps - 1] < b[0], "accumulation + clipping: %.3g relative, %.4f -> %.4f", worst, b[0],
+          b[steps - 1]);
+    CHECK(worst_z <= 1e-6, "ZeRO-1 with PowerSGD differs from DDP by %.3g relative", worst_z);
+}
+
 /* A step with non-finite gradients (injected NaN at step 8) is skipped and PowerSGD's
  * error feedback and Q start afresh: the later steps train (finite losses) instead of
  * carrying the NaN into every following step. */
@@ -226,6 +258,7 @@ int main(void) {
              steps);
     RUN(powersgd_trains_near_uncompressed);
     RUN(powersgd_resume_is_exact);
+    RUN(accumulation_clipping_and_zero1);
     RUN(nan_step_resets_the_compression_state);
     RUN(bad_settings);
     if (anneal_test_failed == 0) tu_rmrf(work);
