@@ -63,6 +63,24 @@ anneal_status anneal_optimizer_gather_state(anneal_optimizer *o);
  * or restored into them) and frees the rest. No-op for a non-sharded optimizer. */
 anneal_status anneal_optimizer_scatter_state(anneal_optimizer *o);
 
+/* Offload (--offload optimizer, src/optim/offload.c): an AdamW whose exp_avg and
+ * exp_avg_sq live in a memory-mapped file created (and unlinked at once) in dir, stepped
+ * in chunks of about chunk_bytes of state (<= 0: 16 MiB) with read-ahead of the next
+ * chunk and the finished one dropped from the resident set. Bit-identical updates to
+ * anneal_optimizer_new's. CPU f32 parameters only. Errors name dir (missing, not a
+ * directory, not writable, no space). State tensors (anneal_optimizer_state) exist only
+ * between anneal_optimizer_offload_gather and anneal_optimizer_offload_scatter (and
+ * after anneal_optimizer_init_state, which gathers). */
+anneal_optimizer *anneal_optimizer_new_offload(anneal_params *ps, anneal_optim_config cfg, const char *dir,
+                                               int64_t chunk_bytes);
+bool anneal_optimizer_is_offloaded(const anneal_optimizer *o);
+/* Bytes of the state file (0 for an optimizer that is not offloaded). */
+int64_t anneal_optimizer_offload_bytes(const anneal_optimizer *o);
+/* File -> state tensors (made when missing). No-op when not offloaded. */
+anneal_status anneal_optimizer_offload_gather(anneal_optimizer *o);
+/* State tensors -> file, the tensors freed. No-op when not offloaded. */
+anneal_status anneal_optimizer_offload_scatter(anneal_optimizer *o);
+
 /* Scales all gradients so their global L2 norm is at most max_norm (PyTorch's
  * clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1). Writes the norm
  * before clipping to *norm_out (may be NULL). Deterministic (fixed summation order).

@@ -162,6 +162,89 @@ anneal_status anneal_ddp_gather_shard(anneal_ddp *d, const anneal_tensor *shard,
 /* Optimizer-state bytes a ZeRO optimizer holds for d (reported in the memory figures). */
 void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes);
 
+/* ------------------------------------------------ communication hooks */
+
+/* A bucket of the sync: parameters first_param..last_param (registration indices), the
+ * flat range [start, start + numel) of all parameters concatenated. */
+typedef struct anneal_ddp_bucket_info {
+    int first_param, last_param;
+    int64_t start, numel;
+} anneal_ddp_bucket_info;
+int anneal_ddp_bucket_count(const anneal_ddp *d);
+/* Bucket k (0 <= k < count; buckets are numbered in the order they are sent). */
+anneal_ddp_bucket_info anneal_ddp_bucket(const anneal_ddp *d, int k);
+
+/* A communication hook replaces a bucket's collective: buf holds this rank's gradients
+ * of bucket k (numel f32, parameters in registration order, missing ones as zeros); on
+ * return it must hold what every rank agrees to use as the synchronised gradient (the
+ * mean, or its approximation). The hook is called in anneal_ddp_finish for every bucket
+ * in bucket order on every rank (it may call collectives on anneal_ddp_comm(d)). With
+ * ZeRO 1/2, each rank then keeps its chunk of buf as its shard. */
+typedef anneal_status (*anneal_ddp_comm_hook)(void *user, anneal_ddp *d, int k, float *buf);
+/* Installs fn (NULL: plain all-reduce / reduce-scatter again). Not between
+ * anneal_ddp_begin_backward and anneal_ddp_finish. */
+anneal_status anneal_ddp_set_comm_hook(anneal_ddp *d, anneal_ddp_comm_hook fn, void *user);
+
+/* ----------------------------------------------- PowerSGD (powersgd.c) */
+
+/* Gradient compression of Vogels et al. 2019 as PyTorch's powerSGD_hook computes it
+ * (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py, warm start and error
+ * feedback on, orthogonalization by Gram-Schmidt with epsilon 0, tensors not batched by
+ * shape), as a comm hook on the buckets of a sync. Per bucket: buf += error; vectors
+ * and matrices not worth compressing ((n + m) * r * min_compression_rate >= n * m, with
+ * the gradient viewed as shape[0] x rest and r = min(n, m, rank)) are all-reduced
+ * as they are; each other matrix M gives P = M Q, all-reduce(P), P orthogonalized,
+ * Q = M^T P, all-reduce(Q) / world, M' = P Q^T; error = (buf before) - buf after.
+ * Q is kept (warm start, orthogonalized again before use); the first Q of a bucket is
+ * drawn from a normal distribution seeded by (seed, bucket), the same on every rank.
+ * The first warmup_steps synchronisations are plain mean all-reduces. */
+typedef struct anneal_powersgd_config {
+    int rank;                    /* matrix approximation rank, >= 1 */
+    int64_t warmup_steps;        /* uncompressed synchronisations first */
+    uint64_t seed;               /* of the initial Q */
+    double min_compression_rate; /* PyTorch's default 2 */
+} anneal_powersgd_config;
+anneal_powersgd_config anneal_powersgd_defaults(void);
+
+typedef struct anneal_powersgd anneal_powersgd;
+/* Compression state for the buckets of d, installed as d's comm hook. d must outlive it. */
+anneal_powersgd *anneal_powersgd_new(anneal_ddp *d, anneal_powersgd_config cfg);
+/* Removes the hook and frees the state. */
+void anneal_powersgd_free(anneal_powersgd *p);
+
+/* Forgets every bucket's error feedback and Q (the next compressed step starts from a
+ * zero error and a fresh seeded Q), e.g. after a step whose gradients were not finite
+ * had put Inf/NaN into them. Every rank must call it at the same step. */
+void anneal_powersgd_reset(anneal_powersgd *p);
+/* Payload bytes this rank handed to all-reduce (not counting the collective's own
+ * algorithm factor) and what plain all-reduce of every bucket would have handed. */
+typedef struct anneal_powersgd_stats {
+    int64_t steps;                   /* synchronisations so far (warm-up included) */
+    int64_t last_bytes, last_bytes_uncompressed;   /* the last synchronisation */
+    int64_t total_bytes, total_bytes_uncompressed; /* since the start (resumes included) */
+} anneal_powersgd_stats;
+anneal_powersgd_stats anneal_powersgd_stats_get(const anneal_powersgd *p);
+
+/* Bytes of host memory the compression state holds now (error feedback, P, Q and the
+ * per-bucket scratch), for the memory report. */
+int64_t anneal_powersgd_memory_bytes(const anneal_powersgd *p);
+/* Elements of bucket k's Q (0 when nothing in it is compressed). */
+int64_t anneal_powersgd_q_numel(const anneal_powersgd *p, int k);
+/* Sets bucket k's Q (q_numel floats, PyTorch's q_memory layout: matrices grouped by
+ * shape in order of first appearance, each m x r row-major) as if left by a previous
+ * step (it is orthogonalized before use). For parity tests. */
+anneal_status anneal_powersgd_set_q(anneal_powersgd *p, int k, const float *q, int64_t n);
+/* Bucket k's Q and error (NULL before its first compressed step). Borrowed. */
+const float *anneal_powersgd_q(const anneal_powersgd *p, int k);
+const float *anneal_powersgd_error(const anneal_powersgd *p, int k);
+
+/* This rank's state (step count, per bucket error and Q, byte counters) to path
+ * (atomic write), and back. Load checks that the file was written by the same rank of
+ * the same world size for the same buckets and rank (errors name the file and what
+ * differs); the format is described in powersgd.c. */
+anneal_status anneal_powersgd_save(const anneal_powersgd *p, const char *path);
+anneal_status anneal_powersgd_load(anneal_powersgd *p, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

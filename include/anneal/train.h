@@ -81,6 +81,11 @@ typedef struct anneal_train_config {
     int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */
     double bucket_mb;         /* gradient bucket size in MiB */
     bool overlap;             /* all-reduce buckets during backward */
+    char *grad_compress;      /* "none" (NULL) or "powersgd" (src/parallel/powersgd.c) */
+    int64_t powersgd_rank;    /* PowerSGD approximation rank */
+    int64_t powersgd_warmup_steps; /* uncompressed steps before PowerSGD starts */
+    char *offload;            /* "none" (NULL), "optimizer" (src/optim/offload.c) */
+    char *offload_dir;        /* where the offload file goes; NULL: the run directory */
 } anneal_train_config;
 
 /* The defaults (documented by anneal_train_options). */

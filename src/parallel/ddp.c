@@ -94,6 +94,8 @@ struct anneal_ddp {
     anneal_status err;    /* first failure inside the hook, reported by finish */
     int64_t bucket_live;  /* bytes of bucket buffers held now */
     int64_t state_bytes;
+    anneal_ddp_comm_hook hook; /* replaces the buckets' collectives (powersgd.c) */
+    void *hook_user;
     /* ANNEAL_DDP_PROGRESS=thread: a thread tests the in-flight requests during backward
      * instead of the hook; every MPI call between begin_backward and finish happens
      * under mu (so MPI_THREAD_SERIALIZED is enough). */
@@ -345,6 +347,7 @@ static anneal_status launch(anneal_ddp *d, int k) {
         if (s != ANNEAL_OK) return s;
     }
     b->launched = true;
+    if (d->hook) return be->synchronize(be->ctx); /* the hook runs in anneal_ddp_finish */
     if (d->cfg.zero_stage == 0) {
         anneal_status s = be->synchronize(be->ctx);
         if (s != ANNEAL_OK) return s;
@@ -398,11 +401,15 @@ static anneal_status complete(anneal_ddp *d, int k) {
         }
         return ANNEAL_OK;
     }
+    /* with a hook the whole agreed bucket is in buf: the rank's chunk starts at rank * chunk */
+    const anneal_tensor *from = d->hook ? b->buf : b->recv;
+    int64_t from_off = d->hook ? (int64_t)anneal_comm_rank(d->c) * b->chunk : 0;
     if (b->shard_len > 0) {
-        anneal_status s = copy_release(d, flat(d->shard_grad, b->shard_off, b->shard_len), flat(b->recv, 0, b->shard_len));
+        anneal_status s = copy_release(d, flat(d->shard_grad, b->shard_off, b->shard_len),
+                                       flat(from, from_off, b->shard_len));
         if (s != ANNEAL_OK) return s;
     }
-    d->bucket_live -= (b->chunk * anneal_comm_size(d->c) + b->chunk) * 4;
+    d->bucket_live -= (b->chunk * anneal_comm_size(d->c) + (b->recv ? b->chunk : 0)) * 4;
     anneal_release(b->buf);
     anneal_release(b->recv);
     b->buf = b->recv = NULL;
@@ -532,6 +539,8 @@ anneal_status anneal_ddp_finish(anneal_ddp *d) {
             b->req = NULL;
             if (note_err(d, anneal_comm_wait(r)) != ANNEAL_OK) continue;
         }
+        if (b->launched && !b->completed && d->err == ANNEAL_OK && d->hook)
+            note_err(d, d->hook(d->hook_user, d, k, comm_ptr(d, b->buf)));
         if (b->launched && !b->completed && d->err == ANNEAL_OK) note_err(d, complete(d, k));
     }
     anneal_status s = d->err;
@@ -763,4 +772,27 @@ anneal_tensor *anneal_ddp_shard_grad_tensor(anneal_ddp *d) { return d ? d->shard
 bool anneal_ddp_synced(const anneal_ddp *d) { return d && d->synced; }
 void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes) {
     if (d) d->state_bytes = bytes;
+}
+
+int anneal_ddp_bucket_count(const anneal_ddp *d) { return d ? d->nb : 0; }
+
+anneal_ddp_bucket_info anneal_ddp_bucket(const anneal_ddp *d, int k) {
+    anneal_ddp_bucket_info bi = {0};
+    if (!d || k < 0 || k >= d->nb) return bi;
+    bi.first_param = d->b[k].lo;
+    bi.last_param = d->b[k].hi;
+    bi.start = d->b[k].start;
+    bi.numel = d->b[k].n;
+    return bi;
+}
+
+/* The hook is read by launch (to skip the collective) and by finish (to run it), so it
+ * must not change while a synchronising backward is in progress. */
+anneal_status anneal_ddp_set_comm_hook(anneal_ddp *d, anneal_ddp_comm_hook fn, void *user) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_set_comm_hook: NULL sync");
+    if (d->armed || d->next_launch > 0)
+        return anneal_set_error(ANNEAL_ERR_STATE, "anneal_ddp_set_comm_hook: a synchronising backward is in progress");
+    d->hook = fn;
+    d->hook_user = fn ? user : NULL;
+    return ANNEAL_OK;
 }

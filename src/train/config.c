@@ -108,6 +108,16 @@ static const option_def defs[] = {
     {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients (default 0)"}, OFF(zero), 0, 2, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
+    {{"grad-compress", ANNEAL_OPT_STRING, "distributed: gradient compression, none or powersgd (low-rank PowerSGD with "
+      "error feedback; default none)"}, OFF(grad_compress), 0, 0, 0, 0, NULL},
+    {{"powersgd-rank", ANNEAL_OPT_INT, "PowerSGD: approximation rank of each gradient matrix (default 1)"},
+     OFF(powersgd_rank), 1, 65536, 0, 0, NULL},
+    {{"powersgd-warmup-steps", ANNEAL_OPT_INT, "PowerSGD: plain all-reduce for the first N steps (default 10)"},
+     OFF(powersgd_warmup_steps), 0, BIG, 0, 0, NULL},
+    {{"offload", ANNEAL_OPT_STRING, "keep AdamW's state in a memory-mapped file (--offload-dir) stepped in chunks "
+      "instead of RAM: none or optimizer (default none)"}, OFF(offload), 0, 0, 0, 0, NULL},
+    {{"offload-dir", ANNEAL_OPT_STRING, "directory of the --offload file, on fast disk (default the run directory)"},
+     OFF(offload_dir), 0, 0, 0, 0, NULL},
 };
 #define N_DEFS ((int)(sizeof defs / sizeof defs[0]))
 
@@ -164,6 +174,8 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->profile_steps = 3;
     c->bucket_mb = 25;
     c->overlap = true;
+    c->powersgd_rank = 1;
+    c->powersgd_warmup_steps = 10;
 }
 
 /* The string fields, for free and copy. */
@@ -290,6 +302,11 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             if (inet_pton(AF_INET, value, &a) != 1)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--metrics-addr %s: not an IPv4 address (default 127.0.0.1)", value);
         }
+        if (!strcmp(name, "offload") && strcmp(value, "none") && strcmp(value, "optimizer"))
+            return anneal_set_error(ANNEAL_ERR_ARG, "--offload: '%s' is not available (none, optimizer; offloading "
+                                    "activations is not built yet)", value);
+        if (!strcmp(name, "grad-compress") && strcmp(value, "none") && strcmp(value, "powersgd"))
+            return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress: unknown compression '%s' (none, powersgd)", value);
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */
             anneal_dtype dt;
             if (!anneal_train_dtype_parse(value, &dt))

@@ -14,10 +14,15 @@
 #include "train_internal.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The version string ranks compare: the release and the layout of the settings (two
  * builds of one release from the same sources, e.g. compiled on each host, agree; a
@@ -42,8 +47,57 @@ static uint64_t hash_text(const char *s) {
 
 bool anneal_train_dist_active(const trainer *t) { return t->ddp != NULL; }
 
+static anneal_status restate(anneal_status code, const char *prefix);
+
+/* --grad-compress powersgd (a world-1 run then also takes the sync's path: the low-rank
+ * approximation changes the update even alone). */
+static bool compressing(const trainer *t) { return t->cfg.grad_compress && !strcmp(t->cfg.grad_compress, "powersgd"); }
+
+/* The PowerSGD state file of this rank at step in dir. */
+static void psgd_path(const trainer *t, const char *dir, int64_t step, char *out, size_t n) {
+    snprintf(out, n, "%s/powersgd_rank%d_step%08lld.bin", dir, t->rank, (long long)step);
+}
+
+/* PowerSGD on the sync; a resume loads this rank's state of the checkpoint's step
+ * (written next to the checkpoint by anneal_train_dist_ckpt_end). */
+static anneal_status make_powersgd(trainer *t) {
+    anneal_powersgd_config pc = anneal_powersgd_defaults();
+    pc.rank = (int)t->cfg.powersgd_rank;
+    pc.warmup_steps = t->cfg.powersgd_warmup_steps;
+    pc.seed = (uint64_t)t->cfg.seed;
+    t->psgd = anneal_powersgd_new(t->ddp, pc);
+    if (!t->psgd) return restate(anneal_last_status(), "--grad-compress powersgd: ");
+    if (!t->resume_ckpt[0] || t->st.step == 0) return ANNEAL_OK;
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s", t->resume_ckpt);
+    psgd_path(t, dirname(tmp), t->st.step, path, sizeof path);
+    anneal_status st = anneal_powersgd_load(t->psgd, path);
+    return st == ANNEAL_OK ? ANNEAL_OK : restate(st, "--resume with --grad-compress powersgd: ");
+}
+
+/* Removes this rank's PowerSGD files of steps before `step` whose checkpoint directory
+ * is gone (pruned by --keep). Best effort. */
+static void prune_powersgd(trainer *t, int64_t step) {
+    DIR *dir = opendir(t->run_dir);
+    if (!dir) return;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "powersgd_rank%d_step", t->rank);
+    for (struct dirent *e; (e = readdir(dir));) {
+        long long s;
+        char tail[8];
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (sscanf(e->d_name + strlen(prefix), "%lld%7s", &s, tail) != 2 || strcmp(tail, ".bin") || s >= step) continue;
+        char ck[PATH_MAX + 32], f[PATH_MAX + 300];
+        snprintf(ck, sizeof ck, "%s/ckpt_%08lld", t->run_dir, s);
+        if (access(ck, F_OK) == 0) continue;
+        snprintf(f, sizeof f, "%s/%s", t->run_dir, e->d_name);
+        unlink(f);
+    }
+    closedir(dir);
+}
+
 /* True when the run needs the collective path at all. */
-static bool distributed(const trainer *t) { return t->comm && (t->world > 1 || t->cfg.zero > 0); }
+static bool distributed(const trainer *t) { return t->comm && (t->world > 1 || t->cfg.zero > 0 || compressing(t)); }
 
 /* Re-records the current error with a prefix. */
 static anneal_status restate(anneal_status code, const char *prefix) {
@@ -221,6 +275,13 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--zero %lld: not available with the fp16 loss scaler yet (use --zero 0, "
                                                 "or --dtype bf16)", (long long)t->cfg.zero);
     }
+    /* an overflow step would carry Inf into the error feedback, and the scale would
+     * change the units of the error between steps */
+    if (t->use_scaler && compressing(t)) {
+        *usage = true;
+        return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress powersgd: not available with the fp16 loss scaler "
+                                                "(use --dtype bf16 or fp32)");
+    }
     anneal_ddp_config dc = anneal_ddp_defaults();
     dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
     if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;
@@ -228,6 +289,7 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     dc.zero_stage = (int)t->cfg.zero;
     t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
+    if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
     st = anneal_train_dist_agree(t, st, "setting up the gradient sync");
     if (st != ANNEAL_OK) return st;
     /* a new run: every rank starts from rank 0's weights (the same seed gives the same
@@ -258,13 +320,40 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag) {
 }
 
 anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
+    /* --offload optimizer: the state comes out of its file for the snapshot */
+    anneal_status so = anneal_optimizer_offload_gather(t->opt);
+    if (so != ANNEAL_OK) return so;
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     return anneal_optimizer_gather_state(t->opt);
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
+    anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
+    if (so != ANNEAL_OK) return so;
+    if (t->psgd) {
+        /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
+         * directory exists on rank 0's host, the others make it on theirs */
+        char path[PATH_MAX + 64];
+        mkdir(t->run_dir, 0755);
+        psgd_path(t, t->run_dir, t->st.step, path, sizeof path);
+        anneal_status st = anneal_powersgd_save(t->psgd, path);
+        if (st != ANNEAL_OK) return restate(st, "PowerSGD state: ");
+        prune_powersgd(t, t->st.step);
+    }
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     return anneal_optimizer_scatter_state(t->opt);
+}
+
+void anneal_train_dist_log_bytes(trainer *t, cJSON *o, bool summary) {
+    if (!t->psgd) return;
+    anneal_powersgd_stats s = anneal_powersgd_stats_get(t->psgd);
+    int64_t a = summary ? s.total_bytes : s.last_bytes, b = summary ? s.total_bytes_uncompressed : s.last_bytes_uncompressed;
+    cJSON_AddNumberToObject(o, "comm_bytes", (double)a);
+    cJSON_AddNumberToObject(o, "comm_bytes_uncompressed", (double)b);
+    if (summary && b > 0)
+        anneal_progress_note(t->prog, "  PowerSGD (rank %lld): %.3g MB handed to all-reduce per rank vs %.3g MB "
+                             "uncompressed (%.1fx less)", (long long)t->cfg.powersgd_rank, (double)a / 1e6,
+                             (double)b / 1e6, a > 0 ? (double)b / (double)a : 0.0);
 }
 
 /* This rank's bytes: parameters, gradients (with buckets), optimizer state. */
@@ -273,9 +362,11 @@ static void memory_of(trainer *t, double out[3]) {
     if (t->ddp) {
         anneal_ddp_memory m = anneal_ddp_memory_get(t->ddp);
         out[0] = (double)m.param_bytes;
-        out[1] = (double)(m.grad_bytes + m.bucket_bytes);
+        /* PowerSGD's error feedback, P, Q and scratch count as gradient memory */
+        out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd));
         int64_t owned = t->cfg.zero > 0 ? anneal_ddp_shard_numel(t->ddp) : n;
         out[2] = (double)owned * 2.0 * sizeof(float); /* AdamW: exp_avg + exp_avg_sq */
+        if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */
     } else {
         out[0] = out[1] = out[2] = (double)n * sizeof(float);
         out[2] *= 2.0;
@@ -330,13 +421,19 @@ void anneal_train_dist_print_header(trainer *t) {
     const anneal_train_config *c = &t->cfg;
     anneal_progress_note(t->prog,
                          "distributed: %d rank%s (%s), ZeRO stage %lld, gradient buckets %g MiB, overlap %s, "
-                         "per-rank batch %lld (global %lld), %d thread%s per rank",
+                         "per-rank batch %lld (global %lld), %d thread%s per rank%s",
                          t->world, t->world > 1 ? "s" : "", anneal_comm_backend(t->comm), (long long)c->zero,
                          c->bucket_mb, c->overlap ? "on" : "off", (long long)t->local_batch, (long long)c->batch,
-                         anneal_get_num_threads(), anneal_get_num_threads() > 1 ? "s" : "");
+                         anneal_get_num_threads(), anneal_get_num_threads() > 1 ? "s" : "",
+                         t->psgd ? ", PowerSGD gradient compression" : "");
+    if (t->psgd)
+        anneal_progress_note(t->prog, "PowerSGD: rank %lld, plain all-reduce for the first %lld steps, error feedback "
+                             "and warm start", (long long)c->powersgd_rank, (long long)c->powersgd_warmup_steps);
 }
 
 void anneal_train_dist_teardown(trainer *t) {
+    anneal_powersgd_free(t->psgd);
+    t->psgd = NULL;
     if (t->ddp) anneal_ddp_free(t->ddp);
     t->ddp = NULL;
 }

@@ -140,6 +140,9 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
     if (st != ANNEAL_OK) return st;
     o->norm = norm;
     o->skipped = !isfinite(o->loss) || !isfinite(norm);
+    /* PowerSGD: a non-finite gradient went into the error feedback and Q (every rank
+     * sees the same global norm, so every rank resets) */
+    if (o->skipped && t->psgd) anneal_powersgd_reset(t->psgd);
     if (!o->skipped) st = anneal_optimizer_step(t->opt, o->lr);
     anneal_params_zero_grad(t->model->params);
     return st;
@@ -292,6 +295,8 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     /* allocator bytes held on the model's device (tensors + cache) */
     cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
+    anneal_train_dist_log_bytes(t, o, false); /* PowerSGD: bytes on the wire */
+    cJSON_AddNumberToObject(o, "rss_bytes", (double)anneal_train_rss_bytes()); /* resident now (offload.c) */
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
         cJSON_AddBoolToObject(o, "overflow", so->overflow);
@@ -375,6 +380,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     cJSON_AddNumberToObject(o, "peak_allocator_bytes", (double)mem.peak_reserved_bytes);
     cJSON_AddNumberToObject(o, "allocator_system_allocs", (double)mem.n_system_allocs);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)anneal_peak_rss_bytes());
+    anneal_train_dist_log_bytes(t, o, true); /* PowerSGD: bytes on the wire, the run's */
     cJSON_AddBoolToObject(o, "interrupted", res->interrupted);
     anneal_train_log_json(t, o);
 }
@@ -441,6 +447,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     /* distributed: no rank goes on unless every rank's setup worked */
     fail = anneal_train_dist_agree(t, fail, "setup");
     if (fail == ANNEAL_OK) fail = anneal_train_dist_setup(t, &usage);
+    if (fail == ANNEAL_OK) fail = anneal_train_dist_agree(t, anneal_train_setup_offload(t, &usage), "--offload");
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;

@@ -89,6 +89,7 @@ typedef struct trainer {
     /* distributed (dist.c): comm NULL or world 1 without ZeRO = the single-process path */
     anneal_comm *comm;
     anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */
+    anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
     int rank, world;
     int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
@@ -203,6 +204,16 @@ void anneal_train_dist_note_memory(trainer *t);
 anneal_status anneal_train_dist_report_memory(trainer *t, const char *when);
 /* Line for the header: world size, backend, ZeRO stage, buckets, per-rank batch. */
 void anneal_train_dist_print_header(trainer *t);
+/* --grad-compress powersgd: the step's and the run's bytes handed to all-reduce vs what
+ * plain all-reduce would hand, added to a step / summary record (nothing without it). */
+void anneal_train_dist_log_bytes(trainer *t, struct cJSON *o, bool summary);
+
+/* --- offload.c */
+/* --offload optimizer: replaces the run's AdamW by the file-backed one (moving a
+ * resumed state into the file). Collective-safe: no collectives. */
+anneal_status anneal_train_setup_offload(trainer *t, bool *usage);
+/* The process's resident set size now (bytes; 0 when unknown). */
+int64_t anneal_train_rss_bytes(void);
 void anneal_train_dist_teardown(trainer *t);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
