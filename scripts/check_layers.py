@@ -32,12 +32,12 @@ import sys
 
 # Lowest first: each layer may use its own and the ones before it.
 LAYERS = ["core", "backends", "autograd", "ops", "nn", "models", "parallel", "optim",
-          "data", "io", "obs", "train", "cli"]
+          "data", "io", "obs", "train", "serve", "cli"]
 # Source folders and the layer each belongs to.
 FOLDERS = {"core": "core", "cpu": "backends", "cuda": "backends", "backends": "backends",
            "autograd": "autograd", "ops": "ops", "nn": "nn", "models": "models",
            "parallel": "parallel", "optim": "optim", "data": "data", "io": "io",
-           "obs": "obs", "train": "train", "cli": "cli"}
+           "obs": "obs", "train": "train", "serve": "serve", "cli": "cli"}
 # Public headers and their layers (anneal.h, the umbrella, is the top).
 # backend.h is the device interface: core keeps the registry of tables, backends
 # implement it, ops call through it; so it is a core header.
@@ -46,7 +46,7 @@ HEADERS = {"core": "core", "fs": "core", "backend": "core", "trace": "core", "pr
            "gpt2": "models", "parallel": "parallel", "optim": "optim", "data": "data",
            "tokenizer": "data", "shard": "data", "loader": "data", "prepare": "data",
            "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "obs": "obs", "telemetry": "obs",
-           "train": "train",
+           "train": "train", "serve": "serve",
            "anneal": "cli"}
 # Deliberate exceptions, each with its reason: (from layer, to layer, symbol).
 ALLOWED_SYMBOLS = {
