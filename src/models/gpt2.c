@@ -263,7 +263,8 @@ static anneal_tensor *op_logits(anneal_model *m, anneal_tensor *ids) {
 
 static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
     const anneal_model_config *c = &m->cfg;
-    return anneal_kv_cache_new(m->device, c->n_layer, batch, c->n_head, c->n_embd / c->n_head, max_len, m);
+    return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, c->n_head, c->n_embd / c->n_head, max_len,
+                                     m->ctx.kv_dtype, m);
 }
 
 static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, anneal_tensor *ids, int64_t rows) {
