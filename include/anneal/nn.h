@@ -282,9 +282,6 @@ anneal_status anneal_kv_cache_raw(anneal_kv_cache *kv, int layer, anneal_kv_cach
  * cache is freed or another is set. */
 void *anneal_kv_cache_aux(const anneal_kv_cache *kv);
 void anneal_kv_cache_set_aux(anneal_kv_cache *kv, void *aux, void (*aux_free)(void *));
-/* int8 of one row of D values: q = round(x / scale) in [-127, 127], scale = max|x| / 127
- * (0 for an all-zero row). */
-void anneal_kv_quantize_row_i8(const float *x, int64_t D, int8_t *q, float *scale);
 
 /* -------------------------------------------------------------- attention */
 

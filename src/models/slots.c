@@ -4,7 +4,7 @@
  * once, then runs the decode engine (decode_engine.c: one pass over the weights for all
  * n rows) where the architecture offers one, or one cached forward per slot. */
 #include "anneal/autograd.h"
-#include "anneal/model.h"
+#include "decode_engine.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -130,7 +130,8 @@ anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, c
     anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
     if (!out) return NULL;
     anneal_no_grad_begin();
-    anneal_status s = decode_each(m, kv, slots, ids, n, anneal_data(out));
+    anneal_status s = anneal_decode_engine_step(m, kv, slots, ids, n, anneal_data(out));
+    if (s == ANNEAL_ERR_UNSUPPORTED) s = decode_each(m, kv, slots, ids, n, anneal_data(out));
     anneal_no_grad_end();
     return s == ANNEAL_OK ? out : NULL;
 }

@@ -10,6 +10,7 @@
  * same length, len/batch/write/keys/values act on all B. One slot (the slots API of
  * continuous batching): anneal_kv_cache_focus(kv, s) makes the same functions act on
  * slot s alone, as if it were a cache of batch 1, until focus(kv, -1). */
+#include "anneal/decode_kernels.h"
 #include "anneal/nn.h"
 
 #include <math.h>
@@ -190,17 +191,6 @@ static bool layer_ok(const anneal_kv_cache *kv, int layer, const char *fn) {
 static void focus_range(const anneal_kv_cache *kv, int64_t *b0, int64_t *nb) {
     *b0 = kv->focus >= 0 ? kv->focus : 0;
     *nb = kv->focus >= 0 ? 1 : kv->batch;
-}
-
-void anneal_kv_quantize_row_i8(const float *x, int64_t D, int8_t *q, float *scale) {
-    float mx = 0.0f;
-    for (int64_t d = 0; d < D; d++) mx = fabsf(x[d]) > mx ? fabsf(x[d]) : mx;
-    float s = mx / 127.0f, inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-    for (int64_t d = 0; d < D; d++) {
-        float r = nearbyintf(x[d] * inv);
-        q[d] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-    }
-    *scale = s;
 }
 
 /* Writes the (nb, Hkv, T, D) f32 rows of src (contiguous host copy) into int8 storage

@@ -4,9 +4,12 @@
  * KV caches stay within a stated bound of the f32 one, bad arguments are refused with
  * the cache unchanged. */
 #include "anneal/anneal.h"
+#include "models/decode_engine.h"
 #include "test.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { S = 3, TMAX = 24 };
@@ -97,6 +100,7 @@ static void run_schedule(anneal_model *m, anneal_dtype kv_dtype, double tol, dou
     const int64_t steps[][S + 1] = {{3, 0, 1, 2}, {2, 2, 0}, {1, 1}, {3, 2, 1, 0}, {2, 1, 2}, {3, 1, 0, 2},
                                     {1, 0},       {3, 0, 2, 1}, {2, 0, 1}};
     int nsteps = (int)(sizeof steps / sizeof steps[0]);
+    int64_t engine0 = anneal_decode_engine_steps();
     for (int k = 0; k < nsteps; k++) {
         if (k == 5) { /* reuse slot 1 for another sequence */
             anneal_kv_cache_slot_reset(kv, 1);
@@ -127,7 +131,11 @@ static void run_schedule(anneal_model *m, anneal_dtype kv_dtype, double tol, dou
                   (long long)anneal_kv_cache_slot_len(kv, s));
         }
     }
+    CHECK(anneal_decode_engine_steps() == engine0 + nsteps, "the decode engine ran %lld of %d steps",
+          (long long)(anneal_decode_engine_steps() - engine0), nsteps);
     if (worst) *worst = w;
+    if (getenv("ANNEAL_TEST_VERBOSE"))
+        printf("%s kv %s: worst rel err %.3g\n", m->cfg.arch, anneal_dtype_name(kv_dtype), w);
     anneal_scope_close(sc);
     anneal_kv_cache_free(kv);
 }

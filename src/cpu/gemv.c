@@ -1,0 +1,222 @@
+/* GEMV / skinny GEMM for decoding (decode_kernels.h): y = act(x W + b) for a few rows,
+ * f32 or bf16 weights, f32 activations and accumulation.
+ *
+ * Decoding is memory-bound: per token every weight is read once and used for n rows, so
+ * the kernels stream W in its stored layout (no packing) and keep the n-row partial sums
+ * in registers:
+ *   W (in, out) (GPT-2's Conv1D): a tile of 64 output columns (4 zmm) per work item; for
+ *     each k the tile's row of W is loaded once and multiplied into up to 4 rows of x
+ *     (16 accumulators), k in increasing order. A tile's W stays in L2 for the next group
+ *     of 4 rows.
+ *   W (out, in) (torch Linear, the tied lm head): 4 output rows per work item, each a dot
+ *     product with up to 4 rows of x over k in 16-lane chunks (16 accumulators), the 16
+ *     lanes summed at the end.
+ * bf16 weights are widened exactly (the bits shifted into the high half of an f32).
+ * Work items are split between the OpenMP threads in contiguous ranges of output
+ * columns; every output is computed by one item, so the bits do not depend on the
+ * thread count. Without AVX-512 a scalar loop computes the same sums in the same order
+ * for W (in, out), and in k order for W (out, in). */
+#include "anneal/decode_kernels.h"
+#include "cpu/cpu_kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GEMV_X86 1
+#endif
+
+enum { TILE_COLS = 64, OUT_ROWS = 4, XROWS = 4 };
+
+/* act on one value. */
+static inline float epilogue(float y, int act) {
+    if (act == ANNEAL_GEMV_GELU_TANH) {
+        const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+        return 0.5f * y * (1.0f + tanhf(c * (y + 0.044715f * y * y * y)));
+    }
+    return y;
+}
+
+static inline float w_at(const anneal_gemv_weight *w, int64_t idx) {
+    return w->dtype == ANNEAL_BF16 ? anneal_bf16_to_f32(((const uint16_t *)w->w)[idx]) : ((const float *)w->w)[idx];
+}
+
+/* Scalar: output columns [j0, j1) of every row. */
+static void gemv_scalar(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                        int act, int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = j0; j < j1; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < w->in; k++)
+                s = fmaf(x[r * ldx + k], w_at(w, w->out_in ? j * w->in + k : k * w->out + j), s);
+            if (w->bias) s += w->bias[j];
+            y[r * ldy + j] = epilogue(s, act);
+        }
+}
+
+#ifdef GEMV_X86
+#define GEMV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* 16 weights at p (f32, or bf16 widened), lanes outside mask zero. */
+GEMV_TARGET static inline __m512 load16(const void *p, bool bf16, __mmask16 m) {
+    if (bf16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, p);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(m, p);
+}
+
+static inline __mmask16 lane_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* W (in, out): columns [j0, j0 + cw) (cw <= 64) of R rows xr[0..R) into yr[0..R). */
+GEMV_TARGET static inline __attribute__((always_inline)) void tile_in_out(const anneal_gemv_weight *w,
+                                                                           const float *const *xr, float *const *yr,
+                                                                           int R, int64_t j0, int64_t cw, int act) {
+    const bool bf = w->dtype == ANNEAL_BF16;
+    const size_t es = bf ? 2 : 4;
+    const char *base = (const char *)w->w + (size_t)j0 * es;
+    const size_t ld = (size_t)w->out * es;
+    __mmask16 m[4];
+    for (int c = 0; c < 4; c++) m[c] = lane_mask(cw - 16 * c > 0 ? cw - 16 * c : 0);
+    __m512 acc[XROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < w->in; k++) {
+        const char *row = base + (size_t)k * ld;
+        __m512 wv[4];
+        for (int c = 0; c < 4; c++) wv[c] = load16(row + (size_t)c * 16 * es, bf, m[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 xb = _mm512_set1_ps(xr[r][k]);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xb, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) {
+            if (!m[c]) continue;
+            __m512 v = acc[r][c];
+            if (w->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[c], w->bias + j0 + 16 * c));
+            if (act == ANNEAL_GEMV_NONE) {
+                _mm512_mask_storeu_ps(yr[r] + j0 + 16 * c, m[c], v);
+            } else {
+                float t[16];
+                _mm512_storeu_ps(t, v);
+                for (int i = 0; i < 16 && 16 * c + i < cw; i++) yr[r][j0 + 16 * c + i] = epilogue(t[i], act);
+            }
+        }
+}
+
+/* W (out, in): output rows jr[0..4) (clamped duplicates allowed; only the first nj stored)
+ * for R rows of x. */
+GEMV_TARGET static inline __attribute__((always_inline)) void tile_out_in(const anneal_gemv_weight *w,
+                                                                           const float *const *xr, float *const *yr,
+                                                                           int R, int64_t j0, int nj, int act) {
+    const bool bf = w->dtype == ANNEAL_BF16;
+    const size_t es = bf ? 2 : 4;
+    const char *wr[OUT_ROWS];
+    for (int j = 0; j < OUT_ROWS; j++)
+        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)w->in * es;
+    __m512 acc[XROWS][OUT_ROWS];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < OUT_ROWS; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < w->in; k += 16) {
+        __mmask16 m = lane_mask(w->in - k);
+        __m512 xv[XROWS];
+        for (int r = 0; r < R; r++) xv[r] = _mm512_maskz_loadu_ps(m, xr[r] + k);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m512 wv = load16(wr[j] + (size_t)k * es, bf, m);
+            for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < nj; j++) {
+            float s = _mm512_reduce_add_ps(acc[r][j]);
+            if (w->bias) s += w->bias[j0 + j];
+            yr[r][j0 + j] = epilogue(s, act);
+        }
+}
+
+/* Work item `it` (a tile of output columns) for every row of x, in groups of 4 rows (a
+ * last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
+ * row repeated and its results dropped). */
+GEMV_TARGET static void item_avx512(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                    int64_t ldy, int act, int64_t it) {
+    for (int64_t r0 = 0; r0 < n; r0 += XROWS) {
+        int64_t nr = n - r0 < XROWS ? n - r0 : XROWS;
+        const float *xr[XROWS];
+        float *yr[XROWS];
+        for (int r = 0; r < XROWS; r++) {
+            int64_t rr = r0 + (r < nr ? r : nr - 1);
+            xr[r] = x + rr * ldx;
+            yr[r] = y + rr * ldy; /* a repeated row writes its own (equal) values again */
+        }
+        if (w->out_in) {
+            int64_t j0 = it * OUT_ROWS;
+            int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
+            if (nr == 1)
+                tile_out_in(w, xr, yr, 1, j0, nj, act);
+            else
+                tile_out_in(w, xr, yr, XROWS, j0, nj, act);
+        } else {
+            int64_t j0 = it * TILE_COLS;
+            int64_t cw = w->out - j0 < TILE_COLS ? w->out - j0 : TILE_COLS;
+            if (nr == 1)
+                tile_in_out(w, xr, yr, 1, j0, cw, act);
+            else
+                tile_in_out(w, xr, yr, XROWS, j0, cw, act);
+        }
+    }
+}
+#endif
+
+/* True when the AVX-512 kernels can run here (F, BW and VL). */
+static bool use_avx512(void) {
+#ifdef GEMV_X86
+    static int ok = -1;
+    if (ok < 0) ok = anneal_cpu_has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                 int act) {
+    if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return;
+    const int64_t per = w->out_in ? OUT_ROWS : TILE_COLS;
+    const int64_t items = (w->out + per - 1) / per;
+    /* threads only pay off past ~64K multiply-adds */
+    const bool par = items > 1 && w->in * w->out * n >= 65536;
+    const bool v = use_avx512();
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef GEMV_X86
+        if (v) {
+            item_avx512(w, x, ldx, n, y, ldy, act, it);
+            continue;
+        }
+#endif
+        int64_t j0 = it * per, j1 = j0 + per < w->out ? j0 + per : w->out;
+        gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+    }
+    (void)v;
+}
+
+void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 20))
+    for (int64_t i = 0; i < n; i++) dst[i] = anneal_f32_to_bf16(src[i]);
+}
+
+void anneal_kv_quantize_row_i8(const float *x, int64_t D, int8_t *q, float *scale) {
+    float mx = 0.0f;
+    for (int64_t d = 0; d < D; d++) mx = fabsf(x[d]) > mx ? fabsf(x[d]) : mx;
+    float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+        float r = nearbyintf(x[d] * inv);
+        q[d] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    }
+    *scale = mx / 127.0f;
+}
