@@ -57,16 +57,6 @@ static void engine_free(void *p) {
     free(e);
 }
 
-bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w) {
-    if (!d || !d->weight || d->lora || !anneal_is_contiguous(d->weight) || d->weight->device != ANNEAL_CPU) return false;
-    if (d->weight->dtype != ANNEAL_F32 && d->weight->dtype != ANNEAL_BF16) return false;
-    if (d->bias && (d->bias->dtype != ANNEAL_F32 || !anneal_is_contiguous(d->bias))) return false;
-    *w = (anneal_gemv_weight){.w = anneal_data(d->weight), .dtype = d->weight->dtype,
-                              .out_in = d->layout == ANNEAL_WEIGHT_OUT_IN, .in = d->in, .out = d->out,
-                              .bias = d->bias ? anneal_data(d->bias) : NULL};
-    return true;
-}
-
 /* The architecture's plan filler, or NULL. */
 static bool (*plan_fn(const anneal_model *m))(anneal_model *, anneal_decode_plan *) {
     if (!strcmp(m->cfg.arch, "gpt2")) return anneal_gpt2_decode_plan;
