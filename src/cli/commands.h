@@ -37,6 +37,9 @@ int anneal_cli_parse_kv_dtype(const char *cmd, const char *name, anneal_dtype *o
  * its scales), as anneal_kv_cache_bytes reports for such a cache. */
 int64_t anneal_cli_kv_cache_bytes(const struct anneal_model *m, int64_t slots, int64_t max_len, anneal_dtype kv_dtype);
 
+/* cmd_bench_decode.c: anneal bench decode (argv after "decode"). */
+int anneal_cmd_bench_decode(int argc, char **argv);
+
 /* model_arg.c: the model a --model (or --ckpt) argument names: a checkpoint or run
  * directory, a Hugging Face model directory or weights file (config.json beside it),
  * or a preset (random weights). *st and *config_json are a checkpoint's (zero / NULL
