@@ -4,16 +4,16 @@
  * Decoding is memory-bound: per token every weight is read once and used for n rows, so
  * the kernels stream W in its stored layout (no packing) and keep the n-row partial sums
  * in registers:
- *   W (in, out) (GPT-2's Conv1D): a tile of 64 output columns (4 zmm) per work item; for
- *     each k the tile's row of W is loaded once and multiplied into up to 4 rows of x
- *     (16 accumulators), k in increasing order. A tile's W stays in L2 for the next group
- *     of 4 rows.
+ *   W (in, out) (GPT-2's Conv1D): each thread a contiguous range of output columns; it
+ *     walks W's rows in k order, 4 rows at a time, in strips of up to 1024 columns, so W
+ *     is read as long contiguous row pieces (strided narrow tiles would touch a new page
+ *     per row and wait on each miss); the n rows' partial sums live in y (L1/L2), k in
+ *     increasing order.
  *   W (out, in) (torch Linear, the tied lm head): 4 output rows per work item, each a dot
  *     product with up to 4 rows of x over k in 16-lane chunks (16 accumulators), the 16
  *     lanes summed at the end.
  * bf16 weights are widened exactly (the bits shifted into the high half of an f32).
- * Work items are split between the OpenMP threads in contiguous ranges of output
- * columns; every output is computed by one item, so the bits do not depend on the
+ * Threads take contiguous ranges of output columns; every output is computed by one item, so the bits do not depend on the
  * thread count. Without AVX-512 a scalar loop computes the same sums in the same order
  * for W (in, out), and in k order for W (out, in). */
 #include "anneal/decode_kernels.h"
@@ -28,7 +28,7 @@
 #define GEMV_X86 1
 #endif
 
-enum { TILE_COLS = 64, OUT_ROWS = 4, XROWS = 4 };
+enum { OUT_ROWS = 4, XROWS = 4 };
 
 /* act on one value. */
 static inline float epilogue(float y, int act) {
@@ -72,41 +72,45 @@ static inline __mmask16 lane_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
 }
 
-/* W (in, out): columns [j0, j0 + cw) (cw <= 64) of R rows xr[0..R) into yr[0..R). */
-GEMV_TARGET static inline __attribute__((always_inline)) void tile_in_out(const anneal_gemv_weight *w,
-                                                                           const float *const *xr, float *const *yr,
-                                                                           int R, int64_t j0, int64_t cw, int act) {
+/* W (in, out): columns [j0, j1) of all n rows, summed in place in y: for each block of
+ * KB rows of W (k in increasing order), each 16-column vector of the strip is loaded
+ * once and added into every row's partial sums (y = fma(x_k, w_k, y), k in order), so
+ * W is read as KB contiguous row pieces at a time (streams the prefetchers follow);
+ * then the bias and the epilogue. */
+GEMV_TARGET static void range_in_out(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                     int64_t ldy, int act, int64_t j0, int64_t j1) {
+    enum { KB = 4, STRIP = 1024 };
     const bool bf = w->dtype == ANNEAL_BF16;
     const size_t es = bf ? 2 : 4;
-    const char *base = (const char *)w->w + (size_t)j0 * es;
-    const size_t ld = (size_t)w->out * es;
-    __mmask16 m[4];
-    for (int c = 0; c < 4; c++) m[c] = lane_mask(cw - 16 * c > 0 ? cw - 16 * c : 0);
-    __m512 acc[XROWS][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < w->in; k++) {
-        const char *row = base + (size_t)k * ld;
-        __m512 wv[4];
-        for (int c = 0; c < 4; c++) wv[c] = load16(row + (size_t)c * 16 * es, bf, m[c]);
-        for (int r = 0; r < R; r++) {
-            __m512 xb = _mm512_set1_ps(xr[r][k]);
-            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xb, wv[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++) {
-            if (!m[c]) continue;
-            __m512 v = acc[r][c];
-            if (w->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[c], w->bias + j0 + 16 * c));
-            if (act == ANNEAL_GEMV_NONE) {
-                _mm512_mask_storeu_ps(yr[r] + j0 + 16 * c, m[c], v);
-            } else {
-                float t[16];
-                _mm512_storeu_ps(t, v);
-                for (int i = 0; i < 16 && 16 * c + i < cw; i++) yr[r][j0 + 16 * c + i] = epilogue(t[i], act);
+    const int64_t in = w->in;
+    for (int64_t s0 = j0; s0 < j1; s0 += STRIP) {
+        const int64_t s1 = s0 + STRIP < j1 ? s0 + STRIP : j1;
+        for (int64_t r = 0; r < n; r++) memset(y + r * ldy + s0, 0, (size_t)(s1 - s0) * sizeof(float));
+        for (int64_t k0 = 0; k0 < in; k0 += KB) {
+            const int kb = (int)(in - k0 < KB ? in - k0 : KB);
+            const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out + (size_t)s0) * es;
+            const size_t ld = (size_t)w->out * es;
+            for (int64_t c = s0; c < s1; c += 16) {
+                const __mmask16 m = lane_mask(s1 - c);
+                const size_t off = (size_t)(c - s0) * es;
+                __m512 wv[KB];
+                for (int i = 0; i < kb; i++) wv[i] = load16(rows + i * ld + off, bf, m);
+                for (int64_t r = 0; r < n; r++) {
+                    float *yr = y + r * ldy + c;
+                    const float *xr = x + r * ldx + k0;
+                    __m512 acc = _mm512_maskz_loadu_ps(m, yr);
+                    for (int i = 0; i < kb; i++) acc = _mm512_fmadd_ps(_mm512_set1_ps(xr[i]), wv[i], acc);
+                    _mm512_mask_storeu_ps(yr, m, acc);
+                }
             }
         }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = s0; j < s1; j++) {
+                float v = y[r * ldy + j];
+                if (w->bias) v += w->bias[j];
+                y[r * ldy + j] = epilogue(v, act);
+            }
+    }
 }
 
 /* W (out, in): output rows jr[0..4) (clamped duplicates allowed; only the first nj stored)
@@ -139,10 +143,10 @@ GEMV_TARGET static inline __attribute__((always_inline)) void tile_out_in(const 
         }
 }
 
-/* Work item `it` (a tile of output columns) for every row of x, in groups of 4 rows (a
- * last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
- * row repeated and its results dropped). */
-GEMV_TARGET static void item_avx512(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+/* Work item `it` (4 output rows of W (out, in)) for every row of x, in groups of 4 rows
+ * (a last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
+ * row repeated, writing its equal values twice). */
+GEMV_TARGET static void item_out_in(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
                                     int64_t ldy, int act, int64_t it) {
     for (int64_t r0 = 0; r0 < n; r0 += XROWS) {
         int64_t nr = n - r0 < XROWS ? n - r0 : XROWS;
@@ -151,23 +155,14 @@ GEMV_TARGET static void item_avx512(const anneal_gemv_weight *w, const float *x,
         for (int r = 0; r < XROWS; r++) {
             int64_t rr = r0 + (r < nr ? r : nr - 1);
             xr[r] = x + rr * ldx;
-            yr[r] = y + rr * ldy; /* a repeated row writes its own (equal) values again */
+            yr[r] = y + rr * ldy;
         }
-        if (w->out_in) {
-            int64_t j0 = it * OUT_ROWS;
-            int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
-            if (nr == 1)
-                tile_out_in(w, xr, yr, 1, j0, nj, act);
-            else
-                tile_out_in(w, xr, yr, XROWS, j0, nj, act);
-        } else {
-            int64_t j0 = it * TILE_COLS;
-            int64_t cw = w->out - j0 < TILE_COLS ? w->out - j0 : TILE_COLS;
-            if (nr == 1)
-                tile_in_out(w, xr, yr, 1, j0, cw, act);
-            else
-                tile_in_out(w, xr, yr, XROWS, j0, cw, act);
-        }
+        int64_t j0 = it * OUT_ROWS;
+        int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
+        if (nr == 1)
+            tile_out_in(w, xr, yr, 1, j0, nj, act);
+        else
+            tile_out_in(w, xr, yr, XROWS, j0, nj, act);
     }
 }
 #endif
@@ -186,21 +181,39 @@ static bool use_avx512(void) {
 void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
                  int act) {
     if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return;
-    const int64_t per = w->out_in ? OUT_ROWS : TILE_COLS;
-    const int64_t items = (w->out + per - 1) / per;
     /* threads only pay off past ~64K multiply-adds */
-    const bool par = items > 1 && w->in * w->out * n >= 65536;
+    const bool par = w->out > 16 && w->in * w->out * n >= 65536;
     const bool v = use_avx512();
+    if (w->out_in) {
+        const int64_t items = (w->out + OUT_ROWS - 1) / OUT_ROWS;
 #pragma omp parallel for schedule(static) if (par)
-    for (int64_t it = 0; it < items; it++) {
+        for (int64_t it = 0; it < items; it++) {
 #ifdef GEMV_X86
-        if (v) {
-            item_avx512(w, x, ldx, n, y, ldy, act, it);
-            continue;
-        }
+            if (v) {
+                item_out_in(w, x, ldx, n, y, ldy, act, it);
+                continue;
+            }
 #endif
-        int64_t j0 = it * per, j1 = j0 + per < w->out ? j0 + per : w->out;
-        gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+            int64_t j0 = it * OUT_ROWS, j1 = j0 + OUT_ROWS < w->out ? j0 + OUT_ROWS : w->out;
+            gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+        }
+        return;
+    }
+    /* W (in, out): each thread a contiguous range of 16-column groups */
+    const int64_t groups = (w->out + 15) / 16;
+#pragma omp parallel if (par)
+    {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+        const int64_t j0 = g0 * 16, j1 = g1 * 16 < w->out ? g1 * 16 : w->out;
+        if (j0 < j1) {
+#ifdef GEMV_X86
+            if (v)
+                range_in_out(w, x, ldx, n, y, ldy, act, j0, j1);
+            else
+#endif
+                gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+        }
     }
     (void)v;
 }
