@@ -1,7 +1,8 @@
 /* anneal bench decode: prompt processing and token-by-token decoding speed of a model,
  * with the memory traffic a decode step needs against the machine's measured bandwidth.
  *
- * B slots of one KV cache each get a random prompt of --prompt-len ids (prefill, timed
+ * After a warm-up (a short prefill and one step on slot 0, then emptied), B slots of one
+ * KV cache each get a random prompt of --prompt-len ids (prefill, timed
  * as a whole: prompt tok/s), then --gen decode steps run all B slots at once (the
  * slots API, greedy: each step feeds the argmax of the last), each step timed; the
  * figures are the median step's. Bytes per step = the weight matrices as the decode
@@ -119,6 +120,20 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
     }
     uint64_t rng = 7;
     double prefill_s = 0;
+    { /* warm-up: a short prefill and one decode step on slot 0 (first-touch of the weights), then empty it */
+        anneal_scope *sc = anneal_scope_open();
+        int32_t w[8] = {0};
+        int64_t s0 = 0;
+        bool ok = anneal_model_prefill_slot(m, kv, 0, w, prompt_len < 8 ? prompt_len : 8) &&
+                  anneal_model_decode_slots(m, kv, &s0, w, 1);
+        anneal_scope_close(sc);
+        anneal_kv_cache_slot_reset(kv, 0);
+        if (!ok) {
+            fprintf(stderr, "anneal bench decode: warm-up: %s\n", anneal_last_error());
+            rc = 1;
+            goto done;
+        }
+    }
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t i = 0; i < prompt_len; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -164,9 +179,10 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
     int64_t wbytes = weight_bytes(m), cbytes = anneal_cli_kv_cache_bytes(m, batch, mid, kv_dtype);
     int64_t cache_total = anneal_kv_cache_bytes(kv);
     double gbs = (double)(wbytes + cbytes) / med / 1e9;
+    /* peak RSS before the bandwidth microbenchmark's buffers */
+    double rss_mib = (double)anneal_peak_rss_bytes() / (1024.0 * 1024.0);
     double bw = anneal_peak_bandwidth_measure(nt, 0.3);
     double prompt_tps = (double)(batch * prompt_len) / prefill_s, decode_tps = (double)batch / med;
-    double rss_mib = (double)anneal_peak_rss_bytes() / (1024.0 * 1024.0);
     const char *name = model_arg ? model_arg : ckpt;
     if (json) {
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"batch\":%lld,\"threads\":%d,"
