@@ -30,7 +30,7 @@ static const char *base_name(const char *p, char *buf, size_t n) {
 }
 
 int anneal_cmd_serve(int argc, char **argv) {
-    const char *ckpt = NULL, *model_arg = NULL, *tok_spec = NULL, *host = "127.0.0.1", *dtype = "fp32",
+    const char *ckpt = NULL, *model_arg = NULL, *tok_spec = NULL, *host = "127.0.0.1", *dtype = "fp32", *kv_dtype_arg = "f32",
                *model_name = NULL;
     int64_t port = 8000, slots = 16, queue = 64, max_conn = 256, max_body = 1 << 20, max_tokens = 0, threads = 0,
             step_delay = 0;
@@ -58,6 +58,7 @@ int anneal_cmd_serve(int argc, char **argv) {
                              "(default 10)", &grace, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
+        {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_dtype_arg, 0},
         {"step-delay-ms", ARG_INT, "test aid: sleep this long before each decode step (default 0)", &step_delay, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
@@ -82,6 +83,8 @@ int anneal_cmd_serve(int argc, char **argv) {
     if (threads > 0) anneal_set_num_threads((int)threads);
     anneal_dtype compute;
     if (anneal_cli_parse_dtype("serve", dtype, &compute)) return 2;
+    anneal_dtype kv_dtype;
+    if (anneal_cli_parse_kv_dtype("serve", kv_dtype_arg, &kv_dtype)) return 2;
 
     anneal_model *m = NULL;
     anneal_train_state st = {0};
@@ -90,6 +93,7 @@ int anneal_cmd_serve(int argc, char **argv) {
                   : anneal_cli_load_model("serve", "model", model_arg, &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
+    anneal_model_set_kv_dtype(m, kv_dtype);
     cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
     free(config_text);
     if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
@@ -138,8 +142,9 @@ int anneal_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "anneal serve: %s\n", anneal_last_error());
         goto done;
     }
-    fprintf(stderr, "anneal serve: listening on http://%s:%d (model \"%s\", %d slots, queue %d, context %d)\n", host,
-            anneal_server_port(srv), cfg.model_name, cfg.slots, cfg.queue, m->cfg.n_ctx);
+    fprintf(stderr, "anneal serve: listening on http://%s:%d (model \"%s\", %d slots, queue %d, context %d, KV cache "
+                    "%s %.1f MiB)\n", host, anneal_server_port(srv), cfg.model_name, cfg.slots, cfg.queue, m->cfg.n_ctx,
+            anneal_dtype_name(kv_dtype), (double)anneal_cli_kv_cache_bytes(m, cfg.slots, m->cfg.n_ctx, kv_dtype) / (1 << 20));
     fflush(stderr);
     while (!stop_signal) nanosleep(&(struct timespec){0, 50 * 1000000L}, NULL);
     fprintf(stderr, "anneal serve: %s: stopping (running requests get up to %g s)\n",
