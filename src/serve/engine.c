@@ -237,9 +237,9 @@ static void *engine_main(void *arg) {
     anneal_serve_job **admit = calloc((size_t)e->slots, sizeof *admit), **step = calloc((size_t)e->slots, sizeof *step);
     int64_t *slot_ids = calloc((size_t)e->slots, sizeof *slot_ids);
     int32_t *ids = calloc((size_t)e->slots, sizeof *ids);
-    int32_t *sampled = calloc((size_t)e->slots, sizeof *sampled);
+    int32_t *sampled = calloc((size_t)e->slots, sizeof *sampled), *first = calloc((size_t)e->slots, sizeof *first);
     anneal_status *pre_status = calloc((size_t)e->slots, sizeof *pre_status);
-    bool oom = !admit || !step || !slot_ids || !ids || !sampled || !pre_status;
+    bool oom = !admit || !step || !slot_ids || !ids || !sampled || !first || !pre_status;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         sweep_locked(e, now_s());
@@ -283,12 +283,20 @@ static void *engine_main(void *arg) {
             anneal_serve_job *j = admit[i];
             anneal_serve_batch_reset(e->batch, j->slot);
             pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
-            sampled[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
+            first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
         }
         anneal_status ds = ANNEAL_OK;
         if (n_step > 0) {
             if (e->step_delay_ms > 0) nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
             ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+            /* each row's draw depends only on its logits, sampler and position: rows in
+             * parallel give the same ids as one after another */
+            if (ds == ANNEAL_OK) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_step > 1)
+                for (int i = 0; i < n_step; i++)
+                    sampled[i] = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &step[i]->sampler,
+                                                      (uint64_t)step[i]->pos);
+            }
         }
         double t = now_s();
         char msg[200];
@@ -300,7 +308,7 @@ static void *engine_main(void *arg) {
                 anneal_clear_error();
                 finish_locked(e, j, NULL, 500, "server_error", msg);
             } else {
-                take_token(e, j, sampled[i], t);
+                take_token(e, j, first[i], t);
             }
         }
         if (ds != ANNEAL_OK) {
@@ -310,7 +318,7 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < n_step; i++) {
             anneal_serve_job *j = step[i];
             if (ds != ANNEAL_OK) finish_locked(e, j, NULL, 500, "server_error", msg);
-            else take_token(e, j, anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &j->sampler, (uint64_t)j->pos), t);
+            else take_token(e, j, sampled[i], t);
         }
     }
     pthread_mutex_unlock(&e->mu);
@@ -319,6 +327,7 @@ static void *engine_main(void *arg) {
     free(slot_ids);
     free(ids);
     free(sampled);
+    free(first);
     free(pre_status);
     return NULL;
 }

@@ -45,12 +45,13 @@ class Server:
                "--threads", "1", "--model-name", "tiny"] + extra
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.lines = []
-        line = self.proc.stderr.readline()
-        self.lines.append(line)
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if not m:
-            rest = self.proc.stderr.read()
-            raise RuntimeError(f"anneal serve did not start: {line}{rest}")
+        for line in self.proc.stderr:  # notes may come before the address
+            self.lines.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                break
+        else:
+            raise RuntimeError(f"anneal serve did not start: {''.join(self.lines)}")
         self.port = int(m.group(1))
         self.base = f"http://127.0.0.1:{self.port}"
         self.drain = threading.Thread(target=self._drain, daemon=True)
