@@ -83,9 +83,12 @@ def worker_llama(a):
     t0 = time.perf_counter()
     llm.eval(ids)
     prefill = time.perf_counter() - t0
+    def last_logits():  # the last evaluated row (llama-cpp-python keeps scores only with logits_all)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(V,))
+
     steps = []
     for _ in range(a.gen):
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = int(np.argmax(last_logits()))
         t0 = time.perf_counter()
         llm.eval([nxt])
         steps.append(time.perf_counter() - t0)

@@ -67,7 +67,7 @@ static double rel_err(const float *a, const float *b, int64_t n) {
  * steps over changing subsets, checking every row against the sequences' full logits
  * (f32 cache: within tol relative to the logits' scale) or recording the worst relative
  * error in *worst. Slot 1 is reset and reused half-way with a new sequence. */
-static void run_schedule(anneal_model *m, anneal_dtype kv_dtype, double tol, double *worst) {
+static void run_schedule_ex(anneal_model *m, anneal_dtype kv_dtype, double tol, double *worst, bool engine) {
     int64_t V = m->cfg.vocab_size;
     static int32_t seq[S + 1][TMAX];
     static float full[S + 1][TMAX * 512];
@@ -131,13 +131,17 @@ static void run_schedule(anneal_model *m, anneal_dtype kv_dtype, double tol, dou
                   (long long)anneal_kv_cache_slot_len(kv, s));
         }
     }
-    CHECK(anneal_decode_engine_steps() == engine0 + nsteps, "the decode engine ran %lld of %d steps",
+    CHECK(anneal_decode_engine_steps() == engine0 + (engine ? nsteps : 0), "the decode engine ran %lld of %d steps",
           (long long)(anneal_decode_engine_steps() - engine0), nsteps);
     if (worst) *worst = w;
     if (getenv("ANNEAL_TEST_VERBOSE"))
         printf("%s kv %s: worst rel err %.3g\n", m->cfg.arch, anneal_dtype_name(kv_dtype), w);
     anneal_scope_close(sc);
     anneal_kv_cache_free(kv);
+}
+
+static void run_schedule(anneal_model *m, anneal_dtype kv_dtype, double tol, double *worst) {
+    run_schedule_ex(m, kv_dtype, tol, worst, true);
 }
 
 /* f32: every row within 2e-5 of the full forward relative to the logits' largest
@@ -171,6 +175,27 @@ TEST(bf16_and_int8_kv_within_bound) {
         run_schedule(m, ANNEAL_BF16, 2e-2, &wb);
         run_schedule(m, ANNEAL_I8, 4e-2, &wi);
         CHECK(wb > 0 && wi > 0, "%s: a quantized cache should not be exact (bf16 %g, int8 %g)", presets[p], wb, wi);
+        anneal_model_free(m);
+    }
+}
+
+/* bf16 compute: the engine reads bf16 copies of the weights (activations f32), the full
+ * forward rounds both GEMM operands to bf16: within 3e-2 of the logits' scale. f16
+ * compute is not the engine's: each slot takes the cached tensor forward, whose f16
+ * operand rounding (2^-11) meets the full forward's in other blockings: within 1e-3
+ * (measured 1.3e-4). */
+TEST(bf16_compute_runs_the_engine_f16_takes_the_tensor_path) {
+    anneal_clear_error();
+    const char *presets[2] = {"tiny", "llama-tiny"};
+    for (int p = 0; p < 2; p++) {
+        anneal_model *m = make_model(presets[p], p == 1, 11);
+        REQUIRE(m);
+        double w = 0;
+        REQUIRE(anneal_model_set_compute(m, ANNEAL_BF16) == ANNEAL_OK);
+        run_schedule_ex(m, ANNEAL_F32, 3e-2, &w, true);
+        CHECK(w > 0, "bf16 weights should not be exact");
+        REQUIRE(anneal_model_set_compute(m, ANNEAL_F16) == ANNEAL_OK);
+        run_schedule_ex(m, ANNEAL_F32, 1e-3, NULL, false);
         anneal_model_free(m);
     }
 }
@@ -251,6 +276,7 @@ int main(void) {
     RUN(gpt2_ragged_slots_equal_full_forward);
     RUN(llama_gqa_rope_bias_ragged_slots_equal_full_forward);
     RUN(bf16_and_int8_kv_within_bound);
+    RUN(bf16_compute_runs_the_engine_f16_takes_the_tensor_path);
     RUN(bad_arguments_leave_the_cache_unchanged);
     RUN(cache_bytes_by_dtype);
     return anneal_test_summary();
