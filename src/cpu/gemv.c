@@ -59,12 +59,17 @@ static void gemv_scalar(const anneal_gemv_weight *w, const float *x, int64_t ldx
 #ifdef GEMV_X86
 #define GEMV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-/* 16 weights at p (f32, or bf16 widened), lanes outside mask zero. */
-GEMV_TARGET static inline __m512 load16(const void *p, bool bf16, __mmask16 m) {
-    if (bf16) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, p);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
+#define GEMV_INLINE static inline __attribute__((always_inline))
+
+/* 16 weights at p: f32, or bf16 widened (BF, a constant at every call). */
+GEMV_TARGET GEMV_INLINE __m512 loadw(const void *p, const bool BF) {
+    if (BF) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+    return _mm512_loadu_ps(p);
+}
+
+/* The same with the lanes outside mask m zero (and not read). */
+GEMV_TARGET GEMV_INLINE __m512 loadw_m(const void *p, const bool BF, __mmask16 m) {
+    if (BF) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
     return _mm512_maskz_loadu_ps(m, p);
 }
 
@@ -72,37 +77,53 @@ static inline __mmask16 lane_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
 }
 
+/* One 16-column vector (mask m, MASKED a constant) of the KB rows at `rows` (ld bytes
+ * apart) added into n rows of y: y[r] = fma(x[r, k0 + i], w_i, y[r]) for i in order. */
+GEMV_TARGET GEMV_INLINE void in_out_vec(const char *rows, size_t ld, int kb, const float *x, int64_t ldx, int64_t n,
+                                        float *y, int64_t ldy, const bool BF, const bool MASKED, __mmask16 m) {
+    enum { KB = 4 };
+    __m512 wv[KB];
+    for (int i = 0; i < kb; i++) wv[i] = MASKED ? loadw_m(rows + i * ld, BF, m) : loadw(rows + i * ld, BF);
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + r * ldy;
+        const float *xr = x + r * ldx;
+        __m512 acc = MASKED ? _mm512_maskz_loadu_ps(m, yr) : _mm512_loadu_ps(yr);
+        for (int i = 0; i < kb; i++) acc = _mm512_fmadd_ps(_mm512_set1_ps(xr[i]), wv[i], acc);
+        if (MASKED)
+            _mm512_mask_storeu_ps(yr, m, acc);
+        else
+            _mm512_storeu_ps(yr, acc);
+    }
+}
+
 /* W (in, out): columns [j0, j1) of all n rows, summed in place in y: for each block of
  * KB rows of W (k in increasing order), each 16-column vector of the strip is loaded
  * once and added into every row's partial sums (y = fma(x_k, w_k, y), k in order), so
  * W is read as KB contiguous row pieces at a time (streams the prefetchers follow);
  * then the bias and the epilogue. */
-GEMV_TARGET static void range_in_out(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
-                                     int64_t ldy, int act, int64_t j0, int64_t j1) {
+GEMV_TARGET GEMV_INLINE void range_in_out(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1, const bool BF) {
     enum { KB = 4, STRIP = 1024 };
-    const bool bf = w->dtype == ANNEAL_BF16;
-    const size_t es = bf ? 2 : 4;
+    const size_t es = BF ? 2 : 4;
     const int64_t in = w->in;
+    const size_t ld = (size_t)w->out * es;
     for (int64_t s0 = j0; s0 < j1; s0 += STRIP) {
         const int64_t s1 = s0 + STRIP < j1 ? s0 + STRIP : j1;
+        const int64_t full = s0 + (s1 - s0) / 16 * 16;
         for (int64_t r = 0; r < n; r++) memset(y + r * ldy + s0, 0, (size_t)(s1 - s0) * sizeof(float));
         for (int64_t k0 = 0; k0 < in; k0 += KB) {
             const int kb = (int)(in - k0 < KB ? in - k0 : KB);
-            const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out + (size_t)s0) * es;
-            const size_t ld = (size_t)w->out * es;
-            for (int64_t c = s0; c < s1; c += 16) {
-                const __mmask16 m = lane_mask(s1 - c);
-                const size_t off = (size_t)(c - s0) * es;
-                __m512 wv[KB];
-                for (int i = 0; i < kb; i++) wv[i] = load16(rows + i * ld + off, bf, m);
-                for (int64_t r = 0; r < n; r++) {
-                    float *yr = y + r * ldy + c;
-                    const float *xr = x + r * ldx + k0;
-                    __m512 acc = _mm512_maskz_loadu_ps(m, yr);
-                    for (int i = 0; i < kb; i++) acc = _mm512_fmadd_ps(_mm512_set1_ps(xr[i]), wv[i], acc);
-                    _mm512_mask_storeu_ps(yr, m, acc);
-                }
+            const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out) * es;
+            if (kb == KB) {
+                for (int64_t c = s0; c < full; c += 16)
+                    in_out_vec(rows + (size_t)c * es, ld, KB, x + k0, ldx, n, y + c, ldy, BF, false, 0xFFFF);
+            } else {
+                for (int64_t c = s0; c < full; c += 16)
+                    in_out_vec(rows + (size_t)c * es, ld, kb, x + k0, ldx, n, y + c, ldy, BF, false, 0xFFFF);
             }
+            if (full < s1)
+                in_out_vec(rows + (size_t)full * es, ld, kb, x + k0, ldx, n, y + full, ldy, BF, true,
+                           lane_mask(s1 - full));
         }
         for (int64_t r = 0; r < n; r++)
             for (int64_t j = s0; j < s1; j++) {
@@ -113,25 +134,43 @@ GEMV_TARGET static void range_in_out(const anneal_gemv_weight *w, const float *x
     }
 }
 
+GEMV_TARGET static void range_in_out_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out(w, x, ldx, n, y, ldy, act, j0, j1, false);
+}
+
+GEMV_TARGET static void range_in_out_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out(w, x, ldx, n, y, ldy, act, j0, j1, true);
+}
+
 /* W (out, in): output rows jr[0..4) (clamped duplicates allowed; only the first nj stored)
- * for R rows of x. */
-GEMV_TARGET static inline __attribute__((always_inline)) void tile_out_in(const anneal_gemv_weight *w,
-                                                                           const float *const *xr, float *const *yr,
-                                                                           int R, int64_t j0, int nj, int act) {
-    const bool bf = w->dtype == ANNEAL_BF16;
-    const size_t es = bf ? 2 : 4;
+ * for R rows of x (R, BF constants): 16 lanes over k mod 16, whole 16-chunks unmasked,
+ * the tail masked, the lanes summed at the end. */
+GEMV_TARGET GEMV_INLINE void tile_out_in(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, int R,
+                                         int64_t j0, int nj, int act, const bool BF) {
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in, full = in / 16 * 16;
     const char *wr[OUT_ROWS];
     for (int j = 0; j < OUT_ROWS; j++)
-        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)w->in * es;
+        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)in * es;
     __m512 acc[XROWS][OUT_ROWS];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < OUT_ROWS; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < w->in; k += 16) {
-        __mmask16 m = lane_mask(w->in - k);
+    for (int64_t k = 0; k < full; k += 16) {
         __m512 xv[XROWS];
-        for (int r = 0; r < R; r++) xv[r] = _mm512_maskz_loadu_ps(m, xr[r] + k);
+        for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(xr[r] + k);
         for (int j = 0; j < OUT_ROWS; j++) {
-            __m512 wv = load16(wr[j] + (size_t)k * es, bf, m);
+            __m512 wv = loadw(wr[j] + (size_t)k * es, BF);
+            for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
+        }
+    }
+    if (full < in) {
+        __mmask16 m = lane_mask(in - full);
+        __m512 xv[XROWS];
+        for (int r = 0; r < R; r++) xv[r] = _mm512_maskz_loadu_ps(m, xr[r] + full);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m512 wv = loadw_m(wr[j] + (size_t)full * es, BF, m);
             for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
         }
     }
@@ -146,8 +185,8 @@ GEMV_TARGET static inline __attribute__((always_inline)) void tile_out_in(const 
 /* Work item `it` (4 output rows of W (out, in)) for every row of x, in groups of 4 rows
  * (a last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
  * row repeated, writing its equal values twice). */
-GEMV_TARGET static void item_out_in(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
-                                    int64_t ldy, int act, int64_t it) {
+GEMV_TARGET GEMV_INLINE void item_out_in(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t it, const bool BF) {
     for (int64_t r0 = 0; r0 < n; r0 += XROWS) {
         int64_t nr = n - r0 < XROWS ? n - r0 : XROWS;
         const float *xr[XROWS];
@@ -160,10 +199,20 @@ GEMV_TARGET static void item_out_in(const anneal_gemv_weight *w, const float *x,
         int64_t j0 = it * OUT_ROWS;
         int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
         if (nr == 1)
-            tile_out_in(w, xr, yr, 1, j0, nj, act);
+            tile_out_in(w, xr, yr, 1, j0, nj, act, BF);
         else
-            tile_out_in(w, xr, yr, XROWS, j0, nj, act);
+            tile_out_in(w, xr, yr, XROWS, j0, nj, act, BF);
     }
+}
+
+GEMV_TARGET static void item_out_in_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                        int64_t ldy, int act, int64_t it) {
+    item_out_in(w, x, ldx, n, y, ldy, act, it, false);
+}
+
+GEMV_TARGET static void item_out_in_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t it) {
+    item_out_in(w, x, ldx, n, y, ldy, act, it, true);
 }
 #endif
 
@@ -190,7 +239,10 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
         for (int64_t it = 0; it < items; it++) {
 #ifdef GEMV_X86
             if (v) {
-                item_out_in(w, x, ldx, n, y, ldy, act, it);
+                if (w->dtype == ANNEAL_BF16)
+                    item_out_in_bf16(w, x, ldx, n, y, ldy, act, it);
+                else
+                    item_out_in_f32(w, x, ldx, n, y, ldy, act, it);
                 continue;
             }
 #endif
@@ -208,8 +260,10 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
         const int64_t j0 = g0 * 16, j1 = g1 * 16 < w->out ? g1 * 16 : w->out;
         if (j0 < j1) {
 #ifdef GEMV_X86
-            if (v)
-                range_in_out(w, x, ldx, n, y, ldy, act, j0, j1);
+            if (v && w->dtype == ANNEAL_BF16)
+                range_in_out_bf16(w, x, ldx, n, y, ldy, act, j0, j1);
+            else if (v)
+                range_in_out_f32(w, x, ldx, n, y, ldy, act, j0, j1);
             else
 #endif
                 gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
