@@ -32,21 +32,21 @@ import sys
 
 # Lowest first: each layer may use its own and the ones before it.
 LAYERS = ["core", "backends", "autograd", "ops", "nn", "models", "parallel", "optim",
-          "data", "io", "obs", "train", "cli"]
+          "data", "io", "obs", "train", "serve", "cli"]
 # Source folders and the layer each belongs to.
 FOLDERS = {"core": "core", "cpu": "backends", "cuda": "backends", "backends": "backends",
            "autograd": "autograd", "ops": "ops", "nn": "nn", "models": "models",
            "parallel": "parallel", "optim": "optim", "data": "data", "io": "io",
-           "obs": "obs", "train": "train", "cli": "cli"}
+           "obs": "obs", "train": "train", "serve": "serve", "cli": "cli"}
 # Public headers and their layers (anneal.h, the umbrella, is the top).
 # backend.h is the device interface: core keeps the registry of tables, backends
 # implement it, ops call through it; so it is a core header.
-HEADERS = {"core": "core", "fs": "core", "parse": "core", "backend": "core", "trace": "core", "profile": "obs", "autograd": "autograd",
+HEADERS = {"core": "core", "fs": "core", "parse": "core", "backend": "core", "trace": "core", "decode_kernels": "backends", "profile": "obs", "autograd": "autograd",
            "ops": "ops", "custom_op": "ops", "nn": "nn", "onnx": "nn", "model": "models", "models": "models",
            "gpt2": "models", "parallel": "parallel", "optim": "optim", "data": "data",
            "tokenizer": "data", "shard": "data", "loader": "data", "prepare": "data",
            "bpe": "data", "io": "io", "checkpoint": "io", "peft": "io", "gguf": "io", "obs": "obs", "telemetry": "obs",
-           "train": "train",
+           "train": "train", "serve": "serve",
            "anneal": "cli"}
 # Deliberate exceptions, each with its reason: (from layer, to layer, symbol).
 ALLOWED_SYMBOLS = {

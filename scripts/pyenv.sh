@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 PY=/usr/bin/python3
 VENV=.venv
-PINS="transformers==4.39.3 tokenizers==0.15.2 safetensors==0.4.2 huggingface-hub==0.22.2 jinja2 regex pyyaml tqdm requests filelock packaging psutil tensorboard==2.16.2 protobuf==4.25.3 onnx==1.17.0 onnxruntime==1.20.1 openai==1.54.4 gguf==0.10.0 sentencepiece"
+PINS="transformers==4.39.3 tokenizers==0.15.2 safetensors==0.4.2 huggingface-hub==0.22.2 jinja2 regex pyyaml tqdm requests filelock packaging psutil tensorboard==2.16.2 protobuf==4.25.3 onnx==1.17.0 onnxruntime==1.20.1 openai==1.54.4 httpx==0.27.2 gguf==0.10.0 sentencepiece"
 LLAMA_CPP="llama-cpp-python==0.3.36"
 CONSTRAINTS="numpy==$("$PY" -c 'import numpy; print(numpy.__version__)' 2>/dev/null || echo 1.24.2)
 protobuf==4.25.3"

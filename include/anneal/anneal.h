@@ -23,5 +23,6 @@
 #include "anneal/telemetry.h"
 #include "anneal/profile.h"
 #include "anneal/train.h"
+#include "anneal/serve.h"
 
 #endif

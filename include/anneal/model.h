@@ -258,6 +258,35 @@ anneal_tensor *anneal_model_forward_cached(anneal_model *m, anneal_kv_cache *kv,
 anneal_tensor *anneal_model_forward_cached_last(anneal_model *m, anneal_kv_cache *kv, anneal_tensor *ids,
                                                 int64_t rows);
 
+/* Storage of the KV caches anneal_model_kv_cache_new makes from now on: ANNEAL_F32
+ * (the default), ANNEAL_BF16 or ANNEAL_I8 (see anneal_kv_cache_new_dtype); attention
+ * reads the stored dtype. ANNEAL_ERR_ARG otherwise. */
+anneal_status anneal_model_set_kv_dtype(anneal_model *m, anneal_dtype kv_dtype);
+
+/* ------------------------------------------- slots (continuous batching)
+ *
+ * A cache made by anneal_model_kv_cache_new(m, slots, max_len) ("batch" = slots) holds
+ * `slots` independent sequences, each with its own length: a server prefills a request
+ * into a free slot, then advances every active slot by one token per decode step. */
+/* Empties one slot (len 0). */
+void anneal_kv_cache_slot_reset(anneal_kv_cache *kv, int64_t slot);
+/* Positions cached in slot. */
+int64_t anneal_kv_cache_slot_len(const anneal_kv_cache *kv, int64_t slot);
+/* Prefill: the n ids appended to slot `slot` (batched GEMMs over the n rows); returns
+ * the logits (1, vocab) f32 of the last one, in the caller's scope. No autograd, no
+ * dropout; intermediates die inside. ANNEAL_ERR_ARG for a slot out of range, n < 1 or
+ * past max_len / n_ctx (cache unchanged). */
+anneal_tensor *anneal_model_prefill_slot(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
+                                         int64_t n);
+/* One decode step for n distinct slots: ids[i] appended to slot slots[i]; logits (n,
+ * vocab) f32, row i for slots[i]; equal (f32: to rounding of independent rows) to what
+ * each slot alone gives. Errors (ANNEAL_ERR_ARG: slot out of range, repeated slot, a full
+ * slot, an id outside the vocabulary; cache unchanged). On the CPU the step runs the
+ * decode engine (src/models/decode_engine.c: GEMV over the weights, attention reading
+ * the cache's dtype); elsewhere, one cached forward per slot. */
+anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                         const int32_t *ids, int64_t n);
+
 /* ------------------------------------------------------- loss over batches */
 
 /* Fills ids and targets (host buffers of batch * seq i32 each) with batch number i of

@@ -15,6 +15,7 @@ extern "C" {
 typedef struct anneal_nn_ctx {
     anneal_dtype compute; /* ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_F16 */
     bool training;        /* dropout on */
+    anneal_dtype kv_dtype; /* storage of the KV caches the model makes: ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_I8 */
 } anneal_nn_ctx;
 
 /* One trainable tensor with its hierarchical name ("transformer.h.0.ln_1.weight"). */
@@ -243,6 +244,44 @@ anneal_tensor *anneal_kv_cache_keys(anneal_kv_cache *kv, int layer, int64_t n);
 anneal_tensor *anneal_kv_cache_values(anneal_kv_cache *kv, int layer, int64_t n);
 /* len += n (ANNEAL_ERR_SHAPE past max_len). */
 anneal_status anneal_kv_cache_advance(anneal_kv_cache *kv, int64_t n);
+
+/* Slots: the batch rows of a cache are independent sequences, each with its own length
+ * (continuous batching). With ragged lengths, anneal_kv_cache_len is the longest and
+ * whole-batch writes / advances are refused (ANNEAL_ERR_ARG). */
+/* The same as anneal_kv_cache_new with the storage dtype: ANNEAL_F32, ANNEAL_BF16 or
+ * ANNEAL_I8 (int8: one f32 scale per slot, head and position, scale = max|x| / 127 of
+ * that head's D values, round to nearest). bf16 and int8 on the CPU only. */
+anneal_kv_cache *anneal_kv_cache_new_dtype(anneal_device dev, int n_layer, int64_t batch, int64_t n_kv_head,
+                                           int64_t head_dim, int64_t max_len, anneal_dtype dtype, const void *owner);
+anneal_dtype anneal_kv_cache_dtype(const anneal_kv_cache *kv);
+/* Bytes of the key/value buffers (and int8 scales) over every layer. */
+int64_t anneal_kv_cache_bytes(const anneal_kv_cache *kv);
+/* Number of slots (the batch it was made with, whatever the focus). */
+int64_t anneal_kv_cache_slots(const anneal_kv_cache *kv);
+/* True when every slot holds the same number of positions (or one slot is focused). */
+bool anneal_kv_cache_uniform(const anneal_kv_cache *kv);
+/* Empties one slot (length 0); out-of-range slots are ignored. */
+void anneal_kv_cache_slot_reset(anneal_kv_cache *kv, int64_t slot);
+/* Positions cached in slot (0 out of range). */
+int64_t anneal_kv_cache_slot_len(const anneal_kv_cache *kv, int64_t slot);
+/* slot's length += n (ANNEAL_ERR_ARG past max_len or out of range). */
+anneal_status anneal_kv_cache_slot_advance(anneal_kv_cache *kv, int64_t slot, int64_t n);
+/* Makes len, batch (1), reset, write, keys, values and advance act on slot alone, as a
+ * cache of batch 1 (slot -1: the whole batch again). ANNEAL_ERR_ARG out of range. */
+anneal_status anneal_kv_cache_focus(anneal_kv_cache *kv, int64_t slot);
+/* The raw storage of one layer, for decode kernels: k and v (slots, n_kv_head, max_len,
+ * head_dim) of dtype, row-major; int8 scales (slots, n_kv_head, max_len). */
+typedef struct anneal_kv_cache_layer {
+    void *k, *v;
+    float *k_scale, *v_scale; /* int8 only, else NULL */
+    anneal_dtype dtype;
+    int64_t n_kv_head, head_dim, max_len;
+} anneal_kv_cache_layer;
+anneal_status anneal_kv_cache_raw(anneal_kv_cache *kv, int layer, anneal_kv_cache_layer *out);
+/* State a decode engine keeps with the cache (workspace): freed with aux_free when the
+ * cache is freed or another is set. */
+void *anneal_kv_cache_aux(const anneal_kv_cache *kv);
+void anneal_kv_cache_set_aux(anneal_kv_cache *kv, void *aux, void (*aux_free)(void *));
 
 /* -------------------------------------------------------------- attention */
 

@@ -174,13 +174,15 @@ done:
 
 int anneal_cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
-        printf("usage: anneal bench peak|step [flags]   (anneal bench peak --help)\n"
+        printf("usage: anneal bench peak|step|decode [flags]   (anneal bench peak --help)\n"
                "  peak   measure the peak fp32 FMA / bf16 dot-product FLOP rate (the MFU ceiling)\n"
                "  step   time training steps of a preset; --profile: per-op table and Chrome trace\n"
+               "  decode time prompt processing and decode steps; GB/s against the measured bandwidth\n"
                "The training benchmark against PyTorch is bench/bench_train.py (make bench-train).\n");
         return argc < 1 ? 2 : 0;
     }
     if (!strcmp(argv[0], "peak")) return cmd_peak(argc - 1, argv + 1);
     if (!strcmp(argv[0], "step")) return cmd_step(argc - 1, argv + 1);
-    return USAGE_ERR("unknown subcommand '%s' (expected: peak, step)", argv[0]);
+    if (!strcmp(argv[0], "decode")) return anneal_cmd_bench_decode(argc - 1, argv + 1);
+    return USAGE_ERR("unknown subcommand '%s' (expected: peak, step, decode)", argv[0]);
 }

@@ -45,6 +45,19 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
     return 2;
 }
 
+int anneal_cli_parse_kv_dtype(const char *cmd, const char *name, anneal_dtype *out) {
+    if (anneal_dtype_parse(name, out) && (*out == ANNEAL_F32 || *out == ANNEAL_BF16 || *out == ANNEAL_I8)) return 0;
+    fprintf(stderr, "anneal %s: --kv-dtype: unknown KV cache dtype '%s' (f32, bf16, int8)\n", cmd, name);
+    return 2;
+}
+
+int64_t anneal_cli_kv_cache_bytes(const anneal_model *m, int64_t slots, int64_t max_len, anneal_dtype kv_dtype) {
+    const anneal_model_config *c = &m->cfg;
+    int64_t hkv = c->n_kv_head ? c->n_kv_head : c->n_head, D = c->n_embd / c->n_head;
+    int64_t rows = 2 * (int64_t)c->n_layer * slots * hkv * max_len;
+    return rows * D * (int64_t)anneal_dtype_size(kv_dtype) + (kv_dtype == ANNEAL_I8 ? rows * 4 : 0);
+}
+
 /* Loads a Hugging Face model given as --hf-model (a directory or a weights file) with
  * an explicit --hf-config config.json. */
 static int load_hf(const char *weights, const char *config, anneal_model **model) {
@@ -129,7 +142,8 @@ static double now_s(void) {
 #define USAGE_ERR(...) (fprintf(stderr, "anneal generate: " __VA_ARGS__), fputc('\n', stderr), 2)
 
 int anneal_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *model_arg = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32";
+    const char *ckpt = NULL, *model_arg = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32",
+               *kv_dtype_arg = "f32";
     int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
     double temperature = 0.8, top_p = 0.95;
     bool help = false, chat = false;
@@ -152,6 +166,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         {"seed", ARG_INT, "seed of the draws: the same seed gives the same text (default 1337)", &seed, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
+        {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_dtype_arg, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -175,6 +190,8 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (threads > 0) anneal_set_num_threads((int)threads);
     anneal_dtype compute;
     if (anneal_cli_parse_dtype("generate", dtype, &compute)) return 2;
+    anneal_dtype kv_dtype;
+    if (anneal_cli_parse_kv_dtype("generate", kv_dtype_arg, &kv_dtype)) return 2;
 
     anneal_model *m = NULL;
     anneal_train_state st = {0};
@@ -185,6 +202,7 @@ int anneal_cmd_generate(int argc, char **argv) {
                                                  &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
+    anneal_model_set_kv_dtype(m, kv_dtype);
     cJSON *config = NULL;
     if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
                            ANNEAL_OK) {
@@ -281,8 +299,9 @@ int anneal_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "anneal generate: %s\n", anneal_last_error());
         goto done;
     }
-    fprintf(stderr, "anneal generate: %zu prompt tokens, %lld generated in %.2f s (%.1f tokens/s)\n", ids.n,
-            (long long)s.n, dt, dt > 0 ? (double)s.n / dt : 0.0);
+    fprintf(stderr, "anneal generate: %zu prompt tokens, %lld generated in %.2f s (%.1f tokens/s); KV cache %s, "
+            "%.2f MiB\n", ids.n, (long long)s.n, dt, dt > 0 ? (double)s.n / dt : 0.0, anneal_dtype_name(kv_dtype),
+            (double)anneal_cli_kv_cache_bytes(m, 1, m->cfg.n_ctx, kv_dtype) / (1024.0 * 1024.0));
     rc = 0;
 done:
     free(buf);

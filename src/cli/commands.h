@@ -18,6 +18,7 @@ int anneal_cmd_export(int argc, char **argv);        /* cmd_export.c */
 int anneal_cmd_lora(int argc, char **argv);          /* cmd_lora.c: "lora merge" */
 int anneal_cmd_plot(int argc, char **argv);          /* cmd_plot.c */
 int anneal_cmd_report(int argc, char **argv);        /* cmd_report.c */
+int anneal_cmd_serve(int argc, char **argv);         /* cmd_serve.c */
 
 struct anneal_model;
 struct anneal_train_state;
@@ -30,6 +31,15 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_m
 /* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 (anneal_train_dtype_parse)
  * into *out. Prints the error and returns 2 for another name, else 0. */
 int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out);
+/* --kv-dtype: f32, bf16 or int8 (anneal_dtype_parse's spellings) into *out; 0, or 2 after
+ * printing the error for command cmd. */
+int anneal_cli_parse_kv_dtype(const char *cmd, const char *name, anneal_dtype *out);
+/* Bytes of a KV cache of m for slots x max_len positions stored as kv_dtype (int8: with
+ * its scales), as anneal_kv_cache_bytes reports for such a cache. */
+int64_t anneal_cli_kv_cache_bytes(const struct anneal_model *m, int64_t slots, int64_t max_len, anneal_dtype kv_dtype);
+
+/* cmd_bench_decode.c: anneal bench decode (argv after "decode"). */
+int anneal_cmd_bench_decode(int argc, char **argv);
 
 /* model_arg.c: the model a --model (or --ckpt) argument names: a checkpoint or run
  * directory, a Hugging Face model directory or weights file (config.json beside it),

@@ -23,7 +23,8 @@ static void usage(void) {
            "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n"
            "  lora       lora merge: fold a PEFT LoRA adapter into its base model\n"
            "  plot       training curves of runs (loss, lr, tokens/s, memory) into PNG or SVG\n"
-           "  report     one-screen summary of a run directory\n",
+           "  report     one-screen summary of a run directory\n"
+           "  serve      OpenAI-compatible HTTP server (completions, chat, streaming, metrics)\n",
            anneal_version());
 }
 
@@ -61,6 +62,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "lora")) return anneal_cmd_lora(argc - 2, argv + 2);
     if (!strcmp(cmd, "plot")) return anneal_cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "report")) return anneal_cmd_report(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return anneal_cmd_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("anneal %s\n", anneal_version());
         return 0;

@@ -1,18 +1,22 @@
-/* Text generation for any model of the interface: prefill the prompt into a KV cache,
- * then sample (temperature, top-k, top-p, a Philox draw per position) and feed one id
- * at a time; when the sequence reaches n_ctx the cache is rebuilt from the last
- * n_ctx/2 tokens. */
+/* Text generation for any model of the interface: prefill the prompt into a KV cache
+ * (slot 0 of a one-slot cache, in the model's KV dtype), then sample (temperature,
+ * top-k, top-p, a Philox draw per position) and feed one id at a time; when the
+ * sequence reaches n_ctx the cache is rebuilt from the last n_ctx/2 tokens. */
 #include "anneal/autograd.h"
 #include "anneal/model.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* Logits (V) of the last position after feeding ids[0..n) to the cache, into buf. */
+/* Logits (V) of the last position after feeding ids[0..n) to slot 0 of the cache, into
+ * buf: a prompt is prefilled (batched GEMMs), a single id is a decode step (the decode
+ * engine's one pass over the weights). */
 static anneal_status feed(anneal_model *m, anneal_kv_cache *kv, const int32_t *ids, int64_t n, float *buf) {
     anneal_scope *sc = anneal_scope_open();
-    anneal_tensor *t = anneal_from_data_on(anneal_model_device(m), ANNEAL_I32, 2, (int64_t[]){1, n}, ids);
-    anneal_tensor *logits = t ? anneal_model_forward_cached_last(m, kv, t, 1) : NULL;
+    static const int64_t slot0 = 0;
+    bool step = n == 1 && anneal_kv_cache_slot_len(kv, 0) > 0;
+    anneal_tensor *logits = step ? anneal_model_decode_slots(m, kv, &slot0, ids, 1)
+                                 : anneal_model_prefill_slot(m, kv, 0, ids, n);
     anneal_status s = logits ? anneal_to_f32_buffer(logits, buf) : anneal_last_status();
     anneal_scope_close(sc);
     return s;

@@ -5,6 +5,7 @@
  * renaming or transposing. The config.json and weight translation is gpt2_hf.c. */
 #include "anneal/autograd.h"
 #include "anneal/gpt2.h"
+#include "decode_engine.h"
 #include "gpt2_hf.h"
 #include "models_internal.h"
 
@@ -264,7 +265,8 @@ static anneal_tensor *op_logits(anneal_model *m, anneal_tensor *ids) {
 
 static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
     const anneal_model_config *c = &m->cfg;
-    return anneal_kv_cache_new(m->device, c->n_layer, batch, c->n_head, c->n_embd / c->n_head, max_len, m);
+    return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, c->n_head, c->n_embd / c->n_head, max_len,
+                                     m->ctx.kv_dtype, m);
 }
 
 static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, anneal_tensor *ids, int64_t rows) {
@@ -272,6 +274,45 @@ static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, a
     anneal_tensor *h = hidden(m, ids, kv);
     if (h && rows < h->shape[1]) h = anneal_narrow(h, 1, h->shape[1] - rows, rows);
     return lm_head(m, h);
+}
+
+/* f32 contiguous CPU data of t, or NULL. */
+static const float *f32_data(const anneal_tensor *t) {
+    return t && t->dtype == ANNEAL_F32 && t->device == ANNEAL_CPU && anneal_is_contiguous(t) ? anneal_data(t) : NULL;
+}
+
+bool anneal_gpt2_decode_plan(anneal_model *mm, anneal_decode_plan *p) {
+    anneal_gpt2 *m = (anneal_gpt2 *)mm;
+    const anneal_model_config *c = &mm->cfg;
+    int64_t C = c->n_embd;
+    p->n_layer = c->n_layer;
+    p->C = C;
+    p->Hq = p->Hkv = c->n_head;
+    p->D = C / c->n_head;
+    p->F = 4 * C;
+    p->V = c->vocab_size;
+    p->eps = m->ln_f.eps;
+    p->rms = false;
+    p->tok_emb = f32_data(m->wte.weight);
+    p->pos_emb = f32_data(m->wpe.weight);
+    p->rope = NULL;
+    p->nf_w = f32_data(m->ln_f.weight);
+    p->nf_b = f32_data(m->ln_f.bias);
+    p->head = (anneal_gemv_weight){.w = p->tok_emb, .dtype = ANNEAL_F32, .out_in = true, .in = C, .out = p->V};
+    bool ok = p->tok_emb && p->pos_emb && p->nf_w && p->nf_b;
+    for (int l = 0; l < c->n_layer && ok; l++) {
+        const anneal_gpt2_block *b = &m->blocks[l];
+        anneal_decode_block_plan *d = &p->blocks[l];
+        memset(d, 0, sizeof *d);
+        d->n1_w = f32_data(b->ln_1.weight);
+        d->n1_b = f32_data(b->ln_1.bias);
+        d->n2_w = f32_data(b->ln_2.weight);
+        d->n2_b = f32_data(b->ln_2.bias);
+        ok = d->n1_w && d->n1_b && d->n2_w && d->n2_b && b->ln_1.eps == p->eps && b->ln_2.eps == p->eps &&
+             anneal_decode_dense(&b->attn.qkv, &d->q) && anneal_decode_dense(&b->attn.out, &d->o) &&
+             anneal_decode_dense(&b->mlp.fc, &d->fc) && anneal_decode_dense(&b->mlp.proj, &d->down);
+    }
+    return ok;
 }
 
 static double op_flops(const anneal_model *m, int64_t T) {

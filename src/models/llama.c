@@ -7,6 +7,7 @@
  * (torch Linear weights (out, in)), so weights load and save without renaming or
  * transposing; the config.json and weight translation is llama_hf.c. */
 #include "anneal/autograd.h"
+#include "decode_engine.h"
 #include "llama_internal.h"
 #include "models_internal.h"
 
@@ -281,7 +282,8 @@ static anneal_tensor *op_logits(anneal_model *mm, anneal_tensor *ids) {
 static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
     const anneal_model_config *c = &m->cfg;
     int hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
-    return anneal_kv_cache_new(m->device, c->n_layer, batch, hkv, c->n_embd / c->n_head, max_len, m);
+    return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, hkv, c->n_embd / c->n_head, max_len,
+                                     m->ctx.kv_dtype, m);
 }
 
 static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, anneal_tensor *ids, int64_t rows) {
@@ -289,6 +291,49 @@ static anneal_tensor *op_forward_cached(anneal_model *mm, anneal_kv_cache *kv, a
     anneal_tensor *h = hidden(m, ids, kv);
     if (h && rows < h->shape[1]) h = anneal_narrow(h, 1, h->shape[1] - rows, rows);
     return lm_head(m, h);
+}
+
+/* f32 contiguous CPU data of t, or NULL. */
+static const float *f32_data(const anneal_tensor *t) {
+    return t && t->dtype == ANNEAL_F32 && t->device == ANNEAL_CPU && anneal_is_contiguous(t) ? anneal_data(t) : NULL;
+}
+
+bool anneal_llama_decode_plan(anneal_model *mm, anneal_decode_plan *p) {
+    anneal_llama *m = (anneal_llama *)mm;
+    const anneal_model_config *c = &mm->cfg;
+    int64_t C = c->n_embd;
+    p->n_layer = c->n_layer;
+    p->C = C;
+    p->Hq = c->n_head;
+    p->Hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
+    p->D = C / c->n_head;
+    p->F = c->n_ff;
+    p->V = c->vocab_size;
+    p->eps = m->norm.eps;
+    p->rms = true;
+    p->tok_emb = f32_data(m->embed.weight);
+    p->pos_emb = NULL;
+    p->rope = &m->rope;
+    p->nf_w = f32_data(m->norm.weight);
+    p->nf_b = NULL;
+    bool ok = p->tok_emb && p->nf_w;
+    if (ok && m->lm_head.weight)
+        ok = anneal_decode_dense(&m->lm_head, &p->head);
+    else
+        p->head = (anneal_gemv_weight){.w = p->tok_emb, .dtype = ANNEAL_F32, .out_in = true, .in = C, .out = p->V};
+    for (int l = 0; l < c->n_layer && ok; l++) {
+        const anneal_llama_block *b = &m->blocks[l];
+        anneal_decode_block_plan *d = &p->blocks[l];
+        memset(d, 0, sizeof *d);
+        d->n1_w = f32_data(b->input_layernorm.weight);
+        d->n2_w = f32_data(b->post_attention_layernorm.weight);
+        ok = d->n1_w && d->n2_w && b->input_layernorm.eps == p->eps && b->post_attention_layernorm.eps == p->eps &&
+             !b->attn.packed && b->attn.has_rope && anneal_decode_dense(&b->attn.q, &d->q) &&
+             anneal_decode_dense(&b->attn.k, &d->k) && anneal_decode_dense(&b->attn.v, &d->v) &&
+             anneal_decode_dense(&b->attn.out, &d->o) && anneal_decode_dense(&b->mlp.gate, &d->fc) &&
+             anneal_decode_dense(&b->mlp.up, &d->up) && anneal_decode_dense(&b->mlp.down, &d->down);
+    }
+    return ok;
 }
 
 /* Training FLOPs per token: 6 per weight of every matrix product (q, k, v, o, gate,

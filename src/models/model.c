@@ -276,6 +276,15 @@ anneal_status anneal_model_set_compute(anneal_model *m, anneal_dtype compute) {
     return ANNEAL_OK;
 }
 
+anneal_status anneal_model_set_kv_dtype(anneal_model *m, anneal_dtype kv_dtype) {
+    if (!m) return anneal_set_error(ANNEAL_ERR_ARG, "model: NULL model");
+    if (kv_dtype != ANNEAL_F32 && kv_dtype != ANNEAL_BF16 && kv_dtype != ANNEAL_I8)
+        return anneal_set_error(ANNEAL_ERR_ARG, "model: KV cache dtype %s is not f32, bf16 or int8",
+                                anneal_dtype_name(kv_dtype));
+    m->ctx.kv_dtype = kv_dtype;
+    return ANNEAL_OK;
+}
+
 void anneal_model_set_training(anneal_model *m, bool training) {
     if (m) m->ctx.training = training;
 }
@@ -332,6 +341,11 @@ anneal_tensor *anneal_model_forward_cached_last(anneal_model *m, anneal_kv_cache
     }
     if (anneal_kv_cache_owner(kv) != m) {
         anneal_set_error(ANNEAL_ERR_ARG, "model_forward_cached: the cache was made for another model");
+        return NULL;
+    }
+    if (!anneal_kv_cache_uniform(kv)) {
+        anneal_set_error(ANNEAL_ERR_ARG, "model_forward_cached: the cache's slots hold different lengths "
+                                         "(use anneal_model_prefill_slot / anneal_model_decode_slots)");
         return NULL;
     }
     char s[64];

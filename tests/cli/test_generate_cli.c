@@ -55,6 +55,8 @@ TEST(bad_flags_name_the_flag) {
         {"generate --ckpt x --top-k -1", "--top-k", 2},
         {"generate --ckpt x --temperature -0.5", "--temperature", 2},
         {"generate --ckpt x --seed -1", "--seed", 2},
+        {"generate --ckpt x --kv-dtype f16", "--kv-dtype", 2},
+        {"generate --ckpt x --kv-dtype q4", "--kv-dtype", 2},
         {"generate --prompt hi", "--ckpt", 2},
         {"generate --ckpt x --hf-model y", "--hf-model", 2},
         {"generate --hf-model y.safetensors", "--hf-config", 2},
@@ -192,6 +194,44 @@ TEST(generate_seed_reproduces_and_changes_the_text) {
     snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --prompt hi --max-tokens 10 --temperature 0 --seed 2 --threads 1", run_dir);
     REQUIRE(run(args, out2, sizeof out2, &n2, err, sizeof err) == 0);
     CHECK(n1 == n2 && !memcmp(out, out2, n1), "greedy depends on the seed");
+}
+
+/* --kv-dtype bf16 / int8: the text of in-process generation with that cache dtype (the
+ * same slots engine), and the summary names the dtype and the cache's size. */
+TEST(generate_kv_dtype_matches_in_process_generation) {
+    if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    const char *why = setup();
+    if (why) TEST_FAIL("%s", why);
+    const char *names[2] = {"bf16", "int8"};
+    const anneal_dtype dts[2] = {ANNEAL_BF16, ANNEAL_I8};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --prompt 'Once upon' --max-tokens 20 "
+                                    "--temperature 0 --kv-dtype %s --threads 1", run_dir, names[i]);
+        size_t n = 0;
+        REQUIRE(run(args, out, sizeof out, &n, err, sizeof err) == 0);
+        char want[64];
+        snprintf(want, sizeof want, "KV cache %s", anneal_dtype_name(dts[i]));
+        CHECK(strstr(err, want) && strstr(err, "MiB"), "summary: %s", err);
+        anneal_set_num_threads(1);
+        anneal_ids p = {0};
+        REQUIRE(anneal_tokenizer_encode(tok, "Once upon", 9, false, &p) == ANNEAL_OK);
+        anneal_sampler_config sc = {.temperature = 0.0f};
+        collected got = {{0}};
+        REQUIRE(anneal_model_set_kv_dtype(model, dts[i]) == ANNEAL_OK);
+        anneal_status gs = anneal_model_generate(model, p.ids, (int64_t)p.n, 20, &sc, anneal_tokenizer_eot(tok), collect,
+                                                 &got);
+        anneal_model_set_kv_dtype(model, ANNEAL_F32);
+        REQUIRE(gs == ANNEAL_OK);
+        char *text = NULL;
+        size_t len = 0;
+        REQUIRE(anneal_tokenizer_decode(tok, got.ids.ids, got.ids.n, &text, &len) == ANNEAL_OK);
+        CHECK(n == 9 + len + 1 && !memcmp(out + 9, text, len), "%s: CLI text differs:\n%s\nvs\n%s", names[i], out,
+              text);
+        free(text);
+        anneal_ids_free(&got.ids);
+        anneal_ids_free(&p);
+    }
 }
 
 TEST(generate_refuses_a_checkpoint_of_another_tokenizer) {
@@ -356,6 +396,7 @@ int main(void) {
     RUN(bad_flags_name_the_flag);
     RUN(generate_streams_the_same_text_as_in_process_generation);
     RUN(generate_seed_reproduces_and_changes_the_text);
+    RUN(generate_kv_dtype_matches_in_process_generation);
     RUN(generate_refuses_a_checkpoint_of_another_tokenizer);
     RUN(generate_finds_the_tokenizer_of_the_training_data);
     RUN(eval_prints_the_loss_over_every_window);

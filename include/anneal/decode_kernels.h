@@ -1,0 +1,82 @@
+/* CPU kernels of token-by-token decoding (the backends layer; src/cpu/gemv.c and
+ * src/cpu/decode_attention.c): a GEMV / skinny GEMM for a few rows over f32 or bf16
+ * weights, streamed once per call and split over the output columns between threads,
+ * and the attention of one new token per KV-cache slot reading the cache's stored dtype
+ * (f32, bf16 or int8) directly. The decode engine (src/models/decode_engine.c) runs a
+ * model's decode step with them; nothing here allocates. */
+#ifndef ANNEAL_DECODE_KERNELS_H
+#define ANNEAL_DECODE_KERNELS_H
+
+#include "anneal/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix as the GEMV reads it. */
+typedef struct anneal_gemv_weight {
+    const void *w;     /* f32 or bf16 (ANNEAL_BF16: raw uint16 bf16 values) */
+    anneal_dtype dtype;
+    bool out_in;       /* true: W is (out, in) row-major (torch Linear); false: (in, out) (GPT-2 Conv1D) */
+    int64_t in, out;
+    const float *bias; /* (out) f32, or NULL */
+} anneal_gemv_weight;
+
+/* Epilogues of anneal_gemv. */
+enum {
+    ANNEAL_GEMV_NONE = 0,
+    ANNEAL_GEMV_GELU_TANH = 1, /* 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))) */
+};
+
+/* y[r, j] = act(sum_k x[r, k] W[k, j] + bias[j]) for r < n rows (any n >= 1; 1..16 is what
+ * it is made for), x rows ldx floats apart, y rows ldy apart. Each output element is one
+ * f32 sum over k in increasing k order (fused multiply-adds; OUT_IN: 16 partial sums over
+ * k mod 16 added at the end), bf16 weights widened exactly to f32, so results do not
+ * depend on the thread count. Threads (OpenMP, anneal_set_num_threads) take contiguous
+ * ranges of output columns: each weight is read from memory once per call. */
+void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                 int act);
+
+/* Converts n f32 values to bf16 (round to nearest even, as anneal_f32_to_bf16). */
+void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n);
+
+/* int8 of one row of D values: q = round(x / scale) in [-127, 127] (nearest, ties to
+ * even), scale = max|x| / 127 (0 for an all-zero row). */
+void anneal_kv_quantize_row_i8(const float *x, int64_t D, int8_t *q, float *scale);
+
+/* One layer of a decode step's attention for n rows, row i a new token of cache slot
+ * slots[i] at position pos[i] (the slot's length before it). For each row: q and k
+ * rotated in place when rope is set (position pos[i], Hugging Face rotate_half as
+ * anneal_rope), k and v stored into the cache at pos[i] in its dtype, then each query
+ * head h (reading key/value head h / (Hq / Hkv)) attends to positions [0, pos[i]] with
+ * scale 1/sqrt(D), the softmax in f32 (max subtracted), into out. */
+typedef struct anneal_decode_attn {
+    int64_t n;
+    const int64_t *slots, *pos;
+    float *q, *k, *v;         /* row i at q + i * ld_qkv (Hq*D), k and v likewise (Hkv*D) */
+    int64_t ld_qkv;
+    int64_t Hq, Hkv, D;
+    const anneal_rope_desc *rope; /* NULL: none */
+    void *kc, *vc;            /* the layer's cache (slots, Hkv, max_len, D) of dtype */
+    float *k_scale, *v_scale; /* int8: (slots, Hkv, max_len) */
+    anneal_dtype dtype;       /* ANNEAL_F32, ANNEAL_BF16 or ANNEAL_I8 */
+    int64_t max_len;
+    float *out;               /* (n, Hq*D) rows ld_out apart */
+    int64_t ld_out;
+    float *scratch;           /* n * Hq * max_len floats */
+} anneal_decode_attn;
+void anneal_decode_attention(const anneal_decode_attn *a);
+
+/* Row operations (src/cpu/decode_rows.c), the CPU kernels of the tensor path: LayerNorm
+ * (b may be NULL) and RMSNorm of n rows of C (y may not alias x), GELU (tanh) in place,
+ * g = silu(g) * u over n values. */
+void anneal_decode_layer_norm(int64_t n, int64_t C, const float *x, const float *w, const float *b, float eps,
+                              float *y);
+void anneal_decode_rms_norm(int64_t n, int64_t C, const float *x, const float *w, float eps, float *y);
+void anneal_decode_gelu_tanh(int64_t n, float *x);
+void anneal_decode_silu_mul(int64_t n, float *g, const float *u);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,289 @@
+/* GEMV / skinny GEMM for decoding (decode_kernels.h): y = act(x W + b) for a few rows,
+ * f32 or bf16 weights, f32 activations and accumulation.
+ *
+ * Decoding is memory-bound: per token every weight is read once and used for n rows, so
+ * the kernels stream W in its stored layout (no packing) and keep the n-row partial sums
+ * in registers:
+ *   W (in, out) (GPT-2's Conv1D): each thread a contiguous range of output columns; it
+ *     walks W's rows in k order, 4 rows at a time, in strips of up to 1024 columns, so W
+ *     is read as long contiguous row pieces (strided narrow tiles would touch a new page
+ *     per row and wait on each miss); the n rows' partial sums live in y (L1/L2), k in
+ *     increasing order.
+ *   W (out, in) (torch Linear, the tied lm head): 4 output rows per work item, each a dot
+ *     product with up to 4 rows of x over k in 16-lane chunks (16 accumulators), the 16
+ *     lanes summed at the end.
+ * bf16 weights are widened exactly (the bits shifted into the high half of an f32).
+ * Threads take contiguous ranges of output columns; every output is computed by one item, so the bits do not depend on the
+ * thread count. Without AVX-512 a scalar loop computes the same sums in the same order
+ * for W (in, out), and in k order for W (out, in). */
+#include "anneal/decode_kernels.h"
+#include "cpu/cpu_kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GEMV_X86 1
+#endif
+
+enum { OUT_ROWS = 4, XROWS = 4 };
+
+/* act on one value. */
+static inline float epilogue(float y, int act) {
+    if (act == ANNEAL_GEMV_GELU_TANH) {
+        const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+        return 0.5f * y * (1.0f + tanhf(c * (y + 0.044715f * y * y * y)));
+    }
+    return y;
+}
+
+static inline float w_at(const anneal_gemv_weight *w, int64_t idx) {
+    return w->dtype == ANNEAL_BF16 ? anneal_bf16_to_f32(((const uint16_t *)w->w)[idx]) : ((const float *)w->w)[idx];
+}
+
+/* Scalar: output columns [j0, j1) of every row. */
+static void gemv_scalar(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                        int act, int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = j0; j < j1; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < w->in; k++)
+                s = fmaf(x[r * ldx + k], w_at(w, w->out_in ? j * w->in + k : k * w->out + j), s);
+            if (w->bias) s += w->bias[j];
+            y[r * ldy + j] = epilogue(s, act);
+        }
+}
+
+#ifdef GEMV_X86
+#define GEMV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+#define GEMV_INLINE static inline __attribute__((always_inline))
+
+/* 16 weights at p: f32, or bf16 widened (BF, a constant at every call). */
+GEMV_TARGET GEMV_INLINE __m512 loadw(const void *p, const bool BF) {
+    if (BF) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+    return _mm512_loadu_ps(p);
+}
+
+/* The same with the lanes outside mask m zero (and not read). */
+GEMV_TARGET GEMV_INLINE __m512 loadw_m(const void *p, const bool BF, __mmask16 m) {
+    if (BF) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    return _mm512_maskz_loadu_ps(m, p);
+}
+
+static inline __mmask16 lane_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* One 16-column vector (mask m, MASKED a constant) of the KB rows at `rows` (ld bytes
+ * apart) added into n rows of y: y[r] = fma(x[r, k0 + i], w_i, y[r]) for i in order. */
+GEMV_TARGET GEMV_INLINE void in_out_vec(const char *rows, size_t ld, int kb, const float *x, int64_t ldx, int64_t n,
+                                        float *y, int64_t ldy, const bool BF, const bool MASKED, __mmask16 m) {
+    enum { KB = 4 };
+    __m512 wv[KB];
+    for (int i = 0; i < kb; i++) wv[i] = MASKED ? loadw_m(rows + i * ld, BF, m) : loadw(rows + i * ld, BF);
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + r * ldy;
+        const float *xr = x + r * ldx;
+        __m512 acc = MASKED ? _mm512_maskz_loadu_ps(m, yr) : _mm512_loadu_ps(yr);
+        for (int i = 0; i < kb; i++) acc = _mm512_fmadd_ps(_mm512_set1_ps(xr[i]), wv[i], acc);
+        if (MASKED)
+            _mm512_mask_storeu_ps(yr, m, acc);
+        else
+            _mm512_storeu_ps(yr, acc);
+    }
+}
+
+/* W (in, out): columns [j0, j1) of all n rows, summed in place in y: for each block of
+ * KB rows of W (k in increasing order), each 16-column vector of the strip is loaded
+ * once and added into every row's partial sums (y = fma(x_k, w_k, y), k in order), so
+ * W is read as KB contiguous row pieces at a time (streams the prefetchers follow);
+ * then the bias and the epilogue. */
+GEMV_TARGET GEMV_INLINE void range_in_out(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1, const bool BF) {
+    enum { KB = 4, STRIP = 1024 };
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in;
+    const size_t ld = (size_t)w->out * es;
+    for (int64_t s0 = j0; s0 < j1; s0 += STRIP) {
+        const int64_t s1 = s0 + STRIP < j1 ? s0 + STRIP : j1;
+        const int64_t full = s0 + (s1 - s0) / 16 * 16;
+        for (int64_t r = 0; r < n; r++) memset(y + r * ldy + s0, 0, (size_t)(s1 - s0) * sizeof(float));
+        for (int64_t k0 = 0; k0 < in; k0 += KB) {
+            const int kb = (int)(in - k0 < KB ? in - k0 : KB);
+            const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out) * es;
+            if (kb == KB) {
+                for (int64_t c = s0; c < full; c += 16)
+                    in_out_vec(rows + (size_t)c * es, ld, KB, x + k0, ldx, n, y + c, ldy, BF, false, 0xFFFF);
+            } else {
+                for (int64_t c = s0; c < full; c += 16)
+                    in_out_vec(rows + (size_t)c * es, ld, kb, x + k0, ldx, n, y + c, ldy, BF, false, 0xFFFF);
+            }
+            if (full < s1)
+                in_out_vec(rows + (size_t)full * es, ld, kb, x + k0, ldx, n, y + full, ldy, BF, true,
+                           lane_mask(s1 - full));
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = s0; j < s1; j++) {
+                float v = y[r * ldy + j];
+                if (w->bias) v += w->bias[j];
+                y[r * ldy + j] = epilogue(v, act);
+            }
+    }
+}
+
+GEMV_TARGET static void range_in_out_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out(w, x, ldx, n, y, ldy, act, j0, j1, false);
+}
+
+GEMV_TARGET static void range_in_out_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out(w, x, ldx, n, y, ldy, act, j0, j1, true);
+}
+
+/* W (out, in): output rows jr[0..4) (clamped duplicates allowed; only the first nj stored)
+ * for R rows of x (R, BF constants): 16 lanes over k mod 16, whole 16-chunks unmasked,
+ * the tail masked, the lanes summed at the end. */
+GEMV_TARGET GEMV_INLINE void tile_out_in(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, int R,
+                                         int64_t j0, int nj, int act, const bool BF) {
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in, full = in / 16 * 16;
+    const char *wr[OUT_ROWS];
+    for (int j = 0; j < OUT_ROWS; j++)
+        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)in * es;
+    __m512 acc[XROWS][OUT_ROWS];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < OUT_ROWS; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < full; k += 16) {
+        __m512 xv[XROWS];
+        for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(xr[r] + k);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m512 wv = loadw(wr[j] + (size_t)k * es, BF);
+            for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
+        }
+    }
+    if (full < in) {
+        __mmask16 m = lane_mask(in - full);
+        __m512 xv[XROWS];
+        for (int r = 0; r < R; r++) xv[r] = _mm512_maskz_loadu_ps(m, xr[r] + full);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m512 wv = loadw_m(wr[j] + (size_t)full * es, BF, m);
+            for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < nj; j++) {
+            float s = _mm512_reduce_add_ps(acc[r][j]);
+            if (w->bias) s += w->bias[j0 + j];
+            yr[r][j0 + j] = epilogue(s, act);
+        }
+}
+
+/* Work item `it` (4 output rows of W (out, in)) for every row of x, in groups of 4 rows
+ * (a last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
+ * row repeated, writing its equal values twice). */
+GEMV_TARGET GEMV_INLINE void item_out_in(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t it, const bool BF) {
+    for (int64_t r0 = 0; r0 < n; r0 += XROWS) {
+        int64_t nr = n - r0 < XROWS ? n - r0 : XROWS;
+        const float *xr[XROWS];
+        float *yr[XROWS];
+        for (int r = 0; r < XROWS; r++) {
+            int64_t rr = r0 + (r < nr ? r : nr - 1);
+            xr[r] = x + rr * ldx;
+            yr[r] = y + rr * ldy;
+        }
+        int64_t j0 = it * OUT_ROWS;
+        int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
+        if (nr == 1)
+            tile_out_in(w, xr, yr, 1, j0, nj, act, BF);
+        else
+            tile_out_in(w, xr, yr, XROWS, j0, nj, act, BF);
+    }
+}
+
+GEMV_TARGET static void item_out_in_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                        int64_t ldy, int act, int64_t it) {
+    item_out_in(w, x, ldx, n, y, ldy, act, it, false);
+}
+
+GEMV_TARGET static void item_out_in_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t it) {
+    item_out_in(w, x, ldx, n, y, ldy, act, it, true);
+}
+#endif
+
+/* True when the AVX-512 kernels can run here (F, BW and VL). */
+static bool use_avx512(void) {
+#ifdef GEMV_X86
+    static int ok = -1;
+    if (ok < 0) ok = anneal_cpu_has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                 int act) {
+    if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return;
+    /* threads only pay off past ~64K multiply-adds */
+    const bool par = w->out > 16 && w->in * w->out * n >= 65536;
+    const bool v = use_avx512();
+    if (w->out_in) {
+        const int64_t items = (w->out + OUT_ROWS - 1) / OUT_ROWS;
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t it = 0; it < items; it++) {
+#ifdef GEMV_X86
+            if (v) {
+                if (w->dtype == ANNEAL_BF16)
+                    item_out_in_bf16(w, x, ldx, n, y, ldy, act, it);
+                else
+                    item_out_in_f32(w, x, ldx, n, y, ldy, act, it);
+                continue;
+            }
+#endif
+            int64_t j0 = it * OUT_ROWS, j1 = j0 + OUT_ROWS < w->out ? j0 + OUT_ROWS : w->out;
+            gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+        }
+        return;
+    }
+    /* W (in, out): each thread a contiguous range of 16-column groups */
+    const int64_t groups = (w->out + 15) / 16;
+#pragma omp parallel if (par)
+    {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+        const int64_t j0 = g0 * 16, j1 = g1 * 16 < w->out ? g1 * 16 : w->out;
+        if (j0 < j1) {
+#ifdef GEMV_X86
+            if (v && w->dtype == ANNEAL_BF16)
+                range_in_out_bf16(w, x, ldx, n, y, ldy, act, j0, j1);
+            else if (v)
+                range_in_out_f32(w, x, ldx, n, y, ldy, act, j0, j1);
+            else
+#endif
+                gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
+        }
+    }
+    (void)v;
+}
+
+void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 20))
+    for (int64_t i = 0; i < n; i++) dst[i] = anneal_f32_to_bf16(src[i]);
+}
+
+void anneal_kv_quantize_row_i8(const float *x, int64_t D, int8_t *q, float *scale) {
+    float mx = 0.0f;
+    for (int64_t d = 0; d < D; d++) mx = fabsf(x[d]) > mx ? fabsf(x[d]) : mx;
+    float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+        float r = nearbyintf(x[d] * inv);
+        q[d] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    }
+    *scale = mx / 127.0f;
+}

@@ -1,0 +1,137 @@
+/* The slots API of continuous batching (model.h): a cache's batch rows are independent
+ * sequences. Prefill runs the model's cached forward (batched GEMMs over the prompt's
+ * rows) on one slot, focused as a cache of batch 1; a decode step checks its arguments
+ * once, then runs the decode engine (decode_engine.c: one pass over the weights for all
+ * n rows) where the architecture offers one, or one cached forward per slot. */
+#include "anneal/autograd.h"
+#include "decode_engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Checks the model and cache belong together (ANNEAL_ERR_ARG naming fn). */
+static bool cache_ok(const anneal_model *m, const anneal_kv_cache *kv, const char *fn) {
+    if (!m || !kv) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: NULL model or cache", fn);
+        return false;
+    }
+    if (anneal_kv_cache_owner(kv) != m) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: the cache was made for another model", fn);
+        return false;
+    }
+    return true;
+}
+
+/* True when every id is in [0, vocab) (else ANNEAL_ERR_ARG naming fn and the index). */
+static bool ids_ok(const anneal_model *m, const int32_t *ids, int64_t n, const char *fn) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: id %d at %lld is outside the vocabulary [0, %d)", fn, ids[i],
+                             (long long)i, m->cfg.vocab_size);
+            return false;
+        }
+    return true;
+}
+
+anneal_tensor *anneal_model_prefill_slot(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
+                                         int64_t n) {
+    static const char fn[] = "model_prefill_slot";
+    if (!cache_ok(m, kv, fn)) return NULL;
+    int64_t S = anneal_kv_cache_slots(kv), len = anneal_kv_cache_slot_len(kv, slot);
+    if (slot < 0 || slot >= S) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is outside [0, %lld)", fn, (long long)slot, (long long)S);
+        return NULL;
+    }
+    if (!ids || n < 1) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: %s", fn, ids ? "no ids (n < 1)" : "NULL ids");
+        return NULL;
+    }
+    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
+    if (len + n > cap) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld holds %lld positions; %lld more exceed the cache's %lld", fn,
+                         (long long)slot, (long long)len, (long long)n, (long long)cap);
+        return NULL;
+    }
+    if (!ids_ok(m, ids, n, fn)) return NULL;
+    anneal_scope *outer = anneal_scope_current();
+    anneal_scope *tmp = anneal_scope_open();
+    anneal_tensor *logits = NULL;
+    if (anneal_kv_cache_focus(kv, slot) == ANNEAL_OK) {
+        anneal_tensor *t = anneal_from_data_on(anneal_model_device(m), ANNEAL_I32, 2, (int64_t[]){1, n}, ids);
+        logits = t ? anneal_model_forward_cached_last(m, kv, t, 1) : NULL;
+        anneal_kv_cache_focus(kv, -1);
+    }
+    if (logits) logits = anneal_reshape(logits, 2, (int64_t[]){1, m->cfg.vocab_size});
+    if (logits) logits = anneal_contiguous(anneal_cast(logits, ANNEAL_F32));
+    if (logits) anneal_keep(logits, outer);
+    anneal_scope_close(tmp);
+    return logits;
+}
+
+/* One cached forward per slot (any device, any architecture): row i of out from slot
+ * slots[i] alone. On failure the slots already advanced are rolled back. */
+static anneal_status decode_each(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots, const int32_t *ids,
+                                 int64_t n, float *out) {
+    int64_t V = m->cfg.vocab_size, i = 0;
+    anneal_status s = ANNEAL_OK;
+    for (; i < n && s == ANNEAL_OK; i++) {
+        anneal_scope *sc = anneal_scope_open();
+        s = anneal_kv_cache_focus(kv, slots[i]);
+        anneal_tensor *t = s == ANNEAL_OK ? anneal_from_data_on(anneal_model_device(m), ANNEAL_I32, 2,
+                                                                (int64_t[]){1, 1}, &ids[i])
+                                          : NULL;
+        anneal_tensor *lg = t ? anneal_model_forward_cached_last(m, kv, t, 1) : NULL;
+        anneal_kv_cache_focus(kv, -1);
+        if (s == ANNEAL_OK) s = lg ? anneal_to_f32_buffer(lg, out + i * V) : anneal_last_status();
+        anneal_scope_close(sc);
+    }
+    if (s != ANNEAL_OK) /* the slots before the failing one advanced: take them back */
+        for (int64_t j = 0; j + 1 < i; j++) {
+            anneal_kv_cache_focus(kv, slots[j]);
+            int64_t len = anneal_kv_cache_len(kv);
+            anneal_kv_cache_focus(kv, -1);
+            anneal_kv_cache_slot_reset(kv, slots[j]);
+            anneal_kv_cache_slot_advance(kv, slots[j], len - 1);
+        }
+    return s;
+}
+
+anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                         const int32_t *ids, int64_t n) {
+    static const char fn[] = "model_decode_slots";
+    if (!cache_ok(m, kv, fn)) return NULL;
+    int64_t S = anneal_kv_cache_slots(kv);
+    if (!slots || !ids || n < 1 || n > S) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: need 1 <= n <= %lld slots and ids (n = %lld%s)", fn, (long long)S,
+                         (long long)n, !slots || !ids ? ", NULL slots or ids" : "");
+        return NULL;
+    }
+    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
+    for (int64_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= S) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld (at %lld) is outside [0, %lld)", fn, (long long)slots[i],
+                             (long long)i, (long long)S);
+            return NULL;
+        }
+        for (int64_t j = 0; j < i; j++)
+            if (slots[j] == slots[i]) {
+                anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is given twice (at %lld and %lld)", fn,
+                                 (long long)slots[i], (long long)j, (long long)i);
+                return NULL;
+            }
+        if (anneal_kv_cache_slot_len(kv, slots[i]) >= cap) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is full (%lld positions)", fn, (long long)slots[i],
+                             (long long)cap);
+            return NULL;
+        }
+    }
+    if (!ids_ok(m, ids, n, fn)) return NULL;
+    int64_t V = m->cfg.vocab_size;
+    anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
+    if (!out) return NULL;
+    anneal_no_grad_begin();
+    anneal_status s = anneal_decode_engine_step(m, kv, slots, ids, n, anneal_data(out));
+    if (s == ANNEAL_ERR_UNSUPPORTED) s = decode_each(m, kv, slots, ids, n, anneal_data(out));
+    anneal_no_grad_end();
+    return s == ANNEAL_OK ? out : NULL;
+}
