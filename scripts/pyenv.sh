@@ -33,7 +33,7 @@ install_llama_cpp() {
   if [ -f "$LLAMA_STAMP" ] && [ "$(cat "$LLAMA_STAMP")" = "$LLAMA_CPP" ] && "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
     return 0
   fi
-  echo "pyenv: building $LLAMA_CPP (llama.cpp from source; a few minutes)"
+  echo "pyenv: installing $LLAMA_CPP (built from source, a few minutes, unless pip has the wheel cached)"
   local cfile; cfile=$(mktemp); echo "$CONSTRAINTS" > "$cfile"
   if CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
      "$VENV/bin/pip" install -q --disable-pip-version-check -c "$cfile" "$LLAMA_CPP" \
