@@ -9,7 +9,7 @@
  * - weight-only: W dequantized on the fly, f32 accumulation (x rounded to bf16 first
  *   at compute bf16; int8 values are exact in bf16). Up to 7 rows (decode, batch 1)
  *   stream the int8 weight once, 4 rows of x per pass (AVX-512 or portable C); more
- *   rows dequantize W to f32 once and run the f32/bf16 GEMM (prompt processing).
+ *   rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
  * - dynamic: each row of x quantized with its own scale (per token), the exact int8
  *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b.
  * - static: the same with one calibrated scale for every row. */
@@ -149,7 +149,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
             }
             anneal_cpu_dequantize_s8(N, K, a->group, a->w, a->wscale, wf);
             anneal_gemm_epilogue ep = {.bias = a->bias};
-            anneal_cpu_gemm(a->compute, false, true, M, N, K, 1.0f, b.x, K, wf, K, 0.0f, a->y, N, &ep);
+            /* f32 products of the (bf16-rounded) x and the dequantized W, as the few-rows path:
+             * the bf16 GEMM would round w * scale to bf16 as well */
+            anneal_cpu_gemm(ANNEAL_F32, false, true, M, N, K, 1.0f, b.x, K, wf, K, 0.0f, a->y, N, &ep);
             free(wf);
         }
         free(xr);
