@@ -86,10 +86,10 @@ const char *anneal_cpu_path_name(unsigned path) {
 
 static int probe_avx512vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-/* True with AVX-512 F/BW and VNNI (the int8 GEMM's vpdpbusd kernel). */
+/* True with AVX-512 F/BW/VL and VNNI (the int8 GEMM's vpdpbusd kernel, the weight-only kernel). */
 bool anneal_cpu_has_avx512vnni(void) {
     static atomic_int cached = -1;
     return cached_feature(&cached, probe_avx512vnni);

@@ -21,7 +21,7 @@ void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t
 void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
                                int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 
-/* True with AVX-512 F/BW/VNNI (cpu_features.c). */
+/* True with AVX-512 F/BW/VL and VNNI (cpu_features.c). */
 bool anneal_cpu_has_avx512vnni(void);
 
 #endif

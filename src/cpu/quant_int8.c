@@ -15,6 +15,7 @@
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "cpu_kernels.h"
+#include "gemm_int8_internal.h"
 #include "gemm_internal.h"
 
 #include <float.h>
@@ -80,36 +81,51 @@ static void wo_rows_portable(const anneal_cpu_qmatmul_args *a, int64_t m0, int64
     }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void wo_rows_avx512(const anneal_cpu_qmatmul_args *a, int64_t m0,
-                                                                       int64_t n0, int64_t n1) {
+#define WO_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* MR rows of x (a constant, so the accumulators stay in registers). */
+WO_TARGET static inline __attribute__((always_inline)) void wo_rows_mr(const anneal_cpu_qmatmul_args *a, int64_t m0,
+                                                                      int64_t n0, int64_t n1, const int MR) {
     const int64_t K = a->K, g = a->group > 0 ? a->group : K, ng = K / g;
     const float *x[4];
-    for (int i = 0; i < 4; i++) x[i] = a->x + (m0 + i < a->M ? m0 + i : a->M - 1) * K;
+    for (int i = 0; i < MR; i++) x[i] = a->x + (m0 + i < a->M ? m0 + i : a->M - 1) * K;
     for (int64_t n = n0; n < n1; n++) {
         const int8_t *w = a->w + n * K;
         __m512 acc[4];
-        for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+        for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
         for (int64_t j = 0; j < ng; j++) {
             __m512 s[4];
-            for (int i = 0; i < 4; i++) s[i] = _mm512_setzero_ps();
+            for (int i = 0; i < MR; i++) s[i] = _mm512_setzero_ps();
             for (int64_t k = j * g; k < (j + 1) * g; k += 16) {
                 const int64_t left = (j + 1) * g - k;
                 const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
                 const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + k)));
-                for (int i = 0; i < 4; i++) s[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x[i] + k), wv, s[i]);
+                for (int i = 0; i < MR; i++) s[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x[i] + k), wv, s[i]);
             }
             const __m512 sc = _mm512_set1_ps(a->wscale[n * ng + j]);
-            for (int i = 0; i < 4; i++) acc[i] = _mm512_fmadd_ps(s[i], sc, acc[i]);
+            for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(s[i], sc, acc[i]);
         }
-        for (int i = 0; i < 4 && m0 + i < a->M; i++)
+        for (int i = 0; i < MR && m0 + i < a->M; i++)
             a->y[(m0 + i) * a->N + n] = _mm512_reduce_add_ps(acc[i]) + (a->bias ? a->bias[n] : 0.0f);
     }
+}
+
+/* Rows [m0, m0 + 4) of x (fewer at the end: one at a time, so decode does no wasted work). */
+WO_TARGET static void wo_rows_avx512(const anneal_cpu_qmatmul_args *a, int64_t m0, int64_t n0, int64_t n1) {
+    if (a->M - m0 >= 4) {
+        wo_rows_mr(a, m0, n0, n1, 4);
+        return;
+    }
+    for (int64_t m = m0; m < a->M; m++) wo_rows_mr(a, m, n0, n1, 1);
 }
 
 /* The few-rows weight-only product: threads split N, each streams its weight rows once
  * per 4 rows of x. */
 static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
-    const bool v = anneal_cpu_has_avx512() && !(getenv("ANNEAL_CPU_ISA") && strcmp(getenv("ANNEAL_CPU_ISA"), "portable") == 0);
+    /* AVX-512 F/BW/VL (the VNNI probe checks them; VNNI itself is not used here) unless
+     * ANNEAL_CPU_ISA=portable */
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    const bool v = anneal_cpu_has_avx512vnni() && !(env && strcmp(env, "portable") == 0);
     const int64_t nb = (a->N + 15) / 16;
 #pragma omp parallel for schedule(static) if (a->N * a->K > 65536)
     for (int64_t b = 0; b < nb; b++) {
