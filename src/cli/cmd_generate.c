@@ -198,7 +198,10 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
         char dir[4096];
         char tj[4096 + 16];
-        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
+        if (anneal_quant_dir_is_quantized(ckpt)) { /* an int8 model directory carries it too */
+            snprintf(tj, sizeof tj, "%s/tokenizer.json", ckpt);
+            if (access(tj, F_OK) == 0) model_tok = strdup(ckpt);
+        } else if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
             snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
             if (access(tj, F_OK) == 0) model_tok = strdup(dir);
         }
