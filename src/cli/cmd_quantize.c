@@ -19,6 +19,7 @@ typedef struct calib_source {
     int64_t batch;
 } calib_source;
 
+/* The evaluation loop's batch callback: the loader's next full batch. */
 static anneal_status next_batch(void *user, int64_t i, int32_t *ids, int32_t *targets, int64_t *rows) {
     calib_source *c = user;
     (void)i;

@@ -9,6 +9,7 @@
 
 #define AVX2_TARGET __attribute__((target("avx2")))
 
+/* The sum of the 8 int32 lanes (wrapping). */
 AVX2_TARGET static inline int32_t hsum8(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -16,6 +17,7 @@ AVX2_TARGET static inline int32_t hsum8(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* See gemm_int8_internal.h. */
 AVX2_TARGET void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
                                            const int8_t *A, int64_t lda, const int8_t *B, int64_t ldb, int32_t *C,
                                            int64_t ldc) {

@@ -13,6 +13,7 @@
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
+/* The sum of the 16 int32 lanes (wrapping). */
 VNNI_TARGET static inline int32_t hsum(__m512i v) { return _mm512_reduce_add_epi32(v); }
 
 /* Rows [m0, m1) of A against [n0, n1) of B in tiles of MR x 4 (MR a constant: the
@@ -62,6 +63,7 @@ block_mr(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t
     }
 }
 
+/* See gemm_int8_internal.h: 4-row tiles, then the rows left one at a time. */
 VNNI_TARGET void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
                                                  const int8_t *A, int64_t lda, const int8_t *B, int64_t ldb,
                                                  int32_t *C, int64_t ldc) {

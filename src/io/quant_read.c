@@ -69,6 +69,7 @@ typedef struct record {
     const cJSON *modules;
 } record;
 
+/* Checks quantization_config of config j (cfgp names it in errors) into *r. */
 static anneal_status parse_record(const char *cfgp, const cJSON *j, record *r) {
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
     if (!cJSON_IsObject(q)) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: quantization_config is not an object", cfgp);
@@ -125,6 +126,7 @@ static int listed_layer(const qsource *s, const char *name, const char *suffix) 
     return -1;
 }
 
+/* The source's info: a listed layer's weight as f32 of the model's shape, else the file's entry. */
 static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim, int64_t *shape) {
     const qsource *s = ctx;
     int i = listed_layer(s, name, ".weight");
@@ -143,6 +145,7 @@ static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim
     return true;
 }
 
+/* The source's get: zeros for a listed layer's weight (its int8 one replaces it), else the entry in f32. */
 static anneal_tensor *src_get(void *ctx, const char *name) {
     const qsource *s = ctx;
     int i = listed_layer(s, name, ".weight");
@@ -150,17 +153,21 @@ static anneal_tensor *src_get(void *ctx, const char *name) {
     return anneal_safetensors_find(s->st, name) ? anneal_safetensors_load(s->st, name, ANNEAL_F32) : NULL;
 }
 
+/* Frees what qsource_init allocated. */
 static void qsource_free(qsource *s) {
     for (int i = 0; i < s->n_owned; i++) free(s->owned[i]);
     free(s->owned);
     free(s->names);
 }
 
+/* True for a listed layer's qweight, weight_scale or input_scale. */
 static bool is_quant_tensor(const qsource *s, const char *name) {
     return listed_layer(s, name, ".qweight") >= 0 || listed_layer(s, name, ".weight_scale") >= 0 ||
            listed_layer(s, name, ".input_scale") >= 0;
 }
 
+/* The source hf_import reads: the file's float tensors and, for each listed layer, its
+ * "<prefix>.weight"; refuses a listed layer whose float weight is stored too. */
 static anneal_status qsource_init(qsource *s, const anneal_safetensors *st, const anneal_params *ps, const bool *listed) {
     *s = (qsource){.st = st, .ps = ps, .listed = listed};
     s->names = calloc((size_t)(st->n_entries + ps->n_dense + 1), sizeof *s->names);

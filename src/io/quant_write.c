@@ -45,6 +45,7 @@ static bool is_quantized_weight(const anneal_params *ps, const char *name) {
     return false;
 }
 
+/* Appends a host copy of t (f32, or i8 as it is) under name. */
 static anneal_status add_entry(qsink *s, const char *name, const anneal_tensor *t) {
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 64;
@@ -71,11 +72,13 @@ static anneal_status add_entry(qsink *s, const char *name, const anneal_tensor *
     return be->synchronize(be->ctx);
 }
 
+/* The sink hf_export writes to: every tensor but the quantized layers' float weights. */
 static anneal_status sink_put(void *ctx, const char *name, const anneal_tensor *t) {
     qsink *s = ctx;
     return is_quantized_weight(s->ps, name) ? ANNEAL_OK : add_entry(s, name, t);
 }
 
+/* Frees the gathered copies. */
 static void qsink_free(qsink *s) {
     for (int i = 0; i < s->n; i++) free(s->e[i].name), free(s->e[i].data);
     free(s->e);
@@ -155,6 +158,7 @@ static anneal_status write_config(const char *dir, const anneal_model *m, const 
     return r;
 }
 
+/* model.safetensors of dir from the gathered tensors (atomic). */
 static anneal_status write_weights(const char *dir, const qsink *s) {
     anneal_st_write_entry *w = calloc((size_t)(s->n ? s->n : 1), sizeof *w);
     if (!w) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);

@@ -211,6 +211,7 @@ anneal_status anneal_nn_quantize(anneal_params *ps, anneal_quant_mode mode, int6
     return ANNEAL_OK;
 }
 
+/* See nn_internal.h. */
 anneal_status anneal_nn_quant_observe(const anneal_nn_dense *d, anneal_tensor *x) {
     if (!x) return anneal_last_status();
     int64_t n = anneal_numel(x);
@@ -222,6 +223,7 @@ anneal_status anneal_nn_quant_observe(const anneal_nn_dense *d, anneal_tensor *x
     return s;
 }
 
+/* See nn_internal.h. */
 anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                        anneal_activation act, anneal_tensor *mul) {
     const anneal_nn_quant *q = d->quant;
