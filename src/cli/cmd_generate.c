@@ -21,8 +21,11 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_model **
     anneal_model_config cfg;
     *model = NULL;
     *config_json = NULL;
-    if (anneal_quant_dir_is_quantized(arg)) /* an int8 model directory (anneal quantize) */
-        return anneal_cli_load_model(cmd, "ckpt", arg, model, st, config_json, NULL);
+    if (anneal_quant_dir_is_quantized(arg)) { /* an int8 model directory (anneal quantize) */
+        if (anneal_model_load_hf(arg, ANNEAL_CPU, model) == ANNEAL_OK) return 0;
+        fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, arg, anneal_last_error());
+        return 1;
+    }
     if (anneal_checkpoint_resolve(arg, dir, sizeof dir) != ANNEAL_OK ||
         anneal_checkpoint_read_config(dir, &cfg, config_json) != ANNEAL_OK) {
         fprintf(stderr, "anneal %s: --ckpt: %s\n", cmd, anneal_last_error());
