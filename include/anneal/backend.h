@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 /* The table layout this header describes. */
-#define ANNEAL_BACKEND_VERSION 1
+#define ANNEAL_BACKEND_VERSION 2
 
 typedef enum anneal_binary_op { ANNEAL_ADD, ANNEAL_SUB, ANNEAL_MUL, ANNEAL_DIV } anneal_binary_op;
 
@@ -82,6 +82,26 @@ typedef enum anneal_epilogue {
  * products accumulate in f32. Epilogue operands (bias (N), aux_in and aux_out (M x N,
  * row stride ldc), bsum (N)) apply to batch == 1 only. Ops fold batch dims into M
  * where the layout allows it, so the batched form is for attention-like products. */
+/* How a dense layer's weight is quantized to int8 (symmetric, zero point 0): the weight
+ * only (dequantized on the fly, f32/bf16 products), or the weight and the activations
+ * with an int8 x int8 -> int32 product: activations quantized per row (token) on the
+ * fly (dynamic) or with one calibrated scale (static). */
+typedef enum anneal_quant_mode {
+    ANNEAL_QUANT_NONE = 0,
+    ANNEAL_QUANT_WEIGHT_ONLY,
+    ANNEAL_QUANT_DYNAMIC,
+    ANNEAL_QUANT_STATIC,
+} anneal_quant_mode;
+
+/* A quantized dense product y (M, N) = x (M, K) W^T + b, W int8 (N, K) with f32 scales
+ * (N) or, weight-only, (N, K / group). */
+typedef struct anneal_qmatmul_desc {
+    anneal_quant_mode mode;
+    anneal_dtype compute; /* weight-only: ANNEAL_F32 or ANNEAL_BF16 (x rounded to bf16) */
+    int64_t group;        /* weight-only group size dividing K; 0: one scale per row of W */
+    float act_scale;      /* static: the activations' scale */
+} anneal_qmatmul_desc;
+
 typedef struct anneal_matmul_desc {
     int64_t batch, M, N, K;
     bool trans_a, trans_b;
@@ -371,6 +391,18 @@ struct anneal_backend {
      * Optional (NULL: the optimizer calls adamw per parameter). */
     anneal_status (*adamw_multi)(void *ctx, const anneal_adamw_group *groups, int n, double lr,
                                  double beta1, double beta2, double eps);
+
+    /* ----------------------------------- version 2: int8 quantization */
+    /* Symmetric int8 quantization of x (rows, cols) f32 contiguous into q (i8, same
+     * shape) and scales (f32 (rows) with group 0, (rows, cols / group) otherwise):
+     * scale = max(amax / 127, FLT_EPSILON), q = clamp(round-half-even(x / scale), -127,
+     * 127). Optional. */
+    anneal_status (*quantize_s8)(void *ctx, anneal_tensor *q, anneal_tensor *scales, const anneal_tensor *x,
+                                 int64_t group);
+    /* The quantized dense product of d: y (M, N) f32 from x (M, K) f32, wq (N, K) i8,
+     * wscale f32, bias (N) or NULL; all contiguous. Optional. */
+    anneal_status (*qmatmul)(void *ctx, const anneal_qmatmul_desc *d, anneal_tensor *y, const anneal_tensor *x,
+                             const anneal_tensor *wq, const anneal_tensor *wscale, const anneal_tensor *bias);
 };
 
 /* True when table b has slot `field` (non-NULL, and b's version is at least the one

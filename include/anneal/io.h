@@ -179,6 +179,34 @@ anneal_status anneal_onnx_save(const anneal_onnx_graph *g, const char *path, con
 /* The model's forward graph (anneal_model_onnx_graph) written with anneal_onnx_save. */
 anneal_status anneal_model_save_onnx(const anneal_model *m, const char *path, const anneal_onnx_save_opts *opts);
 
+/* ------------------------------------------------ quantized model directories */
+
+/* The quant_method of anneal's int8 model directories (docs/FORMATS.md). */
+#define ANNEAL_QUANT_METHOD "anneal-int8"
+
+/* What anneal_quant_save records beside the weights. */
+typedef struct anneal_quant_save_opts {
+    const struct anneal_tokenizer *tokenizer; /* tokenizer.json + tokenizer_config.json; NULL: none */
+    const char *calib_method;                 /* static: "minmax" or "percentile" (NULL: not recorded) */
+    double percentile;
+    int calib_batches;
+} anneal_quant_save_opts;
+
+/* Writes the quantized model m (anneal_nn_quantize done) as a directory: config.json
+ * with "quantization_config", model.safetensors with the int8 weights and their scales
+ * and every other tensor in f32, the tokenizer. dir must not exist or be empty; written
+ * whole and renamed into place. */
+anneal_status anneal_quant_save(const anneal_model *m, const char *dir, const anneal_quant_save_opts *o);
+/* True when the model directory (or the directory of a weights file) path has a
+ * config.json with a "quantization_config" record (what anneal_quant_load reads). */
+bool anneal_quant_dir_is_quantized(const char *path);
+/* A new model on dev from a quantized directory: the config through the registry, the
+ * unquantized tensors through the architecture's hf_import, then each listed dense
+ * layer's int8 weight, scales and static input scale, every dtype and shape checked
+ * (errors name the file and the tensor or key: an unknown mode or method, a group size
+ * that does not divide a layer's in-features, scales of the wrong shape, ...). */
+anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_model **out);
+
 #ifdef __cplusplus
 }
 #endif

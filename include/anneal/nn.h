@@ -28,6 +28,7 @@ typedef struct anneal_param {
 
 struct anneal_nn_dense;
 struct anneal_nn_lora;
+struct anneal_nn_quant;
 
 /* A dense layer created in the set through anneal_nn_dense_create, with the prefix it
  * was created under ("transformer.h.0.attn.c_attn"): what LoRA targets by name. */
@@ -35,6 +36,7 @@ typedef struct anneal_params_dense {
     char *prefix;
     struct anneal_nn_dense *dense; /* the caller's block: must stay at this address while the set lives */
     struct anneal_nn_lora *lora;   /* its adapter (owned by the set), or NULL */
+    struct anneal_nn_quant *quant; /* its int8 weight or calibration state (owned by the set), or NULL */
 } anneal_params_dense;
 
 /* The LoRA settings a set's adapters were made with (see anneal_lora_apply). */
@@ -53,6 +55,8 @@ typedef struct anneal_params {
     int n_dense, cap_dense;
     anneal_params_dense *dense; /* the dense layers, in creation order */
     anneal_params_lora lora;
+    anneal_quant_mode quant;   /* ANNEAL_QUANT_NONE, or how the set's dense layers were quantized */
+    int64_t quant_group;       /* weight-only group size (0: per output channel) */
 } anneal_params;
 
 /* Empty parameter set whose parameters live on the CPU (NULL + error on OOM). */
@@ -127,6 +131,7 @@ typedef struct anneal_nn_dense {
     anneal_weight_layout layout;
     int64_t in, out;
     anneal_nn_lora *lora;  /* NULL: none (owned by the parameter set) */
+    struct anneal_nn_quant *quant; /* NULL: none; int8 weight or calibration (owned by the set) */
 } anneal_nn_dense;
 
 /* Registers "<prefix>.weight" (weight decay on) and, with bias, "<prefix>.bias", and
@@ -172,6 +177,59 @@ anneal_status anneal_lora_merge(anneal_params *ps);
 int anneal_lora_count(const anneal_params *ps);
 /* x (..., in) -> scale * (dropout(x) A^T) B^T (..., out), at ctx's precision. */
 anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_ctx *ctx, anneal_tensor *x);
+
+/* ------------------------------------------------------------------- int8 */
+
+/* A dense layer's int8 weight (anneal_nn_quantize), or, before it, the calibration
+ * statistics of its input (static quantization). While active, the layer's forward is
+ * anneal_qlinear(x, weight, scale, bias) (then the activation as its own op), and the
+ * f32 weight parameter is released (a stride-0 zero view of its shape stays). */
+typedef struct anneal_nn_quant {
+    bool active;              /* the int8 weight is in use */
+    anneal_quant_mode mode;
+    int64_t group;            /* weight-only group size, 0: per output channel */
+    anneal_tensor *weight;    /* (out, in) i8, whatever the layer's layout */
+    anneal_tensor *scale;     /* f32 (out) or (out, in / group) */
+    float act_scale;          /* static: the input's scale */
+    /* calibration: |x| seen so far (static) */
+    bool observing;
+    double count;             /* values seen */
+    float amax;
+    float hist_hi;            /* the histogram covers [0, hist_hi) in ANNEAL_NN_QUANT_BINS bins */
+    double *hist;
+} anneal_nn_quant;
+
+#define ANNEAL_NN_QUANT_BINS 4096
+
+/* How anneal_nn_calibrate_end turns the statistics into a scale. */
+typedef enum anneal_calib_method {
+    ANNEAL_CALIB_MINMAX = 0, /* scale = max |x| / 127 (torch MinMaxObserver, symmetric [-127, 127]) */
+    ANNEAL_CALIB_PERCENTILE, /* scale = the percentile-th |x| (histogram bin edge) / 127 */
+} anneal_calib_method;
+
+/* True for the dense layers quantization leaves alone: "lm_head" (the fused lm-head
+ * loss reads its weight itself, as for LoRA). */
+bool anneal_nn_quant_skips(const char *prefix);
+/* Starts recording the inputs of every dense layer of ps that quantization covers
+ * (their forwards stay f32). ANNEAL_ERR_STATE when the set is quantized already. */
+anneal_status anneal_nn_calibrate_begin(anneal_params *ps);
+/* Ends recording: each layer's static scale from its statistics. ANNEAL_ERR_STATE for
+ * a layer that saw no input, ANNEAL_ERR_ARG for a percentile outside (0, 100]. */
+anneal_status anneal_nn_calibrate_end(anneal_params *ps, anneal_calib_method method, double percentile);
+/* Quantizes every dense layer of ps but lm_head: the weight to int8 with per-output-
+ * channel (group 0) or, weight-only, per-group scales (group divides in-features:
+ * ANNEAL_ERR_SHAPE naming the layer otherwise); static needs anneal_nn_calibrate_end
+ * first. The f32 weights are released. Refused (ANNEAL_ERR_UNSUPPORTED) on a set with
+ * LoRA adapters or bf16 weights, ANNEAL_ERR_STATE when quantized already. */
+anneal_status anneal_nn_quantize(anneal_params *ps, anneal_quant_mode mode, int64_t group);
+/* Gives the dense layer pd of ps a quantized weight read from a file (the reader's
+ * path): weight (out, in) i8 and scale as anneal_nn_quant says, act_scale for static;
+ * every dtype and shape checked (errors name the layer). Releases the f32 weight. */
+anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd, anneal_quant_mode mode,
+                                     int64_t group, anneal_tensor *weight, anneal_tensor *scale, float act_scale);
+/* "weight-only", "dynamic", "static" (NULL otherwise); the parser (false if unknown). */
+const char *anneal_quant_mode_name(anneal_quant_mode mode);
+bool anneal_quant_mode_parse(const char *name, anneal_quant_mode *out);
 
 /* -------------------------------------------------------------- embedding */
 

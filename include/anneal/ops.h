@@ -209,6 +209,21 @@ anneal_tensor *anneal_arange(anneal_device dev, int64_t start, int64_t n);
  * explicitly. */
 anneal_tensor *anneal_to_device(anneal_tensor *t, anneal_device dev);
 
+/* ------------------------------------------------------------ int8 */
+
+/* Symmetric int8 quantization of x (..., cols) f32: per row (group 0; *scales f32 of
+ * x's leading dims) or per group of `group` columns (group divides cols; *scales (...,
+ * cols / group)). scale = max(amax / 127, FLT_EPSILON), q = clamp(round-half-even(x /
+ * scale), -127, 127): PyTorch's per-channel symmetric scheme over [-127, 127]. Returns
+ * q (i8, x's shape); no autograd. */
+anneal_tensor *anneal_quantize_s8(anneal_tensor *x, int64_t group, anneal_tensor **scales);
+/* The quantized dense product y (..., N) = x (..., K) W^T + b: wq (N, K) i8 in
+ * torch.nn.Linear's layout, wscale f32 (N) or, weight-only with a group, (N, K / group),
+ * bias (N) or NULL, and d (mode, compute, group, static scale). Inference only: an x
+ * that wants a gradient is ANNEAL_ERR_UNSUPPORTED. */
+anneal_tensor *anneal_qlinear(anneal_tensor *x, anneal_tensor *wq, anneal_tensor *wscale, anneal_tensor *bias,
+                              const anneal_qmatmul_desc *d);
+
 #ifdef __cplusplus
 }
 #endif

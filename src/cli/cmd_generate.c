@@ -21,6 +21,11 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_model **
     anneal_model_config cfg;
     *model = NULL;
     *config_json = NULL;
+    if (anneal_quant_dir_is_quantized(arg)) { /* an int8 model directory (anneal quantize) */
+        if (anneal_model_load_hf(arg, ANNEAL_CPU, model) == ANNEAL_OK) return 0;
+        fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, arg, anneal_last_error());
+        return 1;
+    }
     if (anneal_checkpoint_resolve(arg, dir, sizeof dir) != ANNEAL_OK ||
         anneal_checkpoint_read_config(dir, &cfg, config_json) != ANNEAL_OK) {
         fprintf(stderr, "anneal %s: --ckpt: %s\n", cmd, anneal_last_error());
@@ -217,7 +222,10 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
         char dir[4096];
         char tj[4096 + 16];
-        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
+        if (anneal_quant_dir_is_quantized(ckpt)) { /* an int8 model directory carries it too */
+            snprintf(tj, sizeof tj, "%s/tokenizer.json", ckpt);
+            if (access(tj, F_OK) == 0) model_tok = strdup(ckpt);
+        } else if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
             snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
             if (access(tj, F_OK) == 0) model_tok = strdup(dir);
         }

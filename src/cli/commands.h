@@ -19,6 +19,7 @@ int anneal_cmd_lora(int argc, char **argv);          /* cmd_lora.c: "lora merge"
 int anneal_cmd_plot(int argc, char **argv);          /* cmd_plot.c */
 int anneal_cmd_report(int argc, char **argv);        /* cmd_report.c */
 int anneal_cmd_serve(int argc, char **argv);         /* cmd_serve.c */
+int anneal_cmd_quantize(int argc, char **argv);      /* cmd_quantize.c */
 
 struct anneal_model;
 struct anneal_train_state;

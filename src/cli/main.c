@@ -18,6 +18,7 @@ static void usage(void) {
            "  generate   continue a prompt with a trained model (streamed text)\n"
            "  eval       loss and perplexity of a checkpoint on token shards\n"
            "  export     write a checkpoint as a Hugging Face model directory\n"
+           "  quantize   int8 quantization of a model (weight-only, dynamic, static)\n"
            "  inspect    describe a shard file\n"
            "  info       version, CPU features, threads\n"
            "  bench      bench peak: measure the peak fp32 / bf16 FLOP rate (MFU ceiling)\n"
@@ -58,6 +59,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return anneal_cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return anneal_cmd_eval(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return anneal_cmd_export(argc - 2, argv + 2);
+    if (!strcmp(cmd, "quantize")) return anneal_cmd_quantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return anneal_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "lora")) return anneal_cmd_lora(argc - 2, argv + 2);
     if (!strcmp(cmd, "plot")) return anneal_cmd_plot(argc - 2, argv + 2);

@@ -153,6 +153,32 @@ static anneal_status cpu_matmul(void *ctx, const anneal_matmul_desc *d, anneal_t
     return ANNEAL_OK;
 }
 
+/* -------------------------------------------------------------- int8 */
+
+static anneal_status cpu_quantize_s8(void *ctx, anneal_tensor *q, anneal_tensor *scales, const anneal_tensor *x,
+                                     int64_t group) {
+    int64_t cols = x->ndim ? x->shape[x->ndim - 1] : 1, rows = cols ? anneal_numel(x) / cols : 0;
+    anneal_cpu_quantize_s8(rows, cols, group, F(x), (int8_t *)anneal_data(q), F(scales));
+    return ANNEAL_OK;
+}
+
+static anneal_status cpu_qmatmul(void *ctx, const anneal_qmatmul_desc *d, anneal_tensor *y, const anneal_tensor *x,
+                                 const anneal_tensor *wq, const anneal_tensor *wscale, const anneal_tensor *bias) {
+    static const int modes[] = {[ANNEAL_QUANT_WEIGHT_ONLY] = ANNEAL_CPU_QUANT_WEIGHT_ONLY,
+                                [ANNEAL_QUANT_DYNAMIC] = ANNEAL_CPU_QUANT_DYNAMIC,
+                                [ANNEAL_QUANT_STATIC] = ANNEAL_CPU_QUANT_STATIC};
+    if (d->mode < ANNEAL_QUANT_WEIGHT_ONLY || d->mode > ANNEAL_QUANT_STATIC)
+        return anneal_set_error(ANNEAL_ERR_ARG, "cpu qmatmul: unknown quantization mode %d", (int)d->mode);
+    anneal_cpu_qmatmul_args a = {.mode = modes[d->mode], .compute = (int)d->compute, .M = x->shape[0],
+                                 .N = wq->shape[0], .K = wq->shape[1], .group = d->group, .x = F(x),
+                                 .w = (const int8_t *)anneal_data(wq), .wscale = F(wscale), .bias = F(bias),
+                                 .act_scale = d->act_scale, .y = F(y)};
+    if (anneal_cpu_qmatmul(&a) != 0)
+        return anneal_set_error(ANNEAL_ERR_OOM, "cpu qmatmul: no memory for the workspace of a (%lld x %lld x %lld) product",
+                                (long long)a.M, (long long)a.N, (long long)a.K);
+    return ANNEAL_OK;
+}
+
 /* ----------------------------------------------------------- row ops */
 
 /* Rows of the last dim: (N, C) view of a contiguous tensor. */
@@ -446,6 +472,8 @@ static const anneal_backend k_cpu_backend = {
     .randn = cpu_randn,
     .adamw = cpu_adamw,
     .adamw_multi = cpu_adamw_multi,
+    .quantize_s8 = cpu_quantize_s8,
+    .qmatmul = cpu_qmatmul,
 };
 
 anneal_status anneal_cpu_backend_register(void) { return anneal_backend_register(&k_cpu_backend); }

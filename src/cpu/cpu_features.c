@@ -1,6 +1,7 @@
 /* Runtime CPU feature detection for the CPU backend's ISA dispatch. */
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
+#include "cpu/gemm_int8_internal.h"
 
 #include <stdatomic.h>
 
@@ -81,4 +82,15 @@ const char *anneal_cpu_path_name(unsigned path) {
            : path == ANNEAL_CPU_PATH_AVX512     ? "avx512"
            : path == ANNEAL_CPU_PATH_AVX512BF16 ? "avx512bf16"
                                                 : "?";
+}
+
+static int probe_avx512vnni(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+/* True with AVX-512 F/BW/VL and VNNI (the int8 GEMM's vpdpbusd kernel, the weight-only kernel). */
+bool anneal_cpu_has_avx512vnni(void) {
+    static atomic_int cached = -1;
+    return cached_feature(&cached, probe_avx512vnni);
 }

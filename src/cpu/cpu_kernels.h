@@ -219,6 +219,49 @@ void anneal_cpu_adamw_multi(const struct anneal_adamw_group *groups, int n, doub
 /* Sum of squares of n floats, accumulated in double in a fixed chunk order. */
 double anneal_cpu_sum_squares(int64_t n, const float *x);
 
+/* ------------------------------------------------------------- int8 */
+
+/* C = A B^T exactly in int32: A int8 (M x K, row stride lda), B int8 (N x K, row stride
+ * ldb: a weight in (out, in) layout), C int32 (M x N, row stride ldc); overwrites C.
+ * Exact when the true sums fit in int32, which K <= 65536 guarantees (callers check).
+ * AVX-512 VNNI, AVX2 or portable C (gemm_int8.c); OpenMP over blocks of N. */
+void anneal_cpu_gemm_s8(int64_t M, int64_t N, int64_t K, const int8_t *A, int64_t lda, const int8_t *B, int64_t ldb,
+                        int32_t *C, int64_t ldc);
+/* The int8 GEMM's paths: the one the next call takes (ANNEAL_CPU_ISA=portable|avx2 in
+ * the environment, or a forced one), forcing one (-1 when the CPU lacks it; AUTO
+ * restores the choice), and names ("avx512vnni", "avx2", "portable"). */
+enum { ANNEAL_GEMM_S8_AUTO = -1, ANNEAL_GEMM_S8_PORTABLE = 0, ANNEAL_GEMM_S8_AVX2 = 1, ANNEAL_GEMM_S8_AVX512VNNI = 2 };
+int anneal_cpu_gemm_s8_isa(void);
+int anneal_cpu_gemm_s8_set_isa(int isa);
+const char *anneal_cpu_gemm_s8_isa_name(int isa);
+
+/* Symmetric int8 quantization of x (rows x cols) per row, or per group of `group`
+ * columns of a row (group > 0 divides cols): scale = max(amax / 127, FLT_EPSILON),
+ * q = clamp(nearbyint(x / scale), -127, 127). scales: rows x (cols / group), or rows. */
+void anneal_cpu_quantize_s8(int64_t rows, int64_t cols, int64_t group, const float *x, int8_t *q, float *scales);
+/* The same with one scale for all n values. */
+void anneal_cpu_quantize_s8_fixed(int64_t n, const float *x, float scale, int8_t *q);
+/* x = q * scale of its row (group), the inverse layout of anneal_cpu_quantize_s8. */
+void anneal_cpu_dequantize_s8(int64_t rows, int64_t cols, int64_t group, const int8_t *q, const float *scales,
+                              float *x);
+
+enum { ANNEAL_CPU_QUANT_WEIGHT_ONLY = 0, ANNEAL_CPU_QUANT_DYNAMIC = 1, ANNEAL_CPU_QUANT_STATIC = 2 };
+/* One quantized dense product y = x W^T + b (quant_int8.c). */
+typedef struct anneal_cpu_qmatmul_args {
+    int mode;             /* ANNEAL_CPU_QUANT_* */
+    int compute;          /* weight-only: ANNEAL_F32 or ANNEAL_BF16 (x rounded to bf16) */
+    int64_t M, N, K;
+    int64_t group;        /* weight scales per group of K (weight-only), 0: per row of W */
+    const float *x;       /* M x K */
+    const int8_t *w;      /* N x K */
+    const float *wscale;  /* N x (K / group), or N */
+    const float *bias;    /* N or NULL */
+    float act_scale;      /* static: the activations' scale */
+    float *y;             /* M x N, overwritten */
+} anneal_cpu_qmatmul_args;
+/* Runs it; 0, or -1 when a workspace could not be allocated. */
+int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a);
+
 /* ------------------------------------------------------------- dispatch */
 
 /* True when the running CPU has AVX-512F (checked once). */

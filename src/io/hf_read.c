@@ -331,6 +331,7 @@ anneal_status anneal_hf_config_path(const char *path, char *out, size_t n) {
 anneal_status anneal_model_load_hf(const char *path, anneal_device dev, anneal_model **out) {
     if (!path || !out) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_model_load_hf: NULL argument");
     *out = NULL;
+    if (anneal_quant_dir_is_quantized(path)) return anneal_quant_load(path, dev, out); /* quant_read.c */
     char cfgp[PATH_MAX + 16];
     anneal_model_config cfg;
     anneal_hf_weights *w = NULL;

@@ -4,7 +4,9 @@
 #include "decode_engine.h"
 
 bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w) {
-    if (!d || !d->weight || d->lora || !anneal_is_contiguous(d->weight) || d->weight->device != ANNEAL_CPU) return false;
+    /* LoRA and int8 layers (whose weight is a zero view) take the tensor forward */
+    if (!d || !d->weight || d->lora || d->quant) return false;
+    if (!anneal_is_contiguous(d->weight) || d->weight->device != ANNEAL_CPU) return false;
     if (d->weight->dtype != ANNEAL_F32 && d->weight->dtype != ANNEAL_BF16) return false;
     if (d->bias && (d->bias->dtype != ANNEAL_F32 || !anneal_is_contiguous(d->bias))) return false;
     *w = (anneal_gemv_weight){.w = anneal_data(d->weight), .dtype = d->weight->dtype,

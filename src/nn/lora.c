@@ -106,6 +106,8 @@ static anneal_status weight_to_bf16(anneal_params *ps, anneal_nn_dense *d) {
 }
 
 anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *c) {
+    if (ps && ps->quant != ANNEAL_QUANT_NONE)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "lora: the model is int8 quantized (adapters train on a float base)");
     anneal_status s = check_config(ps, c);
     if (s == ANNEAL_OK) s = check_targets(ps, c);
     if (s != ANNEAL_OK) return s;

@@ -16,4 +16,12 @@ bool anneal_nn_name(char *buf, size_t n, const char *what, const char *prefix, c
 anneal_tensor *anneal_nn_param(anneal_params *ps, const char *prefix, const char *suffix, int ndim,
                                const int64_t *shape, bool decay);
 
+/* The forward of a dense layer with an active quant record (quant.c): the int8 product,
+ * then the activation as its own op. */
+anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                       anneal_activation act, anneal_tensor *mul);
+
+/* Calibration: adds x's values to d's statistics (the forward then runs f32). */
+anneal_status anneal_nn_quant_observe(const anneal_nn_dense *d, anneal_tensor *x);
+
 #endif

@@ -39,6 +39,8 @@ void anneal_params_free(anneal_params *ps) {
     for (int i = 0; i < ps->n_dense; i++) {
         free(ps->dense[i].prefix);
         free(ps->dense[i].lora);
+        if (ps->dense[i].quant) free(ps->dense[i].quant->hist);
+        free(ps->dense[i].quant);
     }
     free(ps->dense);
     free(ps->lora.targets);

@@ -322,6 +322,9 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_c
         snprintf(t->model_source_buf, sizeof t->model_source_buf, "from the checkpoint");
     } else if (c->init) {
         char cfgp[PATH_MAX + 16];
+        if (anneal_quant_dir_is_quantized(c->init))
+            return USAGE("--init %s: an int8 quantized model cannot be trained (it runs inference only): "
+                         "train the float model it was quantized from", c->init);
         if (init_is_checkpoint(c->init)) {
             char ck[PATH_MAX];
             if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||

@@ -1,0 +1,27 @@
+/* The int8 GEMM's kernels by ISA (gemm_int8.c dispatches between them). Each computes
+ * C[m, n] = sum_k A[m, k] * B[n, k] for rows [m0, m1) of A and [n0, n1) of B, exactly
+ * in int32 (A: M x K int8, row stride lda; B: N x K int8, row stride ldb, a weight in
+ * torch.nn.Linear's (out, in) layout; C: int32, row stride ldc). Only call one when the
+ * matching CPU feature is present. */
+#ifndef ANNEAL_CPU_GEMM_INT8_INTERNAL_H
+#define ANNEAL_CPU_GEMM_INT8_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef void (*anneal_gemm_s8_block_fn)(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
+                                        int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
+
+/* AVX-512 VNNI (vpdpbusd, u8 x s8): A is offset by +128 to u8 in registers, and 128 times
+ * the row sums of B (taken in the same pass) are subtracted: exact. */
+void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
+                                     int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
+/* AVX2: both operands sign-extended to int16 and multiplied pairwise into int32
+ * (vpmaddwd): no saturation anywhere (vpmaddubsw's int16 pair sums would saturate). */
+void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
+                               int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
+
+/* True with AVX-512 F/BW/VL and VNNI (cpu_features.c). */
+bool anneal_cpu_has_avx512vnni(void);
+
+#endif

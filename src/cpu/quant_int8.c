@@ -1,0 +1,196 @@
+/* Symmetric int8 quantization and the quantized dense product (the qmatmul slot).
+ *
+ * Quantization (PyTorch's symmetric per-channel scheme with quant range [-127, 127],
+ * torch.ao's PerChannelMinMaxObserver + torch.quantize_per_channel): a row, or each
+ * group of `group` values of a row, gets scale = max(amax / 127, FLT_EPSILON) and
+ * q = clamp(nearbyint(x / scale), -127, 127) (round half to even).
+ *
+ * The product y (M x N) = x (M x K) W^T + b with W int8 (N x K) and its scales:
+ * - weight-only: W dequantized on the fly, f32 accumulation (x rounded to bf16 first
+ *   at compute bf16; int8 values are exact in bf16). Up to 7 rows (decode, batch 1)
+ *   stream the int8 weight once, 4 rows of x per pass (AVX-512 or portable C); more
+ *   rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
+ * - dynamic: each row of x quantized with its own scale (per token), the exact int8
+ *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b.
+ * - static: the same with one calibrated scale for every row. */
+#include "anneal/core.h"
+#include "cpu_kernels.h"
+#include "gemm_int8_internal.h"
+#include "gemm_internal.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* nearbyint(x / scale) clamped to [-127, 127]. */
+static inline int8_t quant1(float x, float scale) {
+    float r = nearbyintf(x / scale);
+    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+    return (int8_t)r;
+}
+
+void anneal_cpu_quantize_s8(int64_t rows, int64_t cols, int64_t group, const float *x, int8_t *q, float *scales) {
+    const int64_t g = group > 0 ? group : cols, ng = g > 0 ? cols / g : 0;
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < ng; j++) {
+            const float *xs = x + r * cols + j * g;
+            float amax = 0.0f;
+            for (int64_t k = 0; k < g; k++) amax = fmaxf(amax, fabsf(xs[k]));
+            float s = fmaxf(amax / 127.0f, FLT_EPSILON);
+            scales[r * ng + j] = s;
+            for (int64_t k = 0; k < g; k++) q[r * cols + j * g + k] = quant1(xs[k], s);
+        }
+    }
+}
+
+void anneal_cpu_quantize_s8_fixed(int64_t n, const float *x, float scale, int8_t *q) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) q[i] = quant1(x[i], scale);
+}
+
+void anneal_cpu_dequantize_s8(int64_t rows, int64_t cols, int64_t group, const int8_t *q, const float *scales,
+                              float *x) {
+    const int64_t g = group > 0 ? group : cols, ng = g > 0 ? cols / g : 0;
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k++) x[r * cols + k] = (float)q[r * cols + k] * scales[r * ng + k / g];
+}
+
+/* ------------------------------------------------ weight-only, few rows */
+
+/* y[m, n] for m in [m0, m0 + 4) (rows past M clamped and not stored), n in [n0, n1):
+ * per group, the f32 sum of x * w, times the group's scale, summed over groups. */
+static void wo_rows_portable(const anneal_cpu_qmatmul_args *a, int64_t m0, int64_t n0, int64_t n1) {
+    const int64_t K = a->K, g = a->group > 0 ? a->group : K, ng = K / g;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *w = a->w + n * K;
+        for (int64_t m = m0; m < m0 + 4 && m < a->M; m++) {
+            const float *x = a->x + m * K;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < ng; j++) {
+                float s = 0.0f;
+                for (int64_t k = j * g; k < (j + 1) * g; k++) s += x[k] * (float)w[k];
+                acc += s * a->wscale[n * ng + j];
+            }
+            a->y[m * a->N + n] = acc + (a->bias ? a->bias[n] : 0.0f);
+        }
+    }
+}
+
+#define WO_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* MR rows of x (a constant, so the accumulators stay in registers). */
+WO_TARGET static inline __attribute__((always_inline)) void wo_rows_mr(const anneal_cpu_qmatmul_args *a, int64_t m0,
+                                                                      int64_t n0, int64_t n1, const int MR) {
+    const int64_t K = a->K, g = a->group > 0 ? a->group : K, ng = K / g;
+    const float *x[4];
+    for (int i = 0; i < MR; i++) x[i] = a->x + (m0 + i < a->M ? m0 + i : a->M - 1) * K;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *w = a->w + n * K;
+        __m512 acc[4];
+        for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < ng; j++) {
+            __m512 s[4];
+            for (int i = 0; i < MR; i++) s[i] = _mm512_setzero_ps();
+            for (int64_t k = j * g; k < (j + 1) * g; k += 16) {
+                const int64_t left = (j + 1) * g - k;
+                const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+                const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + k)));
+                for (int i = 0; i < MR; i++) s[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x[i] + k), wv, s[i]);
+            }
+            const __m512 sc = _mm512_set1_ps(a->wscale[n * ng + j]);
+            for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(s[i], sc, acc[i]);
+        }
+        for (int i = 0; i < MR && m0 + i < a->M; i++)
+            a->y[(m0 + i) * a->N + n] = _mm512_reduce_add_ps(acc[i]) + (a->bias ? a->bias[n] : 0.0f);
+    }
+}
+
+/* Rows [m0, m0 + 4) of x (fewer at the end: one at a time, so decode does no wasted work). */
+WO_TARGET static void wo_rows_avx512(const anneal_cpu_qmatmul_args *a, int64_t m0, int64_t n0, int64_t n1) {
+    if (a->M - m0 >= 4) {
+        wo_rows_mr(a, m0, n0, n1, 4);
+        return;
+    }
+    for (int64_t m = m0; m < a->M; m++) wo_rows_mr(a, m, n0, n1, 1);
+}
+
+/* The few-rows weight-only product: threads split N, each streams its weight rows once
+ * per 4 rows of x. */
+static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
+    /* AVX-512 F/BW/VL (the VNNI probe checks them; VNNI itself is not used here) unless
+     * ANNEAL_CPU_ISA=portable */
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    const bool v = anneal_cpu_has_avx512vnni() && !(env && strcmp(env, "portable") == 0);
+    const int64_t nb = (a->N + 15) / 16;
+#pragma omp parallel for schedule(static) if (a->N * a->K > 65536)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t n0 = b * 16, n1 = n0 + 16 < a->N ? n0 + 16 : a->N;
+        for (int64_t m0 = 0; m0 < a->M; m0 += 4) {
+            if (v) wo_rows_avx512(a, m0, n0, n1);
+            else wo_rows_portable(a, m0, n0, n1);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- driver */
+
+int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
+    const int64_t M = a->M, N = a->N, K = a->K;
+    if (M <= 0 || N <= 0) return 0;
+    if (a->mode == ANNEAL_CPU_QUANT_WEIGHT_ONLY) {
+        anneal_cpu_qmatmul_args b = *a;
+        float *xr = NULL;
+        if (a->compute == ANNEAL_BF16) { /* the activations' bf16 rounding */
+            if (!(xr = malloc((size_t)(M * K) * sizeof *xr))) return -1;
+            for (int64_t i = 0; i < M * K; i++) {
+                uint32_t u;
+                memcpy(&u, &a->x[i], 4);
+                u = anneal_gemm_round_bf16_bits(u);
+                memcpy(&xr[i], &u, 4);
+            }
+            b.x = xr;
+        }
+        if (M < 8) {
+            weight_only_rows(&b);
+        } else {
+            float *wf = malloc((size_t)(N * K) * sizeof *wf);
+            if (!wf) {
+                free(xr);
+                return -1;
+            }
+            anneal_cpu_dequantize_s8(N, K, a->group, a->w, a->wscale, wf);
+            anneal_gemm_epilogue ep = {.bias = a->bias};
+            /* f32 products of the (bf16-rounded) x and the dequantized W, as the few-rows path:
+             * the bf16 GEMM would round w * scale to bf16 as well */
+            anneal_cpu_gemm(ANNEAL_F32, false, true, M, N, K, 1.0f, b.x, K, wf, K, 0.0f, a->y, N, &ep);
+            free(wf);
+        }
+        free(xr);
+        return 0;
+    }
+    int8_t *xq = malloc((size_t)(M * K));
+    float *sx = malloc((size_t)M * sizeof *sx);
+    int32_t *acc = malloc((size_t)(M * N) * sizeof *acc);
+    if (!xq || !sx || !acc) {
+        free(xq), free(sx), free(acc);
+        return -1;
+    }
+    if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
+        anneal_cpu_quantize_s8(M, K, 0, a->x, xq, sx);
+    } else {
+        anneal_cpu_quantize_s8_fixed(M * K, a->x, a->act_scale, xq);
+        for (int64_t m = 0; m < M; m++) sx[m] = a->act_scale;
+    }
+    anneal_cpu_gemm_s8(M, N, K, xq, K, a->w, K, acc, N);
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            a->y[m * N + n] = (float)acc[m * N + n] * (sx[m] * a->wscale[n]) + (a->bias ? a->bias[n] : 0.0f);
+    free(xq), free(sx), free(acc);
+    return 0;
+}

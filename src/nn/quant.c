@@ -1,0 +1,240 @@
+/* int8 quantization of a parameter set's dense layers (weight-only, dynamic, static),
+ * the calibration of static activation scales, and the forward of a quantized dense
+ * layer. The hook is in the dense block (dense.c calls anneal_nn_quant_forward), so every
+ * architecture built from anneal_nn_dense gets it without model code. */
+#include "nn_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *anneal_quant_mode_name(anneal_quant_mode mode) {
+    switch (mode) {
+    case ANNEAL_QUANT_WEIGHT_ONLY: return "weight-only";
+    case ANNEAL_QUANT_DYNAMIC: return "dynamic";
+    case ANNEAL_QUANT_STATIC: return "static";
+    default: return NULL;
+    }
+}
+
+bool anneal_quant_mode_parse(const char *name, anneal_quant_mode *out) {
+    for (int m = ANNEAL_QUANT_WEIGHT_ONLY; m <= ANNEAL_QUANT_STATIC; m++)
+        if (name && strcmp(name, anneal_quant_mode_name((anneal_quant_mode)m)) == 0) {
+            *out = (anneal_quant_mode)m;
+            return true;
+        }
+    return false;
+}
+
+bool anneal_nn_quant_skips(const char *prefix) {
+    const char *last = strrchr(prefix, '.');
+    return strcmp(last ? last + 1 : prefix, "lm_head") == 0;
+}
+
+/* The layer's quant record, made on first use (owned by the set). */
+static anneal_nn_quant *quant_of(anneal_params_dense *pd) {
+    if (!pd->quant && !(pd->quant = calloc(1, sizeof *pd->quant))) {
+        anneal_set_error(ANNEAL_ERR_OOM, "nn quant %s: out of memory", pd->prefix);
+        return NULL;
+    }
+    pd->dense->quant = pd->quant;
+    return pd->quant;
+}
+
+anneal_status anneal_nn_calibrate_begin(anneal_params *ps) {
+    if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_calibrate_begin: NULL set");
+    if (ps->quant != ANNEAL_QUANT_NONE)
+        return anneal_set_error(ANNEAL_ERR_STATE, "calibration: the model is quantized already");
+    for (int i = 0; i < ps->n_dense; i++) {
+        anneal_params_dense *pd = &ps->dense[i];
+        if (anneal_nn_quant_skips(pd->prefix)) continue;
+        anneal_nn_quant *q = quant_of(pd);
+        if (!q) return anneal_last_status();
+        free(q->hist);
+        *q = (anneal_nn_quant){.observing = true, .hist = calloc(ANNEAL_NN_QUANT_BINS, sizeof(double))};
+        if (!q->hist) return anneal_set_error(ANNEAL_ERR_OOM, "calibration %s: out of memory", pd->prefix);
+    }
+    return ANNEAL_OK;
+}
+
+/* Adds |x| of n values to the statistics: the max, and a histogram over [0, hist_hi)
+ * whose range doubles (neighbouring bins merged) until it covers the max, so its bin
+ * edges stay those of the first range times powers of two. */
+static void observe(anneal_nn_quant *q, const float *x, int64_t n) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    if (!(amax < INFINITY)) amax = 3.0e38f; /* a non-finite input: the range ends at the largest float */
+    if (q->hist_hi <= 0.0f) q->hist_hi = amax > 0.0f ? amax * 1.0001f : 1e-6f;
+    while (amax >= q->hist_hi) {
+        for (int b = 0; b < ANNEAL_NN_QUANT_BINS / 2; b++) q->hist[b] = q->hist[2 * b] + q->hist[2 * b + 1];
+        memset(q->hist + ANNEAL_NN_QUANT_BINS / 2, 0, ANNEAL_NN_QUANT_BINS / 2 * sizeof(double));
+        q->hist_hi *= 2.0f;
+    }
+    const float inv = (float)ANNEAL_NN_QUANT_BINS / q->hist_hi;
+    for (int64_t i = 0; i < n; i++) {
+        int b = (int)(fminf(fabsf(x[i]), 3.0e38f) * inv);
+        q->hist[b < ANNEAL_NN_QUANT_BINS ? b : ANNEAL_NN_QUANT_BINS - 1] += 1.0;
+    }
+    q->amax = fmaxf(q->amax, amax);
+    q->count += (double)n;
+}
+
+anneal_status anneal_nn_calibrate_end(anneal_params *ps, anneal_calib_method method, double percentile) {
+    if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_calibrate_end: NULL set");
+    if (method == ANNEAL_CALIB_PERCENTILE && !(percentile > 0.0 && percentile <= 100.0))
+        return anneal_set_error(ANNEAL_ERR_ARG, "calibration: the percentile must be in (0, 100], not %g", percentile);
+    for (int i = 0; i < ps->n_dense; i++) {
+        anneal_nn_quant *q = ps->dense[i].quant;
+        if (!q || !q->observing) continue;
+        if (q->count <= 0)
+            return anneal_set_error(ANNEAL_ERR_STATE, "calibration: dense layer %s saw no input", ps->dense[i].prefix);
+        float t = q->amax;
+        if (method == ANNEAL_CALIB_PERCENTILE) {
+            const double want = q->count * percentile / 100.0;
+            double c = 0.0;
+            for (int b = 0; b < ANNEAL_NN_QUANT_BINS; b++) {
+                c += q->hist[b];
+                if (c >= want) {
+                    t = fminf(q->amax, (float)(b + 1) * (q->hist_hi / ANNEAL_NN_QUANT_BINS));
+                    break;
+                }
+            }
+        }
+        q->act_scale = fmaxf(t / 127.0f, 1.1920928955078125e-07f);
+        q->observing = false;
+        free(q->hist);
+        q->hist = NULL;
+    }
+    return ANNEAL_OK;
+}
+
+/* The (out, in) f32 weight of d as a contiguous tensor of the current scope. */
+static anneal_tensor *weight_out_in(const anneal_nn_dense *d) {
+    return d->layout == ANNEAL_WEIGHT_IN_OUT ? anneal_contiguous(anneal_transpose(d->weight, 0, 1))
+                                             : anneal_contiguous(d->weight);
+}
+
+/* Replaces the f32 weight parameter of pd by a stride-0 view of one zero of its shape
+ * (the int8 weight is what runs; nothing reads the f32 one any more). */
+static anneal_status release_weight(anneal_params *ps, anneal_params_dense *pd) {
+    anneal_param *p = NULL;
+    for (int i = 0; i < ps->n && !p; i++)
+        if (ps->items[i].tensor == pd->dense->weight) p = &ps->items[i];
+    if (!p) return anneal_set_error(ANNEAL_ERR_STATE, "nn quant %s: its weight is not a parameter of the set", pd->prefix);
+    anneal_status s = anneal_params_set_trainable(ps, p, false);
+    if (s != ANNEAL_OK) return s;
+    anneal_scope *tmp = anneal_scope_open();
+    anneal_tensor *one = anneal_zeros(ANNEAL_F32, 1, (int64_t[]){1});
+    anneal_tensor *z = one ? anneal_alias(one, 2, p->tensor->shape, (int64_t[]){0, 0}, 0) : NULL;
+    s = z ? anneal_params_replace(ps, p, z) : anneal_last_status();
+    anneal_scope_close(tmp);
+    if (s == ANNEAL_OK) pd->dense->weight = z;
+    return s;
+}
+
+anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd, anneal_quant_mode mode,
+                                     int64_t group, anneal_tensor *weight, anneal_tensor *scale, float act_scale) {
+    if (!ps || !pd || !weight || !scale) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quant_attach: NULL argument");
+    const anneal_nn_dense *d = pd->dense;
+    if (!anneal_quant_mode_name(mode))
+        return anneal_set_error(ANNEAL_ERR_ARG, "nn quant %s: unknown quantization mode %d", pd->prefix, (int)mode);
+    if (pd->lora) return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "nn quant %s: a layer with a LoRA adapter", pd->prefix);
+    if (weight->dtype != ANNEAL_I8 || weight->ndim != 2 || weight->shape[0] != d->out || weight->shape[1] != d->in)
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant %s: the weight must be int8 (%lld, %lld), not %s with %d dims",
+                                pd->prefix, (long long)d->out, (long long)d->in, anneal_dtype_name(weight->dtype),
+                                weight->ndim);
+    if (group < 0 || (group > 0 && d->in % group))
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant %s: group size %lld does not divide in-features %lld",
+                                pd->prefix, (long long)group, (long long)d->in);
+    if (group > 0 && mode != ANNEAL_QUANT_WEIGHT_ONLY)
+        return anneal_set_error(ANNEAL_ERR_ARG, "nn quant %s: group-wise scales are for weight-only quantization",
+                                pd->prefix);
+    const bool pg = group > 0;
+    if (scale->dtype != ANNEAL_F32 || scale->ndim != (pg ? 2 : 1) || scale->shape[0] != d->out ||
+        (pg && scale->shape[1] != d->in / group))
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant %s: the scales must be f32 (%lld%s%lld)", pd->prefix,
+                                (long long)d->out, pg ? ", " : "", pg ? (long long)(d->in / group) : 0LL);
+    if (mode == ANNEAL_QUANT_STATIC && !(act_scale > 0.0f && act_scale < 3.0e38f))
+        return anneal_set_error(ANNEAL_ERR_ARG, "nn quant %s: the static input scale must be positive and finite (%g)",
+                                pd->prefix, (double)act_scale);
+    anneal_nn_quant *q = quant_of(pd);
+    if (!q) return anneal_last_status();
+    if (!anneal_keep(weight, ps->scope) || !anneal_keep(scale, ps->scope)) return anneal_last_status();
+    free(q->hist);
+    *q = (anneal_nn_quant){.active = true, .mode = mode, .group = group, .weight = weight, .scale = scale,
+                           .act_scale = mode == ANNEAL_QUANT_STATIC ? act_scale : 0.0f};
+    anneal_status s = release_weight(ps, pd);
+    if (s != ANNEAL_OK) return s;
+    ps->quant = mode;
+    ps->quant_group = group;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_nn_quantize(anneal_params *ps, anneal_quant_mode mode, int64_t group) {
+    if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quantize: NULL set");
+    if (!anneal_quant_mode_name(mode))
+        return anneal_set_error(ANNEAL_ERR_ARG, "quantize: unknown quantization mode %d", (int)mode);
+    if (ps->quant != ANNEAL_QUANT_NONE) return anneal_set_error(ANNEAL_ERR_STATE, "quantize: the model is quantized already");
+    if (ps->lora.rank > 0) return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "quantize: the model has LoRA adapters (merge them first: anneal lora merge)");
+    if (group != 0 && mode != ANNEAL_QUANT_WEIGHT_ONLY)
+        return anneal_set_error(ANNEAL_ERR_ARG, "quantize: --group is for weight-only quantization (%s uses one scale per output channel)",
+                                anneal_quant_mode_name(mode));
+    if (group < 0) return anneal_set_error(ANNEAL_ERR_ARG, "quantize: negative group size %lld", (long long)group);
+    int n = 0;
+    for (int i = 0; i < ps->n_dense; i++) { /* every check before any change */
+        anneal_params_dense *pd = &ps->dense[i];
+        if (anneal_nn_quant_skips(pd->prefix)) continue;
+        n++;
+        if (pd->dense->weight->dtype != ANNEAL_F32)
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "quantize: %s.weight is %s, not f32", pd->prefix,
+                                    anneal_dtype_name(pd->dense->weight->dtype));
+        if (group > 0 && pd->dense->in % group)
+            return anneal_set_error(ANNEAL_ERR_SHAPE, "quantize: group size %lld does not divide the in-features %lld of %s",
+                                    (long long)group, (long long)pd->dense->in, pd->prefix);
+        if (mode == ANNEAL_QUANT_STATIC && (!pd->quant || pd->quant->observing || !(pd->quant->act_scale > 0.0f)))
+            return anneal_set_error(ANNEAL_ERR_STATE, "quantize: static mode needs calibrated input scales (%s has none)",
+                                    pd->prefix);
+    }
+    if (!n) return anneal_set_error(ANNEAL_ERR_ARG, "quantize: the model has no dense layer to quantize");
+    for (int i = 0; i < ps->n_dense; i++) {
+        anneal_params_dense *pd = &ps->dense[i];
+        if (anneal_nn_quant_skips(pd->prefix)) continue;
+        float act = pd->quant ? pd->quant->act_scale : 0.0f;
+        anneal_scope *tmp = anneal_scope_open();
+        anneal_tensor *scale = NULL;
+        anneal_tensor *w = weight_out_in(pd->dense);
+        anneal_tensor *q = w ? anneal_quantize_s8(w, group, &scale) : NULL;
+        anneal_status s = q ? anneal_nn_quant_attach(ps, pd, mode, group, q, scale, act) : anneal_last_status();
+        anneal_scope_close(tmp);
+        if (s != ANNEAL_OK) return s;
+    }
+    return ANNEAL_OK;
+}
+
+/* See nn_internal.h. */
+anneal_status anneal_nn_quant_observe(const anneal_nn_dense *d, anneal_tensor *x) {
+    if (!x) return anneal_last_status();
+    int64_t n = anneal_numel(x);
+    float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+    if (!buf) return anneal_set_error(ANNEAL_ERR_OOM, "calibration: no memory for %lld values", (long long)n);
+    anneal_status s = anneal_to_f32_buffer(x, buf);
+    if (s == ANNEAL_OK) observe(d->quant, buf, n);
+    free(buf);
+    return s;
+}
+
+/* See nn_internal.h. */
+anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                       anneal_activation act, anneal_tensor *mul) {
+    const anneal_nn_quant *q = d->quant;
+    anneal_qmatmul_desc qd = {.mode = q->mode, .compute = ctx && ctx->compute == ANNEAL_BF16 ? ANNEAL_BF16 : ANNEAL_F32,
+                              .group = q->group, .act_scale = q->act_scale};
+    anneal_tensor *pre = anneal_qlinear(x, q->weight, q->scale, d->bias, &qd);
+    switch (act) {
+    case ANNEAL_ACT_NONE: return pre;
+    case ANNEAL_ACT_GELU_TANH: return anneal_gelu(pre, true);
+    case ANNEAL_ACT_SILU_MUL: return anneal_mul(anneal_silu(pre), mul);
+    }
+    anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
+    return NULL;
+}
