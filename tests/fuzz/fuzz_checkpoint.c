@@ -30,7 +30,7 @@ static void setup_once(void) {
     static const char *const names[] = {"ckpt_00000006/state.json", "ckpt_00000006/config.json", "latest",
                                         "ckpt_00000006/model.safetensors", "ckpt_00000006/optimizer.safetensors"};
     for (int i = 0; i < 5; i++) {
-        char p[PATH_MAX], dst[700];
+        char p[PATH_MAX + 64], dst[128];
         snprintf(p, sizeof p, "%s/%s", base, names[i]);
         FILE *f = fopen(p, "rb");
         if (!f) {

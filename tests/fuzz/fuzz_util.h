@@ -60,10 +60,10 @@ static inline const char *fuzz_dir(void) {
 
 /* dir/name in a rotating static buffer. */
 static inline const char *fuzz_path(const char *name) {
-    static char bufs[8][512];
+    static char bufs[8][1024];
     static int next;
     char *b = bufs[next++ & 7];
-    snprintf(b, sizeof bufs[0], "%s/%s", fuzz_dir(), name);
+    if ((size_t)snprintf(b, sizeof bufs[0], "%s/%s", fuzz_dir(), name) >= sizeof bufs[0]) abort();
     return b;
 }
 
