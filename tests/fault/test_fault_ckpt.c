@@ -1,0 +1,221 @@
+/* Fault injection (issue 16) with tests/fault/fault_shim.c (LD_PRELOAD): the Nth file
+ * operation (open for writing, write, fsync, rename, mkdir) fails with ENOSPC, EIO or
+ * EACCES, for N over the checkpoints of `anneal train` (step 2 of 4, written by the
+ * background writer while training goes on, and the final one): every open, fsync,
+ * rename and mkdir and every 8th write (ANNEAL_FAULT_FULL=1: every N; all 245 pass).
+ * Each run must end (no hang), without a crash, with an error naming the errno when
+ * the failure is fatal; every ckpt_* directory present is complete (validates), `latest`
+ * names a complete one, and resuming from it gives the uninterrupted run's losses bit
+ * for bit.
+ * complete) and a rerun into the same directory gives the clean run's bytes. Under the
+ * sanitizers every 4th of those N. */
+#include <dirent.h>
+#include <signal.h>
+
+#include "anneal/anneal.h"
+#include "test.h"
+#include "train/train_util.h"
+
+static const char *const ERRNOS[] = {"ENOSPC", "EIO", "EACCES"};
+static const char *const ERRTEXT[] = {"No space left", "Input/output error", "Permission denied"};
+static char shim[1024];
+static int stride = 1;
+
+/* The shim beside the anneal binary (CMake puts it there); false when missing. */
+static bool find_shim(void) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) return false;
+    snprintf(shim, sizeof shim, "%s", bin);
+    char *slash = strrchr(shim, '/');
+    if (!slash) return false;
+    snprintf(slash + 1, sizeof shim - (size_t)(slash + 1 - shim), "libanneal_fault_shim.so");
+    return access(shim, R_OK) == 0;
+}
+
+/* Waits for pid at most secs seconds (then kills it: a hang is a failure): exit code,
+ * 128 + signal, or -2 for a hang. */
+static int wait_bounded(pid_t pid, int secs) {
+    for (int i = 0; i < secs * 100; i++) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        tu_sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    tu_wait(pid);
+    return -2;
+}
+
+/* Runs argv under the shim with the given settings; returns the exit code (see
+ * wait_bounded). report gets "<count> <failed op>". */
+static int run_shim(char *const argv[], const char *out, const char *path, const char *arm, long at, int err,
+                    const char *report) {
+    setenv("LD_PRELOAD", shim, 1);
+    setenv("ANNEAL_FAULT_PATH", path, 1);
+    setenv("ANNEAL_FAULT_SKIP", "log.jsonl", 1);
+    if (arm) setenv("ANNEAL_FAULT_ARM", arm, 1);
+    else unsetenv("ANNEAL_FAULT_ARM");
+    char v[32];
+    snprintf(v, sizeof v, "%ld", at);
+    setenv("ANNEAL_FAULT_AT", v, 1);
+    setenv("ANNEAL_FAULT_ERRNO", ERRNOS[err], 1);
+    setenv("ANNEAL_FAULT_REPORT", report, 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan ? strdup(asan) : NULL;
+    char a[1024];
+    snprintf(a, sizeof a, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", a, 1);
+    pid_t pid = tu_spawn(argv, out, 0);
+    unsetenv("LD_PRELOAD");
+    if (saved) setenv("ASAN_OPTIONS", saved, 1), free(saved);
+    else unsetenv("ASAN_OPTIONS");
+    return pid > 0 ? wait_bounded(pid, 120) : -1;
+}
+
+/* Splits a command line (no quoting) into argv with the anneal binary first. */
+static void make_argv(char *buf, char **argv, int max) {
+    int n = 0;
+    argv[n++] = getenv("ANNEAL_BIN");
+    for (char *t = strtok(buf, " "); t && n < max - 1; t = strtok(NULL, " ")) argv[n++] = t;
+    argv[n] = NULL;
+}
+
+/* Count of operations and the failed one from a shim report. */
+static long read_report(const char *report, char *op, size_t n) {
+    long c = -1;
+    char o[64] = "-";
+    FILE *f = fopen(report, "r");
+    if (f) {
+        if (fscanf(f, "%ld %63s", &c, o) != 2) c = -1;
+        fclose(f);
+    }
+    snprintf(op, n, "%s", o);
+    return c;
+}
+
+/* Every ckpt_* directory of run is a complete checkpoint; returns how many. -1 (and a
+ * failure recorded) if one is not. */
+static int check_complete(const char *run, const char *what) {
+    DIR *d = opendir(run);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0, bad = 0;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt_", 5) != 0) continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", run, e->d_name);
+        anneal_model_config cfg;
+        char *cj = NULL;
+        if (anneal_checkpoint_read_config(p, &cfg, &cj) != ANNEAL_OK) {
+            anneal_test_fail(__FILE__, __LINE__, "%s: %s is not complete: %s", what, p, anneal_last_error());
+            bad++;
+        }
+        free(cj);
+        anneal_clear_error();
+        n++;
+    }
+    closedir(d);
+    return bad ? -1 : n;
+}
+
+static const char TRAIN[] = "train --synthetic --model tiny --steps 4 --ckpt-every 2 --batch 2 --seq 16 --threads 1 "
+                            "--seed 5 --out";
+
+/* Sweeps every N of the checkpoint of step `step` of a 4-step run. */
+static void sweep_train(const char *dir, int step, const double *base) {
+    char run[400], out[600], report[600], arm[32], cmd[1400], op[64];
+    char *argv[64];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(report, sizeof report, "%s/report", dir);
+    snprintf(arm, sizeof arm, "ckpt_%08d", step);
+    snprintf(cmd, sizeof cmd, "%s %s", TRAIN, run);
+    make_argv(cmd, argv, 64);
+    tu_rmrf(run);
+    setenv("ANNEAL_FAULT_TRACE", "1", 1);
+    int rc = run_shim(argv, out, run, arm, 0, 0, report);
+    unsetenv("ANNEAL_FAULT_TRACE");
+    long count = read_report(report, op, sizeof op);
+    CHECK(rc == 0 && count > 10 && count < 4096, "counting run: exit %d, %ld operations: %s", rc, count, tu_slurp(out));
+    if (rc != 0 || count <= 10 || count >= 4096) return;
+    /* which N is a write (from the trace): every other operation is swept, every 8th
+     * write (ANNEAL_FAULT_FULL=1: every N) */
+    static bool is_write[4096];
+    memset(is_write, 0, sizeof is_write);
+    const char *t = tu_slurp(out);
+    for (const char *q = strstr(t, "[fault] "); q; q = strstr(q + 1, "[fault] ")) {
+        long k = atol(q + 8);
+        const char *sp = strchr(q + 8, ' ');
+        if (k > 0 && k < 4096 && sp && !strncmp(sp + 1, "write", 5)) is_write[k] = true;
+    }
+    bool full = getenv("ANNEAL_FAULT_FULL") && atoi(getenv("ANNEAL_FAULT_FULL"));
+    int fired = 0, resumed = 0, failed_runs = 0, picked = 0;
+    for (long n = 1; n <= count && anneal_test_failures == 0; n++) {
+        if (!full && is_write[n] && n % 8 != 0) continue;
+        if (!full && picked++ % stride != 0) continue;
+        tu_rmrf(run);
+        int err = (int)(n % 3);
+        snprintf(cmd, sizeof cmd, "%s %s", TRAIN, run);
+        make_argv(cmd, argv, 64);
+        rc = run_shim(argv, out, run, arm, n, err, report);
+        read_report(report, op, sizeof op);
+        const char *text = tu_slurp(out);
+        CHECK(rc >= 0 && rc < 128, "step %d, fault %ld (%s %s): exit %d (crash or hang): %s", step, n, op,
+              ERRNOS[err], rc, text);
+        if (strcmp(op, "-") != 0) fired++;
+        if (rc != 0) failed_runs++;
+        CHECK(strcmp(op, "-") == 0 || strstr(text, ERRTEXT[err]) || (err == 0 && strstr(text, "Input/output")),
+              "step %d, fault %ld: %s failed with %s but nothing says so: %s", step, n, op, ERRNOS[err], text);
+        if (check_complete(run, "after the fault") < 0) return;
+        char ck[1024];
+        if (anneal_checkpoint_resolve(run, ck, sizeof ck) != ANNEAL_OK) {
+            anneal_clear_error();
+            continue; /* no checkpoint at all: nothing to resume */
+        }
+        /* resume (nothing to do when the final checkpoint is there) and compare */
+        snprintf(cmd, sizeof cmd, "train --resume %s", run);
+        char *rargv[16];
+        make_argv(cmd, rargv, 16);
+        pid_t pid = tu_spawn(rargv, out, 0);
+        rc = pid > 0 ? wait_bounded(pid, 120) : -1;
+        CHECK(rc == 0, "step %d, fault %ld: resume from %s: exit %d: %s", step, n, ck, rc, tu_slurp(out));
+        double losses[8];
+        bool skipped[8];
+        char logp[700];
+        snprintf(logp, sizeof logp, "%s/log.jsonl", run);
+        int k = tu_read_losses(logp, losses, skipped, 8);
+        CHECK(k == 4, "step %d, fault %ld: %d steps in the log", step, n, k);
+        for (int i = 0; i < k && i < 4; i++)
+            CHECK(memcmp(&losses[i], &base[i], sizeof(double)) == 0, "step %d, fault %ld: loss %d is %.17g, not %.17g",
+                  step, n, i + 1, losses[i], base[i]);
+        resumed++;
+    }
+    printf("  checkpoints from step %d on: %ld operations, %d faults injected, %d runs failed, %d resumed bit-exact\n", step,
+           count, fired, failed_runs, resumed);
+}
+
+TEST(train_checkpoint_faults) {
+    if (!find_shim()) SKIP("no libanneal_fault_shim.so beside ANNEAL_BIN (the build makes it)");
+    const char *dir = tu_mkdtemp("fault");
+    REQUIRE(dir);
+    char base[600], out[600], cmd[1400], logp[700];
+    snprintf(base, sizeof base, "%s/base", dir);
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s %s", TRAIN, base);
+    char *argv[64];
+    make_argv(cmd, argv, 64);
+    pid_t pid = tu_spawn(argv, out, 0);
+    REQUIRE(pid > 0 && wait_bounded(pid, 120) == 0);
+    double losses[8];
+    bool sk[8];
+    snprintf(logp, sizeof logp, "%s/log.jsonl", base);
+    REQUIRE(tu_read_losses(logp, losses, sk, 8) == 4);
+    sweep_train(dir, 2, losses); /* the background writer's mid-run checkpoint, then the final one */
+    tu_rmrf(dir);
+}
+
+int main(void) {
+    if (anneal_test_sanitized()) stride = 4;
+    RUN(train_checkpoint_faults);
+    return anneal_test_summary();
+}
