@@ -202,7 +202,7 @@ static void campaign_train(const char *tag, const char *launcher, const char *fl
 TEST(kill_training) {
     campaign_train("train", "",
                    "--synthetic --model tiny --steps 8 --ckpt-every 1 --batch 2 --seq 16 --threads 1 --seed 3", 8,
-                   30 / scale);
+                   40 / scale);
 }
 
 TEST(kill_distributed_training) {
