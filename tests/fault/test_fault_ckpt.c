@@ -2,15 +2,18 @@
  * operation (open for writing, write, fsync, rename, mkdir) fails with ENOSPC, EIO or
  * EACCES, for N over the checkpoints of `anneal train` (step 2 of 4, written by the
  * background writer while training goes on, and the final one): every open, fsync,
- * rename and mkdir and every 8th write (ANNEAL_FAULT_FULL=1: every N; all 245 pass).
+ * rename and mkdir and every 8th write (ANNEAL_FAULT_FULL=1: every N; all 245 pass);
+ * and for N over the file operations of `anneal prepare` in its output directory.
  * Each run must end (no hang), without a crash, with an error naming the errno when
  * the failure is fatal; every ckpt_* directory present is complete (validates), `latest`
  * names a complete one, and resuming from it gives the uninterrupted run's losses bit
- * for bit.
+ * for bit; a failed prepare leaves no prepare.json unless every shard beside it is
+ * complete, and a rerun into the same directory writes the clean run's bytes.
  * complete) and a rerun into the same directory gives the clean run's bytes. Under the
  * Release build every 2nd of those N, under the sanitizers every 8th. */
 #include <dirent.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "anneal/anneal.h"
 #include "test.h"
@@ -214,8 +217,123 @@ TEST(train_checkpoint_faults) {
     tu_rmrf(dir);
 }
 
+/* Marks in sel[1..count] the N to sweep: every operation but writes, every 8th write
+ * (all with ANNEAL_FAULT_FULL=1), then every stride-th of those. trace: the counting
+ * run's output with the shim's trace lines. */
+static void pick(const char *trace, long count, bool *sel) {
+    static bool is_write[4096];
+    memset(is_write, 0, sizeof is_write);
+    for (const char *q = strstr(trace, "[fault] "); q; q = strstr(q + 1, "[fault] ")) {
+        long k = atol(q + 8);
+        const char *sp = strchr(q + 8, ' ');
+        if (k > 0 && k < 4096 && sp && !strncmp(sp + 1, "write", 5)) is_write[k] = true;
+    }
+    bool full = getenv("ANNEAL_FAULT_FULL") && atoi(getenv("ANNEAL_FAULT_FULL"));
+    int picked = 0;
+    for (long n = 1; n <= count && n < 4096; n++)
+        sel[n] = full || ((!is_write[n] || n % 8 == 0) && picked++ % stride == 0);
+}
+
+/* `anneal prepare` with the Nth operation on its output directory failing: a clear
+ * error, no prepare.json unless every shard is complete, and a rerun into the same
+ * directory writes the clean run's bytes. */
+TEST(prepare_faults) {
+    if (!find_shim()) SKIP("no libanneal_fault_shim.so beside ANNEAL_BIN (the build makes it)");
+    const char *dir = tu_mkdtemp("faultprep");
+    REQUIRE(dir);
+    char text[600], base[400], out_dir[400], out[600], report[600], cmd[2048], op[64];
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(base, sizeof base, "%s/base", dir);
+    snprintf(out_dir, sizeof out_dir, "%s/prep", dir);
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(report, sizeof report, "%s/report", dir);
+    FILE *f = fopen(text, "w");
+    REQUIRE(f);
+    uint64_t s = 3;
+    static const char *const words[] = {"in", "the", "beginning", "god", "created", "heaven", "and", "earth"};
+    for (int i = 0; i < 6000; i++) {
+        s = s * 6364136223846793005ull + 1;
+        fprintf(f, "%s%s", words[(s >> 33) % 8], (s >> 40) % 11 == 0 ? ".\n" : " ");
+    }
+    fclose(f);
+    const char *flags = "--tokenizer gpt2 --shard-tokens 2000 --chunk-bytes 4096 --threads 1 --val-fraction 0.1";
+    char *argv[64];
+    snprintf(cmd, sizeof cmd, "prepare %s --out %s --input %s", flags, base, text);
+    make_argv(cmd, argv, 64);
+    pid_t pid = tu_spawn(argv, out, 0);
+    int rc = pid > 0 ? wait_bounded(pid, 120) : -1;
+    if (rc != 0 && strstr(tu_slurp(out), "gpt2")) SKIP_PROMISED("no GPT-2 tokenizer files: %s", tu_slurp(out));
+    REQUIRE(rc == 0);
+    snprintf(cmd, sizeof cmd, "prepare %s --out %s --input %s", flags, out_dir, text);
+    make_argv(cmd, argv, 64);
+    setenv("ANNEAL_FAULT_TRACE", "1", 1);
+    rc = run_shim(argv, out, out_dir, NULL, 0, 0, report);
+    unsetenv("ANNEAL_FAULT_TRACE");
+    long count = read_report(report, op, sizeof op);
+    REQUIRE(rc == 0 && count > 5 && count < 4096);
+    static bool sel[4096];
+    pick(tu_slurp(out), count, sel);
+    int fired = 0, failed_runs = 0, swept = 0;
+    for (long n = 1; n <= count && anneal_test_failures == 0; n++) {
+        if (!sel[n]) continue;
+        swept++;
+        tu_rmrf(out_dir);
+        int err = (int)(n % 3);
+        snprintf(cmd, sizeof cmd, "prepare %s --out %s --input %s", flags, out_dir, text);
+        make_argv(cmd, argv, 64);
+        rc = run_shim(argv, out, out_dir, NULL, n, err, report);
+        read_report(report, op, sizeof op);
+        const char *t = tu_slurp(out);
+        CHECK(rc >= 0 && rc < 128, "prepare, fault %ld (%s %s): exit %d (crash or hang): %s", n, op, ERRNOS[err], rc, t);
+        if (strcmp(op, "-") != 0) fired++;
+        if (rc != 0) failed_runs++;
+        CHECK(strcmp(op, "-") == 0 || rc == 0 || strstr(t, ERRTEXT[err]) || (err == 0 && strstr(t, "Input/output")),
+              "prepare, fault %ld: %s failed with %s, exit %d, but nothing says so: %s", n, op, ERRNOS[err], rc, t);
+        /* prepare.json present: every shard beside it is complete */
+        char pj[600];
+        snprintf(pj, sizeof pj, "%s/prepare.json", out_dir);
+        if (access(pj, F_OK) == 0) {
+            DIR *d = opendir(out_dir);
+            struct dirent *e;
+            while (d && (e = readdir(d))) {
+                size_t l = strlen(e->d_name);
+                if (l < 4 || strcmp(e->d_name + l - 4, ".bin")) continue;
+                char p[1024];
+                snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
+                anneal_shard *sh = NULL;
+                CHECK(anneal_shard_open(p, true, &sh) == ANNEAL_OK,
+                      "prepare, fault %ld: prepare.json is there but %s is not complete: %s", n, p, anneal_last_error());
+                anneal_shard_close(sh);
+                anneal_clear_error();
+            }
+            if (d) closedir(d);
+        }
+        /* a rerun into the same directory: the clean run's bytes */
+        snprintf(cmd, sizeof cmd, "prepare %s --out %s --input %s", flags, out_dir, text);
+        make_argv(cmd, argv, 64);
+        pid = tu_spawn(argv, out, 0);
+        rc = pid > 0 ? wait_bounded(pid, 120) : -1;
+        CHECK(rc == 0, "prepare, fault %ld: rerun: exit %d: %s", n, rc, tu_slurp(out));
+        DIR *d = opendir(base);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            size_t l = strlen(e->d_name);
+            if (l < 4 || strcmp(e->d_name + l - 4, ".bin")) continue;
+            char a[1024], b[1024];
+            snprintf(a, sizeof a, "%s/%s", base, e->d_name);
+            snprintf(b, sizeof b, "%s/%s", out_dir, e->d_name);
+            CHECK(tu_files_equal(a, b), "prepare, fault %ld: rerun's %s differs from the clean run's", n, e->d_name);
+        }
+        if (d) closedir(d);
+    }
+    printf("  prepare: %ld operations, %d swept, %d faults injected, %d runs failed, every rerun byte-identical\n", count,
+           swept, fired, failed_runs);
+    tu_rmrf(dir);
+}
+
 int main(void) {
     stride = anneal_test_sanitized() ? 8 : 2;
     RUN(train_checkpoint_faults);
+    RUN(prepare_faults);
     return anneal_test_summary();
 }
