@@ -8,9 +8,9 @@
  * the failure is fatal; every ckpt_* directory present is complete (validates), `latest`
  * names a complete one, and resuming from it gives the uninterrupted run's losses bit
  * for bit; a failed prepare leaves no prepare.json unless every shard beside it is
- * complete, and a rerun into the same directory writes the clean run's bytes.
- * complete) and a rerun into the same directory gives the clean run's bytes. Under the
- * Release build every 2nd of those N, under the sanitizers every 8th. */
+ * complete, and a rerun into the same directory writes the clean run's bytes. The
+ * Release build runs every 2nd of those N, the sanitized one every 8th. Not swept:
+ * malloc failures (the shim cannot replace a sanitizer's allocator). */
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
