@@ -17,7 +17,10 @@
  *   ANNEAL_FAULT_REPORT   file that gets "<count> <failed op or ->" at exit
  *   ANNEAL_FAULT_TRACE=1  each counted operation on stderr
  * Built without sanitizers as a shared object (a sanitized program runs it with
- * ASAN_OPTIONS=verify_asan_link_order=0). Test code: names need no anneal_ prefix. */
+ * ASAN_OPTIONS=verify_asan_link_order=0). Compiled again with FAULT_MALLOC
+ * (libanneal_fault_malloc.so, for programs without a sanitizer's allocator), malloc,
+ * calloc and realloc of every thread count too once armed (ENOMEM, NULL).
+ * Test code: names need no anneal_ prefix. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -230,3 +233,44 @@ int mkdir(const char *p, mode_t mode) {
     }
     return real(p, mode);
 }
+
+#ifdef FAULT_MALLOC
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+
+static __thread int in_hook; /* the hook's own allocations (stdio of the trace) pass */
+
+/* True when this allocation is the one to fail. */
+static int malloc_fails(void) {
+    if (in_hook || atomic_load(&armed) != 1) return 0;
+    in_hook = 1;
+    int f = hit("malloc", NULL);
+    in_hook = 0;
+    return f;
+}
+
+void *malloc(size_t n) {
+    if (malloc_fails()) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_malloc(n);
+}
+
+void *calloc(size_t a, size_t b) {
+    if (malloc_fails()) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_calloc(a, b);
+}
+
+void *realloc(void *p, size_t n) {
+    if (malloc_fails()) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_realloc(p, n);
+}
+#endif
