@@ -9,7 +9,7 @@
  *  - `mpirun -np 2 anneal train` (when mpirun is there; promised by make test): killed
  *    (the whole job), resumed with mpirun, losses bit-exact against the uninterrupted
  *    2-rank run.
- * Prints cases, kills and resumes. Under the sanitizers a quarter of the cases. */
+ * Prints cases, kills and resumes. Under the sanitizers an eighth of the cases. */
 #include <dirent.h>
 #include <signal.h>
 
@@ -295,7 +295,7 @@ int main(void) {
         printf("ANNEAL_BIN not set (ctest sets it)\n");
         return 77;
     }
-    if (anneal_test_sanitized()) scale = 4;
+    if (anneal_test_sanitized()) scale = 8;
     const char *seed = getenv("ANNEAL_CRASH_SEED");
     rng_state = seed ? strtoull(seed, NULL, 0) : 20261125;
     printf("crash campaign seed %llu (ANNEAL_CRASH_SEED)\n", (unsigned long long)rng_state);
