@@ -4,7 +4,8 @@
 # build FUZZ_BUILD (default build-fuzz, made here when missing: CC=clang, ANNEAL_FUZZ=ON).
 # The corpus grows in FUZZ_BUILD/fuzz-corpus/NAME (kept between runs; the committed seeds
 # are read, never written); crashes go to FUZZ_BUILD/fuzz-artifacts/NAME/. Prints per
-# harness: execs, execs/s, corpus size, crashes; exits 1 if any harness crashed.
+# harness: execs, execs/s, corpus size, crashes found by this run; exits 1 if any
+# harness crashed.
 #   bench/fuzz_long.sh [MINUTES] [NAME...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,8 @@ for name in "${names[@]}"; do
   seeds=(tests/fuzz/corpus/"$name")
   [ -d tests/fuzz/regressions/"$name" ] && seeds+=(tests/fuzz/regressions/"$name")
   log=$build/fuzz-$name.log
+  stamp=$build/fuzz-$name.stamp
+  touch "$stamp"
   par=()
   [ "$jobs" -gt 1 ] && par=(-jobs="$jobs" -workers="$jobs") # libFuzzer's own fuzz-N.log per job then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 \
@@ -40,7 +43,8 @@ for name in "${names[@]}"; do
   rc=$?
   execs=$(grep -h "stat::number_of_executed_units" "$log" 2>/dev/null | head -1 | awk '{print $2}')
   [ -z "$execs" ] && execs=$(grep -o "^#[0-9]*" "$log" | tail -1 | tr -d '#')
-  crashes=$(ls "$art" 2>/dev/null | grep -c -E "^(crash|leak|timeout|oom)-" || true)
+  # what this run found (older artifacts stay in $art until removed)
+  crashes=$(find "$art" -type f -newer "$stamp" 2>/dev/null | grep -c -E "/(crash|leak|timeout|oom|slow-unit)-" || true)
   [ $rc -ne 0 ] && fail=1
   printf "%-16s %12s %10s %8s %8s\n" "$name" "${execs:-?}" "$(( ${execs:-0} / (secs > 0 ? secs : 1) ))" \
     "$(ls "$corpus" | wc -l)" "$crashes"
