@@ -116,9 +116,7 @@ static inline int tu_read_steps(const char *log_path, const char *key, double mi
         cJSON *o = cJSON_Parse(line);
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
         if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step")) {
-            const cJSON *sv = cJSON_GetObjectItemCaseSensitive(o, "step");
-            /* a record without a step (a key lost to a failed allocation: tests/fault) counts as missing */
-            int s = cJSON_IsNumber(sv) && sv->valuedouble >= 1 && sv->valuedouble <= max_steps ? (int)sv->valuedouble : 0;
+            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
             if (s >= 1 && s <= max_steps) {
                 vals[s - 1] = cJSON_IsNumber(v) ? v->valuedouble : missing;
