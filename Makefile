@@ -2,10 +2,13 @@
 # (Debian packages via scripts/bootstrap.sh) and run; the rest are for developers.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+# Seconds each libFuzzer harness runs in `make test` (tests/fuzz, issue 16).
+FUZZ_SECONDS ?= 15
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build demo test test-asan test-fast bootstrap fixtures bench bench-train bench-torch clean
+.PHONY: all build demo test test-asan test-fuzz test-fast bootstrap fixtures bench bench-train bench-torch clean
 
 all: build
 
@@ -24,10 +27,12 @@ build: $(BUILD)/CMakeCache.txt
 demo: bootstrap build
 	BUILD=$(BUILD) bash scripts/demo.sh
 
-# The test suite (Release build), then the same suite under ASan + UBSan.
+# The test suite (Release build), then the same suite under ASan + UBSan, then each
+# fuzz harness for FUZZ_SECONDS under libFuzzer + ASan + UBSan (clang).
 test: bootstrap build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) test-fuzz
 
 test-fast: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -37,6 +42,15 @@ test-asan:
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c): the library built by clang with ASan, UBSan
+# and fuzzer coverage; each harness fuzzes FUZZ_SECONDS (fails on any crash, leak or
+# sanitizer report). bench/fuzz_long.sh runs them longer.
+test-fuzz:
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DANNEAL_FUZZ=ON \
+	  -DANNEAL_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) --target fuzz -j $(JOBS)
+	ctest --test-dir $(FUZZ_BUILD) -L fuzz --output-on-failure -j $(JOBS)
 
 # Regenerates the PyTorch fixtures (needs Debian's python3-torch; not run in CI).
 fixtures:
@@ -70,4 +84,4 @@ bench-torch:
 	fi
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) .venv
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) .venv

@@ -7,13 +7,16 @@
 # its headers, for multi-process training; the build works without it), and iproute2
 # (`ip netns`: the test that runs two "hosts" over TCP in network namespaces), and for
 # src/obs: protobuf-c (TensorBoard event files), libmicrohttpd (the /metrics endpoint),
-# Cairo (anneal plot) and prometheus (promtool, which the metrics test runs).
+# Cairo (anneal plot) and prometheus (promtool, which the metrics test runs); clang with
+# its sanitizer and libFuzzer runtimes, LLVM's symbolizer and clang's OpenMP (libomp) for
+# the fuzz harnesses (`make test-fuzz`).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config python3 python3-venv python3-pip python3-torch libopenblas0-pthread
           libcjson-dev libpcre2-dev bible-kjv openmpi-bin libopenmpi-dev iproute2
-          libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcairo2-dev prometheus)
+          libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcairo2-dev prometheus
+          clang libclang-rt-dev llvm libomp-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -34,6 +34,15 @@ static double num(const cJSON *o, const char *k) {
     return cJSON_IsNumber(it) ? it->valuedouble : NAN;
 }
 
+/* A log's count as int64_t: NaN is -1 (absent), values beyond the range are clamped
+ * (a hostile or corrupt log must not make the conversion undefined). */
+static int64_t count(double v) {
+    if (isnan(v)) return -1;
+    if (v >= 9.2e18) return INT64_MAX;
+    if (v <= -9.2e18) return INT64_MIN;
+    return (int64_t)v;
+}
+
 static const char *str(const cJSON *o, const char *k) {
     return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
 }
@@ -70,8 +79,8 @@ static int read_log(const char *path, report *r) {
             if (isnan(r->first_loss)) r->first_loss = loss;
             r->last_loss = loss;
             double s = num(o, "step"), tk = num(o, "tokens");
-            if (isfinite(s)) r->steps = (int64_t)s;
-            if (isfinite(tk)) r->tokens = (int64_t)tk;
+            if (isfinite(s)) r->steps = count(s);
+            if (isfinite(tk)) r->tokens = count(tk);
             if (isfinite(ms) && ms > 0) {
                 r->step_ms += ms;
                 double tps = num(o, "tokens_per_s");
@@ -81,12 +90,12 @@ static int read_log(const char *path, report *r) {
         } else if (!strcmp(type, "eval")) {
             double v = num(o, "val_loss");
             r->evals++;
-            if (isfinite(v) && !(v >= r->best_val)) r->best_val = v, r->best_val_step = (int64_t)num(o, "step");
+            if (isfinite(v) && !(v >= r->best_val)) r->best_val = v, r->best_val_step = count(num(o, "step"));
         } else if (!strcmp(type, "summary")) {
             double s = num(o, "seconds");
             if (isfinite(s)) r->seconds += s;
             double sk = num(o, "skipped_steps");
-            if (isfinite(sk)) r->skipped = (int64_t)sk;
+            if (isfinite(sk)) r->skipped = count(sk);
             r->peak_rss = fmax(r->peak_rss, num(o, "peak_rss_bytes"));
             r->peak_alloc = fmax(r->peak_alloc, num(o, "peak_allocator_bytes"));
             r->interrupted = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "interrupted"));

@@ -3,6 +3,7 @@
 #include "cpu/gemm_internal.h"
 #include "cpu/gemm_int8_internal.h"
 
+#include <cpuid.h>
 #include <stdatomic.h>
 
 /* Each answer is cached after the first call (a benign race: every thread computes the
@@ -19,9 +20,14 @@ static bool cached_feature(atomic_int *cached, int (*probe)(void)) {
 }
 
 static int probe_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c"
+ * (the OS state it needs is AVX's, which the "avx2" check covers). */
+static int probe_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
 static int probe_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && probe_f16c();
 }
 static int probe_avx512bf16(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -5,12 +5,20 @@
 #include "cpu/gemm_internal.h"
 #include "cpu/vec_math.h"
 
+#include "anneal/core.h"
+
 #define GELU_SQRT_2_OVER_PI 0.7978845608028654f /* sqrt(2/pi), as in pointwise.c */
 #define GELU_KAPPA 0.044715f
 
 /* Nearest-even f16 of x as f32: gcc's _Float16 conversion (F16C or libgcc), IEEE
- * round-to-nearest-even with overflow to inf and f16 subnormals kept. */
+ * round-to-nearest-even with overflow to inf and f16 subnormals kept. clang 14 (the
+ * fuzz build) has no _Float16 on x86 without AVX512-FP16: there core's conversion
+ * pair, which rounds the same way. */
+#if defined(__clang__) && __clang_major__ < 15
+float anneal_gemm_round_f16(float x) { return anneal_f16_to_f32(anneal_f32_to_f16(x)); }
+#else
 float anneal_gemm_round_f16(float x) { return (float)(_Float16)x; }
+#endif
 
 /* dst[i] = bf16(src[i]) for n floats: integer arithmetic the compiler vectorises (one
  * clone per ISA, same bits everywhere). */

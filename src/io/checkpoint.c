@@ -355,18 +355,29 @@ static anneal_status write_model(const char *path, const anneal_ckpt_snapshot *s
     return r;
 }
 
+/* Adds item to o under key; false (item freed) when item is NULL or the add failed: a
+ * key lost to a failed allocation must fail the write, not leave a state.json without
+ * it that the checkpoint then calls complete (found by tests/fault). */
+static bool put(cJSON *o, const char *key, cJSON *item) {
+    if (!item) return false;
+    if (!cJSON_AddItemToObject(o, key, item)) {
+        cJSON_Delete(item);
+        return false;
+    }
+    return true;
+}
+
 /* The optimizer config as compact JSON (malloc'd). */
 static char *optim_config_json(const anneal_optim_config *c) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
-    cJSON_AddStringToObject(o, "kind", c->kind == ANNEAL_OPTIM_ADAMW ? "adamw" : "sgd");
-    cJSON_AddItemToObject(o, "beta1", anneal_ckpt_json_double(c->beta1));
-    cJSON_AddItemToObject(o, "beta2", anneal_ckpt_json_double(c->beta2));
-    cJSON_AddItemToObject(o, "eps", anneal_ckpt_json_double(c->eps));
-    cJSON_AddItemToObject(o, "weight_decay", anneal_ckpt_json_double(c->weight_decay));
-    cJSON_AddItemToObject(o, "momentum", anneal_ckpt_json_double(c->momentum));
-    cJSON_AddBoolToObject(o, "nesterov", c->nesterov);
-    char *txt = cJSON_PrintUnformatted(o);
+    bool ok = put(o, "kind", cJSON_CreateString(c->kind == ANNEAL_OPTIM_ADAMW ? "adamw" : "sgd")) &&
+              put(o, "beta1", anneal_ckpt_json_double(c->beta1)) && put(o, "beta2", anneal_ckpt_json_double(c->beta2)) &&
+              put(o, "eps", anneal_ckpt_json_double(c->eps)) &&
+              put(o, "weight_decay", anneal_ckpt_json_double(c->weight_decay)) &&
+              put(o, "momentum", anneal_ckpt_json_double(c->momentum)) &&
+              put(o, "nesterov", cJSON_CreateBool(c->nesterov));
+    char *txt = ok ? cJSON_PrintUnformatted(o) : NULL; /* NULL: the caller reports out of memory */
     cJSON_Delete(o);
     return txt;
 }
@@ -435,54 +446,55 @@ static anneal_status build_state_json(const char *dir, const anneal_ckpt_snapsho
     char hex[17];
     snprintf(hex, sizeof hex, "%016" PRIx64, st->tokenizer_fingerprint);
     bool ok = j && rng && cur && model && files;
-    if (ok) {
-        cJSON_AddStringToObject(j, "format", "anneal-checkpoint");
-        cJSON_AddItemToObject(j, "format_version", anneal_ckpt_json_u64(ANNEAL_CKPT_FORMAT_VERSION));
-        cJSON_AddStringToObject(j, "anneal_version", anneal_version());
-        cJSON_AddItemToObject(j, "step", anneal_ckpt_json_u64((uint64_t)st->step));
-        cJSON_AddItemToObject(j, "tokens", anneal_ckpt_json_u64((uint64_t)st->tokens));
-        cJSON_AddItemToObject(rng, "seed", anneal_ckpt_json_u64(st->rng.seed));
-        cJSON_AddItemToObject(rng, "offset", anneal_ckpt_json_u64(st->rng.offset));
-        cJSON_AddItemToObject(j, "rng", rng);
-        cJSON_AddItemToObject(cur, "epoch", anneal_ckpt_json_u64(st->cursor.epoch));
-        cJSON_AddItemToObject(cur, "index", anneal_ckpt_json_u64(st->cursor.index));
-        cJSON_AddItemToObject(cur, "step", anneal_ckpt_json_u64(st->cursor.step));
-        cJSON_AddItemToObject(j, "cursor", cur);
-        cJSON_AddStringToObject(j, "tokenizer_fingerprint", hex);
-        cJSON_AddItemToObject(j, "skipped_steps", anneal_ckpt_json_u64((uint64_t)st->skipped_steps));
-        cJSON_AddItemToObject(j, "best_val_loss", anneal_ckpt_json_double(st->best_val_loss));
-        cJSON_AddStringToObject(j, "dtype", anneal_precision_name(st->dtype));
-        cJSON *ls = cJSON_AddObjectToObject(j, "loss_scaler");
-        if (ls) {
-            cJSON_AddItemToObject(ls, "scale", anneal_ckpt_json_float(st->loss_scale));
-            cJSON_AddItemToObject(ls, "growth_tracker", anneal_ckpt_json_u64((uint64_t)st->loss_scale_growth_tracker));
-            cJSON_AddItemToObject(ls, "overflow_steps", anneal_ckpt_json_u64((uint64_t)st->overflow_steps));
-        }
-        cJSON_AddItemToObject(model, "n_layer", anneal_ckpt_json_u64((uint64_t)mc->n_layer));
-        cJSON_AddItemToObject(model, "n_head", anneal_ckpt_json_u64((uint64_t)mc->n_head));
-        cJSON_AddItemToObject(model, "n_embd", anneal_ckpt_json_u64((uint64_t)mc->n_embd));
-        cJSON_AddItemToObject(model, "vocab_size", anneal_ckpt_json_u64((uint64_t)mc->vocab_size));
-        cJSON_AddItemToObject(model, "n_ctx", anneal_ckpt_json_u64((uint64_t)mc->n_ctx));
-        cJSON_AddItemToObject(model, "dropout", anneal_ckpt_json_float(mc->dropout));
-        cJSON_AddItemToObject(model, "ln_eps", anneal_ckpt_json_float(mc->norm_eps));
-        cJSON_AddStringToObject(model, "recompute", anneal_recompute_name(mc->recompute));
-        cJSON_AddItemToObject(j, "model", model);
-        /* The trainer's config text, inserted verbatim (validated as an object when
-         * the snapshot was taken). */
-        cJSON_AddItemToObject(j, "config", s->config_json ? cJSON_CreateRaw(s->config_json) : cJSON_CreateNull());
-        if (s->lora) { /* the base the adapters belong to */
-            cJSON *lora = cJSON_AddObjectToObject(j, "lora");
-            char fp[17];
-            snprintf(fp, sizeof fp, "%016" PRIx64, st->lora_base_fingerprint);
-            ok = lora && cJSON_AddStringToObject(lora, "base", st->lora_base) &&
-                 cJSON_AddStringToObject(lora, "base_fingerprint", fp);
-        }
-        cJSON_AddItemToObject(j, "files", files);
-    } else {
-        cJSON_Delete(rng);
-        cJSON_Delete(cur);
-        cJSON_Delete(model);
-        cJSON_Delete(files);
+    /* the parts are filled first, then attached to j in the file's key order; what is
+     * not attached when something fails is freed on its own */
+    bool has_rng = false, has_cur = false, has_model = false, has_files = false;
+    ok = ok && put(rng, "seed", anneal_ckpt_json_u64(st->rng.seed)) &&
+         put(rng, "offset", anneal_ckpt_json_u64(st->rng.offset)) &&
+         put(cur, "epoch", anneal_ckpt_json_u64(st->cursor.epoch)) &&
+         put(cur, "index", anneal_ckpt_json_u64(st->cursor.index)) &&
+         put(cur, "step", anneal_ckpt_json_u64(st->cursor.step)) &&
+         put(model, "n_layer", anneal_ckpt_json_u64((uint64_t)mc->n_layer)) &&
+         put(model, "n_head", anneal_ckpt_json_u64((uint64_t)mc->n_head)) &&
+         put(model, "n_embd", anneal_ckpt_json_u64((uint64_t)mc->n_embd)) &&
+         put(model, "vocab_size", anneal_ckpt_json_u64((uint64_t)mc->vocab_size)) &&
+         put(model, "n_ctx", anneal_ckpt_json_u64((uint64_t)mc->n_ctx)) &&
+         put(model, "dropout", anneal_ckpt_json_float(mc->dropout)) &&
+         put(model, "ln_eps", anneal_ckpt_json_float(mc->norm_eps)) &&
+         put(model, "recompute", cJSON_CreateString(anneal_recompute_name(mc->recompute)));
+    ok = ok && put(j, "format", cJSON_CreateString("anneal-checkpoint")) &&
+         put(j, "format_version", anneal_ckpt_json_u64(ANNEAL_CKPT_FORMAT_VERSION)) &&
+         put(j, "anneal_version", cJSON_CreateString(anneal_version())) &&
+         put(j, "step", anneal_ckpt_json_u64((uint64_t)st->step)) &&
+         put(j, "tokens", anneal_ckpt_json_u64((uint64_t)st->tokens));
+    ok = has_rng = ok && cJSON_AddItemToObject(j, "rng", rng); /* j owns it only when added */
+    ok = has_cur = ok && cJSON_AddItemToObject(j, "cursor", cur); /* j owns it only when added */
+    ok = ok && put(j, "tokenizer_fingerprint", cJSON_CreateString(hex)) &&
+         put(j, "skipped_steps", anneal_ckpt_json_u64((uint64_t)st->skipped_steps)) &&
+         put(j, "best_val_loss", anneal_ckpt_json_double(st->best_val_loss)) &&
+         put(j, "dtype", cJSON_CreateString(anneal_precision_name(st->dtype)));
+    cJSON *ls = ok ? cJSON_AddObjectToObject(j, "loss_scaler") : NULL;
+    ok = ok && ls && put(ls, "scale", anneal_ckpt_json_float(st->loss_scale)) &&
+         put(ls, "growth_tracker", anneal_ckpt_json_u64((uint64_t)st->loss_scale_growth_tracker)) &&
+         put(ls, "overflow_steps", anneal_ckpt_json_u64((uint64_t)st->overflow_steps));
+    ok = has_model = ok && cJSON_AddItemToObject(j, "model", model); /* j owns it only when added */
+    /* The trainer's config text, inserted verbatim (validated as an object when the
+     * snapshot was taken). */
+    ok = ok && put(j, "config", s->config_json ? cJSON_CreateRaw(s->config_json) : cJSON_CreateNull());
+    if (ok && s->lora) { /* the base the adapters belong to */
+        cJSON *lora = cJSON_AddObjectToObject(j, "lora");
+        char fp[17];
+        snprintf(fp, sizeof fp, "%016" PRIx64, st->lora_base_fingerprint);
+        ok = lora && put(lora, "base", cJSON_CreateString(st->lora_base)) &&
+             put(lora, "base_fingerprint", cJSON_CreateString(fp));
+    }
+    ok = has_files = ok && cJSON_AddItemToObject(j, "files", files); /* j owns it only when added */
+    if (!ok) {
+        if (!has_rng) cJSON_Delete(rng);
+        if (!has_cur) cJSON_Delete(cur);
+        if (!has_model) cJSON_Delete(model);
+        if (!has_files) cJSON_Delete(files);
+        files = NULL;
     }
     anneal_status r = ok ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
     if (r == ANNEAL_OK) r = add_file_entry(files, dir, s->lora ? "adapter_model.safetensors" : "model.safetensors");

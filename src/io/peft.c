@@ -258,6 +258,31 @@ static anneal_status check_same(const char *dir, const anneal_params *ps, const 
     return ANNEAL_OK;
 }
 
+/* Before any adapter is made from the config: the file holds adapters of rank r (every
+ * "*.lora_A.weight" 2-D with r rows, every "*.lora_B.weight" 2-D with r columns, at least
+ * one of each), so the rank the config asks for, and with it what the adapters
+ * allocate, is bounded by the file itself (issue 16: sizes from a header are checked
+ * before allocation). */
+static anneal_status check_file_rank(const char *path, const anneal_safetensors *st, int r) {
+    int na = 0, nb = 0;
+    for (int i = 0; i < st->n_entries; i++) {
+        const anneal_st_entry *e = &st->entries[i];
+        size_t n = strlen(e->name);
+        bool a = n >= 14 && !strcmp(e->name + n - 14, ".lora_A.weight");
+        bool b = n >= 14 && !strcmp(e->name + n - 14, ".lora_B.weight");
+        if (!a && !b) continue;
+        na += a, nb += b;
+        if (e->ndim != 2 || e->shape[a ? 0 : 1] != r)
+            return anneal_set_error(ANNEAL_ERR_SHAPE, "%s: tensor %s is not of rank r = %d (adapter_config.json): "
+                                    "%d dims, %lld x %lld",
+                                    path, e->name, r, e->ndim, (long long)e->shape[0],
+                                    (long long)(e->ndim > 1 ? e->shape[1] : 0));
+    }
+    if (na == 0 || nb == 0)
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: no lora_A and lora_B adapter tensors in the file", path);
+    return ANNEAL_OK;
+}
+
 anneal_status anneal_peft_load(const char *dir, anneal_params *ps, anneal_dtype base_dtype) {
     if (!dir || !ps) return anneal_set_error(ANNEAL_ERR_ARG, "peft load: NULL directory or parameter set");
     anneal_peft_config c;
@@ -270,7 +295,7 @@ anneal_status anneal_peft_load(const char *dir, anneal_params *ps, anneal_dtype 
     if (s == ANNEAL_OK) {
         if (ps->lora.rank > 0) {
             s = check_same(dir, ps, &c);
-        } else {
+        } else if ((s = check_file_rank(path, st, c.rank)) == ANNEAL_OK) {
             anneal_lora_config lc = {.rank = c.rank, .alpha = c.alpha, .dropout = c.dropout,
                                      .targets = (const char *const *)c.targets, .n_targets = c.n_targets,
                                      .base_dtype = base_dtype};
