@@ -1,9 +1,11 @@
 /* Fuzz harness (issue 16 convention) for the quantized model directory reader
  * (anneal_quant_load, src/io/quant_read.c): the input is the directory's config.json
  * (the architecture's config plus "quantization_config"), beside a fixed
- * model.safetensors of a GPT-2 "tiny" quantized dynamic, written once per process into a
- * private temporary directory. No output, no exit; the model is freed. */
+ * model.safetensors of a GPT-2 "tiny" quantized dynamic, written once per process into
+ * the harness's scratch directory (fuzz_util.h: removed at exit). No output, no exit;
+ * the model is freed. */
 #include "anneal/anneal.h"
+#include "fuzz_util.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -11,15 +13,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static char dir[64];
+static char dir[300];
 
-/* The temporary directory with model.safetensors of a quantized tiny GPT-2. */
+/* The scratch subdirectory q with model.safetensors of a quantized tiny GPT-2. */
 static bool setup(void) {
     if (dir[0]) return true;
-    char root[] = "/tmp/anneal_fuzz_quant_XXXXXX";
-    if (!mkdtemp(root)) return false;
-    char q[96];
-    snprintf(q, sizeof q, "%s/q", root);
+    char q[300];
+    snprintf(q, sizeof q, "%s/q", fuzz_dir());
     anneal_model_config cfg;
     anneal_model *m = anneal_model_preset("tiny", &cfg) ? anneal_model_new(&cfg, ANNEAL_CPU) : NULL;
     bool ok = m && anneal_model_init(m, 1) == ANNEAL_OK && anneal_nn_quantize(m->params, ANNEAL_QUANT_DYNAMIC, 0) == ANNEAL_OK &&
@@ -32,7 +32,7 @@ static bool setup(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!setup()) return 0;
-    char path[128];
+    char path[340];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "wb");
     if (!f) return 0;
