@@ -93,7 +93,7 @@ def worker_llama(a):
         llm.eval([nxt])
         steps.append(time.perf_counter() - t0)
     med = statistics.median(steps)
-    return {"engine": "llama.cpp (gguf)", "prompt_tok_s": a.prompt_len / prefill, "decode_tok_s": 1.0 / med,
+    return {"engine": f"llama.cpp ({os.path.basename(a.gguf)})", "prompt_tok_s": a.prompt_len / prefill, "decode_tok_s": 1.0 / med,
             "ms_per_step": med * 1e3, "peak_rss_mib": peak_rss_mib()}
 
 
@@ -103,7 +103,8 @@ def run_anneal(a, model_dir):
            "--json"]
     r = subprocess.run(cmd, check=True, capture_output=True, text=True)
     j = json.loads(r.stdout.strip().splitlines()[-1])
-    return {"engine": f"anneal ({a.dtype}, {a.kv_dtype} KV)", "prompt_tok_s": j["prompt_tok_s"],
+    w = f"int8 {a.quant}, {a.dtype}" if a.quant != "none" else a.dtype
+    return {"engine": f"anneal ({w}, {a.kv_dtype} KV)", "prompt_tok_s": j["prompt_tok_s"],
             "decode_tok_s": j["decode_tok_s"], "ms_per_step": j["decode_ms_per_step"],
             "peak_rss_mib": j["peak_rss_mib"], "gb_s": j["gb_s"], "bandwidth_gb_s": j["bandwidth_gb_s"]}
 
@@ -131,6 +132,12 @@ def make_tiny_run(a, d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", help="anneal checkpoint or run directory")
+    ap.add_argument("--model", help="instead of --ckpt: a preset (random weights, e.g. 124M) or a model directory")
+    ap.add_argument("--tokenizer", default="none",
+                    help="tokenizer written with the exported weights (llama.cpp needs one: gpt2 for GPT-2 124M)")
+    ap.add_argument("--quant", default="none", choices=["none", "weight-only", "dynamic"],
+                    help="anneal runs the model quantized to int8 this way (`anneal quantize`) and llama.cpp "
+                         "its Q8_0 GGUF")
     ap.add_argument("--tiny", action="store_true", help="make a tiny synthetic run and benchmark it (a check)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "anneal"))
     ap.add_argument("--prompt-len", type=int, default=512)
@@ -147,25 +154,31 @@ def main():
     if a.worker:
         print(json.dumps(worker_hf(a) if a.worker == "hf" else worker_llama(a)))
         return 0
-    if bool(a.ckpt) == bool(a.tiny):
-        ap.error("give --ckpt RUN or --tiny")
+    if (a.ckpt is not None) + (a.model is not None) + bool(a.tiny) != 1:
+        ap.error("give one of --ckpt RUN, --model PRESET|DIR or --tiny")
     if a.tiny:
         a.prompt_len, a.gen = min(a.prompt_len, 64), min(a.gen, 16)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="anneal_decode_") as d:
-        ckpt = make_tiny_run(a, d) if a.tiny else a.ckpt
+        src = ["--model", a.model] if a.model else ["--ckpt", make_tiny_run(a, d) if a.tiny else a.ckpt]
         hf = os.path.join(d, "hf")
-        subprocess.run([a.bin, "export", "--ckpt", ckpt, "--format", "hf", "--out", hf, "--tokenizer", "none"],
-                       check=True, stdout=subprocess.DEVNULL)
-        rows.append(run_anneal(a, hf))
+        subprocess.run([a.bin, "export", *src, "--format", "hf", "--out", hf, "--tokenizer", a.tokenizer],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        mine = hf
+        if a.quant != "none":
+            mine = os.path.join(d, "q")
+            subprocess.run([a.bin, "quantize", "--model", hf, "--out", mine, "--mode", a.quant],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows.append(run_anneal(a, mine))
         r, err = run_worker(a, "hf", hf=hf)
         if r:
             rows.append(r)
         else:
             notes.append(f"transformers: skipped: {err}")
-        gguf = os.path.join(d, "model.gguf")
-        g = subprocess.run([a.bin, "export", "--ckpt", ckpt, "--format", "gguf", "--out", gguf,
-                            "--dtype", "bf16" if a.dtype == "bf16" else "fp32"],
+        # llama.cpp's counterpart of anneal's weights: Q8_0 for int8, F16 for bf16, else F32
+        gtype = "q8_0" if a.quant != "none" else "f16" if a.dtype == "bf16" else "f32"
+        gguf = os.path.join(d, f"{gtype}.gguf")
+        g = subprocess.run([a.bin, "export", "--model", hf, "--format", "gguf", "--gguf-type", gtype, "--out", gguf],
                            capture_output=True, text=True)
         if g.returncode != 0 or not os.path.exists(gguf):
             notes.append("llama.cpp: skipped: no gguf exporter in this build"

@@ -82,28 +82,6 @@ static int load_hf(const char *weights, const char *config, anneal_model **model
     return 0;
 }
 
-/* The tokenizer a training run used (malloc'd, or NULL): its --tokenizer, else the one
- * its data directory's prepare.json names (a relative path there is tried both as
- * given and inside the data directory). */
-char *anneal_cli_run_tokenizer(const cJSON *config, char *from, size_t from_n) {
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "tokenizer");
-    if (cJSON_IsString(t) && *t->valuestring) {
-        snprintf(from, from_n, "the training run's --tokenizer");
-        return strdup(t->valuestring);
-    }
-    const cJSON *d = cJSON_GetObjectItemCaseSensitive(config, "data");
-    if (!cJSON_IsString(d)) return NULL;
-    char *spec = NULL;
-    if (anneal_prepare_tokenizer_spec(d->valuestring, &spec) != ANNEAL_OK) anneal_clear_error(); /* none known */
-    snprintf(from, from_n, "prepare.json of %s", d->valuestring);
-    return spec;
-}
-
-void anneal_cli_tokenizer_error(const char *cmd, const char *spec, const char *from, const char *msg) {
-    if (!from || !*from || !strcmp(from, "--tokenizer")) fprintf(stderr, "anneal %s: --tokenizer %s: %s\n", cmd, spec, msg);
-    else fprintf(stderr, "anneal %s: tokenizer %s (from %s): %s\n", cmd, spec, from, msg);
-}
-
 /* Where generated text goes: the streaming decoder and a token count. */
 typedef struct sink {
     anneal_stream_decoder dec;
@@ -208,53 +186,13 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);
-    cJSON *config = NULL;
-    if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
-                           ANNEAL_OK) {
-        fprintf(stderr, "anneal generate: %s\n", anneal_last_error());
-        free(config_text);
-        anneal_model_free(m);
-        return 1;
-    }
-    free(config_text);
-    char tok_from[PATH_MAX + 64] = "--tokenizer";
-    if (!tok_spec) snprintf(tok_from, sizeof tok_from, "the model's tokenizer.json");
-    if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
-        char dir[4096];
-        char tj[4096 + 16];
-        if (anneal_quant_dir_is_quantized(ckpt)) { /* an int8 model directory carries it too */
-            snprintf(tj, sizeof tj, "%s/tokenizer.json", ckpt);
-            if (access(tj, F_OK) == 0) model_tok = strdup(ckpt);
-        } else if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
-            snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
-            if (access(tj, F_OK) == 0) model_tok = strdup(dir);
-        }
-    }
-    if (!tok_spec) tok_spec = model_tok;
-    char *run_tok = tok_spec ? NULL : anneal_cli_run_tokenizer(config, tok_from, sizeof tok_from);
-    if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
     char *buf = NULL, *chat_text = NULL;
+    rc = anneal_cli_model_tokenizer("generate", ckpt, tok_spec, model_tok, config_text, st.tokenizer_fingerprint, &tok);
+    free(config_text);
+    if (rc) goto done;
     rc = 1;
-    if (!tok_spec) {
-        rc = USAGE_ERR("--tokenizer is required (the checkpoint's run names none): gpt2, a directory or "
-                       "tokenizer.json");
-        goto done;
-    }
-    if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
-        anneal_cli_tokenizer_error("generate", tok_spec, tok_from, anneal_last_error());
-        goto done;
-    }
-    uint64_t fp = anneal_tokenizer_fingerprint(tok);
-    if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "fingerprint %016llx does not match the checkpoint's %016llx (the model was trained "
-                 "on ids of another tokenizer)", (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
-        anneal_cli_tokenizer_error("generate", tok_spec, tok_from, msg);
-        rc = 2;
-        goto done;
-    }
     int32_t eot = anneal_tokenizer_eot(tok), V = m->cfg.vocab_size;
     const char *text = prompt ? prompt : "";
     if (chat) { /* the template's text holds its special tokens (and BOS) itself */
@@ -314,11 +252,9 @@ int anneal_cmd_generate(int argc, char **argv) {
 done:
     free(buf);
     free(chat_text);
-    free(run_tok);
     free(model_tok);
     anneal_ids_free(&ids);
     anneal_tokenizer_free(tok);
-    cJSON_Delete(config);
     anneal_model_free(m);
     return rc;
 }

@@ -94,46 +94,12 @@ int anneal_cmd_serve(int argc, char **argv) {
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);
-    cJSON *config = NULL;
-    if (config_text && anneal_json_parse(config_text, strlen(config_text), "the checkpoint's trainer config", &config) !=
-                           ANNEAL_OK) {
-        fprintf(stderr, "anneal serve: %s\n", anneal_last_error());
-        free(config_text);
-        anneal_model_free(m);
-        return 1;
-    }
-    free(config_text);
-    char tok_from[PATH_MAX + 64] = "--tokenizer";
-    if (!tok_spec) snprintf(tok_from, sizeof tok_from, "the model's tokenizer.json");
-    if (!tok_spec && ckpt) { /* a checkpoint carries its tokenizer.json */
-        char dir[PATH_MAX], tj[PATH_MAX + 16];
-        if (anneal_checkpoint_resolve(ckpt, dir, sizeof dir) == ANNEAL_OK) {
-            snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
-            if (access(tj, F_OK) == 0) model_tok = strdup(dir);
-        }
-    }
-    if (!tok_spec) tok_spec = model_tok;
-    char *run_tok = tok_spec ? NULL : anneal_cli_run_tokenizer(config, tok_from, sizeof tok_from);
-    if (!tok_spec) tok_spec = run_tok;
     anneal_tokenizer *tok = NULL;
     anneal_server *srv = NULL;
+    rc = anneal_cli_model_tokenizer("serve", ckpt, tok_spec, model_tok, config_text, st.tokenizer_fingerprint, &tok);
+    free(config_text);
+    if (rc) goto done;
     rc = 1;
-    if (!tok_spec) {
-        rc = USAGE_ERR("--tokenizer is required (the model names none): gpt2, a directory or tokenizer.json");
-        goto done;
-    }
-    if (anneal_cli_tokenizer_load(tok_spec, &tok) != ANNEAL_OK) {
-        anneal_cli_tokenizer_error("serve", tok_spec, tok_from, anneal_last_error());
-        goto done;
-    }
-    uint64_t fp = anneal_tokenizer_fingerprint(tok);
-    if (st.tokenizer_fingerprint && fp != st.tokenizer_fingerprint) {
-        fprintf(stderr, "anneal serve: --tokenizer %s: fingerprint %016llx does not match the checkpoint's %016llx "
-                        "(the model was trained on ids of another tokenizer)\n",
-                tok_spec, (unsigned long long)fp, (unsigned long long)st.tokenizer_fingerprint);
-        rc = 2;
-        goto done;
-    }
     char namebuf[PATH_MAX];
     anneal_serve_config cfg = {
         .host = host, .port = (int)port,
@@ -162,10 +128,8 @@ int anneal_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "anneal serve: stopped\n");
     rc = 0;
 done:
-    free(run_tok);
     free(model_tok);
     anneal_tokenizer_free(tok);
-    cJSON_Delete(config);
     anneal_model_free(m);
     return rc;
 }

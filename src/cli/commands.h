@@ -55,13 +55,21 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, st
  * anneal_status; *tok set on success). */
 struct anneal_tokenizer;
 int anneal_cli_tokenizer_load(const char *spec, struct anneal_tokenizer **tok);
-/* cmd_generate.c: the tokenizer a training run used, from its trainer config (its
+/* model_tokenizer.c: the tokenizer of a model cmd loaded: tok_spec (--tokenizer) when
+ * given, else the tokenizer.json of the checkpoint or int8 directory ckpt (may be NULL),
+ * else model_tok (anneal_cli_load_model's), else the one its training run used (from
+ * config_text, the checkpoint's trainer config, may be NULL); a nonzero fingerprint is
+ * checked. Prints the error (naming where the spec came from); returns 0, 1 or 2 (none
+ * known, or another tokenizer's fingerprint). */
+int anneal_cli_model_tokenizer(const char *cmd, const char *ckpt, const char *tok_spec, const char *model_tok,
+                               const char *config_text, uint64_t fingerprint, struct anneal_tokenizer **out);
+/* model_tokenizer.c: the tokenizer a training run used, from its trainer config (its
  * --tokenizer, else its data's prepare.json, resolved as anneal_prepare_tokenizer_spec
  * does); malloc'd or NULL. `from` (from_n bytes) says where it came from, for
  * messages ("the training run's --tokenizer", "prepare.json of DIR"). */
 struct cJSON;
 char *anneal_cli_run_tokenizer(const struct cJSON *config, char *from, size_t from_n);
-/* Prints "anneal CMD: --tokenizer SPEC: MSG" for a spec the user gave, else
+/* model_tokenizer.c: prints "anneal CMD: --tokenizer SPEC: MSG" for a spec the user gave, else
  * "anneal CMD: tokenizer SPEC (from FROM): MSG", so a message never names a flag the
  * user did not pass. */
 void anneal_cli_tokenizer_error(const char *cmd, const char *spec, const char *from, const char *msg);
