@@ -29,6 +29,7 @@ struct anneal_server {
     anneal_serve_engine *engine;
     anneal_serve_metrics *metrics;
     atomic_bool stopping;
+    atomic_int in_flight;         /* requests between their headers and their completion */
     atomic_uint_fast64_t counter; /* request ids and default seeds */
     long long created;            /* Unix seconds at start (/v1/models) */
 };
@@ -443,6 +444,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         conn *cn = calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         *con_cls = cn;
+        atomic_fetch_add(&s->in_flight, 1);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (post && cl && strtoull(cl, NULL, 10) > s->cfg.max_body) cn->too_big = true;
         return MHD_YES;
@@ -509,11 +511,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
-    (void)cls;
     (void)c;
     (void)t;
+    anneal_server *s = cls;
     conn *cn = *con_cls;
-    if (cn) free(cn->body);
+    if (cn) {
+        free(cn->body);
+        atomic_fetch_sub(&s->in_flight, 1);
+    }
     free(cn);
     *con_cls = NULL;
 }
@@ -553,6 +558,7 @@ anneal_status anneal_server_start(anneal_model *model, anneal_tokenizer *tok, co
     s->lim.max_tokens = cfg->max_tokens;
     s->created = (long long)time(NULL);
     atomic_init(&s->stopping, false);
+    atomic_init(&s->in_flight, 0);
     atomic_init(&s->counter, (uint64_t)time(NULL));
     if (!s->host || !s->model_name || !(s->metrics = anneal_serve_metrics_new())) {
         anneal_server_stop(s, 0);
@@ -585,7 +591,14 @@ void anneal_server_stop(anneal_server *s, double grace_s) {
     if (!s) return;
     atomic_store(&s->stopping, true);
     anneal_serve_engine_stop(s->engine, grace_s); /* in-flight requests finish or are cut */
-    if (s->daemon) MHD_stop_daemon(s->daemon);      /* waits for the connections' threads */
+    /* the responses of finished or cut requests (a stream's last chunk and [DONE]) still
+     * have to reach their clients: MHD_stop_daemon closes connections where they are, so
+     * wait for the requests to complete first (bounded: a stalled client cannot hold it) */
+    for (int i = 0; s->daemon && i < 200 && atomic_load(&s->in_flight) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (s->daemon) MHD_stop_daemon(s->daemon); /* waits for the connections' threads */
     anneal_serve_engine_free(s->engine);
     anneal_serve_metrics_free(s->metrics);
     free(s->host);
