@@ -41,7 +41,7 @@ FOLDERS = {"core": "core", "cpu": "backends", "cuda": "backends", "backends": "b
 # Public headers and their layers (anneal.h, the umbrella, is the top).
 # backend.h is the device interface: core keeps the registry of tables, backends
 # implement it, ops call through it; so it is a core header.
-HEADERS = {"core": "core", "fs": "core", "parse": "core", "backend": "core", "trace": "core", "decode_kernels": "backends", "profile": "obs", "autograd": "autograd",
+HEADERS = {"core": "core", "cuda": "backends", "fs": "core", "parse": "core", "backend": "core", "trace": "core", "decode_kernels": "backends", "profile": "obs", "autograd": "autograd",
            "ops": "ops", "custom_op": "ops", "nn": "nn", "onnx": "nn", "model": "models", "models": "models",
            "gpt2": "models", "parallel": "parallel", "optim": "optim", "data": "data",
            "tokenizer": "data", "shard": "data", "loader": "data", "prepare": "data",

@@ -6,6 +6,7 @@
 #include "anneal/parse.h"
 #include "anneal/trace.h"
 #include "anneal/backend.h"
+#include "anneal/cuda.h"
 #include "anneal/autograd.h"
 #include "anneal/ops.h"
 #include "anneal/custom_op.h"
