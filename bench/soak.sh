@@ -56,7 +56,8 @@ done
 kill -TERM "$pid" 2>/dev/null
 wait "$pid"
 rc=$?
-steps=$(grep -c '"type":"step"' "$work/run/log.jsonl" 2>/dev/null || echo 0)
+steps=$(grep -c '"type":"step"' "$work/run/log.jsonl" 2>/dev/null)
+steps=${steps:-0}
 ck=$(ls -d "$work"/run/ckpt_* 2>/dev/null | wc -l)
 [ "$ck" -gt "$max_ckpts" ] && max_ckpts=$ck
 
