@@ -710,18 +710,16 @@ __global__ void reduce_pass2_block_kernel(int64_t n_out, int64_t S, const double
     }
 }
 
-/* out = the sum of x over the dims where out has size 1 and x does not. Two passes when
- * the reduced elements are many (partials in ANNEAL_CUDA_SCRATCH_REDUCE): a bias
- * gradient (65536, C) -> (1, C) is C * ~340 runs of ~190 rows, then C sums of ~340. The
- * tree depends on the shapes only. */
-anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor *x) {
-    anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
-    anneal_status st = anneal_cuda_ensure(c);
-    if (st != ANNEAL_OK) return st;
-    if (x->ndim > kMaxDims || out->ndim != x->ndim)
-        return anneal_set_error(ANNEAL_ERR_ARG, "cuda reduce_sum: out has %d dims, x %d", out->ndim, x->ndim);
-    int64_t n_out = anneal_numel(out);
-    if (n_out == 0) return ANNEAL_OK;
+/* How reduce_sum splits its work: x seen as kept dims (kv, n_out outputs) times reduced
+ * dims (rv, n_red each); S runs per output (1: no second pass); s_fast as in
+ * reduce_pass1_item. Depends on the shapes and strides only. */
+struct reduce_plan {
+    view kv, rv;
+    int64_t n_out, n_red, S;
+    bool s_fast;
+};
+
+void reduce_plan_make(const anneal_tensor *out, const anneal_tensor *x, reduce_plan *p) {
     int64_t kshape[kMaxDims], kstride[kMaxDims], rshape[kMaxDims], rstride[kMaxDims];
     int nk = 0, nr = 0;
     for (int d = 0; d < x->ndim; d++) {
@@ -733,20 +731,37 @@ anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor
             kstride[nk++] = x->strides[d];
         }
     }
-    view kv, rv;
     const int64_t *ks[1] = {kstride}, *rs[1] = {rstride};
-    collapse(nk, kshape, 1, ks, &kv);
-    int64_t n_red = collapse(nr, rshape, 1, rs, &rv);
+    p->n_out = collapse(nk, kshape, 1, ks, &p->kv);
+    p->n_red = collapse(nr, rshape, 1, rs, &p->rv);
+    p->S = 1;
+    if (p->n_red > 1 && p->n_out > 0) {
+        p->S = ceil_div(kReduceThreads, p->n_out);
+        int64_t cap = ceil_div(p->n_red, kReduceMinRun);
+        if (p->S > cap) p->S = cap;
+        if (p->S < 1) p->S = 1;
+    }
+    p->s_fast = p->n_red > 1 && p->rv.strides[p->rv.ndim - 1] == 1;
+}
+
+/* out = the sum of x over the dims where out has size 1 and x does not. Two passes when
+ * the reduced elements are many (partials in ANNEAL_CUDA_SCRATCH_REDUCE): a bias
+ * gradient (65536, C) -> (1, C) is C * ~340 runs of ~190 rows, then C sums of ~340. The
+ * tree depends on the shapes only. */
+anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor *x) {
+    anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
+    anneal_status st = anneal_cuda_ensure(c);
+    if (st != ANNEAL_OK) return st;
+    if (x->ndim > kMaxDims || out->ndim != x->ndim)
+        return anneal_set_error(ANNEAL_ERR_ARG, "cuda reduce_sum: out has %d dims, x %d", out->ndim, x->ndim);
+    if (anneal_numel(out) == 0) return ANNEAL_OK;
+    reduce_plan p;
+    reduce_plan_make(out, x, &p);
+    const view &kv = p.kv, &rv = p.rv;
+    const int64_t n_out = p.n_out, n_red = p.n_red, S = p.S;
+    const bool s_fast = p.s_fast;
     float *o = (float *)anneal_data(out);
     const float *px = (const float *)anneal_data(x);
-    int64_t S = 1;
-    if (n_red > 1) {
-        S = ceil_div(kReduceThreads, n_out);
-        int64_t cap = ceil_div(n_red, kReduceMinRun);
-        if (S > cap) S = cap;
-        if (S < 1) S = 1;
-    }
-    bool s_fast = n_red > 1 && rv.strides[rv.ndim - 1] == 1;
     double *part = nullptr;
     if (S > 1) {
         part = (double *)anneal_cuda_scratch(c, ANNEAL_CUDA_SCRATCH_REDUCE, (size_t)(n_out * S) * sizeof(double));
