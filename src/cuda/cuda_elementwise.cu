@@ -15,7 +15,7 @@
 
 /* The per-element functions are __host__ __device__: a host build can compare them with
  * the CPU backend's code. */
-#define HD __host__ __device__ __forceinline__
+#define HD static __host__ __device__ __forceinline__
 
 namespace {
 
@@ -33,6 +33,11 @@ struct view {
     int64_t shape[kMaxDims];
     int64_t strides[kMaxDims];
 };
+
+} // namespace
+
+/* Every function below is static: internal linkage. (Kernels stay out of the anonymous
+ * namespace: nvcc gives the launch stubs of a kernel declared there external linkage.) */
 
 /* The offset of row-major element i of v (v.ndim >= 1). */
 HD int64_t view_offset(const view &v, int64_t i) {
@@ -55,7 +60,7 @@ HD int64_t view_offset(const view &v, int64_t i) {
  * the CPU's strided iterator does: size-1 dims dropped, a dim merged into the one before
  * it when every operand's strides allow. Row-major element order is kept, so element i
  * of every view is the same element of the shape. Returns the number of elements. */
-int64_t collapse(int ndim, const int64_t *shape, int n_ops, const int64_t *const *strides, view *out) {
+static int64_t collapse(int ndim, const int64_t *shape, int n_ops, const int64_t *const *strides, view *out) {
     int nd = 0;
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
@@ -97,12 +102,12 @@ int64_t collapse(int ndim, const int64_t *shape, int n_ops, const int64_t *const
 }
 
 /* True when v addresses its elements one after another (unit stride, no gaps). */
-bool view_unit(const view &v) { return v.ndim == 1 && (v.strides[0] == 1 || v.shape[0] == 1); }
+static bool view_unit(const view &v) { return v.ndim == 1 && (v.strides[0] == 1 || v.shape[0] == 1); }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Blocks for a grid-stride loop over n items (n > 0): enough to fill the GPU, no more. */
-unsigned grid_for(const anneal_cuda_ctx *c, int64_t n) {
+static unsigned grid_for(const anneal_cuda_ctx *c, int64_t n) {
     int64_t cap = (int64_t)(c->prop.multiProcessorCount > 0 ? c->prop.multiProcessorCount : 132) * 32;
     int64_t b = ceil_div(n, kThreads);
     return (unsigned)(b < cap ? b : cap);
@@ -114,63 +119,63 @@ unsigned grid_for(const anneal_cuda_ctx *c, int64_t n) {
 /* Float and double arithmetic, one IEEE operation each, rounded to nearest: on the
  * device the _rn intrinsics (never contracted into an FMA), on the host (x86-64 SSE, no
  * FMA: a host build checks these functions against the CPU's code) the operators. */
-HD float fmul(float a, float b) {
+HD float rn_fmul(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fmul_rn(a, b);
 #else
     return a * b;
 #endif
 }
-HD float fadd(float a, float b) {
+HD float rn_fadd(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fadd_rn(a, b);
 #else
     return a + b;
 #endif
 }
-HD float fsub(float a, float b) {
+HD float rn_fsub(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fsub_rn(a, b);
 #else
     return a - b;
 #endif
 }
-HD float fdiv(float a, float b) {
+HD float rn_fdiv(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fdiv_rn(a, b);
 #else
     return a / b;
 #endif
 }
-HD double dadd(double a, double b) {
+HD double rn_dadd(double a, double b) {
 #ifdef __CUDA_ARCH__
     return __dadd_rn(a, b);
 #else
     return a + b;
 #endif
 }
-HD double dmul(double a, double b) {
+HD double rn_dmul(double a, double b) {
 #ifdef __CUDA_ARCH__
     return __dmul_rn(a, b);
 #else
     return a * b;
 #endif
 }
-HD double ddiv(double a, double b) {
+HD double rn_ddiv(double a, double b) {
 #ifdef __CUDA_ARCH__
     return __ddiv_rn(a, b);
 #else
     return a / b;
 #endif
 }
-HD float d2f(double v) {
+HD float rn_d2f(double v) {
 #ifdef __CUDA_ARCH__
     return __double2float_rn(v);
 #else
     return (float)v;
 #endif
 }
-HD double ll2d(long long v) {
+HD double rn_ll2d(long long v) {
 #ifdef __CUDA_ARCH__
     return __ll2double_rn(v);
 #else
@@ -215,7 +220,7 @@ HD float f16_to_f32(uint16_t h) {
     if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));
     if (exp == 0) {
         if (man == 0) return bits_f32(sign);
-        float v = fmul((float)man, 1.0f / 16777216.0f);
+        float v = rn_fmul((float)man, 1.0f / 16777216.0f);
         return sign ? -v : v;
     }
     return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
@@ -228,9 +233,9 @@ HD uint16_t f32_to_f16(float f) {
     if (a > 0x7f800000u) return sign | 0x7e00u;
     if (a >= 0x477ff000u) return sign | 0x7c00u;
     if (a < 0x38800000u) {
-        float v = fmul(bits_f32(a), 16777216.0f);
+        float v = rn_fmul(bits_f32(a), 16777216.0f);
         uint32_t m = (uint32_t)v;
-        float rem = fsub(v, (float)m);
+        float rem = rn_fsub(v, (float)m);
         if (rem > 0.5f || (rem == 0.5f && (m & 1u))) m++;
         return sign | (uint16_t)m;
     }
@@ -256,7 +261,7 @@ HD double load_d(const void *base, int dt, int64_t i) {
     case ANNEAL_BF16: return (double)bf16_to_f32(((const uint16_t *)base)[i]);
     case ANNEAL_F16: return (double)f16_to_f32(((const uint16_t *)base)[i]);
     case ANNEAL_I32: return (double)((const int32_t *)base)[i];
-    case ANNEAL_I64: return ll2d(((const long long *)base)[i]);
+    case ANNEAL_I64: return rn_ll2d(((const long long *)base)[i]);
     case ANNEAL_U16: return (double)((const uint16_t *)base)[i];
     case ANNEAL_U8: return (double)((const uint8_t *)base)[i];
     case ANNEAL_I8: return (double)((const int8_t *)base)[i];
@@ -269,9 +274,9 @@ HD double load_d(const void *base, int dt, int64_t i) {
  * integers truncate toward zero. */
 HD void store_d(void *base, int dt, int64_t i, double v) {
     switch (dt) {
-    case ANNEAL_F32: ((float *)base)[i] = d2f(v); break;
-    case ANNEAL_BF16: ((uint16_t *)base)[i] = f32_to_bf16(d2f(v)); break;
-    case ANNEAL_F16: ((uint16_t *)base)[i] = f32_to_f16(d2f(v)); break;
+    case ANNEAL_F32: ((float *)base)[i] = rn_d2f(v); break;
+    case ANNEAL_BF16: ((uint16_t *)base)[i] = f32_to_bf16(rn_d2f(v)); break;
+    case ANNEAL_F16: ((uint16_t *)base)[i] = f32_to_f16(rn_d2f(v)); break;
     case ANNEAL_I32: ((int32_t *)base)[i] = d2i32(v); break;
     case ANNEAL_I64: ((long long *)base)[i] = (long long)d2i64(v); break;
     case ANNEAL_U16: ((uint16_t *)base)[i] = (uint16_t)(uint32_t)d2i32(v); break;
@@ -291,10 +296,10 @@ HD int64_t load_i64(const void *base, int dt, int64_t i) {
 
 HD void store_i64(void *base, int dt, int64_t i, int64_t v) {
     if (dt == ANNEAL_I64) ((long long *)base)[i] = (long long)v;
-    else store_d(base, dt, i, ll2d((long long)v));
+    else store_d(base, dt, i, rn_ll2d((long long)v));
 }
 
-bool dtype_is_int(anneal_dtype dt) {
+static bool dtype_is_int(anneal_dtype dt) {
     return dt == ANNEAL_I32 || dt == ANNEAL_I64 || dt == ANNEAL_U16 || dt == ANNEAL_U8 || dt == ANNEAL_I8;
 }
 
@@ -302,7 +307,7 @@ bool dtype_is_int(anneal_dtype dt) {
 
 /* dst = src for same-dtype elements of T's size (a bit copy, like the CPU's memcpy). */
 template <typename T>
-__global__ void copy_same_kernel(view dv, view sv, int64_t n, T *dst, const T *src) {
+static __global__ void copy_same_kernel(view dv, view sv, int64_t n, T *dst, const T *src) {
     GRID_STRIDE(i, n) dst[view_offset(dv, i)] = src[view_offset(sv, i)];
 }
 
@@ -314,19 +319,19 @@ HD void copy_convert_item(const view &dv, const view &sv, int64_t i, void *dst, 
     else store_d(dst, dd, od, load_d(src, sd, os));
 }
 
-__global__ void copy_convert_kernel(view dv, view sv, int64_t n, void *dst, int dd, const void *src, int sd,
+static __global__ void copy_convert_kernel(view dv, view sv, int64_t n, void *dst, int dd, const void *src, int sd,
                                     bool ints) {
     GRID_STRIDE(i, n) copy_convert_item(dv, sv, i, dst, dd, src, sd, ints);
 }
 
 /* Every element of the view = bits. */
 template <typename T>
-__global__ void fill_kernel(view v, int64_t n, T *dst, T bits) {
+static __global__ void fill_kernel(view v, int64_t n, T *dst, T bits) {
     GRID_STRIDE(i, n) dst[view_offset(v, i)] = bits;
 }
 
 /* Queues the same-dtype strided copy for element size esz. */
-anneal_status launch_copy_same(anneal_cuda_ctx *c, const view &dv, const view &sv, int64_t n, size_t esz,
+static anneal_status launch_copy_same(anneal_cuda_ctx *c, const view &dv, const view &sv, int64_t n, size_t esz,
                                void *dst, const void *src) {
     unsigned g = grid_for(c, n);
     switch (esz) {
@@ -342,7 +347,7 @@ anneal_status launch_copy_same(anneal_cuda_ctx *c, const view &dv, const view &s
 /* dst = src (same shape): a device-to-device memcpy when both are contiguous in the
  * same dtype (through scratch when they partly overlap, as memmove), else one strided
  * kernel. */
-anneal_status cuda_copy(void *ctx, anneal_tensor *dst, const anneal_tensor *src) {
+static anneal_status cuda_copy(void *ctx, anneal_tensor *dst, const anneal_tensor *src) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
     if (st != ANNEAL_OK) return st;
@@ -378,7 +383,7 @@ anneal_status cuda_copy(void *ctx, anneal_tensor *dst, const anneal_tensor *src)
 
 /* The bits the CPU's store_double writes for value in dtype dt (host side: the same C
  * casts and conversions as src/cpu/elementwise.c). */
-uint64_t fill_bits(anneal_dtype dt, double value) {
+static uint64_t fill_bits(anneal_dtype dt, double value) {
     uint64_t bits = 0;
     switch (dt) {
     case ANNEAL_F32: { float f = (float)value; memcpy(&bits, &f, 4); break; }
@@ -397,7 +402,7 @@ uint64_t fill_bits(anneal_dtype dt, double value) {
 
 /* Every element of dst = value: cudaMemsetAsync where the bytes allow it (contiguous,
  * a zero or one-byte pattern), else a strided kernel writing the converted bits. */
-anneal_status cuda_fill(void *ctx, anneal_tensor *dst, double value) {
+static anneal_status cuda_fill(void *ctx, anneal_tensor *dst, double value) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
     if (st != ANNEAL_OK) return st;
@@ -428,26 +433,26 @@ anneal_status cuda_fill(void *ctx, anneal_tensor *dst, double value) {
 
 HD float binary_apply(int op, float x, float y) {
     switch (op) {
-    case ANNEAL_ADD: return fadd(x, y);
-    case ANNEAL_SUB: return fsub(x, y);
-    case ANNEAL_MUL: return fmul(x, y);
-    default: return fdiv(x, y);
+    case ANNEAL_ADD: return rn_fadd(x, y);
+    case ANNEAL_SUB: return rn_fsub(x, y);
+    case ANNEAL_MUL: return rn_fmul(x, y);
+    default: return rn_fdiv(x, y);
     }
 }
 
 /* out[i] = a[i] op b[i], all three contiguous (out may be a). */
-__global__ void binary_contig_kernel(int op, int64_t n, float *out, const float *a, const float *b) {
+static __global__ void binary_contig_kernel(int op, int64_t n, float *out, const float *a, const float *b) {
     GRID_STRIDE(i, n) out[i] = binary_apply(op, a[i], b[i]);
 }
 
 /* out[i] = a op b at row-major element i, a and b strided (0 where broadcast). */
-__global__ void binary_strided_kernel(int op, view av, view bv, int64_t n, float *out, const float *a,
+static __global__ void binary_strided_kernel(int op, view av, view bv, int64_t n, float *out, const float *a,
                                       const float *b) {
     GRID_STRIDE(i, n) out[i] = binary_apply(op, a[view_offset(av, i)], b[view_offset(bv, i)]);
 }
 
 /* out = a op b in f32 (out contiguous; out may alias a). */
-anneal_status cuda_binary(void *ctx, anneal_binary_op op, anneal_tensor *out, const anneal_tensor *a,
+static anneal_status cuda_binary(void *ctx, anneal_binary_op op, anneal_tensor *out, const anneal_tensor *a,
                           const anneal_tensor *b) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
@@ -483,114 +488,114 @@ anneal_status cuda_binary(void *ctx, anneal_binary_op op, anneal_tensor *out, co
 HD float vexpf(float x) {
     float xk = x > -105.0f ? x : -105.0f; /* NaN -> -105, restored at the end */
     xk = xk < 89.0f ? xk : 89.0f;
-    float nf = fsub(fadd(fmul(xk, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+    float nf = rn_fsub(rn_fadd(rn_fmul(xk, 1.44269504088896341f), 12582912.0f), 12582912.0f);
     int32_t n = (int32_t)nf;
-    float r = fsub(xk, fmul(nf, 0.693359375f));
-    r = fsub(r, fmul(nf, -2.12194440e-4f));
+    float r = rn_fsub(xk, rn_fmul(nf, 0.693359375f));
+    r = rn_fsub(r, rn_fmul(nf, -2.12194440e-4f));
     float p = 1.9875691500e-4f;
-    p = fadd(fmul(p, r), 1.3981999507e-3f);
-    p = fadd(fmul(p, r), 8.3334519073e-3f);
-    p = fadd(fmul(p, r), 4.1665795894e-2f);
-    p = fadd(fmul(p, r), 1.6666665459e-1f);
-    p = fadd(fmul(p, r), 5.0000001201e-1f);
-    p = fadd(fadd(fmul(p, fmul(r, r)), r), 1.0f);
+    p = rn_fadd(rn_fmul(p, r), 1.3981999507e-3f);
+    p = rn_fadd(rn_fmul(p, r), 8.3334519073e-3f);
+    p = rn_fadd(rn_fmul(p, r), 4.1665795894e-2f);
+    p = rn_fadd(rn_fmul(p, r), 1.6666665459e-1f);
+    p = rn_fadd(rn_fmul(p, r), 5.0000001201e-1f);
+    p = rn_fadd(rn_fadd(rn_fmul(p, rn_fmul(r, r)), r), 1.0f);
     int32_t h = n >> 1;
     float s1 = bits_f32((uint32_t)(h + 127) << 23);
     float s2 = bits_f32((uint32_t)(n - h + 127) << 23);
-    float res = fmul(fmul(p, s1), s2);
+    float res = rn_fmul(rn_fmul(p, s1), s2);
     return x == x ? res : x;
 }
 
 /* pointwise.c's erfc_poly. */
 HD float erfc_poly(float t) {
     float p = 0.17087277f;
-    p = fadd(fmul(p, t), -0.82215223f);
-    p = fadd(fmul(p, t), 1.48851587f);
-    p = fadd(fmul(p, t), -1.13520398f);
-    p = fadd(fmul(p, t), 0.27886807f);
-    p = fadd(fmul(p, t), -0.18628806f);
-    p = fadd(fmul(p, t), 0.09678418f);
-    p = fadd(fmul(p, t), 0.37409196f);
-    p = fadd(fmul(p, t), 1.00002368f);
-    return fadd(fmul(p, t), -1.26551223f);
+    p = rn_fadd(rn_fmul(p, t), -0.82215223f);
+    p = rn_fadd(rn_fmul(p, t), 1.48851587f);
+    p = rn_fadd(rn_fmul(p, t), -1.13520398f);
+    p = rn_fadd(rn_fmul(p, t), 0.27886807f);
+    p = rn_fadd(rn_fmul(p, t), -0.18628806f);
+    p = rn_fadd(rn_fmul(p, t), 0.09678418f);
+    p = rn_fadd(rn_fmul(p, t), 0.37409196f);
+    p = rn_fadd(rn_fmul(p, t), 1.00002368f);
+    return rn_fadd(rn_fmul(p, t), -1.26551223f);
 }
 
 /* pointwise.c's gelu_cdf: Phi(x), with e^(-xh^2/2) and -xl*(x+xh)/2 for the density. */
 HD float gelu_cdf(float x, float *e_hi, float *e_lo) {
     float ax = x < 0.0f ? -x : x;
-    float cap = fmul(GELU_Z_MAX, 1.41421356f);
+    float cap = rn_fmul(GELU_Z_MAX, 1.41421356f);
     ax = ax < cap ? ax : cap; /* NaN -> cap */
     float xh = bits_f32((uint32_t)f32_bits(ax) & 0xFFFFF000u);
-    float lo = fmul(-0.5f, fmul(fsub(ax, xh), fadd(ax, xh)));
-    float z = fmul(ax, GELU_SQRT1_2);
-    float t = fdiv(1.0f, fadd(1.0f, fmul(0.5f, z)));
-    float eh = vexpf(fmul(-0.5f, fmul(xh, xh)));
-    float half_erfc = fmul(fmul(fmul(0.5f, t), eh), vexpf(fadd(lo, erfc_poly(t))));
+    float lo = rn_fmul(-0.5f, rn_fmul(rn_fsub(ax, xh), rn_fadd(ax, xh)));
+    float z = rn_fmul(ax, GELU_SQRT1_2);
+    float t = rn_fdiv(1.0f, rn_fadd(1.0f, rn_fmul(0.5f, z)));
+    float eh = vexpf(rn_fmul(-0.5f, rn_fmul(xh, xh)));
+    float half_erfc = rn_fmul(rn_fmul(rn_fmul(0.5f, t), eh), vexpf(rn_fadd(lo, erfc_poly(t))));
     *e_hi = eh;
     *e_lo = lo;
-    return x < 0.0f ? half_erfc : fsub(1.0f, half_erfc);
+    return x < 0.0f ? half_erfc : rn_fsub(1.0f, half_erfc);
 }
 
 /* f(x; alpha) of one element, as the CPU's unary kernels compute it. */
 HD float unary_apply(int op, float x, float alpha) {
     switch (op) {
-    case ANNEAL_UNARY_SCALE: return fmul(alpha, x);
-    case ANNEAL_UNARY_ADD_SCALAR: return fadd(x, alpha);
+    case ANNEAL_UNARY_SCALE: return rn_fmul(alpha, x);
+    case ANNEAL_UNARY_ADD_SCALAR: return rn_fadd(x, alpha);
     case ANNEAL_UNARY_GELU_TANH: {
-        float u = fmul(GELU_SQRT_2_OVER_PI, fadd(x, fmul(GELU_KAPPA, fmul(fmul(x, x), x))));
-        return fdiv(x, fadd(1.0f, vexpf(fmul(-2.0f, u))));
+        float u = rn_fmul(GELU_SQRT_2_OVER_PI, rn_fadd(x, rn_fmul(GELU_KAPPA, rn_fmul(rn_fmul(x, x), x))));
+        return rn_fdiv(x, rn_fadd(1.0f, vexpf(rn_fmul(-2.0f, u))));
     }
     case ANNEAL_UNARY_GELU_ERF: {
         float eh, lo;
-        return fmul(x, gelu_cdf(x, &eh, &lo));
+        return rn_fmul(x, gelu_cdf(x, &eh, &lo));
     }
     default: /* SILU */
-        return fdiv(x, fadd(1.0f, vexpf(-x)));
+        return rn_fdiv(x, rn_fadd(1.0f, vexpf(-x)));
     }
 }
 
 /* dy * f'(x; alpha) of one element, as the CPU's backward kernels compute it. */
 HD float unary_bwd_apply(int op, float x, float g, float alpha) {
     switch (op) {
-    case ANNEAL_UNARY_SCALE: return fmul(alpha, g);
+    case ANNEAL_UNARY_SCALE: return rn_fmul(alpha, g);
     case ANNEAL_UNARY_ADD_SCALAR: return g;
     case ANNEAL_UNARY_GELU_TANH: {
-        float x2 = fmul(x, x);
-        float u = fmul(GELU_SQRT_2_OVER_PI, fadd(x, fmul(GELU_KAPPA, fmul(x2, x))));
-        float du = fmul(GELU_SQRT_2_OVER_PI, fadd(1.0f, fmul(fmul(3.0f, GELU_KAPPA), x2)));
-        float e = vexpf(fmul(-2.0f, u));
-        float s = fdiv(1.0f, fadd(1.0f, e));
-        float oms = e < bits_f32((uint32_t)0x7f800000) ? fmul(e, s) : 1.0f;
-        return fmul(g, fadd(s, fmul(fmul(fmul(fmul(2.0f, x), s), oms), du)));
+        float x2 = rn_fmul(x, x);
+        float u = rn_fmul(GELU_SQRT_2_OVER_PI, rn_fadd(x, rn_fmul(GELU_KAPPA, rn_fmul(x2, x))));
+        float du = rn_fmul(GELU_SQRT_2_OVER_PI, rn_fadd(1.0f, rn_fmul(rn_fmul(3.0f, GELU_KAPPA), x2)));
+        float e = vexpf(rn_fmul(-2.0f, u));
+        float s = rn_fdiv(1.0f, rn_fadd(1.0f, e));
+        float oms = e < bits_f32((uint32_t)0x7f800000) ? rn_fmul(e, s) : 1.0f;
+        return rn_fmul(g, rn_fadd(s, rn_fmul(rn_fmul(rn_fmul(rn_fmul(2.0f, x), s), oms), du)));
     }
     case ANNEAL_UNARY_GELU_ERF: {
         float eh, lo;
         float cdf = gelu_cdf(x, &eh, &lo);
-        float pdf = fmul(fmul(eh, vexpf(lo)), GELU_INV_SQRT_2PI);
-        return fmul(g, fadd(cdf, fmul(x, pdf)));
+        float pdf = rn_fmul(rn_fmul(eh, vexpf(lo)), GELU_INV_SQRT_2PI);
+        return rn_fmul(g, rn_fadd(cdf, rn_fmul(x, pdf)));
     }
     default: { /* SILU */
-        float s = fdiv(1.0f, fadd(1.0f, vexpf(-x)));
-        return fmul(g, fmul(s, fadd(1.0f, fmul(x, fsub(1.0f, s)))));
+        float s = rn_fdiv(1.0f, rn_fadd(1.0f, vexpf(-x)));
+        return rn_fmul(g, rn_fmul(s, rn_fadd(1.0f, rn_fmul(x, rn_fsub(1.0f, s)))));
     }
     }
 }
 
 /* out[i] = f(x[i]) (out may be x). */
-__global__ void unary_kernel(int op, int64_t n, float *out, const float *x, float alpha) {
+static __global__ void unary_kernel(int op, int64_t n, float *out, const float *x, float alpha) {
     GRID_STRIDE(i, n) out[i] = unary_apply(op, x[i], alpha);
 }
 
 /* dx[i] = dy[i] * f'(x[i]); x is not read (may be NULL) for SCALE and ADD_SCALAR. */
-__global__ void unary_bwd_kernel(int op, int64_t n, float *dx, const float *x, const float *dy, float alpha) {
+static __global__ void unary_bwd_kernel(int op, int64_t n, float *dx, const float *x, const float *dy, float alpha) {
     bool need_x = op != ANNEAL_UNARY_SCALE && op != ANNEAL_UNARY_ADD_SCALAR;
     GRID_STRIDE(i, n) dx[i] = unary_bwd_apply(op, need_x ? x[i] : 0.0f, dy[i], alpha);
 }
 
-bool unary_op_known(anneal_unary_op op) { return (unsigned)op <= (unsigned)ANNEAL_UNARY_SILU; }
+static bool unary_op_known(anneal_unary_op op) { return (unsigned)op <= (unsigned)ANNEAL_UNARY_SILU; }
 
 /* out = f(x; alpha), contiguous f32. */
-anneal_status cuda_unary(void *ctx, anneal_unary_op op, anneal_tensor *out, const anneal_tensor *x, float alpha) {
+static anneal_status cuda_unary(void *ctx, anneal_unary_op op, anneal_tensor *out, const anneal_tensor *x, float alpha) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
     if (st != ANNEAL_OK) return st;
@@ -603,7 +608,7 @@ anneal_status cuda_unary(void *ctx, anneal_unary_op op, anneal_tensor *out, cons
 }
 
 /* dx = dy * f'(x; alpha), contiguous f32. */
-anneal_status cuda_unary_bwd(void *ctx, anneal_unary_op op, anneal_tensor *dx, const anneal_tensor *x,
+static anneal_status cuda_unary_bwd(void *ctx, anneal_unary_op op, anneal_tensor *dx, const anneal_tensor *x,
                              const anneal_tensor *dy, float alpha) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
@@ -625,18 +630,18 @@ anneal_status cuda_unary_bwd(void *ctx, anneal_unary_op op, anneal_tensor *dx, c
 HD float scale_by_factor(const float *s, const long long *count, double factor) {
     double sv = s ? (double)*s : 1.0;
     long long cn = count ? *count : 0;
-    double f = cn ? ddiv(factor, ll2d(cn)) : factor;
-    return d2f(dmul(sv, f));
+    double f = cn ? rn_ddiv(factor, rn_ll2d(cn)) : factor;
+    return rn_d2f(rn_dmul(sv, f));
 }
 
-__global__ void scale_by_kernel(int64_t n, float *x, const float *s, const long long *count, double factor) {
+static __global__ void scale_by_kernel(int64_t n, float *x, const float *s, const long long *count, double factor) {
     float c = scale_by_factor(s, count, factor);
     if (c == 1.0f) return;
-    GRID_STRIDE(i, n) x[i] = fmul(c, x[i]);
+    GRID_STRIDE(i, n) x[i] = rn_fmul(c, x[i]);
 }
 
 /* x *= (float)(s * f) without reading s or count on the host. */
-anneal_status cuda_scale_by(void *ctx, anneal_tensor *x, const anneal_tensor *s, const anneal_tensor *count,
+static anneal_status cuda_scale_by(void *ctx, anneal_tensor *x, const anneal_tensor *s, const anneal_tensor *count,
                             double factor) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
@@ -655,13 +660,13 @@ anneal_status cuda_scale_by(void *ctx, anneal_tensor *x, const anneal_tensor *s,
 
 /* The sum of every thread's v in the block (kThreads threads, all calling), by a fixed
  * pairwise tree in double. */
-__device__ double block_sum(double v) {
+static __device__ double block_sum(double v) {
     __shared__ double sh[kThreads];
     sh[threadIdx.x] = v;
     __syncthreads();
 #pragma unroll
     for (int w = kThreads / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w) sh[threadIdx.x] = dadd(sh[threadIdx.x], sh[threadIdx.x + w]);
+        if ((int)threadIdx.x < w) sh[threadIdx.x] = rn_dadd(sh[threadIdx.x], sh[threadIdx.x + w]);
         __syncthreads();
     }
     double r = sh[0];
@@ -680,46 +685,48 @@ HD void reduce_pass1_item(const view &kv, const view &rv, int64_t n_out, int64_t
     int64_t s = s_fast ? t % S : t / n_out;
     const float *base = x + view_offset(kv, o);
     double acc = 0.0;
-    for (int64_t r = s; r < n_red; r += S) acc = dadd(acc, (double)base[view_offset(rv, r)]);
-    if (S == 1) out[o] = d2f(acc);
+    for (int64_t r = s; r < n_red; r += S) acc = rn_dadd(acc, (double)base[view_offset(rv, r)]);
+    if (S == 1) out[o] = rn_d2f(acc);
     else part[s * n_out + o] = acc;
 }
 
-__global__ void reduce_pass1_kernel(view kv, view rv, int64_t n_out, int64_t n_red, int64_t S, bool s_fast,
+static __global__ void reduce_pass1_kernel(view kv, view rv, int64_t n_out, int64_t n_red, int64_t S, bool s_fast,
                                     const float *x, double *part, float *out) {
     GRID_STRIDE(t, n_out * S) reduce_pass1_item(kv, rv, n_out, n_red, S, s_fast, x, part, out, t);
 }
 
 /* reduce_sum pass 2, few runs: one thread per output adds its S partials in order. */
-__global__ void reduce_pass2_seq_kernel(int64_t n_out, int64_t S, const double *part, float *out) {
+static __global__ void reduce_pass2_seq_kernel(int64_t n_out, int64_t S, const double *part, float *out) {
     GRID_STRIDE(o, n_out) {
         double acc = 0.0;
-        for (int64_t s = 0; s < S; s++) acc = dadd(acc, part[s * n_out + o]);
-        out[o] = d2f(acc);
+        for (int64_t s = 0; s < S; s++) acc = rn_dadd(acc, part[s * n_out + o]);
+        out[o] = rn_d2f(acc);
     }
 }
 
 /* reduce_sum pass 2, many runs: one block per output; thread j adds partials j, j +
  * kThreads, ... in order, then block_sum. */
-__global__ void reduce_pass2_block_kernel(int64_t n_out, int64_t S, const double *part, float *out) {
+static __global__ void reduce_pass2_block_kernel(int64_t n_out, int64_t S, const double *part, float *out) {
     for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
         double acc = 0.0;
-        for (int64_t s = threadIdx.x; s < S; s += kThreads) acc = dadd(acc, part[s * n_out + o]);
+        for (int64_t s = threadIdx.x; s < S; s += kThreads) acc = rn_dadd(acc, part[s * n_out + o]);
         double total = block_sum(acc);
-        if (threadIdx.x == 0) out[o] = d2f(total);
+        if (threadIdx.x == 0) out[o] = rn_d2f(total);
     }
 }
 
 /* How reduce_sum splits its work: x seen as kept dims (kv, n_out outputs) times reduced
  * dims (rv, n_red each); S runs per output (1: no second pass); s_fast as in
  * reduce_pass1_item. Depends on the shapes and strides only. */
+namespace {
 struct reduce_plan {
     view kv, rv;
     int64_t n_out, n_red, S;
     bool s_fast;
 };
+} // namespace
 
-void reduce_plan_make(const anneal_tensor *out, const anneal_tensor *x, reduce_plan *p) {
+static void reduce_plan_make(const anneal_tensor *out, const anneal_tensor *x, reduce_plan *p) {
     int64_t kshape[kMaxDims], kstride[kMaxDims], rshape[kMaxDims], rstride[kMaxDims];
     int nk = 0, nr = 0;
     for (int d = 0; d < x->ndim; d++) {
@@ -748,7 +755,7 @@ void reduce_plan_make(const anneal_tensor *out, const anneal_tensor *x, reduce_p
  * the reduced elements are many (partials in ANNEAL_CUDA_SCRATCH_REDUCE): a bias
  * gradient (65536, C) -> (1, C) is C * ~340 runs of ~190 rows, then C sums of ~340. The
  * tree depends on the shapes only. */
-anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor *x) {
+static anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor *x) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
     if (st != ANNEAL_OK) return st;
@@ -783,11 +790,11 @@ anneal_status cuda_reduce_sum(void *ctx, anneal_tensor *out, const anneal_tensor
 
 /* sum_squares pass 1: block b's thread j adds x[i]^2 in double for i = b * kThreads + j
  * + k * gridDim.x * kThreads in order; block_sum; dst[b] = the block's sum. */
-__global__ void sumsq_pass1_kernel(int64_t n, const float *x, double *dst) {
+static __global__ void sumsq_pass1_kernel(int64_t n, const float *x, double *dst) {
     double acc = 0.0;
     GRID_STRIDE(i, n) {
         double v = (double)x[i];
-        acc = dadd(acc, dmul(v, v));
+        acc = rn_dadd(acc, rn_dmul(v, v));
     }
     double total = block_sum(acc);
     if (threadIdx.x == 0) dst[blockIdx.x] = total;
@@ -795,16 +802,16 @@ __global__ void sumsq_pass1_kernel(int64_t n, const float *x, double *dst) {
 
 /* sum_squares pass 2: one block adds the g partials (thread j: j, j + kThreads, ...),
  * then block_sum into *dst. */
-__global__ void sumsq_pass2_kernel(int64_t g, const double *part, double *dst) {
+static __global__ void sumsq_pass2_kernel(int64_t g, const double *part, double *dst) {
     double acc = 0.0;
-    for (int64_t s = threadIdx.x; s < g; s += kThreads) acc = dadd(acc, part[s]);
+    for (int64_t s = threadIdx.x; s < g; s += kThreads) acc = rn_dadd(acc, part[s]);
     double total = block_sum(acc);
     if (threadIdx.x == 0) *dst = total;
 }
 
 /* out[index] = the sum of squares of x (contiguous f32) in double; the block count, and
  * so the tree, depends on numel only. */
-anneal_status cuda_sum_squares(void *ctx, anneal_tensor *out, int64_t index, const anneal_tensor *x) {
+static anneal_status cuda_sum_squares(void *ctx, anneal_tensor *out, int64_t index, const anneal_tensor *x) {
     anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
     anneal_status st = anneal_cuda_ensure(c);
     if (st != ANNEAL_OK) return st;
@@ -829,8 +836,6 @@ anneal_status cuda_sum_squares(void *ctx, anneal_tensor *out, int64_t index, con
     sumsq_pass2_kernel<<<1, kThreads, 0, c->stream>>>(g, part, dst);
     return anneal_cuda_launch_check("sum_squares");
 }
-
-} // namespace
 
 /* Fills the elementwise slots: copy, fill, binary, unary, unary_bwd, scale_by,
  * reduce_sum, sum_squares. */
