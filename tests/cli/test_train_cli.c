@@ -179,6 +179,9 @@ TEST(bad_flags_name_the_flag) {
 TEST(info_and_help) {
     if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     CHECK_TRUE(run("info", buf, sizeof buf) == 0 && strstr(buf, "anneal ") && strstr(buf, "threads"));
+    /* GPUs are listed, or the reason there are none (not built, no driver, no device) */
+    CHECK(strstr(buf, "gpus: ") != NULL && (strstr(buf, "gpus: none (") || strstr(buf, "gpu 0: ")),
+          "info lacks its gpus part: %s", buf);
     CHECK_TRUE(run("train --help", buf, sizeof buf) == 0);
     const char *flags[] = {"--model", "--config", "--init", "--data", "--batch", "--seq", "--accum", "--steps",
                            "--tokens", "--lr", "--min-lr", "--warmup", "--schedule", "--weight-decay", "--beta1",
