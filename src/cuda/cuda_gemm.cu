@@ -111,10 +111,13 @@ anneal_status lt_error(const char *func, cublasStatus_t s, const problem *p, boo
                             (long long)p->batch, compute_name(p->compute, tf32));
 }
 
-/* The largest power of two (at most 256) dividing the address of every matrix of the
- * batch: base and, when it moves, the batch stride in bytes. */
+/* The largest power of two (at most 16) dividing the address of every matrix of the
+ * batch: base and, when it moves, the batch stride in bytes. Capped at 16 (what
+ * vectorised loads and TMA need) rather than cuBLASLt's default 256 so that the key,
+ * hence the algorithm, hence the bits, do not depend on where the allocator placed a
+ * block (it promises 64 bytes). */
 int32_t alignment_of(const void *p, int64_t stride_bytes, int64_t batch) {
-    uint64_t a = (uint64_t)(uintptr_t)p | 256u;
+    uint64_t a = (uint64_t)(uintptr_t)p | 16u;
     if (batch > 1 && stride_bytes != 0) a |= (uint64_t)stride_bytes;
     return (int32_t)(a & (~a + 1)); /* lowest set bit */
 }
