@@ -26,9 +26,12 @@
  * Epilogues are not cuBLASLt's: after the product, one elementwise kernel over C adds the
  * bias, stores the pre-activation (aux_out) and applies tanh-GELU or SiLU times aux_in, in
  * the CPU's operation order (gemm_precision.c; rounded operations, no FMA contraction;
- * expf is CUDA's, so the last bit may differ from the CPU's exp). BSUM's column sums are a
- * separate kernel reading the f32 B as given: one thread per column j, a sequential f32
- * sum over k in ascending order (the CPU's arithmetic; no atomics). K == 0 or alpha == 0:
+ * expf is CUDA's, so the last bit may differ from the CPU's exp). BSUM's column sums read
+ * the f32 B as given, before the product: each column summed in f32 over fixed chunks of
+ * 512 rows in ascending k, then the chunk sums in ascending order (no atomics; the shape
+ * depends on K only; for K <= 512 exactly the CPU's sequential sum, beyond it a
+ * deterministic chunked one: the one-thread-per-column sequential sum left a GPT-2 bias
+ * gradient (K = B*T rows) on a few dozen warps for milliseconds). K == 0 or alpha == 0:
  * C = beta * C (beta == 0 writes zeros, never reading C), then the epilogue, as the CPU.
  *
  * Plans. One cublasLtHandle_t (ctx->cublaslt), one 32 MiB device workspace and a table of
@@ -400,19 +403,39 @@ __global__ void epilogue_kernel(int64_t nb, int64_t M, int64_t N, float *C, int6
     }
 }
 
-/* sum[j] = op(B)[0, j] + op(B)[1, j] + ... in ascending k, f32, from 0 (the CPU's
- * column_sums_block): one thread per column. */
-__global__ void colsum_kernel(int64_t K, int64_t N, const float *__restrict__ B, int64_t ldb, bool tb,
-                              float *__restrict__ sum) {
+constexpr int64_t kSumChunk = 512; /* rows of op(B) per partial column sum */
+
+/* Partial column sums of op(B): part[c * N + j] = the f32 sum of op(B)[k, j] over the
+ * rows k of chunk c ([c * kSumChunk, min(K, (c + 1) * kSumChunk))), added one at a time
+ * in ascending k from 0.0f. Columns over x (coalesced when B is row-major K x N), chunks
+ * over y (grid-stride in both). */
+__global__ void colsum_partial_kernel(int64_t K, int64_t N, const float *__restrict__ B, int64_t ldb, bool tb,
+                                      float *__restrict__ part) {
+    const int64_t nchunks = (K + kSumChunk - 1) / kSumChunk;
+    for (int64_t ch = blockIdx.y; ch < nchunks; ch += gridDim.y) {
+        const int64_t k0 = ch * kSumChunk, k1 = k0 + kSumChunk < K ? k0 + kSumChunk : K;
+        for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x) {
+            float t = 0.0f;
+            if (!tb) {
+                const float *p = B + j;
+#pragma unroll 8
+                for (int64_t k = k0; k < k1; k++) t = __fadd_rn(t, p[k * ldb]);
+            } else {
+                const float *p = B + j * ldb;
+#pragma unroll 8
+                for (int64_t k = k0; k < k1; k++) t = __fadd_rn(t, p[k]);
+            }
+            part[ch * N + j] = t;
+        }
+    }
+}
+
+/* sum[j] = the partial sums of column j added in ascending chunk order from 0.0f. */
+__global__ void colsum_final_kernel(int64_t nchunks, int64_t N, const float *__restrict__ part,
+                                    float *__restrict__ sum) {
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x) {
         float t = 0.0f;
-        if (!tb) {
-            const float *p = B + j;
-            for (int64_t k = 0; k < K; k++) t = __fadd_rn(t, p[k * ldb]);
-        } else {
-            const float *p = B + j * ldb;
-            for (int64_t k = 0; k < K; k++) t = __fadd_rn(t, p[k]);
-        }
+        for (int64_t ch = 0; ch < nchunks; ch++) t = __fadd_rn(t, part[ch * N + j]);
         sum[j] = t;
     }
 }
@@ -593,6 +616,32 @@ anneal_status product(anneal_cuda_ctx *c, const problem *p, float *C, const floa
     return ANNEAL_OK;
 }
 
+/* sum[j] = the column sums of op(B) as given (f32), zeros when K == 0: partial sums of
+ * fixed chunks of kSumChunk rows in ascending k, then the partials in ascending order
+ * (with one chunk, K <= kSumChunk, exactly the CPU's sequential sum). The chunking
+ * depends on K only, so the bits do not depend on the GPU. */
+anneal_status column_sums(anneal_cuda_ctx *c, const problem *p, const float *B, float *sum) {
+    const int64_t nchunks = p->K > 0 ? (p->K + kSumChunk - 1) / kSumChunk : 0;
+    int64_t bx = (p->N + 255) / 256;
+    if (bx > 65535) bx = 65535;
+    float *part = sum; /* nchunks <= 1: the partial is the sum (0.0f + t == t but for -0) */
+    if (nchunks > 1) {
+        part = (float *)anneal_cuda_scratch(c, ANNEAL_CUDA_SCRATCH_GEMM_C, (size_t)(nchunks * p->N) * sizeof(float));
+        if (!part) return anneal_last_status();
+    }
+    if (nchunks == 0) {
+        /* K == 0: zeros (the final kernel over no chunks) */
+        colsum_final_kernel<<<(unsigned)bx, 256, 0, c->stream>>>(0, p->N, NULL, sum);
+        return anneal_cuda_launch_check("matmul (bsum)");
+    }
+    dim3 grid((unsigned)bx, (unsigned)(nchunks < 65535 ? nchunks : 65535), 1);
+    colsum_partial_kernel<<<grid, 256, 0, c->stream>>>(p->K, p->N, B, p->ldb, p->tb, part);
+    anneal_status s = anneal_cuda_launch_check("matmul (bsum)");
+    if (s != ANNEAL_OK || nchunks == 1) return s;
+    colsum_final_kernel<<<(unsigned)bx, 256, 0, c->stream>>>(nchunks, p->N, part, sum);
+    return anneal_cuda_launch_check("matmul (bsum)");
+}
+
 /* The descriptor's shape as a problem; ANNEAL_ERR_ARG / UNSUPPORTED for what it cannot be. */
 anneal_status problem_of(const anneal_matmul_desc *d, problem *p) {
     if (d->compute != ANNEAL_F32 && d->compute != ANNEAL_BF16 && d->compute != ANNEAL_F16)
@@ -640,11 +689,7 @@ anneal_status cuda_matmul(void *ctx, const anneal_matmul_desc *d, anneal_tensor 
             return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cuda matmul: f32 epilogue operands only");
     if (p.N == 0) return ANNEAL_OK;
     if (e == ANNEAL_EPILOGUE_BSUM) {
-        /* the column sums of op(B) as given (f32, ascending k): zeros when K == 0 */
-        int64_t blocks = (p.N + 127) / 128;
-        colsum_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 128, 0, c->stream>>>(
-            p.K, p.N, B, p.ldb, p.tb, (float *)anneal_data(d->bsum));
-        s = anneal_cuda_launch_check("matmul (bsum)");
+        s = column_sums(c, &p, B, (float *)anneal_data(d->bsum));
         if (s != ANNEAL_OK) return s;
     }
     if (p.M == 0) return ANNEAL_OK;
