@@ -557,7 +557,7 @@ anneal_status convert_operand(anneal_cuda_ctx *c, anneal_cuda_scratch_id id, ann
     int64_t sd = stride == 0 ? 0 : rows * ldd;
     size_t bytes = (size_t)(n * rows * ldd) * 2;
     void *dst = anneal_cuda_scratch(c, id, bytes);
-    if (!dst) return ANNEAL_ERR_OOM; /* recorded by anneal_cuda_scratch */
+    if (!dst) return anneal_last_status(); /* recorded by anneal_cuda_scratch */
     dim3 grid, block;
     grid_rows_cols(n * rows, cols, &grid, &block);
     if (compute == ANNEAL_BF16) {
