@@ -142,8 +142,8 @@ anneal_status cuda_check_index(void *ctx, const char *op, const char *what, cons
     if (st != ANNEAL_OK) return st;
     int64_t len = anneal_numel(ids);
     if (len >= (int64_t)0xFFFFFFFF)
-        return anneal_set_error(ANNEAL_ERR_ARG, "%s: %lld %ss are more than the CUDA index check handles", op,
-                                (long long)len, what);
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: %lld %s values are more than the CUDA index check handles (2^32 - 1)",
+                                op, (long long)len, what);
     unsigned long long *cnt = count ? (unsigned long long *)anneal_data(count) : NULL;
     if (cnt && (st = anneal_cuda_check(cudaMemsetAsync(cnt, 0, sizeof *cnt, c->stream), "check_index")) != ANNEAL_OK)
         return st;
@@ -286,20 +286,29 @@ anneal_status cuda_embedding_bwd(void *ctx, anneal_tensor *dw, const anneal_tens
 
 /* ---------------------------------------------------------- cross-entropy */
 
-/* One row's loss and logsumexp: m = max, s = sum of expf(x - m) in double (0 when m is
- * -inf, as the CPU skips all -inf blocks), lse = (float)(m + log s), loss =
- * (float)((m - xt) + log s) in double. Every thread of the block calls it; thread 0's
- * results are the row's (all threads get the same). */
+/* One row's loss and logsumexp in one read of the row: each thread keeps an online
+ * (max m_k, sum s_k of expf(x - m_k) in double, rescaled when m_k grows); the block
+ * then takes m = the row max and s = the sum of s_k * exp(m_k - m) in double by a fixed
+ * tree. -inf logits add nothing (s = 0 when every logit is -inf, as the CPU skips all
+ * -inf blocks). lse = (float)(m + log s), loss = (float)((m - xt) + log s) in double.
+ * Every thread of the block calls it; all get the same results. */
 __device__ void ce_row(const float *x, int64_t V, float xt, float *loss, float *lse) {
     __shared__ float shf[32];
     __shared__ double shd[32];
-    float m = -INFINITY;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, x[c]);
-    m = block_max(m, shf);
-    double s = 0.0;
-    if (m != -INFINITY)
-        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) s += (double)expf(x[c] - m);
-    s = block_sum(s, shd);
+    float mk = -INFINITY;
+    double sk = 0.0;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+        float xc = x[c];
+        if (xc > mk) {
+            sk = sk * (double)expf(mk - xc) + 1.0; /* 0 * 0 + 1 while mk is -inf */
+            mk = xc;
+        } else if (xc != -INFINITY) {
+            sk += (double)expf(xc - mk); /* NaN logits make the row NaN, as on the CPU */
+        }
+    }
+    float m = block_max(mk, shf);
+    double part = mk == -INFINITY ? 0.0 : sk * exp((double)mk - (double)m);
+    double s = block_sum(part, shd);
     double ls = log(s);
     *lse = (float)((double)m + ls);
     *loss = (float)(((double)m - (double)xt) + ls);
