@@ -160,7 +160,13 @@ def object_symbols(src_root, obj_root):
                     sym, kind = parts[0], parts[1]
                     if kind == "U":
                         undefined.add(sym)
-                    elif kind in "TDBRVWCGSi":  # -g: global symbols only
+                    elif kind in "TDBRVWCGSiu":  # -g: global symbols only
+                        if f.endswith(".cu.o") and (kind in "VWu" or "_GLOBAL__N_" in sym):
+                            # CUDA C++: weak or unique symbols are the toolkit headers' template
+                            # instances and inline variables (CUB, NVTX, libcu++), merged by the
+                            # linker; names in anonymous namespaces (and their launch stubs) are
+                            # per file, though nvcc marks them global
+                            continue
                         defined.add(sym)
                 objs[os.path.relpath(p, src)] = (folder, defined, undefined)
     return objs
