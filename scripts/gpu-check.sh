@@ -163,7 +163,7 @@ if [ "$DO_BUILD" = 1 ]; then
     say "$(stamp)step A: dry run: unpacked and configured (build.log)"
   else
     say "$(stamp)step A: FAILED (rc $brc; build.log ends with:)"
-    tail -5 "$BLOG" | sed 's/^/    /' | tee -a "$SUM" > /dev/null
+    tail -5 "$BLOG" | sed 's/^/    /' | tee -a "$SUM"
     say "    falling back to the packed programs"
   fi
 fi
@@ -197,12 +197,14 @@ run_test() { # NAME WANT_SECONDS
     *) verdict="FAILED (exit $rc)" ;;
   esac
   say "$(stamp)test $name: $verdict"
-  grep -m1 '^SUMMARY' "$log" | sed 's/^/    /' | tee -a "$SUM" > /dev/null
-  # the failing checks and the missing kernels, first 40
-  grep -E 'FAIL$|FAIL  \[|  FAIL|^UNSUPPORTED|call failed' "$log" | grep -v '^  FAIL .*see the FAIL line above' \
-    | head -40 | sed 's/^/    /' | tee -a "$SUM" > /dev/null
-  grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1 | sed 's/^/    /' | tee -a "$SUM" > /dev/null
-  if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then tail -3 "$log" | sed 's/^/    last: /' | tee -a "$SUM" > /dev/null; fi
+  grep -m1 '^SUMMARY' "$log" | sed 's/^/    /' | tee -a "$SUM"
+  # the failing checks (first 40), then the missing kernels counted by slot
+  grep -E 'FAIL$|FAIL  \[|  FAIL|call failed' "$log" | grep -v '^  FAIL .*see the FAIL line above' \
+    | head -40 | sed 's/^/    /' | tee -a "$SUM"
+  grep '^UNSUPPORTED' "$log" | awk '{print $2}' | sort | uniq -c \
+    | awk '{printf "    UNSUPPORTED %s (%d cases)\n", $2, $1}' | tee -a "$SUM"
+  grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1 | sed 's/^/    /' | tee -a "$SUM"
+  if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then tail -3 "$log" | sed 's/^/    last: /' | tee -a "$SUM"; fi
 }
 if [ "$DO_TESTS" = 1 ]; then
   run_test cuda_ops 150

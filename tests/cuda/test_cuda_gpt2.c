@@ -37,7 +37,7 @@ static bool report(const char *what, double err, double tol) {
     n_checks++;
     if (!pass) {
         n_fail++;
-        anneal_test_fail(__FILE__, __LINE__, "%s: %.3e > %.1e", what, err, tol);
+        anneal_test_fail(__FILE__, __LINE__, "see the FAIL line above");
     }
     return pass;
 }
