@@ -23,6 +23,7 @@ BIN=${ANNEAL_BIN:-}
 [ -n "$BIN" ] || { [ -x .gpu-pack/bin/anneal ] && BIN=.gpu-pack/bin/anneal || BIN=build-gpu/anneal; }
 LIBS=${ANNEAL_LIBS:-${LD_LIBRARY_PATH:-}}
 DATA=${DATA:-.gpu-pack/kjv}
+TOK=${TOK:-$(dirname "$DATA")/gpt2}
 STEPS=${STEPS:-12}
 TORCH_STEPS=${TORCH_STEPS:-10}
 SEQ=1024
@@ -81,6 +82,8 @@ anneal_run() {
   local cmd=("$BIN" train --device cuda --model 124M --data "$DATA" --batch "$B" --seq "$SEQ" --dtype bf16
              --steps "$STEPS" --warmup 2 --lr 6e-4 --eval-batches 0 --ckpt-every 0 --keep 1 --log-every 1
              --peak-gflops $((SPEC_TFLOPS * 1000)) --memory-report --out "$run")
+  # prepare.json names the tokenizer by the path it had on the packing machine
+  [ -f "$TOK/encoder.json" ] && cmd+=(--tokenizer "$TOK")
   if [ "$DRY" = 1 ]; then echo "(dry run) LD_LIBRARY_PATH=$LIBS timeout $t ${cmd[*]}"; return; fi
   if [ "$t" -lt 30 ]; then echo "anneal B=$B: NOT RUN (out of time)"; return; fi
   rm -rf "$run"
