@@ -12,8 +12,9 @@
 #                      gpu-check.sh --build to unpack with dpkg -x into a prefix under /tmp
 #   .gpu-pack/MANIFEST what is in it, with the commit it was built from
 # .gpu-pack is git-ignored; the device call carries it (run's carry: [".gpu-pack"]).
-# Usage: bash scripts/gpu-pack.sh            (JOBS=2 by default; PACK_MPI=ON keeps MPI;
-#                                             PACK_NO_BUILD=1 packs an existing build-gpu)
+# Usage: bash scripts/gpu-pack.sh   (JOBS=2 by default; PACK_ARCHS=90 by default (sm_90
+#   device code only: the pack is for the H100); PACK_MPI=ON keeps MPI; PACK_NO_BUILD=1
+#   packs an existing build-gpu; PACK_REFETCH=1 downloads the .debs again)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -21,6 +22,7 @@ BUILD=${BUILD:-build-gpu}
 PACK=.gpu-pack
 JOBS=${JOBS:-2}
 MPI=${PACK_MPI:-OFF}
+ARCHS=${PACK_ARCHS:-90} # the H100's device code only (halves the fatbins; CI builds 80;90)
 TESTS="cuda_test_cuda_ops cuda_test_cuda_gpt2"
 say() { printf '== %s\n' "$*"; }
 
@@ -30,9 +32,10 @@ export PATH=$PATH:/usr/local/cuda/bin
 # 1. the CUDA build (Release; MPI off unless PACK_MPI=ON: one GPU, and a packed libmpi
 #    would meet the GPU machine's own OpenMPI plugins)
 if [ -z "${PACK_NO_BUILD:-}" ]; then
-  say "build: $BUILD (Release, ANNEAL_CUDA=ON, ANNEAL_MPI=$MPI)"
+  say "build: $BUILD (Release, ANNEAL_CUDA=ON, archs $ARCHS, ANNEAL_MPI=$MPI)"
   mkdir -p "$BUILD"
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DANNEAL_CUDA=ON -DANNEAL_MPI="$MPI" > "$BUILD/configure.log" 2>&1 \
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DANNEAL_CUDA=ON -DANNEAL_CUDA_ARCHS="$ARCHS" -DANNEAL_MPI="$MPI" \
+    > "$BUILD/configure.log" 2>&1 \
     || { tail -20 "$BUILD/configure.log" >&2; exit 1; }
   nice cmake --build "$BUILD" -j"$JOBS" --target anneal_cli $TESTS
 fi
@@ -111,7 +114,7 @@ echo "  $(ls "$PACK.tmp/debs" | wc -l) packages"
 {
   echo "gpu-pack of $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)') made $(date -u +%FT%TZ) on $(. /etc/os-release; echo "$PRETTY_NAME")"
   echo "nvcc: $(nvcc --version | tail -2 | head -1)"
-  echo "build: $BUILD Release, ANNEAL_CUDA=ON, ANNEAL_MPI=$MPI"
+  echo "build: $BUILD Release, ANNEAL_CUDA=ON, archs $ARCHS, ANNEAL_MPI=$MPI"
   echo "shards: prepared by $prep_ok with the GPT-2 tokenizer from bible gen1:1-rev22:21"
   (cd "$PACK.tmp" && find . -type f | sort | xargs ls -l | awk '{print $5, $9}')
 } > "$PACK.tmp/MANIFEST"
