@@ -1,5 +1,651 @@
-/* The CUDA backend's attention slots (stub: to be written). */
+/* The CUDA backend's attention slots: flash-style scaled-dot-product attention
+ * (forward and backward) on CUDA cores, never holding a Tq x Tk matrix in memory.
+ *
+ * Layout and arithmetic follow the CPU kernels (src/cpu/attention.c, attention_bf16.c):
+ *
+ * Forward: one thread block per (b, query head h, tile of 64 query rows). It walks the
+ * key tiles (64 keys) up to the last key any row of its tile sees, computes the tile of
+ * scores, updates an online softmax per row (running max m, sum l, f32) and accumulates
+ * P V into an f32 accumulator; at the end o = acc / l, lse = m + log(l). A row that sees
+ * no key gets o = 0 and lse = -inf.
+ *   F32 (also F16): s = (scale q) . k, p = exp(s - m).
+ *   BF16: s = r(q) . r(k), p = exp(scale s - m), acc += r(p) . r(v) (l sums unrounded p),
+ *   r() rounding to bf16 (nearest even); products accumulate in f32.
+ *
+ * Backward (deterministic, no atomics), three kernels:
+ *   1. Dvec_i = dO_i . o_i (in double, from the f32 tensors), into scratch.
+ *   2. dK, dV: one block per (b, key/value head, tile of 64 keys); it walks the query heads
+ *      of its group in ascending order and, for each, the query tiles that see its keys:
+ *      P = exp(scale Q K^T - lse), dP = dO V^T, dS = P (dP - Dvec);
+ *      dV += P^T dO, dK += dS^T Q (registers, fixed order).
+ *   3. dQ: one block per (b, h, tile of 64 query rows), walking its visible key tiles:
+ *      dQ += dS K.
+ *   F32: dS carries the factor scale. BF16: Q, K, V, dO, P and dS are rounded to bf16 as
+ *   product operands, dS is unscaled and dQ, dK are multiplied by scale at the end (dK
+ *   after the sum over its group), as attention_bf16.c does.
+ *
+ * Threads: 256 per block, thread (ty, tx) = (tid / 16, tid % 16) owns the elements of
+ * rows ty + 16 r and columns tx + 16 c of each tile product. Tiles live in shared memory
+ * with an odd row stride (D_MAX + 1, 64 + 1), so row-wise and column-wise reads are free of
+ * bank conflicts. D up to 128 (two instantiations: D <= 64 and D <= 128). */
 #include "cuda_internal.h"
 
-extern "C" void anneal_cuda_table_attention(anneal_backend *b) { (void)b; }
-extern "C" bool anneal_cuda_supports_attention(const anneal_op_query *q) { (void)q; return false; }
+#include <cuda_bf16.h>
+#include <math.h>
+
+namespace {
+
+constexpr int NT = 256; /* threads per block */
+
+/* Number of keys query row i sees: Tk, or i + (Tk - Tq) + 1 clamped to [0, Tk]. */
+__host__ __device__ inline int64_t attn_visible(const anneal_attention_desc &d, int64_t i) {
+    if (!d.causal) return d.Tk;
+    int64_t n = i + (d.Tk - d.Tq) + 1;
+    return n < 0 ? 0 : n > d.Tk ? d.Tk : n;
+}
+
+/* Columns of row i of the key tile starting at k0 with nk keys that row i sees. */
+__host__ __device__ inline int attn_row_keys(const anneal_attention_desc &d, int64_t i, int64_t k0,
+                                             int nk) {
+    int64_t nv = attn_visible(d, i) - k0;
+    return nv < 0 ? 0 : nv > nk ? nk : (int)nv;
+}
+
+/* x rounded to bf16 (nearest even) and back when BF, else x. */
+template <bool BF> __device__ __forceinline__ float attn_op(float x) {
+    if (BF) return __bfloat162float(__float2bfloat16_rn(x));
+    return x;
+}
+
+/* Warp-wide max / sum over all 32 lanes (fixed butterfly: same bits on every call). */
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ double warp_sum_d(double x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* dst[r * (DMAX+1) + c] = op(mul * src[r * st + c]) for r < n, c < D; 0 for the other
+ * r < ROWS, c < DMAX. All threads of the block take part (no barrier inside). */
+template <int ROWS, int DMAX, bool BF>
+__device__ __forceinline__ void load_tile(float *dst, const float *src, int64_t st, int n, int D,
+                                          float mul) {
+    constexpr int LD = DMAX + 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < ROWS; r += NT / 32) {
+        for (int c = lane; c < DMAX; c += 32) {
+            float x = 0.0f;
+            if (r < n && c < D) x = attn_op<BF>(mul * src[(int64_t)r * st + c]);
+            dst[r * LD + c] = x;
+        }
+    }
+}
+
+/* Shared memory bytes of each kernel (see the carving at the top of each). */
+template <int DMAX> __host__ __device__ constexpr size_t fwd_smem() {
+    return sizeof(float) * (size_t)(3 * 64 * (DMAX + 1) + 64 * 65 + 3 * 64);
+}
+template <int DMAX> __host__ __device__ constexpr int dq_bk() { return DMAX > 64 ? 32 : 64; }
+template <int DMAX> __host__ __device__ constexpr size_t dq_smem() {
+    return sizeof(float) *
+           (size_t)(2 * 64 * (DMAX + 1) + 2 * dq_bk<DMAX>() * (DMAX + 1) + 64 * (dq_bk<DMAX>() + 1) + 2 * 64);
+}
+template <int DMAX> __host__ __device__ constexpr int dkv_bq() { return DMAX > 64 ? 32 : 64; }
+template <int DMAX> __host__ __device__ constexpr size_t dkv_smem() {
+    return sizeof(float) *
+           (size_t)(2 * 64 * (DMAX + 1) + 2 * dkv_bq<DMAX>() * (DMAX + 1) + 2 * dkv_bq<DMAX>() * 65 +
+                    2 * dkv_bq<DMAX>());
+}
+
+/* Forward: block = (b, h, query tile); grid = B * Hq * ntiles, the heaviest (last) causal
+ * tiles first. Writes o rows and lse of its tile. */
+template <int DMAX, bool BF>
+__global__ void __launch_bounds__(NT) attn_fwd_kernel(const anneal_attention_desc d, const float *__restrict__ q,
+                                                      const float *__restrict__ k, const float *__restrict__ v,
+                                                      float *__restrict__ o, float *__restrict__ lse, int ntiles) {
+    constexpr int BQ = 64, BK = 64, LD = DMAX + 1, LS = BK + 1;
+    constexpr int RI = BQ / 16, RJ = BK / 16, RC = DMAX / 16, JW = BK / 32;
+    extern __shared__ float smem[];
+    float *Qs = smem, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ss = Vs + BK * LD;
+    float *sm_m = Ss + BQ * LS, *sm_l = sm_m + BQ, *sm_a = sm_l + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31, warp = tid >> 5;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, g = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float *qb = q + b * d.q_sb + h * d.q_sh + q0 * d.q_st;
+    const float *kb = k + b * d.k_sb + g * d.k_sh;
+    const float *vb = v + b * d.v_sb + g * d.v_sh;
+    float *ob = o + b * d.o_sb + h * d.o_sh + q0 * d.o_st;
+    float *lb = lse + bh * d.Tq + q0;
+    const float sscale = BF ? d.scale : 1.0f; /* F32 scales q at load instead */
+
+    load_tile<BQ, DMAX, BF>(Qs, qb, d.q_st, nq, D, BF ? 1.0f : d.scale);
+    for (int i = tid; i < BQ; i += NT) {
+        sm_m[i] = -INFINITY;
+        sm_l[i] = 0.0f;
+        sm_a[i] = 1.0f;
+    }
+    float acc[RI][RC];
+#pragma unroll
+    for (int r = 0; r < RI; r++)
+#pragma unroll
+        for (int c = 0; c < RC; c++) acc[r][c] = 0.0f;
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1); /* keys seen by the tile's last row */
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        __syncthreads(); /* the previous tile's readers are done */
+        load_tile<BK, DMAX, BF>(Ks, kb + k0 * d.k_st, d.k_st, nk, D, 1.0f);
+        load_tile<BK, DMAX, BF>(Vs, vb + k0 * d.v_st, d.v_st, nk, D, 1.0f);
+        __syncthreads();
+
+        /* S = Q K^T (raw scores of the tile) */
+        float s[RI][RJ];
+#pragma unroll
+        for (int r = 0; r < RI; r++)
+#pragma unroll
+            for (int c = 0; c < RJ; c++) s[r][c] = 0.0f;
+        for (int e = 0; e < D; e++) {
+            float a[RI], bb[RJ];
+#pragma unroll
+            for (int r = 0; r < RI; r++) a[r] = Qs[(ty + 16 * r) * LD + e];
+#pragma unroll
+            for (int c = 0; c < RJ; c++) bb[c] = Ks[(tx + 16 * c) * LD + e];
+#pragma unroll
+            for (int r = 0; r < RI; r++)
+#pragma unroll
+                for (int c = 0; c < RJ; c++) s[r][c] = fmaf(a[r], bb[c], s[r][c]);
+        }
+#pragma unroll
+        for (int r = 0; r < RI; r++)
+#pragma unroll
+            for (int c = 0; c < RJ; c++) Ss[(ty + 16 * r) * LS + tx + 16 * c] = s[r][c];
+        __syncthreads();
+
+        /* Online softmax, one warp per row: p = exp(sscale s - m') (0 where masked). */
+        for (int i = warp; i < BQ; i += NT / 32) {
+            float *srow = Ss + i * LS;
+            const int nv = i < nq ? attn_row_keys(d, q0 + i, k0, nk) : 0;
+            float x[JW];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < JW; t++) {
+                const int j = lane + 32 * t;
+                x[t] = srow[j];
+                if (j < nv) mx = fmaxf(mx, x[t]);
+            }
+            if (nv > 0) { /* uniform over the warp */
+                mx = warp_max(mx);
+                const float mold = sm_m[i];
+                const float mnew = fmaxf(mold, sscale * mx);
+                const float alpha = expf(mold - mnew); /* 0 on the first tile (m = -inf) */
+                float sum = 0.0f;
+#pragma unroll
+                for (int t = 0; t < JW; t++) {
+                    const int j = lane + 32 * t;
+                    const float p = j < nv ? expf(sscale * x[t] - mnew) : 0.0f;
+                    sum += p;
+                    srow[j] = attn_op<BF>(p);
+                }
+                sum = warp_sum(sum);
+                if (lane == 0) {
+                    sm_l[i] = sm_l[i] * alpha + sum;
+                    sm_m[i] = mnew;
+                    sm_a[i] = alpha;
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < JW; t++) srow[lane + 32 * t] = 0.0f;
+                if (lane == 0) sm_a[i] = 1.0f;
+            }
+        }
+        __syncthreads();
+
+        /* acc = alpha acc + P V */
+#pragma unroll
+        for (int r = 0; r < RI; r++) {
+            const float alpha = sm_a[ty + 16 * r];
+#pragma unroll
+            for (int c = 0; c < RC; c++) acc[r][c] *= alpha;
+        }
+        for (int j = 0; j < nk; j++) {
+            float a[RI], bv[RC];
+#pragma unroll
+            for (int r = 0; r < RI; r++) a[r] = Ss[(ty + 16 * r) * LS + j];
+#pragma unroll
+            for (int c = 0; c < RC; c++) bv[c] = Vs[j * LD + tx + 16 * c];
+#pragma unroll
+            for (int r = 0; r < RI; r++)
+#pragma unroll
+                for (int c = 0; c < RC; c++) acc[r][c] = fmaf(a[r], bv[c], acc[r][c]);
+        }
+    }
+    __syncthreads(); /* m, l final (and initialised when no key tile ran) */
+
+#pragma unroll
+    for (int r = 0; r < RI; r++) {
+        const int i = ty + 16 * r;
+        if (i >= nq) continue;
+        const float l = sm_l[i], m = sm_m[i];
+        const bool seen = l > 0.0f || l != l;
+        const float inv = 1.0f / l;
+        float *orow = ob + (int64_t)i * d.o_st;
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int col = tx + 16 * c;
+            if (col < D) orow[col] = seen ? acc[r][c] * inv : 0.0f;
+        }
+        if (tx == 0) lb[i] = seen ? m + logf(l) : -INFINITY;
+    }
+}
+
+/* Dvec[(b*Hq + h)*Tq + i] = dO_i . o_i (double accumulation), one warp per row. */
+__global__ void __launch_bounds__(NT) attn_dvec_kernel(const anneal_attention_desc d, const float *__restrict__ o,
+                                                       const float *__restrict__ dout, float *__restrict__ dvec,
+                                                       int64_t rows) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+    if (row >= rows) return; /* whole warps leave together */
+    const int64_t bh = row / d.Tq, i = row % d.Tq, b = bh / d.Hq, h = bh % d.Hq;
+    const int64_t off = b * d.o_sb + h * d.o_sh + i * d.o_st;
+    double acc = 0.0;
+    for (int64_t c = lane; c < d.D; c += 32) acc += (double)dout[off + c] * (double)o[off + c];
+    acc = warp_sum_d(acc);
+    if (lane == 0) dvec[row] = (float)acc;
+}
+
+/* dK, dV: block = (b, key/value head g, key tile of 64); grid = B * Hkv * ntiles. Sums the
+ * query heads of g in ascending order, query tiles ascending; overwrites its dk, dv rows. */
+template <int DMAX, bool BF>
+__global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(const anneal_attention_desc d, const float *__restrict__ q,
+                                                           const float *__restrict__ k, const float *__restrict__ v,
+                                                           const float *__restrict__ dout,
+                                                           const float *__restrict__ lse,
+                                                           const float *__restrict__ dvec, float *__restrict__ dk,
+                                                           float *__restrict__ dv, int ntiles) {
+    constexpr int BK = 64, BQ = dkv_bq<DMAX>(), LD = DMAX + 1, LS = BK + 1;
+    constexpr int RI = BQ / 16, RJ = BK / 16, RK = BK / 16, RC = DMAX / 16;
+    extern __shared__ float smem[];
+    float *Ks = smem, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dOs = Qs + BQ * LD;
+    float *Ps = dOs + BQ * LD, *dSs = Ps + BQ * LS, *sm_lse = dSs + BQ * LS, *sm_dv = sm_lse + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int64_t bg = (int64_t)blockIdx.x / ntiles;
+    const int tile = (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bg / d.Hkv, g = bg % d.Hkv, G = d.Hq / d.Hkv;
+    const int64_t k0 = (int64_t)tile * BK;
+    const int nk = (int)(d.Tk - k0 < BK ? d.Tk - k0 : BK);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+
+    load_tile<BK, DMAX, BF>(Ks, k + b * d.k_sb + g * d.k_sh + k0 * d.k_st, d.k_st, nk, D, 1.0f);
+    load_tile<BK, DMAX, BF>(Vs, v + b * d.v_sb + g * d.v_sh + k0 * d.v_st, d.v_st, nk, D, 1.0f);
+
+    float akk[RK][RC], avv[RK][RC];
+#pragma unroll
+    for (int r = 0; r < RK; r++)
+#pragma unroll
+        for (int c = 0; c < RC; c++) akk[r][c] = avv[r][c] = 0.0f;
+
+    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+        const float *qh = q + b * d.q_sb + h * d.q_sh;
+        const float *gh = dout + b * d.o_sb + h * d.o_sh;
+        const float *lh = lse + (b * d.Hq + h) * d.Tq;
+        const float *dh = dvec + (b * d.Hq + h) * d.Tq;
+        for (int64_t q0 = 0; q0 < d.Tq; q0 += BQ) {
+            const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+            if (attn_visible(d, q0 + nq - 1) <= k0) continue; /* no row of the tile sees a key */
+            __syncthreads(); /* the previous tile's readers are done */
+            load_tile<BQ, DMAX, BF>(Qs, qh + q0 * d.q_st, d.q_st, nq, D, 1.0f);
+            load_tile<BQ, DMAX, BF>(dOs, gh + q0 * d.o_st, d.o_st, nq, D, 1.0f);
+            for (int i = tid; i < BQ; i += NT) {
+                sm_lse[i] = i < nq ? lh[q0 + i] : 0.0f;
+                sm_dv[i] = i < nq ? dh[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+
+            /* S = Q K^T, dP = dO V^T; P = exp(scale S - lse), dS = P (dP - Dvec) */
+            float s[RI][RJ], dp[RI][RJ];
+#pragma unroll
+            for (int r = 0; r < RI; r++)
+#pragma unroll
+                for (int c = 0; c < RJ; c++) s[r][c] = dp[r][c] = 0.0f;
+            for (int e = 0; e < D; e++) {
+                float a[RI], gg[RI], kk[RJ], vv[RJ];
+#pragma unroll
+                for (int r = 0; r < RI; r++) {
+                    a[r] = Qs[(ty + 16 * r) * LD + e];
+                    gg[r] = dOs[(ty + 16 * r) * LD + e];
+                }
+#pragma unroll
+                for (int c = 0; c < RJ; c++) {
+                    kk[c] = Ks[(tx + 16 * c) * LD + e];
+                    vv[c] = Vs[(tx + 16 * c) * LD + e];
+                }
+#pragma unroll
+                for (int r = 0; r < RI; r++)
+#pragma unroll
+                    for (int c = 0; c < RJ; c++) {
+                        s[r][c] = fmaf(a[r], kk[c], s[r][c]);
+                        dp[r][c] = fmaf(gg[r], vv[c], dp[r][c]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < RI; r++) {
+                const int i = ty + 16 * r;
+                const int nv = i < nq ? attn_row_keys(d, q0 + i, k0, nk) : 0;
+                const float li = sm_lse[i], di = sm_dv[i];
+#pragma unroll
+                for (int c = 0; c < RJ; c++) {
+                    const int j = tx + 16 * c;
+                    const float p = j < nv ? expf(scale * s[r][c] - li) : 0.0f;
+                    const float ds = BF ? p * (dp[r][c] - di) : scale * p * (dp[r][c] - di);
+                    Ps[i * LS + j] = attn_op<BF>(p);
+                    dSs[i * LS + j] = attn_op<BF>(ds);
+                }
+            }
+            __syncthreads();
+
+            /* dV += P^T dO, dK += dS^T Q */
+            for (int i = 0; i < nq; i++) {
+                float pr[RK], sr[RK], gq[RC], qq[RC];
+#pragma unroll
+                for (int r = 0; r < RK; r++) {
+                    pr[r] = Ps[i * LS + ty + 16 * r];
+                    sr[r] = dSs[i * LS + ty + 16 * r];
+                }
+#pragma unroll
+                for (int c = 0; c < RC; c++) {
+                    gq[c] = dOs[i * LD + tx + 16 * c];
+                    qq[c] = Qs[i * LD + tx + 16 * c];
+                }
+#pragma unroll
+                for (int r = 0; r < RK; r++)
+#pragma unroll
+                    for (int c = 0; c < RC; c++) {
+                        avv[r][c] = fmaf(pr[r], gq[c], avv[r][c]);
+                        akk[r][c] = fmaf(sr[r], qq[c], akk[r][c]);
+                    }
+            }
+        }
+    }
+
+    const float kscale = BF ? scale : 1.0f;
+    float *dkb = dk + b * d.k_sb + g * d.k_sh + k0 * d.k_st;
+    float *dvb = dv + b * d.v_sb + g * d.v_sh + k0 * d.v_st;
+#pragma unroll
+    for (int r = 0; r < RK; r++) {
+        const int j = ty + 16 * r;
+        if (j >= nk) continue;
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int col = tx + 16 * c;
+            if (col >= D) continue;
+            dkb[(int64_t)j * d.k_st + col] = akk[r][c] * kscale;
+            dvb[(int64_t)j * d.v_st + col] = avv[r][c];
+        }
+    }
+}
+
+/* dQ: block = (b, h, query tile of 64); grid = B * Hq * ntiles, heaviest tiles first.
+ * Walks the key tiles the tile sees, ascending; overwrites its dq rows. */
+template <int DMAX, bool BF>
+__global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(const anneal_attention_desc d, const float *__restrict__ q,
+                                                         const float *__restrict__ k, const float *__restrict__ v,
+                                                         const float *__restrict__ dout,
+                                                         const float *__restrict__ lse,
+                                                         const float *__restrict__ dvec, float *__restrict__ dq,
+                                                         int ntiles) {
+    constexpr int BQ = 64, BK = dq_bk<DMAX>(), LD = DMAX + 1, LS = BK + 1;
+    constexpr int RI = BQ / 16, RJ = BK / 16, RC = DMAX / 16;
+    extern __shared__ float smem[];
+    float *Qs = smem, *dOs = Qs + BQ * LD, *Ks = dOs + BQ * LD, *Vs = Ks + BK * LD;
+    float *dSs = Vs + BK * LD, *sm_lse = dSs + BQ * LS, *sm_dv = sm_lse + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, g = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+    const float *kb = k + b * d.k_sb + g * d.k_sh;
+    const float *vb = v + b * d.v_sb + g * d.v_sh;
+
+    load_tile<BQ, DMAX, BF>(Qs, q + b * d.q_sb + h * d.q_sh + q0 * d.q_st, d.q_st, nq, D, 1.0f);
+    load_tile<BQ, DMAX, BF>(dOs, dout + b * d.o_sb + h * d.o_sh + q0 * d.o_st, d.o_st, nq, D, 1.0f);
+    for (int i = tid; i < BQ; i += NT) {
+        sm_lse[i] = i < nq ? lse[bh * d.Tq + q0 + i] : 0.0f;
+        sm_dv[i] = i < nq ? dvec[bh * d.Tq + q0 + i] : 0.0f;
+    }
+    float acc[RI][RC];
+#pragma unroll
+    for (int r = 0; r < RI; r++)
+#pragma unroll
+        for (int c = 0; c < RC; c++) acc[r][c] = 0.0f;
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1);
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        __syncthreads();
+        load_tile<BK, DMAX, BF>(Ks, kb + k0 * d.k_st, d.k_st, nk, D, 1.0f);
+        load_tile<BK, DMAX, BF>(Vs, vb + k0 * d.v_st, d.v_st, nk, D, 1.0f);
+        __syncthreads();
+
+        float s[RI][RJ], dp[RI][RJ];
+#pragma unroll
+        for (int r = 0; r < RI; r++)
+#pragma unroll
+            for (int c = 0; c < RJ; c++) s[r][c] = dp[r][c] = 0.0f;
+        for (int e = 0; e < D; e++) {
+            float a[RI], gg[RI], kk[RJ], vv[RJ];
+#pragma unroll
+            for (int r = 0; r < RI; r++) {
+                a[r] = Qs[(ty + 16 * r) * LD + e];
+                gg[r] = dOs[(ty + 16 * r) * LD + e];
+            }
+#pragma unroll
+            for (int c = 0; c < RJ; c++) {
+                kk[c] = Ks[(tx + 16 * c) * LD + e];
+                vv[c] = Vs[(tx + 16 * c) * LD + e];
+            }
+#pragma unroll
+            for (int r = 0; r < RI; r++)
+#pragma unroll
+                for (int c = 0; c < RJ; c++) {
+                    s[r][c] = fmaf(a[r], kk[c], s[r][c]);
+                    dp[r][c] = fmaf(gg[r], vv[c], dp[r][c]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < RI; r++) {
+            const int i = ty + 16 * r;
+            const int nv = i < nq ? attn_row_keys(d, q0 + i, k0, nk) : 0;
+            const float li = sm_lse[i], di = sm_dv[i];
+#pragma unroll
+            for (int c = 0; c < RJ; c++) {
+                const int j = tx + 16 * c;
+                const float p = j < nv ? expf(scale * s[r][c] - li) : 0.0f;
+                const float ds = BF ? p * (dp[r][c] - di) : scale * p * (dp[r][c] - di);
+                dSs[i * LS + j] = attn_op<BF>(ds);
+            }
+        }
+        __syncthreads();
+
+        /* dQ += dS K */
+        for (int j = 0; j < nk; j++) {
+            float a[RI], kk[RC];
+#pragma unroll
+            for (int r = 0; r < RI; r++) a[r] = dSs[(ty + 16 * r) * LS + j];
+#pragma unroll
+            for (int c = 0; c < RC; c++) kk[c] = Ks[j * LD + tx + 16 * c];
+#pragma unroll
+            for (int r = 0; r < RI; r++)
+#pragma unroll
+                for (int c = 0; c < RC; c++) acc[r][c] = fmaf(a[r], kk[c], acc[r][c]);
+        }
+    }
+
+    const float qscale = BF ? scale : 1.0f;
+    float *dqb = dq + b * d.q_sb + h * d.q_sh + q0 * d.q_st;
+#pragma unroll
+    for (int r = 0; r < RI; r++) {
+        const int i = ty + 16 * r;
+        if (i >= nq) continue;
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int col = tx + 16 * c;
+            if (col < D) dqb[(int64_t)i * d.q_st + col] = acc[r][c] * qscale;
+        }
+    }
+}
+
+/* True when d is something these kernels compute: a head layout, D <= 128, a compute
+ * precision they know, and a grid that fits. */
+bool attn_desc_ok(const anneal_attention_desc *d) {
+    if (d->B < 0 || d->Hq <= 0 || d->Hkv <= 0 || d->Hq % d->Hkv) return false;
+    if (d->Tq < 0 || d->Tk < 0 || d->D < 0 || d->D > 128) return false;
+    if (d->compute != ANNEAL_F32 && d->compute != ANNEAL_F16 && d->compute != ANNEAL_BF16) return false;
+    /* blocks: B*Hq*ceil(Tq/64) and B*Hkv*ceil(Tk/64) must fit gridDim.x (2^31 - 1) */
+    const int64_t lim = 0x7fffffff;
+    if (d->B > 0 && (d->Hq > lim / d->B)) return false;
+    const int64_t bh = d->B * d->Hq, tq = (d->Tq + 63) / 64, tk = (d->Tk + 63) / 64;
+    if (bh > 0 && (tq > lim / bh || tk > lim / bh)) return false;
+    return true;
+}
+
+/* Sets kernel's dynamic shared memory limit to bytes (above the 48 KiB default). */
+template <typename K> anneal_status attn_smem(anneal_cuda_ctx *c, K kernel, size_t bytes, const char *op) {
+    if (bytes > c->prop.sharedMemPerBlockOptin)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cuda %s: needs %zu bytes of shared memory per block", op,
+                                bytes);
+    return anneal_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                             op);
+}
+
+template <int DMAX, bool BF>
+anneal_status attn_fwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *o, float *lse,
+                              const float *q, const float *k, const float *v) {
+    const int ntiles = (int)((d->Tq + 63) / 64);
+    const int64_t blocks = d->B * d->Hq * ntiles;
+    const size_t bytes = fwd_smem<DMAX>();
+    anneal_status s = attn_smem(c, attn_fwd_kernel<DMAX, BF>, bytes, "attention_fwd");
+    if (s != ANNEAL_OK) return s;
+    attn_fwd_kernel<DMAX, BF><<<(unsigned)blocks, NT, bytes, c->stream>>>(*d, q, k, v, o, lse, ntiles);
+    return anneal_cuda_launch_check("attention_fwd");
+}
+
+template <int DMAX, bool BF>
+anneal_status attn_bwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk, float *dv,
+                              const float *q, const float *k, const float *v, const float *o, const float *dout,
+                              const float *lse, float *dvec) {
+    const int64_t rows = d->B * d->Hq * d->Tq;
+    anneal_status s = ANNEAL_OK;
+    if (rows > 0) {
+        attn_dvec_kernel<<<(unsigned)((rows + NT / 32 - 1) / (NT / 32)), NT, 0, c->stream>>>(*d, o, dout, dvec,
+                                                                                           rows);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+
+    if (d->Tk > 0) {
+        const int ntk = (int)((d->Tk + 63) / 64);
+        const size_t bytes = dkv_smem<DMAX>();
+        s = attn_smem(c, attn_bwd_dkdv_kernel<DMAX, BF>, bytes, "attention_bwd");
+        if (s != ANNEAL_OK) return s;
+        attn_bwd_dkdv_kernel<DMAX, BF><<<(unsigned)(d->B * d->Hkv * ntk), NT, bytes, c->stream>>>(
+            *d, q, k, v, dout, lse, dvec, dk, dv, ntk);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+
+    if (rows == 0) return ANNEAL_OK;
+    const int ntq = (int)((d->Tq + 63) / 64);
+    const size_t bytes = dq_smem<DMAX>();
+    s = attn_smem(c, attn_bwd_dq_kernel<DMAX, BF>, bytes, "attention_bwd");
+    if (s != ANNEAL_OK) return s;
+    attn_bwd_dq_kernel<DMAX, BF><<<(unsigned)(d->B * d->Hq * ntq), NT, bytes, c->stream>>>(*d, q, k, v, dout, lse,
+                                                                                           dvec, dq, ntq);
+    return anneal_cuda_launch_check("attention_bwd");
+}
+
+#define ATTN_F(t) ((float *)((t) ? anneal_data(t) : NULL))
+
+/* o, lse of d (see anneal_attention_desc), queued on the context's stream. */
+anneal_status cuda_attention_fwd(void *ctx, const anneal_attention_desc *d, anneal_tensor *o, anneal_tensor *lse,
+                                 const anneal_tensor *q, const anneal_tensor *k, const anneal_tensor *v) {
+    anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
+    anneal_status s = anneal_cuda_ensure(c);
+    if (s != ANNEAL_OK) return s;
+    if (!attn_desc_ok(d))
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cuda attention_fwd: unsupported layout (Hq %lld, Hkv %lld, D %lld)",
+                                (long long)d->Hq, (long long)d->Hkv, (long long)d->D);
+    if (d->B == 0 || d->Tq == 0) return ANNEAL_OK;
+    float *po = ATTN_F(o), *pl = ATTN_F(lse);
+    const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v);
+    const bool bf = d->compute == ANNEAL_BF16;
+    if (d->D <= 64)
+        return bf ? attn_fwd_launch<64, true>(c, d, po, pl, pq, pk, pv)
+                  : attn_fwd_launch<64, false>(c, d, po, pl, pq, pk, pv);
+    return bf ? attn_fwd_launch<128, true>(c, d, po, pl, pq, pk, pv)
+              : attn_fwd_launch<128, false>(c, d, po, pl, pq, pk, pv);
+}
+
+/* dq, dk, dv of d (overwritten), queued on the context's stream; Dvec in the ATTN scratch. */
+anneal_status cuda_attention_bwd(void *ctx, const anneal_attention_desc *d, anneal_tensor *dq, anneal_tensor *dk,
+                                 anneal_tensor *dv, const anneal_tensor *q, const anneal_tensor *k,
+                                 const anneal_tensor *v, const anneal_tensor *o, const anneal_tensor *dout,
+                                 const anneal_tensor *lse) {
+    anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
+    anneal_status s = anneal_cuda_ensure(c);
+    if (s != ANNEAL_OK) return s;
+    if (!attn_desc_ok(d))
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "cuda attention_bwd: unsupported layout (Hq %lld, Hkv %lld, D %lld)",
+                                (long long)d->Hq, (long long)d->Hkv, (long long)d->D);
+    if (d->B == 0) return ANNEAL_OK;
+    const int64_t rows = d->B * d->Hq * d->Tq;
+    float *dvec = NULL; /* unused when there is no query row (dk = dv = 0) */
+    if (rows > 0) {
+        dvec = (float *)anneal_cuda_scratch(c, ANNEAL_CUDA_SCRATCH_ATTN, sizeof(float) * (size_t)rows);
+        if (!dvec) return anneal_last_status();
+    }
+    float *pdq = ATTN_F(dq), *pdk = ATTN_F(dk), *pdv = ATTN_F(dv);
+    const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v), *po = ATTN_F(o), *pg = ATTN_F(dout),
+                *pl = ATTN_F(lse);
+    const bool bf = d->compute == ANNEAL_BF16;
+    if (d->D <= 64)
+        return bf ? attn_bwd_launch<64, true>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec)
+                  : attn_bwd_launch<64, false>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);
+    return bf ? attn_bwd_launch<128, true>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec)
+              : attn_bwd_launch<128, false>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);
+}
+
+#undef ATTN_F
+
+} // namespace
+
+/* Fills the attention slots of the CUDA table. */
+extern "C" void anneal_cuda_table_attention(anneal_backend *b) {
+    b->attention_fwd = cuda_attention_fwd;
+    b->attention_bwd = cuda_attention_bwd;
+}
+
+/* True for attention these kernels compute: f32 tensors, Hkv dividing Hq, D <= 128,
+ * compute F32, F16 (run as f32) or BF16. */
+extern "C" bool anneal_cuda_supports_attention(const anneal_op_query *q) {
+    if (q->kind != ANNEAL_OP_ATTENTION) return false;
+    if (q->dtype != ANNEAL_F32) return false;
+    if (!q->attention) return true; /* no layout to judge yet */
+    return attn_desc_ok(q->attention);
+}
