@@ -32,6 +32,8 @@
 
 #include <cuda_bf16.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -246,6 +248,193 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(const anneal_attention_des
             if (col < D) orow[col] = seen ? acc[r][c] * inv : 0.0f;
         }
         if (tx == 0) lb[i] = seen ? m + logf(l) : -INFINITY;
+    }
+}
+
+/* ------------------------------------------- BF16 forward on tensor cores (mma.sync) */
+#ifndef ANNEAL_ATTN_EMU
+/* c += a (16x16 bf16, row-major fragment) * b (16x8 bf16, col-major fragment), f32:
+ * mma.sync m16n8k16. Fragments (g = lane / 4, t = lane % 4; the lower index of a pair in
+ * the low half): a0 (row g, cols 2t, 2t+1), a1 (row g+8, same), a2 (row g, cols 2t+8, +9),
+ * a3 (row g+8, same); b0 (rows 2t, 2t+1, col g), b1 (rows 2t+8, +9, col g); c0, c1 (row g,
+ * cols 2t, 2t+1), c2, c3 (row g+8). */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* The bf16 bits of x (nearest even). */
+__device__ __forceinline__ uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+#endif
+
+/* lo, hi rounded to bf16 and packed (lo in the low half). */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)bf16_bits(lo) | ((uint32_t)bf16_bits(hi) << 16);
+}
+/* The 32 bits at p (two bf16; p 4-byte aligned). */
+__device__ __forceinline__ uint32_t ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+constexpr int NT_MMA = 128; /* 4 warps, 16 query rows each */
+template <int DMAX> __host__ __device__ constexpr size_t fwd_mma_smem() {
+    return sizeof(uint16_t) * (size_t)(2 * 64 * (DMAX + 8) + DMAX * (64 + 8));
+}
+
+/* One row's online-softmax step over a key tile on the mma accumulators: x holds the raw
+ * scores of the row's columns 8 nb + 2 t + e (the 4 lanes of a group hold the row), nv
+ * the columns it sees. Updates m, l (identical in the 4 lanes), leaves p = exp(scale x -
+ * m') in x (0 where masked) and returns alpha = exp(m - m'). All lanes must call it. */
+template <int NB>
+__device__ __forceinline__ float mma_softmax_row(float (&x)[NB][2], int nv, int t4, float scale, float &m,
+                                                 float &l) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            if (nb * 8 + 2 * t4 + e < nv) mx = fmaxf(mx, x[nb][e]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = nv > 0 ? fmaxf(m, scale * mx) : m;
+    const float alpha = nv > 0 ? expf(m - mnew) : 1.0f; /* 0 on the first tile (m = -inf) */
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float p = nb * 8 + 2 * t4 + e < nv ? expf(scale * x[nb][e] - mnew) : 0.0f;
+            x[nb][e] = p;
+            sum += p;
+        }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l = l * alpha + sum;
+    m = mnew;
+    return alpha;
+}
+
+/* BF16 forward on tensor cores, same arithmetic as attn_fwd_kernel<., true> (s = r(q) . r(k),
+ * p = exp(scale s - m'), l sums unrounded p, acc += r(p) . r(v)) up to the order of the
+ * f32 sums. Block = (b, h, 64 query rows), 4 warps of 16 rows; key tiles of 64 in shared
+ * memory as bf16 (K row-major, V transposed). */
+template <int DMAX>
+__global__ void __launch_bounds__(NT_MMA) attn_fwd_mma_kernel(const anneal_attention_desc d, const float *__restrict__ q,
+                                                              const float *__restrict__ k, const float *__restrict__ v,
+                                                              float *__restrict__ o, float *__restrict__ lse,
+                                                              int ntiles) {
+    constexpr int BQ = 64, BK = 64, LDH = DMAX + 8, LDV = BK + 8, KS = DMAX / 16, NB = BK / 8, ND = DMAX / 8;
+    extern __shared__ float smem[];
+    uint16_t *Qh = reinterpret_cast<uint16_t *>(smem), *Kh = Qh + BQ * LDH, *Vt = Kh + BK * LDH;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, gk = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float *qb = q + b * d.q_sb + h * d.q_sh + q0 * d.q_st;
+    const float *kb = k + b * d.k_sb + gk * d.k_sh;
+    const float *vb = v + b * d.v_sb + gk * d.v_sh;
+    const float scale = d.scale;
+
+    for (int idx = tid; idx < BQ * DMAX; idx += NT_MMA) {
+        const int r = idx / DMAX, c = idx % DMAX;
+        Qh[r * LDH + c] = bf16_bits(r < nq && c < D ? qb[(int64_t)r * d.q_st + c] : 0.0f);
+    }
+    __syncthreads();
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two rows */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        const int c0 = ks * 16 + 2 * t4;
+        qa[ks][0] = ld32(Qh + r0 * LDH + c0);
+        qa[ks][1] = ld32(Qh + r1 * LDH + c0);
+        qa[ks][2] = ld32(Qh + r0 * LDH + c0 + 8);
+        qa[ks][3] = ld32(Qh + r1 * LDH + c0 + 8);
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1);
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        __syncthreads(); /* the previous tile's readers are done */
+        for (int idx = tid; idx < BK * DMAX; idx += NT_MMA) {
+            const int r = idx / DMAX, c = idx % DMAX;
+            const bool in = r < nk && c < D;
+            Kh[r * LDH + c] = bf16_bits(in ? kb[(k0 + r) * d.k_st + c] : 0.0f);
+            Vt[c * LDV + r] = bf16_bits(in ? vb[(k0 + r) * d.v_st + c] : 0.0f);
+        }
+        __syncthreads();
+
+        /* S = r(Q) r(K)^T: rows r0 (s[.][0..1]) and r1 (s[.][2..3]) */
+        float s[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nb][e] = 0.0f;
+            const uint16_t *kr = Kh + (nb * 8 + g) * LDH + 2 * t4;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) mma_bf16(s[nb], qa[ks], ld32(kr + ks * 16), ld32(kr + ks * 16 + 8));
+        }
+        float x0[NB][2], x1[NB][2];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            x0[nb][0] = s[nb][0];
+            x0[nb][1] = s[nb][1];
+            x1[nb][0] = s[nb][2];
+            x1[nb][1] = s[nb][3];
+        }
+        const int nv0 = r0 < nq ? attn_row_keys(d, q0 + r0, k0, nk) : 0;
+        const int nv1 = r1 < nq ? attn_row_keys(d, q0 + r1, k0, nk) : 0;
+        const float a0 = mma_softmax_row<NB>(x0, nv0, t4, scale, m0, l0);
+        const float a1 = mma_softmax_row<NB>(x1, nv1, t4, scale, m1, l1);
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            acc[n][0] *= a0;
+            acc[n][1] *= a0;
+            acc[n][2] *= a1;
+            acc[n][3] *= a1;
+        }
+        /* acc += r(P) r(V) */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_bf16(x0[2 * kk][0], x0[2 * kk][1]);
+            pa[1] = pack_bf16(x1[2 * kk][0], x1[2 * kk][1]);
+            pa[2] = pack_bf16(x0[2 * kk + 1][0], x0[2 * kk + 1][1]);
+            pa[3] = pack_bf16(x1[2 * kk + 1][0], x1[2 * kk + 1][1]);
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const uint16_t *vr = Vt + (n * 8 + g) * LDV + kk * 16 + 2 * t4;
+                mma_bf16(acc[n], pa, ld32(vr), ld32(vr + 8));
+            }
+        }
+    }
+
+    float *ob = o + b * d.o_sb + h * d.o_sh + q0 * d.o_st;
+    float *lb = lse + bh * d.Tq + q0;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = half ? r1 : r0;
+        if (i >= nq) continue;
+        const float l = half ? l1 : l0, m = half ? m1 : m0;
+        const bool seen = l > 0.0f || l != l;
+        const float inv = 1.0f / l;
+        float *orow = ob + (int64_t)i * d.o_st;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = n * 8 + 2 * t4 + e;
+                if (col < D) orow[col] = seen ? acc[n][2 * half + e] * inv : 0.0f;
+            }
+        if (t4 == 0) lb[i] = seen ? m + logf(l) : -INFINITY;
     }
 }
 
@@ -546,6 +735,26 @@ anneal_status attn_fwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d
     return anneal_cuda_launch_check("attention_fwd");
 }
 
+/* The tensor-core BF16 forward (attn_fwd_mma_kernel). */
+template <int DMAX>
+anneal_status attn_fwd_mma_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *o, float *lse,
+                                  const float *q, const float *k, const float *v) {
+    const int ntiles = (int)((d->Tq + 63) / 64);
+    const int64_t blocks = d->B * d->Hq * ntiles;
+    const size_t bytes = fwd_mma_smem<DMAX>();
+    anneal_status s = attn_smem(c, attn_fwd_mma_kernel<DMAX>, bytes, "attention_fwd");
+    if (s != ANNEAL_OK) return s;
+    attn_fwd_mma_kernel<DMAX><<<(unsigned)blocks, NT_MMA, bytes, c->stream>>>(*d, q, k, v, o, lse, ntiles);
+    return anneal_cuda_launch_check("attention_fwd");
+}
+
+/* True unless ANNEAL_CUDA_ATTN_MMA=0: the BF16 forward runs on tensor cores (else on the
+ * CUDA-core kernel, which rounds the same operands). */
+bool attn_use_mma(void) {
+    const char *e = getenv("ANNEAL_CUDA_ATTN_MMA");
+    return !(e && e[0] == '0');
+}
+
 template <int DMAX, bool BF>
 anneal_status attn_bwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk, float *dv,
                               const float *q, const float *k, const float *v, const float *o, const float *dout,
@@ -595,6 +804,9 @@ anneal_status cuda_attention_fwd(void *ctx, const anneal_attention_desc *d, anne
     float *po = ATTN_F(o), *pl = ATTN_F(lse);
     const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v);
     const bool bf = d->compute == ANNEAL_BF16;
+    if (bf && attn_use_mma())
+        return d->D <= 64 ? attn_fwd_mma_launch<64>(c, d, po, pl, pq, pk, pv)
+                          : attn_fwd_mma_launch<128>(c, d, po, pl, pq, pk, pv);
     if (d->D <= 64)
         return bf ? attn_fwd_launch<64, true>(c, d, po, pl, pq, pk, pv)
                   : attn_fwd_launch<64, false>(c, d, po, pl, pq, pk, pv);
