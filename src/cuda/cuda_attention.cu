@@ -24,10 +24,18 @@
  *   product operands, dS is unscaled and dQ, dK are multiplied by scale at the end (dK
  *   after the sum over its group), as attention_bf16.c does.
  *
- * Threads: 256 per block, thread (ty, tx) = (tid / 16, tid % 16) owns the elements of
- * rows ty + 16 r and columns tx + 16 c of each tile product. Tiles live in shared memory
- * with an odd row stride (D_MAX + 1, 64 + 1), so row-wise and column-wise reads are free of
- * bank conflicts. D up to 128 (two instantiations: D <= 64 and D <= 128). */
+ * Two implementations, same tasks, same rounding points, same reduction structure:
+ * - CUDA cores (every compute; f32 FMAs): 256 threads per block, thread (ty, tx) =
+ *   (tid / 16, tid % 16) owns the elements of rows ty + 16 r and columns tx + 16 c of each
+ *   tile product. Tiles live in shared memory as f32 with an odd row stride (D_MAX + 1,
+ *   64 + 1), so row-wise and column-wise reads are free of bank conflicts.
+ * - Tensor cores (BF16 only, the default for it; ANNEAL_CUDA_ATTN_MMA=0 at call time picks
+ *   the CUDA-core kernels instead): mma.sync m16n8k16 bf16 -> f32, 4 warps per block, each
+ *   warp owning 16 rows of the block's tile (query rows in the forward and dQ, key rows in
+ *   dK/dV); tiles in shared memory as bf16 (row-major and, where a product needs it,
+ *   transposed), P and dS passed from the accumulators to the next product in registers.
+ *   Only the order of the f32 sums inside a product differs from the CUDA-core kernels.
+ * D up to 128 (two instantiations: D <= 64 and D <= 128). */
 #include "cuda_internal.h"
 
 #include <cuda_bf16.h>
@@ -438,6 +446,272 @@ __global__ void __launch_bounds__(NT_MMA) attn_fwd_mma_kernel(const anneal_atten
     }
 }
 
+/* ------------------------------------------ BF16 backward on tensor cores (mma.sync) */
+
+/* a = the A fragment of rows base[0..16) (row stride LDH, bf16), k columns ks*16.. */
+template <int LDH>
+__device__ __forceinline__ void lda_frag(uint32_t (&a)[4], const uint16_t *base, int ks, int g, int t4) {
+    const uint16_t *p0 = base + g * LDH + ks * 16 + 2 * t4, *p1 = p0 + 8 * LDH;
+    a[0] = ld32(p0);
+    a[1] = ld32(p1);
+    a[2] = ld32(p0 + 8);
+    a[3] = ld32(p1 + 8);
+}
+
+/* rm[r*(DMAX+8) + c] = bf16(src[r*st + c]) for r < n, c < D (0 for the other r < ROWS,
+ * c < DMAX) and, when tr, its transpose tr[c*(ROWS+8) + r]. All threads take part. */
+template <int ROWS, int DMAX>
+__device__ __forceinline__ void load_bf16_tile(uint16_t *rm, uint16_t *tr, const float *src, int64_t st, int n,
+                                               int D) {
+    for (int idx = threadIdx.x; idx < ROWS * DMAX; idx += NT_MMA) {
+        const int r = idx / DMAX, c = idx % DMAX;
+        const uint16_t x = bf16_bits(r < n && c < D ? src[(int64_t)r * st + c] : 0.0f);
+        rm[r * (DMAX + 8) + c] = x;
+        if (tr) tr[c * (ROWS + 8) + r] = x;
+    }
+}
+
+template <int DMAX> __host__ __device__ constexpr int dkv_mma_bq() { return DMAX > 64 ? 32 : 64; }
+template <int DMAX> __host__ __device__ constexpr size_t dkv_mma_smem() {
+    return sizeof(uint16_t) * (size_t)(2 * 64 * (DMAX + 8) + 2 * dkv_mma_bq<DMAX>() * (DMAX + 8) +
+                                       2 * DMAX * (dkv_mma_bq<DMAX>() + 8)) +
+           sizeof(float) * 2 * dkv_mma_bq<DMAX>();
+}
+template <int DMAX> __host__ __device__ constexpr size_t dq_mma_smem() {
+    return sizeof(uint16_t) * (size_t)(4 * 64 * (DMAX + 8) + DMAX * (64 + 8));
+}
+
+/* dK, dV of attn_bwd_dkdv_kernel<., true> on tensor cores: block = (b, key/value head, 64
+ * keys), 4 warps of 16 keys; per query head of the group (ascending) and query tile:
+ * S^T = r(K) r(Q)^T, dP^T = r(V) r(dO)^T, P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - Dvec),
+ * dV += r(P^T) r(dO), dK += r(dS^T) r(Q); dK *= scale at the end. */
+template <int DMAX>
+__global__ void __launch_bounds__(NT_MMA) attn_bwd_dkdv_mma_kernel(
+    const anneal_attention_desc d, const float *__restrict__ q, const float *__restrict__ k,
+    const float *__restrict__ v, const float *__restrict__ dout, const float *__restrict__ lse,
+    const float *__restrict__ dvec, float *__restrict__ dk, float *__restrict__ dv, int ntiles) {
+    constexpr int BK = 64, BQ = dkv_mma_bq<DMAX>(), LDH = DMAX + 8, LDT = BQ + 8;
+    constexpr int KS = DMAX / 16, NBQ = BQ / 8, ND = DMAX / 8;
+    extern __shared__ float smem[];
+    uint16_t *Kh = reinterpret_cast<uint16_t *>(smem), *Vh = Kh + BK * LDH, *Qh = Vh + BK * LDH;
+    uint16_t *dOh = Qh + BQ * LDH, *Qt = dOh + BQ * LDH, *dOt = Qt + DMAX * LDT;
+    float *sm_lse = reinterpret_cast<float *>(dOt + DMAX * LDT), *sm_dv = sm_lse + BQ;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bg = (int64_t)blockIdx.x / ntiles;
+    const int tile = (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bg / d.Hkv, gk = bg % d.Hkv, G = d.Hq / d.Hkv;
+    const int64_t k0 = (int64_t)tile * BK;
+    const int nk = (int)(d.Tk - k0 < BK ? d.Tk - k0 : BK);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+    const int kr0 = warp * 16 + g, kr1 = kr0 + 8; /* this lane's two key rows */
+
+    load_bf16_tile<BK, DMAX>(Kh, nullptr, k + b * d.k_sb + gk * d.k_sh + k0 * d.k_st, d.k_st, nk, D);
+    load_bf16_tile<BK, DMAX>(Vh, nullptr, v + b * d.v_sb + gk * d.v_sh + k0 * d.v_st, d.v_st, nk, D);
+
+    float akk[ND][4], avv[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) akk[n][e] = avv[n][e] = 0.0f;
+
+    for (int64_t h = gk * G; h < (gk + 1) * G; h++) {
+        const float *qh = q + b * d.q_sb + h * d.q_sh;
+        const float *gh = dout + b * d.o_sb + h * d.o_sh;
+        const float *lh = lse + (b * d.Hq + h) * d.Tq;
+        const float *dh = dvec + (b * d.Hq + h) * d.Tq;
+        for (int64_t q0 = 0; q0 < d.Tq; q0 += BQ) {
+            const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+            if (attn_visible(d, q0 + nq - 1) <= k0) continue; /* no row of the tile sees a key */
+            __syncthreads(); /* the previous tile's readers are done (and K, V loaded) */
+            load_bf16_tile<BQ, DMAX>(Qh, Qt, qh + q0 * d.q_st, d.q_st, nq, D);
+            load_bf16_tile<BQ, DMAX>(dOh, dOt, gh + q0 * d.o_st, d.o_st, nq, D);
+            for (int i = tid; i < BQ; i += NT_MMA) {
+                sm_lse[i] = i < nq ? lh[q0 + i] : 0.0f;
+                sm_dv[i] = i < nq ? dh[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+
+            /* S^T, dP^T: rows kr0 (e = 0, 1) and kr1 (e = 2, 3), query columns nb*8 + 2 t4 + e%2 */
+            float st[NBQ][4], dpt[NBQ][4];
+#pragma unroll
+            for (int nb = 0; nb < NBQ; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t ak[4], av[4];
+                lda_frag<LDH>(ak, Kh + warp * 16 * LDH, ks, g, t4);
+                lda_frag<LDH>(av, Vh + warp * 16 * LDH, ks, g, t4);
+#pragma unroll
+                for (int nb = 0; nb < NBQ; nb++) {
+                    const uint16_t *pq = Qh + (nb * 8 + g) * LDH + ks * 16 + 2 * t4;
+                    const uint16_t *pg = dOh + (nb * 8 + g) * LDH + ks * 16 + 2 * t4;
+                    mma_bf16(st[nb], ak, ld32(pq), ld32(pq + 8));
+                    mma_bf16(dpt[nb], av, ld32(pg), ld32(pg + 8));
+                }
+            }
+            /* P^T, dS^T in place (f32), then their bf16 A fragments feed dV and dK */
+#pragma unroll
+            for (int nb = 0; nb < NBQ; nb++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int i = nb * 8 + 2 * t4 + c; /* query of columns e = c, c + 2 */
+                    const int nv = i < nq ? attn_row_keys(d, q0 + i, k0, nk) : 0;
+                    const float li = sm_lse[i], di = sm_dv[i];
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int e = c + 2 * hf, kr = hf ? kr1 : kr0;
+                        const float p = kr < nv ? expf(scale * st[nb][e] - li) : 0.0f;
+                        st[nb][e] = p;
+                        dpt[nb][e] = p * (dpt[nb][e] - di);
+                    }
+                }
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t pa[4], sa[4];
+                pa[0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
+                pa[1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
+                pa[2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+                pa[3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+                sa[0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
+                sa[1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
+                sa[2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+                sa[3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    const uint16_t *pg = dOt + (n * 8 + g) * LDT + kk * 16 + 2 * t4;
+                    const uint16_t *pq = Qt + (n * 8 + g) * LDT + kk * 16 + 2 * t4;
+                    mma_bf16(avv[n], pa, ld32(pg), ld32(pg + 8));
+                    mma_bf16(akk[n], sa, ld32(pq), ld32(pq + 8));
+                }
+            }
+        }
+    }
+
+    float *dkb = dk + b * d.k_sb + gk * d.k_sh + k0 * d.k_st;
+    float *dvb = dv + b * d.v_sb + gk * d.v_sh + k0 * d.v_st;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int j = hf ? kr1 : kr0;
+        if (j >= nk) continue;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int col = n * 8 + 2 * t4 + c;
+                if (col >= D) continue;
+                dkb[(int64_t)j * d.k_st + col] = akk[n][2 * hf + c] * scale;
+                dvb[(int64_t)j * d.v_st + col] = avv[n][2 * hf + c];
+            }
+    }
+}
+
+/* dQ of attn_bwd_dq_kernel<., true> on tensor cores: block = (b, h, 64 query rows), 4 warps
+ * of 16 rows; per visible key tile S = r(Q) r(K)^T, dP = r(dO) r(V)^T, dS = P (dP - Dvec),
+ * dQ += r(dS) r(K); dQ *= scale at the end. */
+template <int DMAX>
+__global__ void __launch_bounds__(NT_MMA) attn_bwd_dq_mma_kernel(
+    const anneal_attention_desc d, const float *__restrict__ q, const float *__restrict__ k,
+    const float *__restrict__ v, const float *__restrict__ dout, const float *__restrict__ lse,
+    const float *__restrict__ dvec, float *__restrict__ dq, int ntiles) {
+    constexpr int BQ = 64, BK = 64, LDH = DMAX + 8, LDT = BK + 8, KS = DMAX / 16, NB = BK / 8, ND = DMAX / 8;
+    extern __shared__ float smem[];
+    uint16_t *Qh = reinterpret_cast<uint16_t *>(smem), *dOh = Qh + BQ * LDH, *Kh = dOh + BQ * LDH;
+    uint16_t *Vh = Kh + BK * LDH, *Kt = Vh + BK * LDH;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, gk = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+    const float *kb = k + b * d.k_sb + gk * d.k_sh;
+    const float *vb = v + b * d.v_sb + gk * d.v_sh;
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two query rows */
+
+    load_bf16_tile<BQ, DMAX>(Qh, nullptr, q + b * d.q_sb + h * d.q_sh + q0 * d.q_st, d.q_st, nq, D);
+    load_bf16_tile<BQ, DMAX>(dOh, nullptr, dout + b * d.o_sb + h * d.o_sh + q0 * d.o_st, d.o_st, nq, D);
+    const float l0 = r0 < nq ? lse[bh * d.Tq + q0 + r0] : 0.0f, l1 = r1 < nq ? lse[bh * d.Tq + q0 + r1] : 0.0f;
+    const float dv0 = r0 < nq ? dvec[bh * d.Tq + q0 + r0] : 0.0f, dv1 = r1 < nq ? dvec[bh * d.Tq + q0 + r1] : 0.0f;
+
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1);
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        __syncthreads(); /* the previous tile's readers are done (and Q, dO loaded) */
+        load_bf16_tile<BK, DMAX>(Kh, Kt, kb + k0 * d.k_st, d.k_st, nk, D);
+        load_bf16_tile<BK, DMAX>(Vh, nullptr, vb + k0 * d.v_st, d.v_st, nk, D);
+        __syncthreads();
+
+        float s[NB][4], dp[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t aq[4], ag[4];
+            lda_frag<LDH>(aq, Qh + warp * 16 * LDH, ks, g, t4);
+            lda_frag<LDH>(ag, dOh + warp * 16 * LDH, ks, g, t4);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                const uint16_t *pk = Kh + (nb * 8 + g) * LDH + ks * 16 + 2 * t4;
+                const uint16_t *pv = Vh + (nb * 8 + g) * LDH + ks * 16 + 2 * t4;
+                mma_bf16(s[nb], aq, ld32(pk), ld32(pk + 8));
+                mma_bf16(dp[nb], ag, ld32(pv), ld32(pv + 8));
+            }
+        }
+        const int nv0 = r0 < nq ? attn_row_keys(d, q0 + r0, k0, nk) : 0;
+        const int nv1 = r1 < nq ? attn_row_keys(d, q0 + r1, k0, nk) : 0;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = nb * 8 + 2 * t4 + (e & 1);
+                const bool hi = e >= 2;
+                const float p = j < (hi ? nv1 : nv0) ? expf(scale * s[nb][e] - (hi ? l1 : l0)) : 0.0f;
+                s[nb][e] = p * (dp[nb][e] - (hi ? dv1 : dv0)); /* dS */
+            }
+        /* dQ += r(dS) r(K) */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t sa[4];
+            sa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            sa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            sa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            sa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const uint16_t *pk = Kt + (n * 8 + g) * LDT + kk * 16 + 2 * t4;
+                mma_bf16(acc[n], sa, ld32(pk), ld32(pk + 8));
+            }
+        }
+    }
+
+    float *dqb = dq + b * d.q_sb + h * d.q_sh + q0 * d.q_st;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int i = hf ? r1 : r0;
+        if (i >= nq) continue;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int col = n * 8 + 2 * t4 + c;
+                if (col < D) dqb[(int64_t)i * d.q_st + col] = acc[n][2 * hf + c] * scale;
+            }
+    }
+}
+
 /* Dvec[(b*Hq + h)*Tq + i] = dO_i . o_i (double accumulation), one warp per row. */
 __global__ void __launch_bounds__(NT) attn_dvec_kernel(const anneal_attention_desc d, const float *__restrict__ o,
                                                        const float *__restrict__ dout, float *__restrict__ dvec,
@@ -755,6 +1029,39 @@ bool attn_use_mma(void) {
     return !(e && e[0] == '0');
 }
 
+/* The tensor-core BF16 backward: Dvec, then attn_bwd_dkdv_mma_kernel and attn_bwd_dq_mma_kernel. */
+template <int DMAX>
+anneal_status attn_bwd_mma_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk, float *dv,
+                                  const float *q, const float *k, const float *v, const float *o, const float *dout,
+                                  const float *lse, float *dvec) {
+    const int64_t rows = d->B * d->Hq * d->Tq;
+    anneal_status s = ANNEAL_OK;
+    if (rows > 0) {
+        attn_dvec_kernel<<<(unsigned)((rows + NT / 32 - 1) / (NT / 32)), NT, 0, c->stream>>>(*d, o, dout, dvec,
+                                                                                           rows);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+    if (d->Tk > 0) {
+        const int ntk = (int)((d->Tk + 63) / 64);
+        const size_t bytes = dkv_mma_smem<DMAX>();
+        s = attn_smem(c, attn_bwd_dkdv_mma_kernel<DMAX>, bytes, "attention_bwd");
+        if (s != ANNEAL_OK) return s;
+        attn_bwd_dkdv_mma_kernel<DMAX><<<(unsigned)(d->B * d->Hkv * ntk), NT_MMA, bytes, c->stream>>>(
+            *d, q, k, v, dout, lse, dvec, dk, dv, ntk);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+    if (rows == 0) return ANNEAL_OK;
+    const int ntq = (int)((d->Tq + 63) / 64);
+    const size_t bytes = dq_mma_smem<DMAX>();
+    s = attn_smem(c, attn_bwd_dq_mma_kernel<DMAX>, bytes, "attention_bwd");
+    if (s != ANNEAL_OK) return s;
+    attn_bwd_dq_mma_kernel<DMAX><<<(unsigned)(d->B * d->Hq * ntq), NT_MMA, bytes, c->stream>>>(*d, q, k, v, dout, lse,
+                                                                                               dvec, dq, ntq);
+    return anneal_cuda_launch_check("attention_bwd");
+}
+
 template <int DMAX, bool BF>
 anneal_status attn_bwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk, float *dv,
                               const float *q, const float *k, const float *v, const float *o, const float *dout,
@@ -836,6 +1143,9 @@ anneal_status cuda_attention_bwd(void *ctx, const anneal_attention_desc *d, anne
     const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v), *po = ATTN_F(o), *pg = ATTN_F(dout),
                 *pl = ATTN_F(lse);
     const bool bf = d->compute == ANNEAL_BF16;
+    if (bf && attn_use_mma())
+        return d->D <= 64 ? attn_bwd_mma_launch<64>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec)
+                          : attn_bwd_mma_launch<128>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);
     if (d->D <= 64)
         return bf ? attn_bwd_launch<64, true>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec)
                   : attn_bwd_launch<64, false>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);
