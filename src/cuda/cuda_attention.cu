@@ -471,6 +471,7 @@ __device__ __forceinline__ void load_bf16_tile(uint16_t *rm, uint16_t *tr, const
     }
 }
 
+/* Query rows per tile of the tensor-core dK/dV kernel, and the shared memory of it and of dQ's. */
 template <int DMAX> __host__ __device__ constexpr int dkv_mma_bq() { return DMAX > 64 ? 32 : 64; }
 template <int DMAX> __host__ __device__ constexpr size_t dkv_mma_smem() {
     return sizeof(uint16_t) * (size_t)(2 * 64 * (DMAX + 8) + 2 * dkv_mma_bq<DMAX>() * (DMAX + 8) +
@@ -997,6 +998,7 @@ template <typename K> anneal_status attn_smem(anneal_cuda_ctx *c, K kernel, size
                              op);
 }
 
+/* Queues the CUDA-core forward (attn_fwd_kernel). */
 template <int DMAX, bool BF>
 anneal_status attn_fwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *o, float *lse,
                               const float *q, const float *k, const float *v) {
@@ -1062,6 +1064,7 @@ anneal_status attn_bwd_mma_launch(anneal_cuda_ctx *c, const anneal_attention_des
     return anneal_cuda_launch_check("attention_bwd");
 }
 
+/* Queues the CUDA-core backward: Dvec, dK/dV, dQ. */
 template <int DMAX, bool BF>
 anneal_status attn_bwd_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk, float *dv,
                               const float *q, const float *k, const float *v, const float *o, const float *dout,
