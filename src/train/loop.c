@@ -370,7 +370,8 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     if (t->use_scaler)
         anneal_progress_note(t->prog, "  fp16 loss scale %g, %lld overflow steps skipped", (double)t->scaler.scale,
                              (long long)t->st.overflow_steps);
-    anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
+    anneal_progress_note(t->prog, "  peak memory%s%s: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
+                         t->device != ANNEAL_CPU ? " on " : "", t->device != ANNEAL_CPU ? t->cfg.device : "",
                          (double)mem.peak_bytes / 1048576.0, (double)mem.peak_reserved_bytes / 1048576.0,
                          (double)anneal_peak_rss_bytes() / 1048576.0);
     if (t->last_ckpt_step >= 0 && t->ckpt_good)
@@ -436,14 +437,26 @@ static bool stop_hit(anneal_status *st) {
     return true;
 }
 
-/* Re-records the current error with "step N: " in front. */
-static anneal_status step_error(int64_t step1) {
+/* Re-records the current error with "step N: " in front; out of memory on a GPU also
+ * says how much the GPU has (the allocator's message names the request, what the
+ * device holds by category, and the flags that lower the peak). */
+static anneal_status step_error(const trainer *t, int64_t step1) {
     anneal_status code = anneal_last_status();
     if (code == ANNEAL_OK) code = ANNEAL_ERR_STATE;
-    char msg[1024];
+    char msg[1024], gpu[400] = "";
     snprintf(msg, sizeof msg, "%s", anneal_last_error());
     anneal_clear_error();
-    return anneal_set_error(code, "step %lld: %s", (long long)step1, msg);
+    if (code == ANNEAL_ERR_OOM && t->device == ANNEAL_CUDA) {
+        anneal_device dev;
+        int ordinal = -1;
+        anneal_cuda_device_info info;
+        if (anneal_train_device_parse(t->cfg.device, &dev, &ordinal) == ANNEAL_OK &&
+            anneal_cuda_device_info_get(ordinal < 0 ? 0 : ordinal, &info) == ANNEAL_OK)
+            snprintf(gpu, sizeof gpu, " [--device %s: GPU %d, %s, %.1f GiB, %.1f GiB free]", t->cfg.device, info.ordinal,
+                     info.name, (double)info.total_bytes / 1073741824.0, (double)info.free_bytes / 1073741824.0);
+        anneal_clear_error();
+    }
+    return anneal_set_error(code, "step %lld: %s%s", (long long)step1, msg, gpu);
 }
 
 anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res) {
@@ -511,7 +524,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
             break;
         }
         if (rs != ANNEAL_OK) {
-            fail = anneal_train_dist_fatal(t, step_error(step + 1));
+            fail = anneal_train_dist_fatal(t, step_error(t, step + 1));
             break;
         }
         double now = anneal_train_now_ms(), ms = now - t0, cpu_ms = anneal_train_cpu_ms() - c0;

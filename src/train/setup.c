@@ -526,6 +526,9 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
         return USAGE("--device %s with --np > 1 (%d ranks) needs a communicator for %s (NCCL for CUDA): not built "
                      "yet; train data-parallel on the CPU, or on one device with one process",
                      c->device, t->world, anneal_device_name(t->device));
+    if (t->device != ANNEAL_CPU && c->zero > 0)
+        return USAGE("--zero %lld with --device %s: ZeRO's sharded state is built for CPU runs only (not built for "
+                     "other devices yet)", (long long)c->zero, c->device);
     if (t->device != ANNEAL_CPU && c->offload && strcmp(c->offload, "none"))
         return USAGE("--offload %s with --device %s: the file-backed optimizer steps CPU parameters only (not built "
                      "for other devices yet)", c->offload, c->device);

@@ -1,8 +1,8 @@
 /* The trainer on a device other than the CPU: anneal_train_run with --device emu (the
  * test backend of tests/backends/emu_backend.h, whose memory the host cannot touch and
  * whose copies to the host arrive only at a synchronize) next to the same run on the
- * CPU. Gradient accumulation, dropout, evaluation and periodic checkpoints are on. The
- * logged losses, gradient norms and validation losses are bit-identical, and so is
+ * CPU. Gradient accumulation, dropout, evaluation, samples and periodic checkpoints are
+ * on. The logged losses, gradient norms, validation losses and samples are identical, and so is
  * every file of every checkpoint; a run started on emu resumes on the CPU, and one
  * started on the CPU resumes on emu, continuing bit for bit. The host never reads emu
  * memory behind the device's back and never refills an uploaded buffer before the
@@ -18,6 +18,39 @@
 enum { STEPS = 6, HALF = 3 };
 
 static FILE *devnull;
+static char tokdir[600]; /* a small BPE tokenizer for samples ("" when it could not be made) */
+
+/* Learns a tokenizer of 512 ids (the model's vocabulary) from a small
+ * text into dir/tok, for the runs' samples. */
+static void make_tokenizer(const char *dir) {
+    char text[600];
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    FILE *f = fopen(text, "w");
+    if (!f) return;
+    /* words of random syllables: plenty of pairs to merge */
+    static const char *const syl[] = {"an", "ne", "al", "de", "vi", "ce", "ho", "st", "bi", "tu", "ka", "ro",
+                                      "mi", "lo", "su", "pe", "ta", "ri", "go", "fu", "ze", "wa", "qi", "yo"};
+    uint64_t r = 12345;
+    for (int w = 0; w < 40000; w++) {
+        int n = 1 + (int)((r >> 33) % 4);
+        for (int k = 0; k < n; k++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            fputs(syl[(r >> 33) % (sizeof syl / sizeof syl[0])], f);
+        }
+        fputc(w % 12 == 11 ? '\n' : ' ', f);
+    }
+    fclose(f);
+    snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
+    const char *files[1] = {text};
+    anneal_tokenizer *tok = NULL;
+    if (anneal_bpe_train(files, 1, 512, tokdir) != ANNEAL_OK || anneal_tokenizer_load(tokdir, &tok) != ANNEAL_OK ||
+        anneal_tokenizer_vocab_size(tok) > 512) {
+        printf("  no tokenizer of <= 512 ids (%s): samples off\n", anneal_last_error());
+        anneal_clear_error();
+        tokdir[0] = '\0';
+    }
+    anneal_tokenizer_free(tok);
+}
 
 /* The run's settings: a tiny GPT-2 on synthetic tokens on `device`, run directory out. */
 static void config(anneal_train_config *c, const char *out, const char *device) {
@@ -39,6 +72,11 @@ static void config(anneal_train_config *c, const char *out, const char *device) 
     anneal_train_config_set(c, "keep", "0");
     anneal_train_config_set(c, "threads", "2");
     anneal_train_config_set(c, "out", out);
+    if (tokdir[0]) {
+        anneal_train_config_set(c, "tokenizer", tokdir);
+        anneal_train_config_set(c, "sample-every", "3");
+        anneal_train_config_set(c, "sample-tokens", "8");
+    }
     if (device) REQUIRE(anneal_train_config_set(c, "device", device) == ANNEAL_OK);
 }
 
@@ -62,12 +100,13 @@ static anneal_status run(const char *out, const char *device, bool resume, int s
 /* Every field of every step record, in order: loss, grad_norm; and the eval losses. */
 typedef struct trace {
     double loss[STEPS], norm[STEPS], val[STEPS];
+    char sample[STEPS][512]; /* the sample records' text */
 } trace;
 
 static void read_trace(const char *out, trace *tr) {
     char log[600];
     snprintf(log, sizeof log, "%s/log.jsonl", out);
-    for (int i = 0; i < STEPS; i++) tr->loss[i] = tr->norm[i] = tr->val[i] = NAN;
+    for (int i = 0; i < STEPS; i++) tr->loss[i] = tr->norm[i] = tr->val[i] = NAN, tr->sample[i][0] = '\0';
     CHECK_TRUE(tu_read_steps(log, "loss", NAN, tr->loss, NULL, NULL, STEPS) == STEPS);
     CHECK_TRUE(tu_read_steps(log, "grad_norm", NAN, tr->norm, NULL, NULL, STEPS) == STEPS);
     FILE *f = fopen(log, "r");
@@ -78,6 +117,12 @@ static void read_trace(const char *out, trace *tr) {
         if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "eval")) {
             int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
             if (s >= 1 && s <= STEPS) tr->val[s - 1] = cJSON_GetObjectItemCaseSensitive(o, "val_loss")->valuedouble;
+        }
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "sample")) {
+            int s = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "text");
+            if (s >= 1 && s <= STEPS && cJSON_IsString(x))
+                snprintf(tr->sample[s - 1], sizeof tr->sample[s - 1], "%s", x->valuestring);
         }
         cJSON_Delete(o);
     }
@@ -93,6 +138,8 @@ static void check_same_trace(const trace *a, const trace *b, const char *what) {
               a->norm[i], b->norm[i]);
         CHECK((isnan(a->val[i]) && isnan(b->val[i])) || !memcmp(&a->val[i], &b->val[i], sizeof(double)),
               "%s: step %d val loss %.17g vs %.17g", what, i + 1, a->val[i], b->val[i]);
+        CHECK(!strcmp(a->sample[i], b->sample[i]), "%s: step %d sample '%s' vs '%s'", what, i + 1, a->sample[i],
+              b->sample[i]);
     }
 }
 
@@ -150,6 +197,7 @@ TEST(emu_trains_like_the_cpu_and_resumes_across_devices) {
     REQUIRE(dir);
     char out[600], p[700];
     snprintf(out, sizeof out, "%s/run", dir);
+    make_tokenizer(dir);
 
     /* straight runs on each device */
     REQUIRE(run(out, NULL, false, 0) == ANNEAL_OK);
@@ -181,6 +229,7 @@ TEST(emu_trains_like_the_cpu_and_resumes_across_devices) {
     read_trace(p, &ce);
     CHECK(isfinite(cpu.loss[0]) && isfinite(cpu.val[HALF - 1]) && isfinite(cpu.val[STEPS - 1]), "cpu trace %g %g %g",
           cpu.loss[0], cpu.val[HALF - 1], cpu.val[STEPS - 1]);
+    CHECK(!tokdir[0] || (cpu.sample[HALF - 1][0] && cpu.sample[STEPS - 1][0]), "no samples logged");
     check_same_trace(&cpu, &emu, "emu vs cpu");
     check_same_trace(&cpu, &ec, "emu then cpu vs cpu");
     check_same_trace(&cpu, &ce, "cpu then emu vs cpu");
