@@ -351,6 +351,10 @@ static void print_header(trainer *t) {
     else anneal_progress_note(t->prog, "MFU: not reported (peak %s)", t->peak_source);
     if (t->resume_ckpt[0])
         anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
+    /* the device is not saved with a run (its checkpoints are the same files anywhere) */
+    if (t->resume_ckpt[0] && !c->device && anneal_cuda_device_count(NULL, 0) > 0)
+        anneal_progress_note(t->prog, "note: resuming on the CPU: --device is not saved with a run (give --device cuda "
+                                      "to resume on a GPU)");
     anneal_train_note_precision(t);
     anneal_train_note_lora(t);
 }
