@@ -40,6 +40,7 @@ typedef struct anneal_train_config {
     double weight_decay, beta1, beta2, eps, clip;
     double dropout;           /* < 0: the model config's (0 for presets) */
     int64_t seed, threads;
+    char *device;             /* where the model trains: cpu (NULL), cuda, cuda:N, or a registered backend's name */
     char *recompute;          /* activation recomputation: none | attn | block (NULL: none) */
     bool pin_threads;         /* pin each OpenMP worker to one CPU */
     /* precision */
@@ -121,6 +122,16 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
  * with: a --dtype name anneal_dtype_parse reads as f32, bf16 or f16 ("fp32", "bf16",
  * "fp16", "float32", ...); false (nothing written) for any other (fp8, f64, i32). */
 bool anneal_train_dtype_parse(const char *name, anneal_dtype *out);
+/* The one reader of a --device value (train, eval, generate): "cpu" (or NULL),
+ * "cuda" (the CUDA backend's GPU, 0 unless chosen), "cuda:N" (GPU N), or the name of
+ * a backend registered from outside the library ("emu" in the tests). Syntax only:
+ * *ordinal is N of cuda:N, else -1. ANNEAL_ERR_ARG naming --device otherwise. */
+anneal_status anneal_train_device_parse(const char *name, anneal_device *dev, int *ordinal);
+/* The same, and the device made ready for use: cuda:N chooses GPU N for this process
+ * (anneal_cuda_select), and a device that cannot be used is ANNEAL_ERR_ARG naming
+ * --device and saying why (this build has no CUDA backend, no GPU, no such GPU, a GPU
+ * already chosen). *out is set on success only. */
+anneal_status anneal_train_device_resolve(const char *name, anneal_device *out);
 /* Applies a JSON object whose keys are setting names (numbers, strings, true/false,
  * null = leave unset). `source` names the file in errors. Keys listed in skip (NULL-
  * terminated, may be NULL) are ignored; unknown keys are errors. */

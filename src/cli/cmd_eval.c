@@ -45,7 +45,7 @@ static bool given(const cli_flag *flags, int n, const char *name) {
 }
 
 int anneal_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *model_arg = NULL, *data = NULL, *split = "val", *dtype = "fp32";
+    const char *ckpt = NULL, *model_arg = NULL, *data = NULL, *split = "val", *dtype = "fp32", *device = "cpu";
     int64_t batch = 0, seq = 0, max_batches = 0, threads = 0;
     bool help = false, json = false;
     cli_flag flags[] = {
@@ -59,6 +59,7 @@ int anneal_cmd_eval(int argc, char **argv) {
         {"seq", ARG_INT, "tokens per sequence T, at most n_ctx (default: the run's, else min(n_ctx, 256))", &seq, 0},
         {"max-batches", ARG_INT, "evaluate at most this many batches (default 0: every window)", &max_batches, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"device", ARG_STRING, "where the model runs: cpu, cuda (GPU 0) or cuda:N (default cpu)", &device, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
@@ -83,8 +84,10 @@ int anneal_cmd_eval(int argc, char **argv) {
     anneal_model *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL, *model_tok = NULL;
-    int rc = ckpt ? anneal_cli_load_checkpoint("eval", ckpt, &m, &st, &config_text)
-                  : anneal_cli_load_model("eval", "model", model_arg, &m, &st, &config_text, &model_tok);
+    anneal_device dev;
+    if (anneal_cli_parse_device("eval", device, &dev)) return 2;
+    int rc = ckpt ? anneal_cli_load_checkpoint_on("eval", ckpt, dev, &m, &st, &config_text)
+                  : anneal_cli_load_model_on("eval", "model", model_arg, dev, &m, &st, &config_text, &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     cJSON *config = NULL;

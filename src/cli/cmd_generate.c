@@ -17,12 +17,24 @@
 
 int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_model **model,
                                anneal_train_state *st, char **config_json) {
+    return anneal_cli_load_checkpoint_on(cmd, arg, ANNEAL_CPU, model, st, config_json);
+}
+
+int anneal_cli_parse_device(const char *cmd, const char *name, anneal_device *out) {
+    if (anneal_train_device_resolve(name, out) == ANNEAL_OK) return 0;
+    fprintf(stderr, "anneal %s: %s\n", cmd, anneal_last_error());
+    anneal_clear_error();
+    return 2;
+}
+
+int anneal_cli_load_checkpoint_on(const char *cmd, const char *arg, anneal_device dev, anneal_model **model,
+                                  anneal_train_state *st, char **config_json) {
     char dir[PATH_MAX];
     anneal_model_config cfg;
     *model = NULL;
     *config_json = NULL;
     if (anneal_quant_dir_is_quantized(arg)) { /* an int8 model directory (anneal quantize) */
-        if (anneal_model_load_hf(arg, ANNEAL_CPU, model) == ANNEAL_OK) return 0;
+        if (anneal_model_load_hf(arg, dev, model) == ANNEAL_OK) return 0;
         fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, arg, anneal_last_error());
         return 1;
     }
@@ -31,8 +43,8 @@ int anneal_cli_load_checkpoint(const char *cmd, const char *arg, anneal_model **
         fprintf(stderr, "anneal %s: --ckpt: %s\n", cmd, anneal_last_error());
         return 1;
     }
-    /* the device the model lives on (a --device flag chooses it once there is more than one) */
-    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    /* on dev: the checkpoint's tensors are copied to it as they are read */
+    anneal_model *m = anneal_model_new(&cfg, dev);
     if (!m || anneal_checkpoint_load(dir, m, NULL, st) != ANNEAL_OK) {
         fprintf(stderr, "anneal %s: --ckpt %s: %s\n", cmd, dir, anneal_last_error());
         anneal_model_free(m);
@@ -65,14 +77,14 @@ int64_t anneal_cli_kv_cache_bytes(const anneal_model *m, int64_t slots, int64_t 
 
 /* Loads a Hugging Face model given as --hf-model (a directory or a weights file) with
  * an explicit --hf-config config.json. */
-static int load_hf(const char *weights, const char *config, anneal_model **model) {
+static int load_hf(const char *weights, const char *config, anneal_device dev, anneal_model **model) {
     anneal_model_config cfg;
     *model = NULL;
     if (anneal_model_config_from_hf_file(config, &cfg) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --hf-config: %s\n", anneal_last_error());
         return 1;
     }
-    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    anneal_model *m = anneal_model_new(&cfg, dev);
     if (!m || anneal_model_load_hf_weights(m, weights) != ANNEAL_OK) {
         fprintf(stderr, "anneal generate: --hf-model: %s\n", anneal_last_error());
         anneal_model_free(m);
@@ -126,7 +138,7 @@ static double now_s(void) {
 
 int anneal_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *hf_model = NULL, *hf_config = NULL, *tok_spec = NULL, *prompt = NULL, *dtype = "fp32",
-               *kv_dtype_arg = "f32";
+               *kv_dtype_arg = "f32", *device = "cpu";
     int64_t max_tokens = 200, top_k = 50, seed = 1337, threads = 0;
     double temperature = 0.8, top_p = 0.95;
     bool help = false, chat = false;
@@ -148,6 +160,7 @@ int anneal_cmd_generate(int argc, char **argv) {
         {"top-p", ARG_FLOAT, "sample from the smallest set with this probability, in (0, 1] (default 0.95)", &top_p, 0},
         {"seed", ARG_INT, "seed of the draws: the same seed gives the same text (default 1337)", &seed, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
+        {"device", ARG_STRING, "where the model runs: cpu, cuda (GPU 0) or cuda:N (default cpu)", &device, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_dtype_arg, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
@@ -176,13 +189,17 @@ int anneal_cmd_generate(int argc, char **argv) {
     anneal_dtype kv_dtype;
     if (anneal_cli_parse_kv_dtype("generate", kv_dtype_arg, &kv_dtype)) return 2;
 
+    anneal_device dev;
+    if (anneal_cli_parse_device("generate", device, &dev)) return 2;
+
     anneal_model *m = NULL;
     anneal_train_state st = {0};
     char *config_text = NULL, *model_tok = NULL;
-    int rc = ckpt         ? anneal_cli_load_checkpoint("generate", ckpt, &m, &st, &config_text)
-             : hf_config ? load_hf(hf_model, hf_config, &m)
-                         : anneal_cli_load_model("generate", model_arg ? "model" : "hf-model", model_arg ? model_arg : hf_model,
-                                                 &m, &st, &config_text, &model_tok);
+    int rc = ckpt         ? anneal_cli_load_checkpoint_on("generate", ckpt, dev, &m, &st, &config_text)
+             : hf_config ? load_hf(hf_model, hf_config, dev, &m)
+                         : anneal_cli_load_model_on("generate", model_arg ? "model" : "hf-model",
+                                                    model_arg ? model_arg : hf_model, dev, &m, &st, &config_text,
+                                                    &model_tok);
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);

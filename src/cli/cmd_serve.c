@@ -31,7 +31,7 @@ static const char *base_name(const char *p, char *buf, size_t n) {
 
 int anneal_cmd_serve(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *tok_spec = NULL, *host = "127.0.0.1", *dtype = "fp32", *kv_dtype_arg = "f32",
-               *model_name = NULL;
+               *model_name = NULL, *device = "cpu";
     int64_t port = 8000, slots = 16, queue = 64, max_conn = 256, max_body = 1 << 20, max_tokens = 0, threads = 0,
             step_delay = 0;
     double timeout = 600, grace = 10;
@@ -59,6 +59,8 @@ int anneal_cmd_serve(int argc, char **argv) {
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32)", &dtype, 0},
         {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_dtype_arg, 0},
+        {"device", ARG_STRING, "where the model runs: cpu only for now (the server's batched decoding is not "
+                               "built for GPUs yet)", &device, 0},
         {"step-delay-ms", ARG_INT, "test aid: sleep this long before each decode step (default 0)", &step_delay, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
@@ -85,6 +87,11 @@ int anneal_cmd_serve(int argc, char **argv) {
     if (anneal_cli_parse_dtype("serve", dtype, &compute)) return 2;
     anneal_dtype kv_dtype;
     if (anneal_cli_parse_kv_dtype("serve", kv_dtype_arg, &kv_dtype)) return 2;
+    anneal_device dev;
+    if (anneal_cli_parse_device("serve", device, &dev)) return 2;
+    if (dev != ANNEAL_CPU)
+        return USAGE_ERR("--device %s: serve runs on the CPU only for now (its batched decoding is not built for "
+                         "other devices yet); anneal generate --device %s runs one prompt there", device, device);
 
     anneal_model *m = NULL;
     anneal_train_state st = {0};

@@ -29,6 +29,14 @@ struct anneal_train_state;
  * --ckpt and returns 1 on failure. */
 int anneal_cli_load_checkpoint(const char *cmd, const char *arg, struct anneal_model **model,
                                struct anneal_train_state *st, char **config_json);
+/* The same with the model on device dev (checkpoints are the same files on every device). */
+int anneal_cli_load_checkpoint_on(const char *cmd, const char *arg, anneal_device dev, struct anneal_model **model,
+                                  struct anneal_train_state *st, char **config_json);
+/* cmd_generate.c, shared with eval: --device (cpu, cuda, cuda:N; anneal_train_device_resolve,
+ * the one reader of the flag) into *out, the GPU chosen for cuda:N. Prints "anneal CMD: "
+ * and the reason (not a device name, this build has no CUDA backend, no GPU) and
+ * returns 2 when the device cannot be used, else 0. */
+int anneal_cli_parse_device(const char *cmd, const char *name, anneal_device *out);
 /* cmd_generate.c, shared with eval: --dtype fp32|bf16|fp16 (anneal_train_dtype_parse)
  * into *out. Prints the error and returns 2 for another name, else 0. */
 int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out);
@@ -51,6 +59,10 @@ int anneal_cmd_bench_decode(int argc, char **argv);
  * 1 (failure) or 2 (usage). */
 int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, struct anneal_model **model,
                           struct anneal_train_state *st, char **config_json, char **tokenizer_path);
+/* The same with the model on device dev. */
+int anneal_cli_load_model_on(const char *cmd, const char *flag, const char *arg, anneal_device dev,
+                             struct anneal_model **model, struct anneal_train_state *st, char **config_json,
+                             char **tokenizer_path);
 /* model_arg.c: anneal_tokenizer_load, or the tokenizer inside a .gguf file (an
  * anneal_status; *tok set on success). */
 struct anneal_tokenizer;

@@ -35,6 +35,12 @@ static bool looks_like_checkpoint(const char *dir) {
 
 int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, anneal_model **model,
                           anneal_train_state *st, char **config_json, char **tokenizer_path) {
+    return anneal_cli_load_model_on(cmd, flag, arg, ANNEAL_CPU, model, st, config_json, tokenizer_path);
+}
+
+int anneal_cli_load_model_on(const char *cmd, const char *flag, const char *arg, anneal_device dev,
+                             anneal_model **model, anneal_train_state *st, char **config_json,
+                             char **tokenizer_path) {
     *model = NULL;
     *config_json = NULL;
     if (tokenizer_path) *tokenizer_path = NULL;
@@ -45,11 +51,11 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
                     arg, anneal_last_error());
             return 1;
         }
-        int rc = anneal_cli_load_checkpoint(cmd, dir, model, st, config_json);
+        int rc = anneal_cli_load_checkpoint_on(cmd, dir, dev, model, st, config_json);
         if (rc) return rc;
     } else if (anneal_gguf_path(arg) && path_exists(arg)) {
         anneal_tokenizer *tok = NULL;
-        if (anneal_model_load_gguf(arg, ANNEAL_CPU, model, tokenizer_path ? &tok : NULL) != ANNEAL_OK) {
+        if (anneal_model_load_gguf(arg, dev, model, tokenizer_path ? &tok : NULL) != ANNEAL_OK) {
             fprintf(stderr, "anneal %s: --%s %s: %s\n", cmd, flag, arg, anneal_last_error());
             return 1;
         }
@@ -58,7 +64,7 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
         anneal_tokenizer_free(tok);
         return 0;
     } else if (path_exists(arg)) {
-        if (anneal_model_load_hf(arg, ANNEAL_CPU, model) != ANNEAL_OK) {
+        if (anneal_model_load_hf(arg, dev, model) != ANNEAL_OK) {
             fprintf(stderr, "anneal %s: --%s %s: %s\n", cmd, flag, arg, anneal_last_error());
             return 1;
         }
@@ -76,7 +82,7 @@ int anneal_cli_load_model(const char *cmd, const char *flag, const char *arg, an
                     anneal_model_preset_names(names, sizeof names));
             return 2;
         }
-        anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+        anneal_model *m = anneal_model_new(&cfg, dev);
         if (!m || anneal_model_init(m, 1337) != ANNEAL_OK) {
             fprintf(stderr, "anneal %s: --%s %s: %s\n", cmd, flag, arg, anneal_last_error());
             anneal_model_free(m);

@@ -54,6 +54,8 @@ static const option_def defs[] = {
     {{"clip", ANNEAL_OPT_FLOAT, "global gradient-norm clip, 0 = off (default 1.0)"}, OFF(clip), 0, 1e9, 0, 0, NULL},
     {{"dropout", ANNEAL_OPT_FLOAT, "dropout probability (default 0; with --config: the config's)"}, OFF(dropout), 0, 1, 0, 1, NULL},
     {{"seed", ANNEAL_OPT_INT, "seed for init, data order and dropout (default 1337)"}, OFF(seed), 0, BIG, 0, 0, NULL},
+    {{"device", ANNEAL_OPT_STRING, "where the model trains, evaluates and samples: cpu, cuda (GPU 0) or cuda:N (GPU N); "
+      "checkpoints are the same files on every device, so a run resumes on another (default cpu)"}, OFF(device), 0, 0, 0, 0, NULL},
     {{"threads", ANNEAL_OPT_INT, "CPU threads, 0 = all cores (default 0)"}, OFF(threads), 0, 4096, 0, 0, NULL},
     {{"recompute", ANNEAL_OPT_STRING, "activation recomputation in backward: none, attn (qkv + attention) or block "
       "(whole blocks); on = block, off = none (default none)"}, OFF(recompute), 0, 0, 0, 0, NULL},
@@ -142,7 +144,7 @@ const anneal_train_option *anneal_train_option_find(const char *name) {
 }
 
 const char *const anneal_train_resume_skip[] = {"out", "resume", "log-jsonl", "init", "model", "config", "stop-at",
-                                                "tensorboard", "metrics-port", "metrics-addr", NULL};
+                                                "tensorboard", "metrics-port", "metrics-addr", "device", NULL};
 
 void anneal_train_config_init(anneal_train_config *c) {
     memset(c, 0, sizeof *c);
@@ -319,6 +321,11 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
                 return anneal_set_error(ANNEAL_ERR_ARG, "--loss-scale: expects dynamic or a positive number, got '%s'",
                                         value);
         }
+        if (!strcmp(name, "device")) { /* the syntax; whether it can be used: anneal_train_device_resolve */
+            anneal_device dev;
+            int ordinal;
+            if (anneal_train_device_parse(value, &dev, &ordinal) != ANNEAL_OK) return anneal_last_status();
+        }
         if (!strcmp(name, "schedule")) {
             anneal_schedule_kind k;
             if (!anneal_schedule_parse(value, &k))
@@ -429,6 +436,9 @@ char *anneal_train_config_to_json(const anneal_train_config *c) {
         }
         case ANNEAL_OPT_ONOFF: cJSON_AddBoolToObject(root, k, *(const bool *)src); break;
         case ANNEAL_OPT_STRING:
+            /* where a run trains is not a setting of its result: checkpoints are the same
+             * files on every device (the start record names the device) */
+            if (!strcmp(k, "device")) break;
             if (*(char *const *)src) cJSON_AddStringToObject(root, k, *(char *const *)src);
             else if (!strcmp(k, "schedule")) cJSON_AddStringToObject(root, k, "cosine");
             else if (!strcmp(k, "dtype")) cJSON_AddStringToObject(root, k, anneal_precision_name(ANNEAL_F32));

@@ -9,6 +9,7 @@
  * every step start to (seed, (step + 1) * 2^40): a pure function of the step, so a
  * resumed run draws the same masks as a straight one whatever happened in between
  * (evaluation, sampling, a different process). */
+#include "anneal/cuda.h"
 #include "anneal/trace.h"
 #include "train_internal.h"
 
@@ -77,16 +78,19 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         /* distributed: gradients are communicated on the last micro-step only */
         if (ddp && (st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1)) != ANNEAL_OK) break;
         anneal_scope *s = anneal_scope_open();
-        /* the batch is made on the host and uploaded to the model's device; the host
-         * buffers are refilled only once the device has read the last micro-batch's
-         * (a queued copy reads them until the device's synchronize) */
-        if (k > 0) st = anneal_device_synchronize(dev);
+        /* the batch is made on the host and uploaded to the model's device; a queued copy
+         * reads its host buffer until the device's next synchronize (the loss read at the
+         * step's end), so each micro-batch has a buffer of its own, or, when the step's
+         * batches do not fit (setup), the one buffer is refilled after a synchronize */
+        int64_t slot = t->host_bufs > 1 ? k : 0;
+        int32_t *h_ids = t->host_ids + slot * shape[0] * shape[1], *h_tg = t->host_tg + slot * shape[0] * shape[1];
+        if (k > 0 && t->host_bufs == 1 && dev != ANNEAL_CPU) st = anneal_device_synchronize(dev);
         int64_t span_t0 = anneal_span_begin();
-        if (st == ANNEAL_OK) st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
+        if (st == ANNEAL_OK) st = anneal_train_source_next(&t->train, h_ids, h_tg);
         anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
         if (st == ANNEAL_OK) {
-            anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_ids);
-            anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, t->host_tg);
+            anneal_tensor *ids = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, h_ids);
+            anneal_tensor *tg = anneal_from_data_on(dev, ANNEAL_I32, 2, shape, h_tg);
             span_t0 = anneal_span_begin();
             anneal_tensor *loss = anneal_model_loss(t->model, ids, tg);
             anneal_span_end(ANNEAL_SPAN_STEP, "forward", span_t0, 0, 0);
@@ -330,9 +334,27 @@ static void print_header(trainer *t) {
     anneal_progress_note(t->prog, "run directory: %s (checkpoints %s, keep %lld)", t->run_dir,
                          c->ckpt_every > 0 ? "periodic and at the end" : "at the end", (long long)c->keep);
     if (c->ckpt_every > 0) anneal_progress_note(t->prog, "  checkpoint every %lld steps", (long long)c->ckpt_every);
-    anneal_progress_note(t->prog, "MFU against %.1f GFLOP/s (%s)", t->peak_gflops, t->peak_source);
+    if (t->device != ANNEAL_CPU) {
+        char gpu[320] = "";
+        anneal_device dev;
+        int ordinal = -1;
+        anneal_cuda_device_info info;
+        if (t->device == ANNEAL_CUDA && anneal_train_device_parse(c->device, &dev, &ordinal) == ANNEAL_OK &&
+            anneal_cuda_device_info_get(ordinal < 0 ? 0 : ordinal, &info) == ANNEAL_OK)
+            snprintf(gpu, sizeof gpu, " (GPU %d: %s, %.1f GiB)", info.ordinal, info.name,
+                     (double)info.total_bytes / 1073741824.0);
+        anneal_clear_error();
+        anneal_progress_note(t->prog, "device: %s%s: model, batches, evaluation and samples; checkpoints are the "
+                                      "same files as on the CPU", c->device, gpu);
+    }
+    if (t->peak_gflops > 0) anneal_progress_note(t->prog, "MFU against %.1f GFLOP/s (%s)", t->peak_gflops, t->peak_source);
+    else anneal_progress_note(t->prog, "MFU: not reported (peak %s)", t->peak_source);
     if (t->resume_ckpt[0])
         anneal_progress_note(t->prog, "resumed from %s at step %lld", t->resume_ckpt, (long long)t->st.step);
+    /* the device is not saved with a run (its checkpoints are the same files anywhere) */
+    if (t->resume_ckpt[0] && !c->device && anneal_cuda_device_count(NULL, 0) > 0)
+        anneal_progress_note(t->prog, "note: resuming on the CPU: --device is not saved with a run (give --device cuda "
+                                      "to resume on a GPU)");
     anneal_train_note_precision(t);
     anneal_train_note_lora(t);
 }
@@ -352,7 +374,8 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     if (t->use_scaler)
         anneal_progress_note(t->prog, "  fp16 loss scale %g, %lld overflow steps skipped", (double)t->scaler.scale,
                              (long long)t->st.overflow_steps);
-    anneal_progress_note(t->prog, "  peak memory: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
+    anneal_progress_note(t->prog, "  peak memory%s%s: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
+                         t->device != ANNEAL_CPU ? " on " : "", t->device != ANNEAL_CPU ? t->cfg.device : "",
                          (double)mem.peak_bytes / 1048576.0, (double)mem.peak_reserved_bytes / 1048576.0,
                          (double)anneal_peak_rss_bytes() / 1048576.0);
     if (t->last_ckpt_step >= 0 && t->ckpt_good)
@@ -418,14 +441,26 @@ static bool stop_hit(anneal_status *st) {
     return true;
 }
 
-/* Re-records the current error with "step N: " in front. */
-static anneal_status step_error(int64_t step1) {
+/* Re-records the current error with "step N: " in front; out of memory on a GPU also
+ * says how much the GPU has (the allocator's message names the request, what the
+ * device holds by category, and the flags that lower the peak). */
+static anneal_status step_error(const trainer *t, int64_t step1) {
     anneal_status code = anneal_last_status();
     if (code == ANNEAL_OK) code = ANNEAL_ERR_STATE;
-    char msg[1024];
+    char msg[1024], gpu[400] = "";
     snprintf(msg, sizeof msg, "%s", anneal_last_error());
     anneal_clear_error();
-    return anneal_set_error(code, "step %lld: %s", (long long)step1, msg);
+    if (code == ANNEAL_ERR_OOM && t->device == ANNEAL_CUDA) {
+        anneal_device dev;
+        int ordinal = -1;
+        anneal_cuda_device_info info;
+        if (anneal_train_device_parse(t->cfg.device, &dev, &ordinal) == ANNEAL_OK &&
+            anneal_cuda_device_info_get(ordinal < 0 ? 0 : ordinal, &info) == ANNEAL_OK)
+            snprintf(gpu, sizeof gpu, " [--device %s: GPU %d, %s, %.1f GiB, %.1f GiB free]", t->cfg.device, info.ordinal,
+                     info.name, (double)info.total_bytes / 1073741824.0, (double)info.free_bytes / 1073741824.0);
+        anneal_clear_error();
+    }
+    return anneal_set_error(code, "step %lld: %s%s", (long long)step1, msg, gpu);
 }
 
 anneal_status anneal_train_run(const anneal_train_config *cfg, FILE *out, anneal_train_result *res) {
@@ -493,7 +528,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
             break;
         }
         if (rs != ANNEAL_OK) {
-            fail = anneal_train_dist_fatal(t, step_error(step + 1));
+            fail = anneal_train_dist_fatal(t, step_error(t, step + 1));
             break;
         }
         double now = anneal_train_now_ms(), ms = now - t0, cpu_ms = anneal_train_cpu_ms() - c0;

@@ -56,6 +56,7 @@ void anneal_train_log_start(trainer *t) {
     cJSON_AddNumberToObject(o, "flops_per_token", t->flops_per_token);
     cJSON_AddNumberToObject(o, "peak_gflops", t->peak_gflops);
     cJSON_AddStringToObject(o, "peak_source", t->peak_source);
+    cJSON_AddStringToObject(o, "device", t->cfg.device ? t->cfg.device : "cpu"); /* --device as given */
     cJSON_AddNumberToObject(o, "threads", anneal_get_num_threads());
     cJSON_AddStringToObject(o, "dtype", anneal_precision_name(t->dtype));
     if (t->use_scaler) cJSON_AddNumberToObject(o, "loss_scale", (double)t->scaler.scale);

@@ -4,6 +4,7 @@
  * config.json, checkpoint, --init), weights (random, --init, or the checkpoint),
  * the optimizer, the schedule, logs, the checkpointer and the MFU denominator. */
 #include "train_internal.h"
+#include "anneal/cuda.h"
 #include "anneal/prepare.h"
 
 #include <cjson/cJSON.h>
@@ -394,8 +395,8 @@ static anneal_status build_model(trainer *t, bool *usage) {
 
 static anneal_status build_model_tagged(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
-    /* the device the model lives on (a --device flag chooses it once there is more than one) */
-    t->model = anneal_model_new(&t->mcfg, ANNEAL_CPU);
+    /* on the device of --device (resolved in setup); checkpoints and --init load into it */
+    t->model = anneal_model_new(&t->mcfg, t->device);
     if (!t->model) return prefix_error("model: ");
     if (!c->resume) {
         if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
@@ -446,6 +447,39 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
     return ANNEAL_OK;
 }
 
+/* The MFU denominator of a run on a device other than the CPU without --peak-gflops:
+ * the datasheet's dense peak of the GPU for the run's matmul precision (f32: the
+ * CUDA cores' FMA rate, TF32 being off by default) for the GPUs anneal is tested on,
+ * else 0 (MFU is not reported) and the source says to give --peak-gflops. */
+static void device_peak(trainer *t) {
+    t->peak_gflops = 0;
+    snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "unknown for %s: give --peak-gflops",
+             anneal_device_name(t->device));
+    t->peak_source = t->peak_source_buf;
+    if (t->device != ANNEAL_CUDA) return;
+    anneal_device dev;
+    int ordinal = -1;
+    anneal_cuda_device_info info;
+    if (anneal_train_device_parse(t->cfg.device, &dev, &ordinal) != ANNEAL_OK ||
+        anneal_cuda_device_info_get(ordinal < 0 ? 0 : ordinal, &info) != ANNEAL_OK) {
+        anneal_clear_error();
+        return;
+    }
+    /* dense TFLOP/s: f32 (CUDA cores), bf16/f16 (tensor cores) */
+    static const struct { const char *name; double f32, half; } table[] = {
+        {"H100 PCIe", 51.2, 756.0}, {"H100 NVL", 60.0, 835.0}, {"H100", 66.9, 989.4},
+        {"H200", 66.9, 989.4},      {"H800", 66.9, 989.4},     {"A100", 19.5, 312.0},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(info.name, table[i].name)) {
+            t->peak_gflops = 1e3 * (t->dtype == ANNEAL_F32 ? table[i].f32 : table[i].half);
+            snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "datasheet: %.60s, %s", info.name,
+                     t->dtype == ANNEAL_F32 ? "fp32 CUDA cores" : "tensor cores, dense");
+            return;
+        }
+    snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "unknown for %.60s: give --peak-gflops", info.name);
+}
+
 /* Threads of one rank when --threads is 0 (all cores) and OMP_NUM_THREADS is unset:
  * the CPUs this process may run on, shared evenly by the job's ranks on this host when
  * the launcher did not bind them (every rank sees every CPU), so `mpirun -np 2` on 2
@@ -482,9 +516,30 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
         return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
                      "split evenly over the ranks)", (long long)c->batch, t->world);
     t->local_batch = c->batch / t->world;
+    /* --device: where the model trains (cuda:N chooses the GPU before its first use) */
+    t->device = ANNEAL_CPU;
+    if (anneal_train_device_resolve(c->device, &t->device) != ANNEAL_OK) {
+        *usage = true;
+        return anneal_last_status();
+    }
+    if (t->device != ANNEAL_CPU && t->world > 1)
+        return USAGE("--device %s with --np > 1 (%d ranks) needs a communicator for %s (NCCL for CUDA): not built "
+                     "yet; train data-parallel on the CPU, or on one device with one process",
+                     c->device, t->world, anneal_device_name(t->device));
+    if (t->device != ANNEAL_CPU && c->zero > 0)
+        return USAGE("--zero %lld with --device %s: ZeRO's sharded state is built for CPU runs only (not built for "
+                     "other devices yet)", (long long)c->zero, c->device);
+    if (t->device != ANNEAL_CPU && c->offload && strcmp(c->offload, "none"))
+        return USAGE("--offload %s with --device %s: the file-backed optimizer steps CPU parameters only (not built "
+                     "for other devices yet)", c->offload, c->device);
     size_t rows = (size_t)(t->local_batch * c->seq);
-    t->host_ids = malloc(rows * sizeof *t->host_ids);
-    t->host_tg = malloc(rows * sizeof *t->host_tg);
+    /* the step's micro-batches each in a buffer of their own when they fit in 64 MiB, so
+     * a device reads them without a synchronize between micro-batches */
+    t->host_bufs = 1;
+    if (t->device != ANNEAL_CPU && c->accum > 1 && (double)rows * 8.0 * (double)c->accum <= 64.0 * 1048576.0)
+        t->host_bufs = c->accum;
+    t->host_ids = malloc((size_t)t->host_bufs * rows * sizeof *t->host_ids);
+    t->host_tg = malloc((size_t)t->host_bufs * rows * sizeof *t->host_tg);
     t->losses = calloc((size_t)c->accum, sizeof *t->losses);
     t->host_losses = calloc((size_t)c->accum, sizeof *t->host_losses);
     if (!t->host_ids || !t->host_tg || !t->losses || !t->host_losses)
@@ -566,6 +621,8 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->peak_gflops > 0) {
         t->peak_gflops = c->peak_gflops;
         t->peak_source = "--peak-gflops";
+    } else if (t->device != ANNEAL_CPU) {
+        device_peak(t); /* a datasheet figure, or none (MFU not reported) */
     } else {
         const char *isa = "?";
         int th = anneal_get_num_threads();

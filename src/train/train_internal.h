@@ -56,7 +56,10 @@ typedef struct trainer {
     const char *model_source;  /* "preset tiny", "config.json", "checkpoint" ... (for the start line) */
     char model_source_buf[PATH_MAX + 32];
     anneal_model *model;       /* any registered architecture: the loop knows only the interface */
-    int32_t *host_ids, *host_tg; /* a micro-batch as the source fills it (local_batch x seq) */
+    anneal_device device;      /* where the model lives (--device): batches are uploaded to it */
+    int32_t *host_ids, *host_tg; /* micro-batches as the source fills them (host_bufs x local_batch x seq) */
+    int64_t host_bufs;         /* accum when the step's batches fit (a device reads each until the
+                                * step's synchronize), else 1 (a synchronize before each refill) */
     anneal_tensor **losses;    /* the step's micro-batch losses (accum), read once per step */
     float *host_losses;        /* their values (accum) */
     anneal_optimizer *opt;
