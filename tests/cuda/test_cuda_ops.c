@@ -499,6 +499,104 @@ TEST(matmul) {
     anneal_scope_close(sc);
 }
 
+/* ------------------------------------------------- matmul fast paths (perf-gemm) */
+
+/* One matmul case aimed at the GPU's fast paths (src/cuda/cuda_gemm.cu): A, B and C with
+ * row padding pad_a / pad_b / pad_c (0: dense, so bf16/f16 operands round as one flat
+ * float4 array; a multiple of 4: float4 rows; else the scalar kernel), beta 0 (C NaN) or
+ * 1, the epilogue fused into cuBLASLt where allowed (BIAS, BIAS_GELU with a bias, beta 0,
+ * 16-bit compute; aux_out fused when ldc is a multiple of 8) and with
+ * ANNEAL_CUDA_GEMM_FUSED=0 (unfused) when env0. batch > 1 only without an epilogue (B
+ * broadcast when bcast_b). */
+static void mmf_case(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb, anneal_dtype compute,
+                     anneal_epilogue epi, int64_t pad_a, int64_t pad_b, int64_t pad_c, float beta, bool with_bias,
+                     bool with_aux, bool bcast_b, bool env0) {
+    char info[200];
+    snprintf(info, sizeof info, "b%lld %lldx%lldx%lld %c%c %s epi %s pad %lld/%lld/%lld beta %.1f%s%s%s%s",
+             (long long)batch, (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+             anneal_dtype_name(compute), epi_name(epi), (long long)pad_a, (long long)pad_b, (long long)pad_c,
+             (double)beta, with_bias ? "" : " nobias", with_aux ? " aux" : "", bcast_b ? " bcastB" : "",
+             env0 ? " FUSED=0" : "");
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + pad_a, ldb = bc + pad_b, ldc = N + pad_c;
+    int64_t sa = ar * lda, sb = bcast_b ? 0 : br * ldb, scs = M * ldc;
+    int64_t na = batch * ar * lda, nb = (bcast_b ? 1 : batch) * br * ldb, nc = batch * M * ldc;
+    anneal_matmul_desc d = {.batch = batch, .M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .lda = lda,
+                            .ldb = ldb, .ldc = ldc, .stride_a = sa, .stride_b = sb, .stride_c = scs,
+                            .alpha = 0.75f, .beta = beta, .compute = compute, .epilogue = epi};
+    pr a = rnd(1, &na, -1, 1), b = rnd(1, &nb, -1, 1);
+    pr c = beta == 0 ? out_like(ANNEAL_F32, 1, &nc) : rnd(1, &nc, -1, 1);
+    pr bias = NONE, aux_out = NONE;
+    if ((epi == ANNEAL_EPILOGUE_BIAS || epi == ANNEAL_EPILOGUE_BIAS_GELU) && with_bias) bias = rnd(1, &N, -1, 1);
+    if (epi == ANNEAL_EPILOGUE_BIAS_GELU && with_aux) aux_out = out_like(ANNEAL_F32, 1, &nc);
+    d.bias = T(bias), d.aux_out = T(aux_out);
+    if (!have("matmul", info, BE[1]->matmul != NULL, ANNEAL_OP_MATMUL, ANNEAL_F32, &d, NULL, NULL)) return;
+    bool ok = true;
+    for (dv = 0; dv < 2 && ok; dv++) {
+        const anneal_backend *be = BE[dv];
+        d.bias = T(bias), d.aux_out = T(aux_out);
+        if (dv == 1 && env0) setenv("ANNEAL_CUDA_GEMM_FUSED", "0", 1);
+        anneal_clear_error();
+        anneal_status s = be->matmul(be->ctx, &d, T(c), T(a), T(b));
+        if (s == ANNEAL_OK && dv == 1) s = be->synchronize(be->ctx);
+        if (dv == 1 && env0) unsetenv("ANNEAL_CUDA_GEMM_FUSED");
+        if (s != ANNEAL_OK) call_failed("matmul", info, s), ok = false;
+    }
+    dv = 0;
+    if (!ok) return;
+    double tol = tol_of(compute);
+    cmp("matmul", info, c, tol);
+    if (aux_out.t[0]) cmp("matmul.aux_out", info, aux_out, tol);
+}
+
+/* The fast paths of the matmul slot against the CPU: vectorised operand rounding (dense,
+ * float4 rows, scalar; batched, broadcast), cuBLASLt-fused BIAS / GELU_BIAS /
+ * GELU_AUX_BIAS, and each case that must fall back (beta 1, no bias, aux_out with ldc not
+ * a multiple of 8, f32 compute, ANNEAL_CUDA_GEMM_FUSED=0). Odd shapes included. */
+TEST(matmul_fused) {
+    anneal_cuda_set_tf32(false);
+    anneal_scope *sc = anneal_scope_open();
+    const anneal_dtype c16[] = {ANNEAL_BF16, ANNEAL_F16};
+    /* operand rounding: dense / float4 rows / scalar, each transpose, plain product */
+    const int64_t rs[][3] = {{64, 128, 256}, {33, 40, 72}, {129, 33, 1000}, {8, 1000, 7}};
+    for (int s = 0; s < 4; s++)
+        for (int t = 0; t < 4; t++)
+            for (int pad = 0; pad < 3; pad++) {
+                int64_t pd = pad == 0 ? 0 : pad == 1 ? 4 : 3;
+                mmf_case(1, rs[s][0], rs[s][1], rs[s][2], t & 1, t & 2, c16[(s + t) % 2], ANNEAL_EPILOGUE_NONE, pd,
+                         pd, pad == 1 ? 8 : 1, (t % 2) ? 1.0f : 0.0f, true, false, false, false);
+            }
+    /* batched dense (flat across the batch) and broadcast B, bf16 and f16 */
+    for (int k = 0; k < 2; k++) {
+        mmf_case(3, 32, 64, 48, false, true, c16[k], ANNEAL_EPILOGUE_NONE, 0, 0, 0, 0.0f, true, false, false, false);
+        mmf_case(4, 17, 24, 40, true, false, c16[k], ANNEAL_EPILOGUE_NONE, 0, 0, 0, 1.0f, true, false, true, false);
+        mmf_case(2, 9, 36, 20, false, false, c16[k], ANNEAL_EPILOGUE_NONE, 4, 4, 0, 0.0f, true, false, false, false);
+    }
+    /* fused epilogues and their fallbacks */
+    const int64_t es[][3] = {{256, 768, 768}, {129, 40, 1000}, {7, 33, 129}, {1, 64, 32}, {100, 3072, 64}};
+    for (int s = 0; s < 5; s++)
+        for (int k = 0; k < 2; k++)
+            for (int v = 0; v < 8; v++) {
+                /* v: 0 BIAS; 1 GELU+aux; 2 GELU no aux; 3 GELU no bias (unfused); 4 BIAS beta 1
+                 * (unfused); 5 GELU+aux beta 1 (unfused); 6 GELU+aux with ldc = N+1 (aux unfused);
+                 * 7 GELU+aux with FUSED=0 */
+                bool tb = (s + v) % 2 == 0, ta = s == 2 && v < 2;
+                anneal_epilogue e = v == 0 || v == 4 ? ANNEAL_EPILOGUE_BIAS : ANNEAL_EPILOGUE_BIAS_GELU;
+                bool aux = v == 1 || v == 5 || v == 6 || v == 7;
+                int64_t pc = v == 6 ? 1 : 0;
+                float beta = (v == 4 || v == 5) ? 1.0f : 0.0f;
+                mmf_case(1, es[s][0], es[s][1], es[s][2], ta, tb, c16[k], e, 0, 0, pc, beta, v != 3, aux, false,
+                         v == 7);
+            }
+    /* f32 compute with a bias (never fused), and the GPT-2 fc shape with FUSED=0 and not */
+    mmf_case(1, 129, 40, 72, false, true, ANNEAL_F32, ANNEAL_EPILOGUE_BIAS_GELU, 0, 0, 0, 0.0f, true, true, false,
+             false);
+    for (int env0 = 0; env0 < 2; env0++)
+        mmf_case(1, 512, 3072, 768, false, true, ANNEAL_BF16, ANNEAL_EPILOGUE_BIAS_GELU, 0, 0, 0, 0.0f, true, true,
+                 false, env0);
+    anneal_scope_close(sc);
+}
+
 /* ---------------------------------------------------------------- row ops */
 
 TEST(norms_and_softmax) {
@@ -1089,6 +1187,7 @@ int main(int argc, char **argv) {
     anneal_cuda_set_tf32(false);
     RUN_IF(elementwise);
     RUN_IF(matmul);
+    RUN_IF(matmul_fused);
     RUN_IF(norms_and_softmax);
     RUN_IF(rope);
     RUN_IF(attention);
