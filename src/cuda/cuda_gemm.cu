@@ -23,7 +23,16 @@
  * layout (row stride padded to a multiple of 8 elements; a broadcast operand converted
  * once), then 16-bit A/B, f32 C/D, CUBLAS_COMPUTE_32F.
  *
- * Epilogues are not cuBLASLt's: after the product, one elementwise kernel over C adds the
+ * Fused epilogues. At bf16 / f16 compute with beta == 0 and a 16-byte aligned bias, BIAS,
+ * BIAS_GELU (GELU_BIAS) and BIAS_GELU with aux_out (GELU_AUX_BIAS: aux = the GELU input,
+ * ldc a multiple of 8) run as cuBLASLt's epilogue in the product itself (bias per row of
+ * cuBLASLt's column-major D = per column j of our C; GELU the tanh form, its own exp/tanh,
+ * so last bits differ from the CPU's; see fusable_epilogue). Anything cuBLASLt refuses
+ * (heuristic or call) runs the path below; the plan key holds the epilogue. Operands that
+ * are dense round as one flat float4 array, ones whose widths are multiples of 4 by float4
+ * rows (the same bits). ANNEAL_CUDA_GEMM_FUSED=0 (read on each call) turns all of this off.
+ *
+ * Other epilogues are not cuBLASLt's: after the product, one elementwise kernel over C adds the
  * bias, stores the pre-activation (aux_out) and applies tanh-GELU or SiLU times aux_in, in
  * the CPU's operation order (gemm_precision.c; rounded operations, no FMA contraction;
  * expf is CUDA's, so the last bit may differ from the CPU's exp). BSUM's column sums read
@@ -816,9 +825,10 @@ anneal_status problem_of(const anneal_matmul_desc *d, problem *p) {
  * (elements of D's type, f32). Fused only where that is surely our contract and what
  * the tests check at 2^-7: 16-bit compute, K > 0, alpha != 0, beta == 0 (C not read), a
  * bias (16-byte aligned), for GELU the tanh form (cuBLASLt's, as GPT-2 / llm.c use it)
- * and aux_out with ldc a multiple of 8 (cuBLASLt's rule) and 16-byte aligned. Never with
+ * and aux_out with ldc a multiple of 8 (cuBLASLt's rule), 16-byte aligned and not C. Never with
  * ANNEAL_CUDA_GEMM_FUSED=0. */
-bool fusable_epilogue(const problem *p, anneal_epilogue e, const float *bias, float *aux, fused_epi *fe) {
+bool fusable_epilogue(const problem *p, anneal_epilogue e, const float *C, const float *bias, float *aux,
+                      fused_epi *fe) {
     if (e != ANNEAL_EPILOGUE_BIAS && e != ANNEAL_EPILOGUE_BIAS_GELU) return false;
     if (p->compute != ANNEAL_BF16 && p->compute != ANNEAL_F16) return false;
     if (p->batch != 1 || p->K <= 0 || p->alpha == 0.0f || p->beta != 0.0f) return false;
@@ -832,7 +842,7 @@ bool fusable_epilogue(const problem *p, anneal_epilogue e, const float *bias, fl
     } else if (!aux) {
         fe->epi = CUBLASLT_EPILOGUE_GELU_BIAS;
     } else {
-        if (p->ldc % 8 != 0 || ((uintptr_t)aux & 15u) != 0) return false;
+        if (p->ldc % 8 != 0 || ((uintptr_t)aux & 15u) != 0 || aux == C) return false;
         fe->epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         fe->aux = aux;
         fe->aux_ld = p->ldc;
@@ -882,7 +892,7 @@ anneal_status cuda_matmul(void *ctx, const anneal_matmul_desc *d, anneal_tensor 
     /* BIAS and BIAS_GELU with a bias fuse into cuBLASLt (see fusable_epilogue) */
     fused_epi fe;
     bool fused_done = false;
-    const bool fuse = fusable_epilogue(&p, e, bias, d->aux_out ? (float *)anneal_data(d->aux_out) : NULL, &fe);
+    const bool fuse = fusable_epilogue(&p, e, C, bias, d->aux_out ? (float *)anneal_data(d->aux_out) : NULL, &fe);
     s = product(c, &p, C, A, B, fuse ? &fe : NULL, &fused_done);
     if (s != ANNEAL_OK || e == ANNEAL_EPILOGUE_BSUM || fused_done) return s;
     float *pre = NULL;
