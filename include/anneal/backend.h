@@ -408,8 +408,8 @@ struct anneal_backend {
     /* --------------------------------------- version 3: sizing hints */
     /* The most workspace (bytes) a chunked op (linear cross-entropy's (rows, V) logits)
      * should ask for at once on this device; 0: the op's own default (sized for CPU
-     * caches). Read only when version >= 3 (an older table has no such field). A device with memory
-     * to spare and a per-chunk fixed cost (a GPU) sets it large. */
+     * caches). Read only when version >= 3 (an older table has no such field). A device
+     * with memory to spare and a per-chunk fixed cost (a GPU) sets it large. */
     int64_t workspace_bytes;
 };
 
