@@ -38,8 +38,9 @@
 extern "C" {
 #endif
 
-/* The table layout this header describes. */
-#define ANNEAL_BACKEND_VERSION 2
+/* The table layout this header describes. 3: workspace_bytes (a hint, appended after
+ * the version 2 slots). */
+#define ANNEAL_BACKEND_VERSION 3
 
 typedef enum anneal_binary_op { ANNEAL_ADD, ANNEAL_SUB, ANNEAL_MUL, ANNEAL_DIV } anneal_binary_op;
 
@@ -403,6 +404,13 @@ struct anneal_backend {
      * wscale f32, bias (N) or NULL; all contiguous. Optional. */
     anneal_status (*qmatmul)(void *ctx, const anneal_qmatmul_desc *d, anneal_tensor *y, const anneal_tensor *x,
                              const anneal_tensor *wq, const anneal_tensor *wscale, const anneal_tensor *bias);
+
+    /* --------------------------------------- version 3: sizing hints */
+    /* The most workspace (bytes) a chunked op (linear cross-entropy's (rows, V) logits)
+     * should ask for at once on this device; 0: the op's own default (sized for CPU
+     * caches). Read only when version >= 3 (an older table has no such field). A device
+     * with memory to spare and a per-chunk fixed cost (a GPU) sets it large. */
+    int64_t workspace_bytes;
 };
 
 /* True when table b has slot `field` (non-NULL, and b's version is at least the one

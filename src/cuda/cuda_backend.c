@@ -140,6 +140,9 @@ anneal_status anneal_cuda_backend_register(void) {
     anneal_backend *b = &g_table;
     memset(b, 0, sizeof *b);
     b->version = ANNEAL_BACKEND_VERSION;
+    /* chunked ops: big chunks (linear cross-entropy: 2 GiB of f32 logits, plus half that
+     * in its 16-bit dlogits scratch; a GPT-2 step's 32768 x 50257 logits in 4 chunks) */
+    b->workspace_bytes = (int64_t)2 << 30;
     b->name = "cuda";
     b->device = ANNEAL_CUDA;
     b->ctx = anneal_cuda_context();

@@ -4,13 +4,20 @@
  * weight row sums its positions' gradient rows in position order), cross-entropy
  * forward (one block per row, max-subtracted logsumexp summed in double) and backward
  * (the scale read on the device), the kept-row mean and the chunked linear
- * cross-entropy (logits of a chunk of rows through the workspace, dlogits in place,
- * the dh and dw products through anneal_cuda_gemm_f32). No floating-point atomics:
+ * cross-entropy (logits of a chunk of rows through the workspace; at f32 dlogits in
+ * place and the dh and dw products through anneal_cuda_gemm_f32; at bf16/f16 w and h
+ * rounded once per call, each chunk's dlogits written once in 16 bits by the row kernel,
+ * every product on 16-bit operands through anneal_cuda_gemm16: see lce_16_path;
+ * ANNEAL_CUDA_LCE_F32_PATH=1 switches back to the f32 path). No floating-point atomics:
  * every reduction is a fixed tree over a fixed launch shape. Kernels never read outside
  * their tensors, even for an id the (asynchronous) check has not reported yet. */
 #include "cuda_internal.h"
 
+#include "cuda_gemm_bf16.h"
+
 #include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -482,10 +489,11 @@ anneal_matmul_desc gemm_desc(int64_t M, int64_t N, int64_t K, bool ta, bool tb, 
     return d;
 }
 
-/* Chunks of work->shape[0] rows: logits = h_chunk @ w^T in work, row losses, and when
- * dh / dw are given dlogits in place, dh_chunk = dlogits @ w, dw (+)= dlogits^T @
- * h_chunk (dw overwritten by the first chunk). */
-anneal_status cuda_linear_cross_entropy(void *ctx, anneal_tensor *loss, anneal_tensor *lse, anneal_tensor *dh,
+/* The f32 path (and the fallback): chunks of work->shape[0] rows: logits = h_chunk @
+ * w^T in work, row losses, and when dh / dw are given dlogits in place, dh_chunk =
+ * dlogits @ w, dw (+)= dlogits^T @ h_chunk (dw overwritten by the first chunk), every
+ * product through anneal_cuda_gemm_f32 (which rounds its f32 operands at bf16/f16). */
+anneal_status lce_f32_path(void *ctx, anneal_tensor *loss, anneal_tensor *lse, anneal_tensor *dh,
                                         anneal_tensor *dw, anneal_tensor *work, const anneal_tensor *h,
                                         const anneal_tensor *w, const anneal_tensor *targets, int32_t ignore_index,
                                         const anneal_tensor *count, anneal_dtype compute) {
@@ -537,6 +545,177 @@ anneal_status cuda_linear_cross_entropy(void *ctx, anneal_tensor *loss, anneal_t
     return ANNEAL_OK;
 }
 
+/* ------------------------------------ linear cross-entropy, 16-bit operands */
+
+/* x rounded to nearest even into T (__nv_bfloat16 or __half; f16 overflows to inf), as
+ * anneal_cuda_gemm_f32 rounds its operands. */
+template <typename T> __device__ T round16(float x);
+template <> __device__ __nv_bfloat16 round16<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __half round16<__half>(float x) { return __float2half_rn(x); }
+
+/* dst (rows_d, ldd) = src (rows_s, cols_s; row stride lds) rounded to T, zeros beyond
+ * src's rows and columns (the padding the 16-bit products read as K). */
+template <typename T>
+__global__ void round_pad_kernel(T *dst, int64_t rows_d, int64_t ldd, const float *src, int64_t rows_s,
+                                 int64_t cols_s, int64_t lds) {
+    int64_t total = rows_d * ldd;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / ldd, j = e - i * ldd;
+        dst[e] = (i < rows_s && j < cols_s) ? round16<T>(src[i * lds + j]) : round16<T>(0.0f);
+    }
+}
+
+/* Row i of a chunk (one block per row) with logits at x + i * ldx: loss/lse as
+ * lce_rows_kernel, then, when grad, row i of d (row stride ldd >= V) = dlogits rounded
+ * to T (the very values lce_rows_kernel writes in f32, rounded as the GEMM would round
+ * them), zeros on ignored rows and in the padding columns [V, ldd). */
+template <typename T>
+__global__ void lce_rows16_kernel(T *d, int64_t ldd, const float *logits, int64_t ldx, float *loss, float *lse,
+                                  const int32_t *targets, int32_t ignore, int64_t V, int grad, const int64_t *count,
+                                  int f16) {
+    int64_t i = blockIdx.x;
+    int32_t t = targets[i];
+    const float *x = logits + i * ldx;
+    T *di = d ? d + i * ldd : NULL;
+    bool bad = t < 0 || (int64_t)t >= V;
+    if (t == ignore) {
+        if (threadIdx.x == 0) loss[i] = 0.0f, lse[i] = 0.0f;
+        if (grad)
+            for (int64_t c = threadIdx.x; c < ldd; c += blockDim.x) di[c] = round16<T>(0.0f);
+        return;
+    }
+    float xt = bad ? NAN : x[t];
+    float l, e;
+    ce_row(x, V, xt, &l, &e);
+    if (threadIdx.x == 0) loss[i] = l, lse[i] = e;
+    if (!grad) return;
+    if (bad) {
+        for (int64_t c = threadIdx.x; c < ldd; c += blockDim.x) di[c] = round16<T>(0.0f);
+        return;
+    }
+    int64_t n = count ? *count : 0;
+    float g = !n ? 0.0f : f16 ? 32768.0f : (float)(1.0 / (double)n);
+    for (int64_t c = threadIdx.x; c < ldd; c += blockDim.x) {
+        float v = 0.0f;
+        if (c < V) {
+            float ex = expf(x[c] - e);
+            v = c == t ? __fmul_rn(g, ex - 1.0f) : __fmul_rn(g, ex); /* dlogits_row's value */
+        }
+        di[c] = round16<T>(v);
+    }
+}
+
+/* n rounded up to a multiple of m. */
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+constexpr size_t kLtWorkspace = (size_t)32 << 20; /* cuBLASLt workspace of the 16-bit products */
+
+/* The BF16/F16 path: w and h rounded ONCE per call into scratch (w16 (Vp, Cp), h16 (N,
+ * Cp), zero-padded to multiples of 8 so that every 16-bit operand has 16-byte rows and
+ * the padding adds exact zeros), each chunk's dlogits rounded once by the row kernel
+ * into d16 (rows, Vp) and fed to both the dh and dw products; 16-bit A/B, f32 C through
+ * anneal_cuda_gemm16. The chunk's logits sit in work with a row stride of V rounded up to
+ * 4 floats (16-byte rows for the product's output), so a chunk holds rows = work's
+ * elements / that stride (one row fewer than work->shape[0] at most, when V % 4 != 0 and
+ * rows stay >= 1): a chunking of the rows that depends only on the shapes, dw summed over
+ * the chunks in order (deterministic). *fallback is set, with nothing wrong recorded, when
+ * cuBLASLt has no algorithm for a product: the caller reruns the call on the f32 path,
+ * which overwrites every output. */
+template <typename T>
+anneal_status lce_16_path(anneal_cuda_ctx *c, anneal_tensor *loss, anneal_tensor *lse, anneal_tensor *dh,
+                          anneal_tensor *dw, anneal_tensor *work, const anneal_tensor *h, const anneal_tensor *w,
+                          const anneal_tensor *targets, int32_t ignore_index, const anneal_tensor *count,
+                          anneal_dtype compute, bool *fallback) {
+    anneal_status st;
+    *fallback = false;
+    int64_t N = loss->shape[0], V = w->shape[0], C = w->shape[1], CH = work->shape[0];
+    const float *ph = (const float *)anneal_data(h), *pw = (const float *)anneal_data(w);
+    const int32_t *pt = (const int32_t *)anneal_data(targets);
+    float *pl = (float *)anneal_data(loss), *plse = (float *)anneal_data(lse), *buf = (float *)anneal_data(work);
+    float *pdh = dh ? (float *)anneal_data(dh) : NULL, *pdw = dw ? (float *)anneal_data(dw) : NULL;
+    const int64_t *pc = count ? (const int64_t *)anneal_data(count) : NULL;
+    bool grad = pdh || pdw;
+    int64_t Cp = round_up(C, 8), Vp = round_up(V, 8);
+    int64_t ldx = round_up(V, 4), rows = CH * V / ldx;
+    if (rows < 1) ldx = V, rows = CH;
+    if (rows > N) rows = N;
+    if (rows > (int64_t)0x7FFFFFFF) rows = 0x7FFFFFFF;
+    size_t b_ws = align256(kLtWorkspace), b_w = align256((size_t)(Vp * Cp) * sizeof(T));
+    size_t b_h = align256((size_t)(N * Cp) * sizeof(T)), b_d = grad ? align256((size_t)(rows * Vp) * sizeof(T)) : 0;
+    char *base = (char *)anneal_cuda_scratch(c, ANNEAL_CUDA_SCRATCH_LOSS, b_ws + b_w + b_h + b_d);
+    if (!base) return anneal_last_status();
+    void *ws = base;
+    T *w16 = (T *)(base + b_ws), *h16 = (T *)(base + b_ws + b_w), *d16 = grad ? (T *)(base + b_ws + b_w + b_h) : NULL;
+    round_pad_kernel<T><<<grid_for(Vp * Cp), kThreads, 0, c->stream>>>(w16, Vp, Cp, pw, V, C, C);
+    if ((st = anneal_cuda_launch_check("linear_cross_entropy")) != ANNEAL_OK) return st;
+    round_pad_kernel<T><<<grid_for(N * Cp), kThreads, 0, c->stream>>>(h16, N, Cp, ph, N, C, C);
+    if ((st = anneal_cuda_launch_check("linear_cross_entropy")) != ANNEAL_OK) return st;
+    bool no_algo = false;
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        int64_t n = N - r0 < rows ? N - r0 : rows;
+        const T *hc = h16 + r0 * Cp;
+        /* logits (n, V; row stride ldx) = h16_chunk (n, Cp) @ w16[:V]^T */
+        if ((st = anneal_cuda_gemm16(c, compute, n, V, Cp, false, true, hc, Cp, w16, Cp, buf, ldx, 0.0f, ws,
+                                     kLtWorkspace, &no_algo)) != ANNEAL_OK)
+            return st;
+        if (no_algo) break;
+        lce_rows16_kernel<T><<<(unsigned)n, kRowThreads, 0, c->stream>>>(
+            d16, Vp, buf, ldx, pl + r0, plse + r0, pt + r0, ignore_index, V, grad ? 1 : 0, pc,
+            compute == ANNEAL_F16 ? 1 : 0);
+        if ((st = anneal_cuda_launch_check("linear_cross_entropy")) != ANNEAL_OK) return st;
+        if (!grad) continue;
+        /* dh_chunk (n, C) = d16 (n, Vp) @ w16 (Vp, C; row stride Cp): the padding is zeros */
+        if (pdh) {
+            if ((st = anneal_cuda_gemm16(c, compute, n, C, Vp, false, false, d16, Vp, w16, Cp, pdh + r0 * C, C, 0.0f,
+                                         ws, kLtWorkspace, &no_algo)) != ANNEAL_OK)
+                return st;
+            if (no_algo) break;
+        }
+        /* dw (V, C) (+)= d16^T (V, n) @ h16_chunk (n, C; row stride Cp) */
+        if (pdw) {
+            if ((st = anneal_cuda_gemm16(c, compute, V, C, n, true, false, d16, Vp, hc, Cp, pdw, C,
+                                         r0 == 0 ? 0.0f : 1.0f, ws, kLtWorkspace, &no_algo)) != ANNEAL_OK)
+                return st;
+            if (no_algo) break;
+        }
+    }
+    *fallback = no_algo;
+    return ANNEAL_OK;
+}
+
+/* 1 when ANNEAL_CUDA_LCE_F32_PATH is set to anything but "0": every compute takes the
+ * f32 path (the switch back to the previous kernels, should the 16-bit path misbehave). */
+bool lce_force_f32_path(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("ANNEAL_CUDA_LCE_F32_PATH");
+        v = e && *e && strcmp(e, "0") != 0 ? 1 : 0;
+    }
+    return v == 1;
+}
+
+/* The slot: compute BF16/F16 with C > 0 takes lce_16_path, the rest (and the fallback)
+ * lce_f32_path. */
+anneal_status cuda_linear_cross_entropy(void *ctx, anneal_tensor *loss, anneal_tensor *lse, anneal_tensor *dh,
+                                        anneal_tensor *dw, anneal_tensor *work, const anneal_tensor *h,
+                                        const anneal_tensor *w, const anneal_tensor *targets, int32_t ignore_index,
+                                        const anneal_tensor *count, anneal_dtype compute) {
+    anneal_cuda_ctx *c = (anneal_cuda_ctx *)ctx;
+    anneal_status st = anneal_cuda_ensure(c);
+    if (st != ANNEAL_OK) return st;
+    int64_t N = loss->shape[0], V = w->shape[0], C = w->shape[1], CH = work->shape[0];
+    if ((compute == ANNEAL_BF16 || compute == ANNEAL_F16) && N > 0 && V > 0 && C > 0 && CH > 0 &&
+        !lce_force_f32_path()) {
+        bool fallback = false;
+        st = compute == ANNEAL_BF16
+                 ? lce_16_path<__nv_bfloat16>(c, loss, lse, dh, dw, work, h, w, targets, ignore_index, count, compute,
+                                              &fallback)
+                 : lce_16_path<__half>(c, loss, lse, dh, dw, work, h, w, targets, ignore_index, count, compute,
+                                       &fallback);
+        if (st != ANNEAL_OK || !fallback) return st;
+    }
+    return lce_f32_path(ctx, loss, lse, dh, dw, work, h, w, targets, ignore_index, count, compute);
+}
 } // namespace
 
 /* The first failed index check since the last call (the stream already drained by

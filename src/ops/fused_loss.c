@@ -12,12 +12,16 @@
  * V = 50257, C = 384, f32: +37% at 128 rows, +16% at 256, +9% at 512, none at 1024),
  * so chunks are as large as the memory goal allows: at most a quarter of the rows (the
  * workspace is at most 1/4 of the full logits), at most 128 MiB of workspace and 1024
- * rows, at least 32 rows; the rows are then split evenly (multiples of 16). */
-static int64_t chunk_rows(int64_t N, int64_t V) {
+ * rows, at least 32 rows; the rows are then split evenly (multiples of 16). A backend
+ * that gives a workspace hint (version 3: workspace_bytes > 0, a GPU, where small
+ * chunks mean small, slow GEMMs) gets chunks of up to hint bytes of workspace, any
+ * number of rows up to N (at least 32), split evenly the same way. */
+static int64_t chunk_rows(int64_t N, int64_t V, int64_t hint_bytes) {
     int64_t cap = N / 4;
     int64_t by_bytes = ((int64_t)128 << 20) / (V * (int64_t)sizeof(float));
     if (by_bytes < cap) cap = by_bytes;
     if (cap > 1024) cap = 1024;
+    if (hint_bytes > 0) cap = hint_bytes / (V * (int64_t)sizeof(float));
     if (cap < 32) cap = 32;
     if (cap >= N) return N > 0 ? N : 1;
     int64_t chunks = (N + cap - 1) / cap, r = (N + chunks - 1) / chunks;
@@ -104,7 +108,7 @@ anneal_tensor *anneal_linear_cross_entropy_ex(anneal_tensor *h, anneal_tensor *w
         anneal_scope_free(tmp);
         return NULL;
     }
-    int64_t CH = chunk_rows(N, V);
+    int64_t CH = chunk_rows(N, V, be->version >= 3 ? be->workspace_bytes : 0);
     anneal_tensor *loss = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
     anneal_tensor *lse = anneal_empty_on(h->device, ANNEAL_F32, 1, &N);
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_WORKSPACE); /* the chunk's logits */

@@ -1015,6 +1015,86 @@ TEST(embedding_and_losses) {
     anneal_scope_close(sc);
 }
 
+/* ------------------------------------- linear cross-entropy, big chunks */
+
+/* The 16-bit path of the CUDA linear cross-entropy (w and h rounded once per call, the
+ * dlogits rounded once per chunk, the chunk's logits at a 16-byte row stride) against the
+ * CPU: several chunks and one chunk (work rows > N: the chunk holds every row), V and C
+ * no multiple of 4 or 8 (the zero padding), V a multiple of 8, one-row chunks (the
+ * unpadded stride), ignored rows, bf16 and f16, with and without the gradients; and the
+ * same call twice gives the same bits (deterministic). */
+TEST(linear_ce_chunks) {
+    anneal_scope *sc = anneal_scope_open();
+    char info[200];
+    bool ok;
+    /* N, V, C, work rows */
+    const int64_t cfg[][4] = {{600, 50257, 72, 256}, {600, 50257, 72, 601}, {257, 4096, 64, 257},
+                              {300, 2003, 100, 64},  {37, 1001, 40, 1},     {1000, 8191, 768, 333}};
+    const anneal_dtype computes[] = {ANNEAL_BF16, ANNEAL_F16};
+    for (int c = 0; c < 6; c++)
+        for (int k = 0; k < 2; k++)
+            for (int grads = 0; grads < 2; grads++) {
+                int64_t N = cfg[c][0], V = cfg[c][1], C = cfg[c][2], rows = cfg[c][3];
+                if (c == 5 && (k == 1 || !grads)) continue; /* the big one once */
+                int32_t *tg = malloc((size_t)N * sizeof *tg);
+                make_targets(tg, N, V, 4);
+                int64_t nk = kept(tg, N);
+                pr t = i32s(1, &N, tg);
+                free(tg);
+                pr h = rnd(2, (int64_t[]){N, C}, -1, 1), w = rnd(2, (int64_t[]){V, C}, -0.2f, 0.2f);
+                pr cnt = i64_scalar(nk);
+                pr loss = out_like(ANNEAL_F32, 1, &N), lse = out_like(ANNEAL_F32, 1, &N);
+                pr work = out_like(ANNEAL_F32, 2, (int64_t[]){rows, V});
+                pr dh = grads ? out_like(ANNEAL_F32, 2, (int64_t[]){N, C}) : NONE;
+                pr dw = grads ? out_like(ANNEAL_F32, 2, (int64_t[]){V, C}) : NONE;
+                snprintf(info, sizeof info, "N %lld V %lld C %lld work %lld %s%s", (long long)N, (long long)V,
+                         (long long)C, (long long)rows, anneal_dtype_name(computes[k]), grads ? " +grads" : "");
+                anneal_matmul_desc md = {.batch = 1, .compute = computes[k]};
+                if (!have("linear_cross_entropy", info, BE[1]->linear_cross_entropy != NULL,
+                          ANNEAL_OP_LINEAR_CROSS_ENTROPY, ANNEAL_F32, &md, NULL, NULL))
+                    continue;
+                CALL2(ok, "linear_cross_entropy", info, linear_cross_entropy, T(loss), T(lse), T(dh), T(dw), T(work),
+                      T(h), T(w), T(t), -100, T(cnt), computes[k]);
+                if (!ok) continue;
+                double tol = tol_of(computes[k]);
+                cmp("linear_ce_chunks.loss", info, loss, tol);
+                cmp("linear_ce_chunks.lse", info, lse, tol);
+                if (grads) cmp("linear_ce_chunks.dh", info, dh, tol), cmp("linear_ce_chunks.dw", info, dw, tol);
+                if (!grads || c != 0) continue;
+                /* again on the device: the same bits */
+                pr dh2 = out_like(ANNEAL_F32, 2, (int64_t[]){N, C}), dw2 = out_like(ANNEAL_F32, 2, (int64_t[]){V, C});
+                pr loss2 = out_like(ANNEAL_F32, 1, &N), lse2 = out_like(ANNEAL_F32, 1, &N);
+                dv = 1;
+                anneal_status s2 = BE[1]->linear_cross_entropy(BE[1]->ctx, T(loss2), T(lse2), T(dh2), T(dw2), T(work),
+                                                               T(h), T(w), T(t), -100, T(cnt), computes[k]);
+                if (s2 == ANNEAL_OK) s2 = BE[1]->synchronize(BE[1]->ctx);
+                dv = 0;
+                if (s2 != ANNEAL_OK) {
+                    dv = 1;
+                    call_failed("linear_cross_entropy", info, s2);
+                    dv = 0;
+                    continue;
+                }
+                /* the CPU side of the pairs holds the first GPU run's results */
+                pr pairs[4][2] = {{dh, dh2}, {dw, dw2}, {loss, loss2}, {lse, lse2}};
+                const char *nm[4] = {"dh", "dw", "loss", "lse"};
+                for (int q = 0; q < 4; q++) {
+                    int64_t n1, n2;
+                    double *a = values(pairs[q][0].t[1], &n1), *b = values(pairs[q][1].t[1], &n2);
+                    bool same = n1 == n2;
+                    for (int64_t i = 0; same && i < n1; i++) same = memcmp(&a[i], &b[i], sizeof a[i]) == 0;
+                    printf("CHECK %-24s %-52s rerun identical: %s\n", "linear_ce_chunks.repeat", nm[q],
+                           same ? "PASS" : "FAIL");
+                    n_checks++;
+                    if (same) n_pass++;
+                    else n_fail++, line_fail();
+                    free(a);
+                    free(b);
+                }
+            }
+    anneal_scope_close(sc);
+}
+
 /* ------------------------------------------------------------ randomness */
 
 TEST(dropout_and_randn) {
@@ -1193,6 +1273,7 @@ int main(int argc, char **argv) {
     RUN_IF(attention);
     RUN_IF(check_index);
     RUN_IF(embedding_and_losses);
+    RUN_IF(linear_ce_chunks);
     RUN_IF(dropout_and_randn);
     RUN_IF(adamw);
     RUN(summary);
