@@ -35,6 +35,12 @@
  *   dK/dV); tiles in shared memory as bf16 (row-major and, where a product needs it,
  *   transposed), P and dS passed from the accumulators to the next product in registers.
  *   Only the order of the f32 sums inside a product differs from the CUDA-core kernels.
+ * - Fast tensor-core kernels (BF16, D <= 64, 16-byte aligned rows: the default where they
+ *   apply; ANNEAL_CUDA_ATTN_FAST=0 at call time picks the mma kernels above): the same
+ *   fragments and the same order of every sum as the mma kernels (bit-identical results),
+ *   with the streamed tiles staged as f32 by cp.async one tile ahead and converted to bf16
+ *   once, mma operands fed by ldmatrix (.trans instead of transposed copies), 128 query rows
+ *   per block in the forward and dQ, and warps skipping the key tiles they cannot see.
  * D up to 128 (two instantiations: D <= 64 and D <= 128). */
 #include "cuda_internal.h"
 
@@ -713,6 +719,524 @@ __global__ void __launch_bounds__(NT_MMA) attn_bwd_dq_mma_kernel(
     }
 }
 
+/* ------------------------- BF16 "fast" kernels, D <= 64 (ANNEAL_CUDA_ATTN_FAST=0: off) */
+/* Same arithmetic, same rounding points and the same order of every f32 sum as the mma
+ * kernels above (bit-identical results), restructured for speed: K/V (forward) tiles are
+ * staged as f32 by cp.async while the previous tile is computed, converted to bf16 once into
+ * shared memory, and mma operands are fed with ldmatrix (.trans where a product needs the
+ * transpose, so no transposed copy is stored); the forward runs 128 query rows (8 warps) per
+ * block and a warp skips the key tiles none of its rows sees. Needs D % 4 == 0, every
+ * stride a multiple of 4 floats and 16-byte aligned bases (attn_fast_ok). */
+#ifndef ANNEAL_ATTN_EMU
+/* r[i] = 8x8 bf16 matrix i (ldmatrix.x4): lane L gives the 16-byte aligned address of
+ * row L % 8 of matrix L / 8; lane L receives row L / 4, columns 2 (L % 4), +1 (TRANS: the
+ * same of the transposed matrix). */
+template <bool TRANS> __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+/* Queues the copy of 16 bytes global src -> shared dst (both 16-byte aligned). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+/* Closes the group of copies queued by this thread; waits for all of this thread's copies. */
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+#endif
+
+constexpr int FAST_LDH = 64 + 8; /* bf16 row stride (144 bytes: ldmatrix rows conflict-free) */
+constexpr int FWD_FAST_NW = 8;   /* warps of the fast forward: 128 query rows per block */
+
+/* Queues dst[r * 64 + c] = src[r * st + c] (f32, cp.async) for r < n, c < D; stores 0 for
+ * the other r < ROWS, c < 64. All NTH threads take part; no barrier inside. */
+template <int ROWS, int NTH>
+__device__ __forceinline__ void stage_tile64(float *dst, const float *src, int64_t st, int n, int D) {
+    for (int idx = threadIdx.x; idx < ROWS * 16; idx += NTH) {
+        const int r = idx >> 4, c = (idx & 15) * 4;
+        float *p = dst + r * 64 + c;
+        if (r < n && c < D)
+            cp_async16(p, src + (int64_t)r * st + c);
+        else
+            *reinterpret_cast<float4 *>(p) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* dst[r * FAST_LDH + c] = bf16(src[r * 64 + c]) for r < ROWS, c < 64 (shared -> shared). */
+template <int ROWS, int NTH> __device__ __forceinline__ void cvt_tile64(uint16_t *dst, const float *src) {
+    for (int idx = threadIdx.x; idx < ROWS * 16; idx += NTH) {
+        const int r = idx >> 4, c = (idx & 15) * 4;
+        const float4 x = *reinterpret_cast<const float4 *>(src + r * 64 + c);
+        uint2 u;
+        u.x = pack_bf16(x.x, x.y);
+        u.y = pack_bf16(x.z, x.w);
+        *reinterpret_cast<uint2 *>(dst + r * FAST_LDH + c) = u;
+    }
+}
+
+/* dst[r * FAST_LDH + c] = bf16(src[r * st + c]) for r < n, c < D, 0 for the other r < ROWS,
+ * c < 64 (global f32 -> shared bf16, 16-byte loads). */
+template <int ROWS, int NTH>
+__device__ __forceinline__ void load_tile64_bf16(uint16_t *dst, const float *src, int64_t st, int n, int D) {
+    for (int idx = threadIdx.x; idx < ROWS * 16; idx += NTH) {
+        const int r = idx >> 4, c = (idx & 15) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n && c < D) x = *reinterpret_cast<const float4 *>(src + (int64_t)r * st + c);
+        uint2 u;
+        u.x = pack_bf16(x.x, x.y);
+        u.y = pack_bf16(x.z, x.w);
+        *reinterpret_cast<uint2 *>(dst + r * FAST_LDH + c) = u;
+    }
+}
+
+__host__ __device__ constexpr size_t fwd_fast_smem() {
+    return sizeof(float) * 2 * 64 * 64 + sizeof(uint16_t) * (size_t)(16 * FWD_FAST_NW + 2 * 64) * FAST_LDH;
+}
+
+/* The fast BF16 forward (D <= 64): results bit-identical to attn_fwd_mma_kernel<64>. Block =
+ * (b, h, 16 NW query rows), NW warps of 16 rows; K, V tiles of 64 keys staged (f32,
+ * cp.async, one tile ahead) and converted to bf16 row-major tiles; ldmatrix feeds K (S = Q
+ * K^T) and V (.trans, P V). */
+template <int NW>
+__global__ void __launch_bounds__(32 * NW, 2)
+    attn_fwd_fast_kernel(const anneal_attention_desc d, const float *__restrict__ q, const float *__restrict__ k,
+                         const float *__restrict__ v, float *__restrict__ o, float *__restrict__ lse, int ntiles) {
+    constexpr int NTH = 32 * NW, BQ = 16 * NW, BK = 64, LDH = FAST_LDH, KS = 4, NB = BK / 8, ND = 8;
+    extern __shared__ float smem[];
+    float *Kf = smem, *Vf = Kf + BK * 64;
+    uint16_t *Qh = reinterpret_cast<uint16_t *>(Vf + BK * 64), *Kh = Qh + BQ * LDH, *Vh = Kh + BK * LDH;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, gk = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float *kb = k + b * d.k_sb + gk * d.k_sh;
+    const float *vb = v + b * d.v_sb + gk * d.v_sh;
+    const float scale = d.scale;
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1); /* keys seen by the block's last row */
+    if (kend > 0) {
+        const int nk = (int)(kend < BK ? kend : BK);
+        stage_tile64<BK, NTH>(Kf, kb, d.k_st, nk, D);
+        stage_tile64<BK, NTH>(Vf, vb, d.v_st, nk, D);
+        cp_async_commit();
+    }
+    load_tile64_bf16<BQ, NTH>(Qh, q + b * d.q_sb + h * d.q_sh + q0 * d.q_st, d.q_st, nq, D);
+    __syncthreads();
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two rows */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        const int c0 = ks * 16 + 2 * t4;
+        qa[ks][0] = ld32(Qh + r0 * LDH + c0);
+        qa[ks][1] = ld32(Qh + r1 * LDH + c0);
+        qa[ks][2] = ld32(Qh + r0 * LDH + c0 + 8);
+        qa[ks][3] = ld32(Qh + r1 * LDH + c0 + 8);
+    }
+    /* keys seen by this warp's last valid row (0 when it has none) */
+    const int wlast = warp * 16 + 15 < nq ? warp * 16 + 15 : nq - 1;
+    const int64_t wend = warp * 16 < nq ? attn_visible(d, q0 + wlast) : 0;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+
+    /* ldmatrix lane offsets: K as B of S (rows = keys), V as B of P V (rows = keys, .trans) */
+    const int lrow = lane & 7, lsel = (lane >> 3) & 1, lmat = lane >> 4;
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        cp_async_wait_all();
+        __syncthreads(); /* the staged tile is visible; the previous tile's readers are done */
+        cvt_tile64<BK, NTH>(Kh, Kf);
+        cvt_tile64<BK, NTH>(Vh, Vf);
+        __syncthreads(); /* Kh, Vh ready; the staging buffers are free */
+        if (k0 + BK < kend) {
+            const int nk2 = (int)(kend - k0 - BK < BK ? kend - k0 - BK : BK);
+            stage_tile64<BK, NTH>(Kf, kb + (k0 + BK) * d.k_st, d.k_st, nk2, D);
+            stage_tile64<BK, NTH>(Vf, vb + (k0 + BK) * d.v_st, d.v_st, nk2, D);
+            cp_async_commit();
+        }
+        if (k0 >= wend) continue; /* no row of this warp sees a key of the tile (warp-uniform) */
+
+        /* S = r(Q) r(K)^T: rows r0 (s[.][0..1]) and r1 (s[.][2..3]); each s[nb] sums ks in order */
+        float s[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t kf[4];
+                ldsm_x4<false>(kf, Kh + ((nb + lmat) * 8 + lrow) * LDH + ks * 16 + lsel * 8);
+                mma_bf16(s[nb], qa[ks], kf[0], kf[1]);
+                mma_bf16(s[nb + 1], qa[ks], kf[2], kf[3]);
+            }
+        float x0[NB][2], x1[NB][2];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            x0[nb][0] = s[nb][0];
+            x0[nb][1] = s[nb][1];
+            x1[nb][0] = s[nb][2];
+            x1[nb][1] = s[nb][3];
+        }
+        const int nv0 = r0 < nq ? attn_row_keys(d, q0 + r0, k0, nk) : 0;
+        const int nv1 = r1 < nq ? attn_row_keys(d, q0 + r1, k0, nk) : 0;
+        const float a0 = mma_softmax_row<NB>(x0, nv0, t4, scale, m0, l0);
+        const float a1 = mma_softmax_row<NB>(x1, nv1, t4, scale, m1, l1);
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            acc[n][0] *= a0;
+            acc[n][1] *= a0;
+            acc[n][2] *= a1;
+            acc[n][3] *= a1;
+        }
+        /* acc += r(P) r(V) */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_bf16(x0[2 * kk][0], x0[2 * kk][1]);
+            pa[1] = pack_bf16(x1[2 * kk][0], x1[2 * kk][1]);
+            pa[2] = pack_bf16(x0[2 * kk + 1][0], x0[2 * kk + 1][1]);
+            pa[3] = pack_bf16(x1[2 * kk + 1][0], x1[2 * kk + 1][1]);
+#pragma unroll
+            for (int n = 0; n < ND; n += 2) {
+                uint32_t vf[4];
+                ldsm_x4<true>(vf, Vh + (kk * 16 + lsel * 8 + lrow) * LDH + (n + lmat) * 8);
+                mma_bf16(acc[n], pa, vf[0], vf[1]);
+                mma_bf16(acc[n + 1], pa, vf[2], vf[3]);
+            }
+        }
+    }
+
+    float *ob = o + b * d.o_sb + h * d.o_sh + q0 * d.o_st;
+    float *lb = lse + bh * d.Tq + q0;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = half ? r1 : r0;
+        if (i >= nq) continue;
+        const float l = half ? l1 : l0, m = half ? m1 : m0;
+        const bool seen = l > 0.0f || l != l;
+        const float inv = 1.0f / l;
+        float *orow = ob + (int64_t)i * d.o_st;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = n * 8 + 2 * t4 + e;
+                if (col < D) orow[col] = seen ? acc[n][2 * half + e] * inv : 0.0f;
+            }
+        if (t4 == 0) lb[i] = seen ? m + logf(l) : -INFINITY;
+    }
+}
+
+constexpr int DQ_FAST_NW = 8;   /* warps of the fast dQ: 128 query rows per block */
+constexpr int DKV_FAST_NW = 4;  /* warps of the fast dK/dV: 64 keys per block */
+
+__host__ __device__ constexpr size_t dq_fast_smem() {
+    return sizeof(float) * 2 * 64 * 64 + sizeof(uint16_t) * (size_t)(2 * 16 * DQ_FAST_NW + 2 * 64) * FAST_LDH;
+}
+__host__ __device__ constexpr size_t dkv_fast_smem() {
+    return sizeof(float) * (2 * 64 * 64 + 2 * 64) + sizeof(uint16_t) * (size_t)(2 * 16 * DKV_FAST_NW + 2 * 64) * FAST_LDH;
+}
+
+/* The fast dQ (D <= 64): results bit-identical to attn_bwd_dq_mma_kernel<64>. Block = (b, h,
+ * 16 NW query rows), NW warps of 16 rows; K, V tiles of 64 keys staged (f32, cp.async, one
+ * tile ahead) and converted to bf16 row-major tiles; ldmatrix feeds K, V (S, dP) and K
+ * (.trans, dS K). */
+template <int NW>
+__global__ void __launch_bounds__(32 * NW, 2)
+    attn_bwd_dq_fast_kernel(const anneal_attention_desc d, const float *__restrict__ q, const float *__restrict__ k,
+                            const float *__restrict__ v, const float *__restrict__ dout,
+                            const float *__restrict__ lse, const float *__restrict__ dvec, float *__restrict__ dq,
+                            int ntiles) {
+    constexpr int NTH = 32 * NW, BQ = 16 * NW, BK = 64, LDH = FAST_LDH, KS = 4, NB = BK / 8, ND = 8;
+    extern __shared__ float smem[];
+    float *Kf = smem, *Vf = Kf + BK * 64;
+    uint16_t *Qh = reinterpret_cast<uint16_t *>(Vf + BK * 64), *dOh = Qh + BQ * LDH, *Kh = dOh + BQ * LDH;
+    uint16_t *Vh = Kh + BK * LDH;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bh = (int64_t)blockIdx.x / ntiles;
+    const int tile = ntiles - 1 - (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bh / d.Hq, h = bh % d.Hq, gk = h / (d.Hq / d.Hkv);
+    const int64_t q0 = (int64_t)tile * BQ;
+    const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+    const float *kb = k + b * d.k_sb + gk * d.k_sh;
+    const float *vb = v + b * d.v_sb + gk * d.v_sh;
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two query rows */
+
+    const int64_t kend = attn_visible(d, q0 + nq - 1);
+    if (kend > 0) {
+        const int nk = (int)(kend < BK ? kend : BK);
+        stage_tile64<BK, NTH>(Kf, kb, d.k_st, nk, D);
+        stage_tile64<BK, NTH>(Vf, vb, d.v_st, nk, D);
+        cp_async_commit();
+    }
+    load_tile64_bf16<BQ, NTH>(Qh, q + b * d.q_sb + h * d.q_sh + q0 * d.q_st, d.q_st, nq, D);
+    load_tile64_bf16<BQ, NTH>(dOh, dout + b * d.o_sb + h * d.o_sh + q0 * d.o_st, d.o_st, nq, D);
+    const float l0 = r0 < nq ? lse[bh * d.Tq + q0 + r0] : 0.0f, l1 = r1 < nq ? lse[bh * d.Tq + q0 + r1] : 0.0f;
+    const float dv0 = r0 < nq ? dvec[bh * d.Tq + q0 + r0] : 0.0f, dv1 = r1 < nq ? dvec[bh * d.Tq + q0 + r1] : 0.0f;
+    const int wlast = warp * 16 + 15 < nq ? warp * 16 + 15 : nq - 1;
+    const int64_t wend = warp * 16 < nq ? attn_visible(d, q0 + wlast) : 0;
+
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+
+    const int lrow = lane & 7, lsel = (lane >> 3) & 1, lmat = lane >> 4;
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int nk = (int)(kend - k0 < BK ? kend - k0 : BK);
+        cp_async_wait_all();
+        __syncthreads(); /* the staged tile is visible (Q, dO too); the previous tile's readers are done */
+        cvt_tile64<BK, NTH>(Kh, Kf);
+        cvt_tile64<BK, NTH>(Vh, Vf);
+        __syncthreads(); /* Kh, Vh ready; the staging buffers are free */
+        if (k0 + BK < kend) {
+            const int nk2 = (int)(kend - k0 - BK < BK ? kend - k0 - BK : BK);
+            stage_tile64<BK, NTH>(Kf, kb + (k0 + BK) * d.k_st, d.k_st, nk2, D);
+            stage_tile64<BK, NTH>(Vf, vb + (k0 + BK) * d.v_st, d.v_st, nk2, D);
+            cp_async_commit();
+        }
+        if (k0 >= wend) continue; /* no row of this warp sees a key of the tile (warp-uniform) */
+
+        float s[NB][4], dp[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t aq[4], ag[4];
+            lda_frag<LDH>(aq, Qh + warp * 16 * LDH, ks, g, t4);
+            lda_frag<LDH>(ag, dOh + warp * 16 * LDH, ks, g, t4);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t kf[4], vf[4];
+                ldsm_x4<false>(kf, Kh + ((nb + lmat) * 8 + lrow) * LDH + ks * 16 + lsel * 8);
+                ldsm_x4<false>(vf, Vh + ((nb + lmat) * 8 + lrow) * LDH + ks * 16 + lsel * 8);
+                mma_bf16(s[nb], aq, kf[0], kf[1]);
+                mma_bf16(dp[nb], ag, vf[0], vf[1]);
+                mma_bf16(s[nb + 1], aq, kf[2], kf[3]);
+                mma_bf16(dp[nb + 1], ag, vf[2], vf[3]);
+            }
+        }
+        const int nv0 = r0 < nq ? attn_row_keys(d, q0 + r0, k0, nk) : 0;
+        const int nv1 = r1 < nq ? attn_row_keys(d, q0 + r1, k0, nk) : 0;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = nb * 8 + 2 * t4 + (e & 1);
+                const bool hi = e >= 2;
+                const float p = j < (hi ? nv1 : nv0) ? expf(scale * s[nb][e] - (hi ? l1 : l0)) : 0.0f;
+                s[nb][e] = p * (dp[nb][e] - (hi ? dv1 : dv0)); /* dS */
+            }
+        /* dQ += r(dS) r(K) */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t sa[4];
+            sa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            sa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            sa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            sa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int n = 0; n < ND; n += 2) {
+                uint32_t kf[4];
+                ldsm_x4<true>(kf, Kh + (kk * 16 + lsel * 8 + lrow) * LDH + (n + lmat) * 8);
+                mma_bf16(acc[n], sa, kf[0], kf[1]);
+                mma_bf16(acc[n + 1], sa, kf[2], kf[3]);
+            }
+        }
+    }
+
+    float *dqb = dq + b * d.q_sb + h * d.q_sh + q0 * d.q_st;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int i = hf ? r1 : r0;
+        if (i >= nq) continue;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int col = n * 8 + 2 * t4 + c;
+                if (col < D) dqb[(int64_t)i * d.q_st + col] = acc[n][2 * hf + c] * scale;
+            }
+    }
+}
+
+/* The fast dK, dV (D <= 64): results bit-identical to attn_bwd_dkdv_mma_kernel<64>. Block =
+ * (b, key/value head, 16 NW keys), NW warps of 16 keys; the work items (query head of the
+ * group ascending, then the query tiles of 64 rows that see a key of the block, ascending)
+ * are staged one ahead: Q, dO tiles as f32 by cp.async (lse, Dvec through a register),
+ * converted to bf16 row-major tiles; ldmatrix feeds Q, dO (S^T, dP^T) and, .trans, dO, Q
+ * (dV, dK). */
+template <int NW>
+__global__ void __launch_bounds__(32 * NW)
+    attn_bwd_dkdv_fast_kernel(const anneal_attention_desc d, const float *__restrict__ q,
+                              const float *__restrict__ k, const float *__restrict__ v,
+                              const float *__restrict__ dout, const float *__restrict__ lse,
+                              const float *__restrict__ dvec, float *__restrict__ dk, float *__restrict__ dv,
+                              int ntiles) {
+    constexpr int NTH = 32 * NW, BK = 16 * NW, BQ = 64, LDH = FAST_LDH, KS = 4, NBQ = BQ / 8, ND = 8;
+    static_assert(NTH >= 2 * BQ, "lse and Dvec take one thread per value");
+    extern __shared__ float smem[];
+    float *Qf = smem, *dOf = Qf + BQ * 64, *sm_lse = dOf + BQ * 64, *sm_dv = sm_lse + BQ;
+    uint16_t *Kh = reinterpret_cast<uint16_t *>(sm_dv + BQ), *Vh = Kh + BK * LDH, *Qh = Vh + BK * LDH;
+    uint16_t *dOh = Qh + BQ * LDH;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t bg = (int64_t)blockIdx.x / ntiles;
+    const int tile = (int)((int64_t)blockIdx.x % ntiles);
+    const int64_t b = bg / d.Hkv, gk = bg % d.Hkv, G = d.Hq / d.Hkv;
+    const int64_t k0 = (int64_t)tile * BK;
+    const int nk = (int)(d.Tk - k0 < BK ? d.Tk - k0 : BK);
+    const int D = (int)d.D;
+    const float scale = d.scale;
+    const int kr0 = warp * 16 + g, kr1 = kr0 + 8; /* this lane's two key rows */
+
+    /* query tiles [qt0, ntq) see a key of the block (visible() grows with the row) */
+    const int64_t ntq = (d.Tq + BQ - 1) / BQ;
+    int64_t qt0 = 0;
+    while (qt0 < ntq && attn_visible(d, (qt0 + 1) * BQ < d.Tq ? (qt0 + 1) * BQ - 1 : d.Tq - 1) <= k0) qt0++;
+    const int64_t nqt = ntq - qt0, items = G * nqt;
+
+    /* item it: query head gk G + it / nqt, tile qt0 + it % nqt; stage its Q, dO and fetch its lse, Dvec */
+    float pre = 0.0f;
+    auto stage = [&](int64_t it) {
+        const int64_t h = gk * G + it / nqt, q0 = (qt0 + it % nqt) * BQ;
+        const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+        stage_tile64<BQ, NTH>(Qf, q + b * d.q_sb + h * d.q_sh + q0 * d.q_st, d.q_st, nq, D);
+        stage_tile64<BQ, NTH>(dOf, dout + b * d.o_sb + h * d.o_sh + q0 * d.o_st, d.o_st, nq, D);
+        cp_async_commit();
+        const int64_t row = (b * d.Hq + h) * d.Tq + q0;
+        if (tid < BQ) pre = tid < nq ? lse[row + tid] : 0.0f;
+        else if (tid < 2 * BQ) pre = tid - BQ < nq ? dvec[row + tid - BQ] : 0.0f;
+    };
+    if (items > 0) stage(0);
+    load_tile64_bf16<BK, NTH>(Kh, k + b * d.k_sb + gk * d.k_sh + k0 * d.k_st, d.k_st, nk, D);
+    load_tile64_bf16<BK, NTH>(Vh, v + b * d.v_sb + gk * d.v_sh + k0 * d.v_st, d.v_st, nk, D);
+
+    float akk[ND][4], avv[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) akk[n][e] = avv[n][e] = 0.0f;
+
+    const int lrow = lane & 7, lsel = (lane >> 3) & 1, lmat = lane >> 4;
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t q0 = (qt0 + it % nqt) * BQ;
+        const int nq = (int)(d.Tq - q0 < BQ ? d.Tq - q0 : BQ);
+        cp_async_wait_all();
+        __syncthreads(); /* the staged tile is visible (K, V too); the previous tile's readers are done */
+        cvt_tile64<BQ, NTH>(Qh, Qf);
+        cvt_tile64<BQ, NTH>(dOh, dOf);
+        if (tid < BQ) sm_lse[tid] = pre;
+        else if (tid < 2 * BQ) sm_dv[tid - BQ] = pre;
+        __syncthreads(); /* Qh, dOh, lse, Dvec ready; the staging buffers are free */
+        if (it + 1 < items) stage(it + 1);
+        /* no row of the tile sees this warp's first key (warp-uniform) */
+        if (warp * 16 >= nk || attn_visible(d, q0 + nq - 1) <= k0 + warp * 16) continue;
+
+        /* S^T, dP^T: rows kr0 (e = 0, 1) and kr1 (e = 2, 3), query columns nb*8 + 2 t4 + e%2 */
+        float st[NBQ][4], dpt[NBQ][4];
+#pragma unroll
+        for (int nb = 0; nb < NBQ; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t ak[4], av[4];
+            lda_frag<LDH>(ak, Kh + warp * 16 * LDH, ks, g, t4);
+            lda_frag<LDH>(av, Vh + warp * 16 * LDH, ks, g, t4);
+#pragma unroll
+            for (int nb = 0; nb < NBQ; nb += 2) {
+                uint32_t qf[4], gf[4];
+                ldsm_x4<false>(qf, Qh + ((nb + lmat) * 8 + lrow) * LDH + ks * 16 + lsel * 8);
+                ldsm_x4<false>(gf, dOh + ((nb + lmat) * 8 + lrow) * LDH + ks * 16 + lsel * 8);
+                mma_bf16(st[nb], ak, qf[0], qf[1]);
+                mma_bf16(dpt[nb], av, gf[0], gf[1]);
+                mma_bf16(st[nb + 1], ak, qf[2], qf[3]);
+                mma_bf16(dpt[nb + 1], av, gf[2], gf[3]);
+            }
+        }
+        /* P^T, dS^T in place (f32), then their bf16 A fragments feed dV and dK */
+#pragma unroll
+        for (int nb = 0; nb < NBQ; nb++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int i = nb * 8 + 2 * t4 + c; /* query of columns e = c, c + 2 */
+                const int nv = i < nq ? attn_row_keys(d, q0 + i, k0, nk) : 0;
+                const float li = sm_lse[i], di = sm_dv[i];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int e = c + 2 * hf, kr = hf ? kr1 : kr0;
+                    const float p = kr < nv ? expf(scale * st[nb][e] - li) : 0.0f;
+                    st[nb][e] = p;
+                    dpt[nb][e] = p * (dpt[nb][e] - di);
+                }
+            }
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[4], sa[4];
+            pa[0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
+            pa[1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
+            pa[2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+            pa[3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+            sa[0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
+            sa[1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
+            sa[2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+            sa[3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+            for (int n = 0; n < ND; n += 2) {
+                uint32_t gf[4], qf[4];
+                ldsm_x4<true>(gf, dOh + (kk * 16 + lsel * 8 + lrow) * LDH + (n + lmat) * 8);
+                ldsm_x4<true>(qf, Qh + (kk * 16 + lsel * 8 + lrow) * LDH + (n + lmat) * 8);
+                mma_bf16(avv[n], pa, gf[0], gf[1]);
+                mma_bf16(akk[n], sa, qf[0], qf[1]);
+                mma_bf16(avv[n + 1], pa, gf[2], gf[3]);
+                mma_bf16(akk[n + 1], sa, qf[2], qf[3]);
+            }
+        }
+    }
+
+    float *dkb = dk + b * d.k_sb + gk * d.k_sh + k0 * d.k_st;
+    float *dvb = dv + b * d.v_sb + gk * d.v_sh + k0 * d.v_st;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int j = hf ? kr1 : kr0;
+        if (j >= nk) continue;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int col = n * 8 + 2 * t4 + c;
+                if (col >= D) continue;
+                dkb[(int64_t)j * d.k_st + col] = akk[n][2 * hf + c] * scale;
+                dvb[(int64_t)j * d.v_st + col] = avv[n][2 * hf + c];
+            }
+    }
+}
+
 /* Dvec[(b*Hq + h)*Tq + i] = dO_i . o_i (double accumulation), one warp per row. */
 __global__ void __launch_bounds__(NT) attn_dvec_kernel(const anneal_attention_desc d, const float *__restrict__ o,
                                                        const float *__restrict__ dout, float *__restrict__ dvec,
@@ -1024,6 +1548,40 @@ anneal_status attn_fwd_mma_launch(anneal_cuda_ctx *c, const anneal_attention_des
     return anneal_cuda_launch_check("attention_fwd");
 }
 
+/* The fast BF16 forward (attn_fwd_fast_kernel; D <= 64, attn_fast_ok). */
+anneal_status attn_fwd_fast_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *o, float *lse,
+                                   const float *q, const float *k, const float *v) {
+    constexpr int BQ = 16 * FWD_FAST_NW;
+    const int ntiles = (int)((d->Tq + BQ - 1) / BQ);
+    const int64_t blocks = d->B * d->Hq * ntiles;
+    const size_t bytes = fwd_fast_smem();
+    anneal_status s = attn_smem(c, attn_fwd_fast_kernel<FWD_FAST_NW>, bytes, "attention_fwd");
+    if (s != ANNEAL_OK) return s;
+    attn_fwd_fast_kernel<FWD_FAST_NW><<<(unsigned)blocks, 32 * FWD_FAST_NW, bytes, c->stream>>>(*d, q, k, v, o, lse,
+                                                                                              ntiles);
+    return anneal_cuda_launch_check("attention_fwd");
+}
+
+/* True unless ANNEAL_CUDA_ATTN_FAST=0: the BF16 attention with D <= 64 runs on the fast
+ * kernels where attn_fast_ok allows (else on the mma kernels). */
+bool attn_use_fast(void) {
+    const char *e = getenv("ANNEAL_CUDA_ATTN_FAST");
+    return !(e && e[0] == '0');
+}
+
+/* True when the fast kernels can read d's tensors: D <= 64, D and every stride a multiple
+ * of 4 floats, and each pointer (p may hold NULLs) 16-byte aligned. */
+bool attn_fast_ok(const anneal_attention_desc *d, const float *const *p, int np) {
+    if (d->D > 64 || d->D % 4) return false;
+    const int64_t st[] = {d->q_sb, d->q_sh, d->q_st, d->k_sb, d->k_sh, d->k_st,
+                          d->v_sb, d->v_sh, d->v_st, d->o_sb, d->o_sh, d->o_st};
+    for (int64_t x : st)
+        if (x % 4) return false;
+    for (int i = 0; i < np; i++)
+        if ((uintptr_t)p[i] % 16) return false;
+    return true;
+}
+
 /* True unless ANNEAL_CUDA_ATTN_MMA=0: the BF16 forward runs on tensor cores (else on the
  * CUDA-core kernel, which rounds the same operands). */
 bool attn_use_mma(void) {
@@ -1061,6 +1619,41 @@ anneal_status attn_bwd_mma_launch(anneal_cuda_ctx *c, const anneal_attention_des
     if (s != ANNEAL_OK) return s;
     attn_bwd_dq_mma_kernel<DMAX><<<(unsigned)(d->B * d->Hq * ntq), NT_MMA, bytes, c->stream>>>(*d, q, k, v, dout, lse,
                                                                                                dvec, dq, ntq);
+    return anneal_cuda_launch_check("attention_bwd");
+}
+
+/* The fast BF16 backward (D <= 64, attn_fast_ok): Dvec, then attn_bwd_dkdv_fast_kernel and
+ * attn_bwd_dq_fast_kernel. */
+anneal_status attn_bwd_fast_launch(anneal_cuda_ctx *c, const anneal_attention_desc *d, float *dq, float *dk,
+                                   float *dv, const float *q, const float *k, const float *v, const float *o,
+                                   const float *dout, const float *lse, float *dvec) {
+    const int64_t rows = d->B * d->Hq * d->Tq;
+    anneal_status s = ANNEAL_OK;
+    if (rows > 0) {
+        attn_dvec_kernel<<<(unsigned)((rows + NT / 32 - 1) / (NT / 32)), NT, 0, c->stream>>>(*d, o, dout, dvec,
+                                                                                           rows);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+    if (d->Tk > 0) {
+        constexpr int BK = 16 * DKV_FAST_NW;
+        const int ntk = (int)((d->Tk + BK - 1) / BK);
+        const size_t bytes = dkv_fast_smem();
+        s = attn_smem(c, attn_bwd_dkdv_fast_kernel<DKV_FAST_NW>, bytes, "attention_bwd");
+        if (s != ANNEAL_OK) return s;
+        attn_bwd_dkdv_fast_kernel<DKV_FAST_NW><<<(unsigned)(d->B * d->Hkv * ntk), 32 * DKV_FAST_NW, bytes,
+                                                 c->stream>>>(*d, q, k, v, dout, lse, dvec, dk, dv, ntk);
+        s = anneal_cuda_launch_check("attention_bwd");
+        if (s != ANNEAL_OK) return s;
+    }
+    if (rows == 0) return ANNEAL_OK;
+    constexpr int BQ = 16 * DQ_FAST_NW;
+    const int ntq = (int)((d->Tq + BQ - 1) / BQ);
+    const size_t bytes = dq_fast_smem();
+    s = attn_smem(c, attn_bwd_dq_fast_kernel<DQ_FAST_NW>, bytes, "attention_bwd");
+    if (s != ANNEAL_OK) return s;
+    attn_bwd_dq_fast_kernel<DQ_FAST_NW><<<(unsigned)(d->B * d->Hq * ntq), 32 * DQ_FAST_NW, bytes, c->stream>>>(
+        *d, q, k, v, dout, lse, dvec, dq, ntq);
     return anneal_cuda_launch_check("attention_bwd");
 }
 
@@ -1114,6 +1707,9 @@ anneal_status cuda_attention_fwd(void *ctx, const anneal_attention_desc *d, anne
     float *po = ATTN_F(o), *pl = ATTN_F(lse);
     const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v);
     const bool bf = d->compute == ANNEAL_BF16;
+    const float *fp[] = {po, pq, pk, pv};
+    if (bf && attn_use_mma() && attn_use_fast() && attn_fast_ok(d, fp, 4))
+        return attn_fwd_fast_launch(c, d, po, pl, pq, pk, pv);
     if (bf && attn_use_mma())
         return d->D <= 64 ? attn_fwd_mma_launch<64>(c, d, po, pl, pq, pk, pv)
                           : attn_fwd_mma_launch<128>(c, d, po, pl, pq, pk, pv);
@@ -1146,6 +1742,9 @@ anneal_status cuda_attention_bwd(void *ctx, const anneal_attention_desc *d, anne
     const float *pq = ATTN_F(q), *pk = ATTN_F(k), *pv = ATTN_F(v), *po = ATTN_F(o), *pg = ATTN_F(dout),
                 *pl = ATTN_F(lse);
     const bool bf = d->compute == ANNEAL_BF16;
+    const float *fp[] = {pdq, pdk, pdv, pq, pk, pv, po, pg};
+    if (bf && attn_use_mma() && attn_use_fast() && attn_fast_ok(d, fp, 8))
+        return attn_bwd_fast_launch(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);
     if (bf && attn_use_mma())
         return d->D <= 64 ? attn_bwd_mma_launch<64>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec)
                           : attn_bwd_mma_launch<128>(c, d, pdq, pdk, pdv, pq, pk, pv, po, pg, pl, dvec);

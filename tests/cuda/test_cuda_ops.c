@@ -834,6 +834,28 @@ TEST(attention) {
     anneal_scope_close(sc);
 }
 
+/* The fast BF16 attention kernels (D <= 64, 16-byte aligned rows: 128-row query tiles,
+ * cp.async staging, ldmatrix): long and odd T, GQA, Tq != Tk both ways, D < 64; then a
+ * D that is no multiple of 4 (the mma kernels) and one case with ANNEAL_CUDA_ATTN_FAST=0. */
+TEST(attention_fast) {
+    anneal_scope *sc = anneal_scope_open();
+    const attn_case cases[] = {
+        {2, 12, 12, 1024, 1024, 64, true, true, ANNEAL_BF16},
+        {1, 4, 4, 333, 333, 64, true, true, ANNEAL_BF16},
+        {1, 4, 4, 257, 257, 48, false, true, ANNEAL_BF16},
+        {2, 8, 2, 33, 97, 64, true, false, ANNEAL_BF16},
+        {1, 4, 2, 200, 70, 64, true, false, ANNEAL_BF16},
+        {1, 4, 2, 130, 300, 32, false, false, ANNEAL_BF16},
+        {1, 2, 1, 1, 77, 64, true, false, ANNEAL_BF16},
+        {1, 2, 2, 70, 70, 62, true, true, ANNEAL_BF16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attn_run(cases[i]);
+    setenv("ANNEAL_CUDA_ATTN_FAST", "0", 1);
+    attn_run((attn_case){1, 4, 4, 333, 333, 64, true, true, ANNEAL_BF16});
+    unsetenv("ANNEAL_CUDA_ATTN_FAST");
+    anneal_scope_close(sc);
+}
+
 /* ----------------------------------------------------- index checks, losses */
 
 TEST(check_index) {
@@ -1271,6 +1293,7 @@ int main(int argc, char **argv) {
     RUN_IF(norms_and_softmax);
     RUN_IF(rope);
     RUN_IF(attention);
+    RUN_IF(attention_fast);
     RUN_IF(check_index);
     RUN_IF(embedding_and_losses);
     RUN_IF(linear_ce_chunks);
