@@ -37,7 +37,7 @@ struct view {
 } // namespace
 
 /* Every function below is static: internal linkage. (Kernels stay out of the anonymous
- * namespace: nvcc gives the launch stubs of a kernel declared there external linkage.) */
+ * namespace: nvcc gives the host-side launch wrappers of a kernel declared there external linkage.) */
 
 /* The offset of row-major element i of v (v.ndim >= 1). */
 HD int64_t view_offset(const view &v, int64_t i) {
