@@ -35,13 +35,12 @@ def sh(cmd, **kw):
     return r.stdout
 
 
-def build_bench(work):
-    out = os.path.join(work, "bench_quant")
-    libs = sh(["pkg-config", "--libs", "libcjson", "libpcre2-8", "libprotobuf-c", "libmicrohttpd", "cairo"]).split()
-    sh(["gcc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-I", os.path.join(ROOT, "include"),
-        os.path.join(ROOT, "bench", "bench_quant.c"), os.path.join(ROOT, "build", "libanneal.a"), *libs,
-        "-fopenmp", "-lm", "-lpthread", "-o", out])
-    return out
+def build_bench():
+    """bench/bench_quant.c built by CMake against the library of build/ (with whatever
+    that build links: CUDA, MPI), so the command line stays right for every build."""
+    build = os.path.join(ROOT, "build")
+    sh(["cmake", "--build", build, "--target", "bench_quant"])
+    return os.path.join(build, "bench_quant")
 
 
 def anneal_speed(bench, model_dir, a):
@@ -104,7 +103,7 @@ def main():
         for mode in ("weight-only", "dynamic"):
             qdirs[mode] = os.path.join(work, mode)
             sh([a.bin, "quantize", "--model", f32, "--out", qdirs[mode], "--mode", mode])
-        bench = build_bench(work)
+        bench = build_bench()
         rows = {}
         rows["anneal f32"] = anneal_speed(bench, f32, a)
         for mode, d in qdirs.items():

@@ -36,6 +36,9 @@ enum {
  * ranges of output columns: each weight is read from memory once per call. */
 void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
                  int act);
+/* The path anneal_gemv takes now: "avx512", "avx2" or "portable" (ANNEAL_CPU_ISA can
+ * force a lower one; every x86 path gives the same bits). */
+const char *anneal_gemv_path_name(void);
 
 /* Converts n f32 values to bf16 (round to nearest even, as anneal_f32_to_bf16). */
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -69,6 +69,24 @@ anneal_status anneal_comm_wait(anneal_comm_request *req);
 /* Sets *done when req has finished (it must still be waited for). Lets progress happen. */
 anneal_status anneal_comm_test(anneal_comm_request *req, bool *done);
 
+/* A new communicator of the ranks of c that passed the same color, ranked by key (ties
+ * by their rank in c): the groups of a parallel layout (tensor-, pipeline- and
+ * data-parallel). Every rank of c must call it. Free it with anneal_comm_free before c.
+ * The single-process communicator splits into another world of one. NULL + error on
+ * failure. */
+anneal_comm *anneal_comm_split(anneal_comm *c, int color, int key);
+
+/* Point to point (pipeline stages): send count elements of dt to rank dst of c, or
+ * receive them from rank src, matched by tag (0 <= tag < 32768). The blocking calls
+ * return when buf may be reused; the _start variants return a request to wait for, and
+ * buf must stay untouched until then. A world of one has no peer: an error. */
+anneal_status anneal_comm_send(anneal_comm *c, const void *buf, int64_t count, anneal_dtype dt, int dst, int tag);
+anneal_status anneal_comm_recv(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int src, int tag);
+anneal_status anneal_comm_send_start(anneal_comm *c, const void *buf, int64_t count, anneal_dtype dt, int dst,
+                                     int tag, anneal_comm_request **req);
+anneal_status anneal_comm_recv_start(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int src,
+                                     int tag, anneal_comm_request **req);
+
 /* Ends the whole job now (MPI_Abort) after printing msg on this rank's stderr; used
  * when a rank fails alone so the others do not wait forever. Does not return. */
 void anneal_comm_abort(anneal_comm *c, int code, const char *msg);

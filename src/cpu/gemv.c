@@ -14,13 +14,16 @@
  *     lanes summed at the end.
  * bf16 weights are widened exactly (the bits shifted into the high half of an f32).
  * Threads take contiguous ranges of output columns; every output is computed by one item, so the bits do not depend on the
- * thread count. Without AVX-512 a scalar loop computes the same sums in the same order
- * for W (in, out), and in k order for W (out, in). */
+ * thread count. Without AVX-512, AVX2 + FMA kernels compute the same sums in the same
+ * order in 8-lane halves (same bits); without either, a scalar loop computes the same
+ * sums for W (in, out), and in k order for W (out, in). */
 #include "anneal/decode_kernels.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -216,15 +219,205 @@ GEMV_TARGET static void item_out_in_bf16(const anneal_gemv_weight *w, const floa
 }
 #endif
 
-/* True when the AVX-512 kernels can run here (F, BW and VL). */
-static bool use_avx512(void) {
+
 #ifdef GEMV_X86
-    static int ok = -1;
-    if (ok < 0) ok = anneal_cpu_has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    return ok;
-#else
-    return false;
+/* ---- AVX2 + FMA: the same sums in the same order as the AVX-512 kernels, in 8-lane
+ * halves. W (in, out): each column's y = fma(x_k, w_k, y) for k in order, as the
+ * scalar loop and AVX-512 do. W (out, in): lanes l and l + 8 of a 16-lane AVX-512
+ * accumulator are lane l of two 8-lane ones, and the final sum repeats the order of
+ * GCC's _mm512_reduce_add_ps (halves added, then quarters, then pairs), so the three
+ * x86 paths give the same bits. */
+#define GEMV_AVX2 __attribute__((target("avx2,fma")))
+
+/* 8 weights at p (f32, or bf16 widened exactly). */
+GEMV_AVX2 GEMV_INLINE __m256 loadw8(const void *p, const bool BF) {
+    if (BF) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
+    return _mm256_loadu_ps(p);
+}
+
+/* The first `left` (0..8) of 8 weights at p, the other lanes zero and not read. */
+GEMV_AVX2 GEMV_INLINE __m256 loadw8_m(const void *p, const bool BF, int64_t left) {
+    if (left >= 8) return loadw8(p, BF);
+    if (BF) {
+        uint16_t t[8] = {0};
+        memcpy(t, p, (size_t)(left > 0 ? left : 0) * 2);
+        return loadw8(t, true);
+    }
+    float t[8] = {0};
+    memcpy(t, p, (size_t)(left > 0 ? left : 0) * 4);
+    return _mm256_loadu_ps(t);
+}
+
+/* 8 floats at p, the first `left` of them (others zero). */
+GEMV_AVX2 GEMV_INLINE __m256 loadx8_m(const float *p, int64_t left) { return loadw8_m(p, false, left); }
+
+/* One 8-column vector of KB rows of W added into n rows of y (see in_out_vec). */
+GEMV_AVX2 GEMV_INLINE void in_out_vec8(const char *rows, size_t ld, int kb, const float *x, int64_t ldx, int64_t n,
+                                       float *y, int64_t ldy, const bool BF, int64_t left) {
+    enum { KB = 4 };
+    __m256 wv[KB];
+    for (int i = 0; i < kb; i++) wv[i] = left < 8 ? loadw8_m(rows + i * ld, BF, left) : loadw8(rows + i * ld, BF);
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + r * ldy;
+        const float *xr = x + r * ldx;
+        __m256 acc = left < 8 ? loadx8_m(yr, left) : _mm256_loadu_ps(yr);
+        for (int i = 0; i < kb; i++) acc = _mm256_fmadd_ps(_mm256_set1_ps(xr[i]), wv[i], acc);
+        if (left < 8) {
+            float t[8];
+            _mm256_storeu_ps(t, acc);
+            memcpy(yr, t, (size_t)left * sizeof(float));
+        } else {
+            _mm256_storeu_ps(yr, acc);
+        }
+    }
+}
+
+/* W (in, out), columns [j0, j1): range_in_out in 8-column vectors. */
+GEMV_AVX2 GEMV_INLINE void range_in_out8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t j0, int64_t j1, const bool BF) {
+    enum { KB = 4, STRIP = 1024 };
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in;
+    const size_t ld = (size_t)w->out * es;
+    for (int64_t s0 = j0; s0 < j1; s0 += STRIP) {
+        const int64_t s1 = s0 + STRIP < j1 ? s0 + STRIP : j1;
+        const int64_t full = s0 + (s1 - s0) / 8 * 8;
+        for (int64_t r = 0; r < n; r++) memset(y + r * ldy + s0, 0, (size_t)(s1 - s0) * sizeof(float));
+        for (int64_t k0 = 0; k0 < in; k0 += KB) {
+            const int kb = (int)(in - k0 < KB ? in - k0 : KB);
+            const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out) * es;
+            if (kb == KB) {
+                for (int64_t c = s0; c < full; c += 8)
+                    in_out_vec8(rows + (size_t)c * es, ld, KB, x + k0, ldx, n, y + c, ldy, BF, 8);
+            } else {
+                for (int64_t c = s0; c < full; c += 8)
+                    in_out_vec8(rows + (size_t)c * es, ld, kb, x + k0, ldx, n, y + c, ldy, BF, 8);
+            }
+            if (full < s1)
+                in_out_vec8(rows + (size_t)full * es, ld, kb, x + k0, ldx, n, y + full, ldy, BF, s1 - full);
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = s0; j < s1; j++) {
+                float v = y[r * ldy + j];
+                if (w->bias) v += w->bias[j];
+                y[r * ldy + j] = epilogue(v, act);
+            }
+    }
+}
+
+GEMV_AVX2 static void range_in_out8_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                        float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out8(w, x, ldx, n, y, ldy, act, j0, j1, false);
+}
+
+GEMV_AVX2 static void range_in_out8_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
+                                         float *y, int64_t ldy, int act, int64_t j0, int64_t j1) {
+    range_in_out8(w, x, ldx, n, y, ldy, act, j0, j1, true);
+}
+
+/* The 16-lane sum of (lo, hi) in _mm512_reduce_add_ps's order. */
+GEMV_AVX2 GEMV_INLINE float reduce16(__m256 lo, __m256 hi) {
+    __m256 t3 = _mm256_add_ps(hi, lo);
+    __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+/* W (out, in): output rows j0.. (nj of them) for R (1 or 2) rows of x, lanes as the
+ * AVX-512 tile (k mod 16 in two 8-lane halves). */
+GEMV_AVX2 GEMV_INLINE void tile_out_in8(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, int R,
+                                        int64_t j0, int nj, int act, const bool BF) {
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in, full = in / 16 * 16;
+    const char *wr[OUT_ROWS];
+    for (int j = 0; j < OUT_ROWS; j++)
+        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)in * es;
+    __m256 lo[2][OUT_ROWS], hi[2][OUT_ROWS];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < OUT_ROWS; j++) lo[r][j] = hi[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < full; k += 16) {
+        __m256 xl[2], xh[2];
+        for (int r = 0; r < R; r++) xl[r] = _mm256_loadu_ps(xr[r] + k), xh[r] = _mm256_loadu_ps(xr[r] + k + 8);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m256 wl = loadw8(wr[j] + (size_t)k * es, BF), wh = loadw8(wr[j] + (size_t)(k + 8) * es, BF);
+            for (int r = 0; r < R; r++) {
+                lo[r][j] = _mm256_fmadd_ps(xl[r], wl, lo[r][j]);
+                hi[r][j] = _mm256_fmadd_ps(xh[r], wh, hi[r][j]);
+            }
+        }
+    }
+    if (full < in) {
+        const int64_t left = in - full;
+        __m256 xl[2], xh[2];
+        for (int r = 0; r < R; r++) xl[r] = loadx8_m(xr[r] + full, left), xh[r] = loadx8_m(xr[r] + full + 8, left - 8);
+        for (int j = 0; j < OUT_ROWS; j++) {
+            __m256 wl = loadw8_m(wr[j] + (size_t)full * es, BF, left);
+            __m256 wh = left > 8 ? loadw8_m(wr[j] + (size_t)(full + 8) * es, BF, left - 8) : _mm256_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                lo[r][j] = _mm256_fmadd_ps(xl[r], wl, lo[r][j]);
+                hi[r][j] = _mm256_fmadd_ps(xh[r], wh, hi[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < nj; j++) {
+            float s = reduce16(lo[r][j], hi[r][j]);
+            if (w->bias) s += w->bias[j0 + j];
+            yr[r][j0 + j] = epilogue(s, act);
+        }
+}
+
+/* Work item `it` (4 output rows of W (out, in)) for every row of x, two rows at a time. */
+GEMV_AVX2 GEMV_INLINE void item_out_in8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                        int64_t ldy, int act, int64_t it, const bool BF) {
+    const int64_t j0 = it * OUT_ROWS;
+    const int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
+    for (int64_t r0 = 0; r0 < n; r0 += 2) {
+        const float *xr[2] = {x + r0 * ldx, x + (r0 + 1 < n ? r0 + 1 : r0) * ldx};
+        float *yr[2] = {y + r0 * ldy, y + (r0 + 1 < n ? r0 + 1 : r0) * ldy};
+        if (r0 + 1 < n)
+            tile_out_in8(w, xr, yr, 2, j0, nj, act, BF);
+        else
+            tile_out_in8(w, xr, yr, 1, j0, nj, act, BF);
+    }
+}
+
+GEMV_AVX2 static void item_out_in8_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                       int64_t ldy, int act, int64_t it) {
+    item_out_in8(w, x, ldx, n, y, ldy, act, it, false);
+}
+
+GEMV_AVX2 static void item_out_in8_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                        int64_t ldy, int act, int64_t it) {
+    item_out_in8(w, x, ldx, n, y, ldy, act, it, true);
+}
 #endif
+
+enum { GEMV_SCALAR, GEMV_AVX2_PATH, GEMV_AVX512_PATH };
+
+/* The path this call takes: the best the CPU has (AVX-512 F/BW/VL, else AVX2 + FMA,
+ * else scalar), or the one ANNEAL_CPU_ISA=portable|avx2 asks for (read at every call,
+ * so tests can compare the paths; all three give the same bits on x86). */
+static int gemv_path(void) {
+#ifdef GEMV_X86
+    static int best = -1;
+    if (best < 0)
+        best = anneal_cpu_has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+                   ? GEMV_AVX512_PATH
+               : anneal_cpu_has_avx2() && __builtin_cpu_supports("fma") ? GEMV_AVX2_PATH
+                                                                          : GEMV_SCALAR;
+    const char *env = getenv("ANNEAL_CPU_ISA");
+    if (env && strcmp(env, "portable") == 0) return GEMV_SCALAR;
+    if (env && strcmp(env, "avx2") == 0 && best >= GEMV_AVX2_PATH) return GEMV_AVX2_PATH;
+    return best;
+#else
+    return GEMV_SCALAR;
+#endif
+}
+
+const char *anneal_gemv_path_name(void) {
+    int p = gemv_path();
+    return p == GEMV_AVX512_PATH ? "avx512" : p == GEMV_AVX2_PATH ? "avx2" : "portable";
 }
 
 void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
@@ -232,17 +425,25 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
     if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return;
     /* threads only pay off past ~64K multiply-adds */
     const bool par = w->out > 16 && w->in * w->out * n >= 65536;
-    const bool v = use_avx512();
+    const int path = gemv_path();
+    const bool bf = w->dtype == ANNEAL_BF16;
     if (w->out_in) {
         const int64_t items = (w->out + OUT_ROWS - 1) / OUT_ROWS;
 #pragma omp parallel for schedule(static) if (par)
         for (int64_t it = 0; it < items; it++) {
 #ifdef GEMV_X86
-            if (v) {
-                if (w->dtype == ANNEAL_BF16)
+            if (path == GEMV_AVX512_PATH) {
+                if (bf)
                     item_out_in_bf16(w, x, ldx, n, y, ldy, act, it);
                 else
                     item_out_in_f32(w, x, ldx, n, y, ldy, act, it);
+                continue;
+            }
+            if (path == GEMV_AVX2_PATH) {
+                if (bf)
+                    item_out_in8_bf16(w, x, ldx, n, y, ldy, act, it);
+                else
+                    item_out_in8_f32(w, x, ldx, n, y, ldy, act, it);
                 continue;
             }
 #endif
@@ -260,16 +461,19 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
         const int64_t j0 = g0 * 16, j1 = g1 * 16 < w->out ? g1 * 16 : w->out;
         if (j0 < j1) {
 #ifdef GEMV_X86
-            if (v && w->dtype == ANNEAL_BF16)
+            if (path == GEMV_AVX512_PATH && bf)
                 range_in_out_bf16(w, x, ldx, n, y, ldy, act, j0, j1);
-            else if (v)
+            else if (path == GEMV_AVX512_PATH)
                 range_in_out_f32(w, x, ldx, n, y, ldy, act, j0, j1);
+            else if (path == GEMV_AVX2_PATH && bf)
+                range_in_out8_bf16(w, x, ldx, n, y, ldy, act, j0, j1);
+            else if (path == GEMV_AVX2_PATH)
+                range_in_out8_f32(w, x, ldx, n, y, ldy, act, j0, j1);
             else
 #endif
                 gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
         }
     }
-    (void)v;
 }
 
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n) {

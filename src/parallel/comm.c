@@ -207,6 +207,66 @@ anneal_status anneal_comm_barrier(anneal_comm *c) {
     return ANNEAL_OK;
 }
 
+/* The ranks of c with the same color, ranked by key (see parallel.h). */
+anneal_comm *anneal_comm_split(anneal_comm *c, int color, int key) {
+    if (!c) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_split: NULL communicator");
+        return NULL;
+    }
+    if (color < 0) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_split: negative color %d", color);
+        return NULL;
+    }
+#ifdef ANNEAL_HAVE_MPI
+    if (c->mpi) return anneal_comm_mpi_split(c, color, key);
+#endif
+    anneal_comm *n = calloc(1, sizeof *n);
+    if (!n) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory creating a communicator");
+        return NULL;
+    }
+    n->size = 1;
+    n->local_size = 1;
+    return n;
+}
+
+/* Shared checks and dispatch of the point-to-point calls (req NULL: blocking). */
+static anneal_status p2p(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int peer, int tag, bool send,
+                         anneal_comm_request **req) {
+    const char *what = send ? "anneal_comm_send" : "anneal_comm_recv";
+    anneal_status s = check_args(c, what, buf, buf, count, dt, false);
+    if (s != ANNEAL_OK) return s;
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: peer %d is not another rank of a world of %d (this is rank %d)",
+                                what, peer, c->size, c->rank);
+    if (tag < 0 || tag >= 32768) return anneal_set_error(ANNEAL_ERR_ARG, "%s: tag %d outside [0, 32768)", what, tag);
+#ifdef ANNEAL_HAVE_MPI
+    if (c->mpi) return anneal_comm_mpi_p2p(c, buf, count, dt, peer, tag, send, req);
+#endif
+    (void)req;
+    return anneal_set_error(ANNEAL_ERR_STATE, "%s: no MPI in this communicator", what);
+}
+
+anneal_status anneal_comm_send(anneal_comm *c, const void *buf, int64_t count, anneal_dtype dt, int dst, int tag) {
+    return p2p(c, (void *)buf, count, dt, dst, tag, true, NULL);
+}
+
+anneal_status anneal_comm_recv(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int src, int tag) {
+    return p2p(c, buf, count, dt, src, tag, false, NULL);
+}
+
+anneal_status anneal_comm_send_start(anneal_comm *c, const void *buf, int64_t count, anneal_dtype dt, int dst,
+                                     int tag, anneal_comm_request **req) {
+    anneal_status s = check_req(req, "anneal_comm_send_start");
+    return s != ANNEAL_OK ? s : p2p(c, (void *)buf, count, dt, dst, tag, true, req);
+}
+
+anneal_status anneal_comm_recv_start(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int src,
+                                     int tag, anneal_comm_request **req) {
+    anneal_status s = check_req(req, "anneal_comm_recv_start");
+    return s != ANNEAL_OK ? s : p2p(c, buf, count, dt, src, tag, false, req);
+}
+
 /* Waits for req (transport, then the post step) and frees it. */
 anneal_status anneal_comm_wait(anneal_comm_request *req) {
     if (!req) return ANNEAL_OK;

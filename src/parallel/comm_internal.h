@@ -71,6 +71,9 @@ anneal_status anneal_comm_mpi_barrier(anneal_comm *c);
 anneal_status anneal_comm_mpi_wait(anneal_comm_request *r);
 anneal_status anneal_comm_mpi_test(anneal_comm_request *r, bool *done);
 void anneal_comm_mpi_abort(anneal_comm *c, int code);
+anneal_comm *anneal_comm_mpi_split(anneal_comm *c, int color, int key);
+anneal_status anneal_comm_mpi_p2p(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int peer, int tag,
+                                  bool send, anneal_comm_request **req);
 #endif
 
 #endif

@@ -214,6 +214,41 @@ anneal_status anneal_comm_mpi_barrier(anneal_comm *c) {
     return ANNEAL_OK;
 }
 
+/* MPI_Comm_split of c's communicator; the new handle keeps MPI alive like the first. */
+anneal_comm *anneal_comm_mpi_split(anneal_comm *c, int color, int key) {
+    anneal_comm *n = calloc(1, sizeof *n);
+    if (!n) {
+        anneal_set_error(ANNEAL_ERR_OOM, "out of memory creating a communicator");
+        return NULL;
+    }
+    int rc = MPI_Comm_split(c->comm, color, key, &n->comm);
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc, "MPI_Comm_split");
+        free(n);
+        return NULL;
+    }
+    MPI_Comm_set_errhandler(n->comm, MPI_ERRORS_RETURN);
+    n->mpi = true;
+    n->threads_ok = c->threads_ok;
+    MPI_Comm_rank(n->comm, &n->rank);
+    MPI_Comm_size(n->comm, &n->size);
+    n->local_rank = c->local_rank;
+    n->local_size = c->local_size;
+    g_users++;
+    return n;
+}
+
+/* MPI_Isend / MPI_Irecv (raw elements of dt), waited for unless req is given. */
+anneal_status anneal_comm_mpi_p2p(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int peer, int tag,
+                                  bool send, anneal_comm_request **req) {
+    anneal_comm_request *r = new_req(c, -1, -1);
+    if (!r) return anneal_last_status();
+    int rc = send ? MPI_Isend(nz(buf), (int)count, mpi_type(dt), peer, tag, c->comm, &r->req)
+                  : MPI_Irecv(nz(buf), (int)count, mpi_type(dt), peer, tag, c->comm, &r->req);
+    if (rc != MPI_SUCCESS) return fail(r, rc, send ? "MPI_Isend" : "MPI_Irecv");
+    return finish(r, req);
+}
+
 anneal_status anneal_comm_mpi_wait(anneal_comm_request *r) {
     int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
     r->done = true;

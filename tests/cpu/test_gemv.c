@@ -97,6 +97,48 @@ TEST(gemv_matches_exact_sum_and_gemm) {
                         return;
 }
 
+/* Every x86 path (AVX-512, AVX2, and scalar for W (in, out)) gives the same bits:
+ * ANNEAL_CPU_ISA forces the lower ones. A path the CPU lacks is skipped, saying so. */
+TEST(gemv_paths_agree_bitwise) {
+    const char *best = anneal_gemv_path_name();
+    if (strcmp(best, "portable") == 0) {
+        anneal_test_skip("this CPU has neither AVX2 nor AVX-512: one path only");
+        return;
+    }
+    const int64_t shapes[][2] = {{64, 64}, {77, 133}, {768, 197}, {5, 3}, {130, 64 * 3 + 5}, {33, 1}, {23, 9}};
+    uint64_t s = 77;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int64_t n = 1; n <= 5; n += 2)
+            for (int layout = 0; layout < 2; layout++)
+                for (int bf = 0; bf < 2; bf++) {
+                    int64_t in = shapes[si][0], out = shapes[si][1];
+                    float *x = malloc(sizeof(float) * (size_t)(n * in)), *wf = malloc(sizeof(float) * (size_t)(in * out));
+                    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(in * out));
+                    float *b = malloc(sizeof(float) * (size_t)out), *y[3];
+                    for (int p = 0; p < 3; p++) y[p] = malloc(sizeof(float) * (size_t)(n * out));
+                    for (int64_t i = 0; i < n * in; i++) x[i] = frand(&s);
+                    for (int64_t i = 0; i < in * out; i++) wf[i] = frand(&s), wb[i] = anneal_f32_to_bf16(wf[i]);
+                    for (int64_t j = 0; j < out; j++) b[j] = frand(&s);
+                    anneal_gemv_weight w = {.w = bf ? (const void *)wb : (const void *)wf,
+                                            .dtype = bf ? ANNEAL_BF16 : ANNEAL_F32, .out_in = layout, .in = in,
+                                            .out = out, .bias = (si + (size_t)n) % 2 ? b : NULL};
+                    const char *isa[3] = {NULL, "avx2", "portable"};
+                    for (int p = 0; p < 3; p++) {
+                        if (isa[p]) setenv("ANNEAL_CPU_ISA", isa[p], 1); else unsetenv("ANNEAL_CPU_ISA");
+                        anneal_gemv(&w, x, in, n, y[p], out, ANNEAL_GEMV_NONE);
+                    }
+                    unsetenv("ANNEAL_CPU_ISA");
+                    size_t bytes = sizeof(float) * (size_t)(n * out);
+                    CHECK(memcmp(y[0], y[1], bytes) == 0, "%s vs avx2 differ: in %lld out %lld n %lld %s %s", best,
+                          (long long)in, (long long)out, (long long)n, layout ? "out_in" : "in_out", bf ? "bf16" : "f32");
+                    if (!layout) /* the scalar loop sums W (out, in) in plain k order */
+                        CHECK(memcmp(y[0], y[2], bytes) == 0, "%s vs portable differ: in %lld out %lld n %lld %s", best,
+                              (long long)in, (long long)out, (long long)n, bf ? "bf16" : "f32");
+                    free(x), free(wf), free(wb), free(b);
+                    for (int p = 0; p < 3; p++) free(y[p]);
+                }
+}
+
 /* The GELU epilogue is the tanh GELU of the plain result. */
 TEST(gemv_gelu_epilogue) {
     enum { IN = 40, OUT = 70, N = 3 };
@@ -131,6 +173,7 @@ TEST(int8_row_quantization) {
 
 int main(void) {
     RUN(gemv_matches_exact_sum_and_gemm);
+    RUN(gemv_paths_agree_bitwise);
     RUN(gemv_gelu_epilogue);
     RUN(int8_row_quantization);
     return anneal_test_summary();

@@ -221,6 +221,64 @@ TEST(non_blocking) {
 }
 
 /* Bad arguments are caught before any transport (so all ranks fail alike, no hang). */
+/* Split by parity: the sub-worlds have the right sizes and ranks, and an all-reduce in
+ * one sums only its own members. */
+TEST(split) {
+    int w = dt_world(), r = dt_rank();
+    anneal_comm *sub = anneal_comm_split(g_comm, r % 2, -r); /* key -r: reversed order */
+    CHECK(sub != NULL, "split: %s", anneal_last_error());
+    if (!sub) return;
+    int members = (w + 1 - r % 2) / 2; /* ranks with the same parity */
+    CHECK(anneal_comm_size(sub) == members, "sub size %d, want %d", anneal_comm_size(sub), members);
+    /* reversed key: the highest rank of the color is rank 0 of the sub-world */
+    int above = 0;
+    for (int q = r + 1; q < w; q++) above += q % 2 == r % 2;
+    CHECK(anneal_comm_rank(sub) == above, "sub rank %d, want %d", anneal_comm_rank(sub), above);
+    float v = (float)(r + 1), want = 0;
+    for (int q = 0; q < w; q++) if (q % 2 == r % 2) want += (float)(q + 1);
+    CHECK_TRUE(anneal_comm_allreduce(sub, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM) == ANNEAL_OK);
+    CHECK(v == want, "sub all-reduce %g, want %g", v, want);
+    anneal_comm_free(sub);
+    CHECK_TRUE(anneal_comm_split(g_comm, -1, 0) == NULL);
+}
+
+/* A ring: each rank sends its values to the next and receives the previous rank's, with
+ * the blocking calls and the non-blocking ones; a world of one has no peer. */
+TEST(send_recv) {
+    int w = dt_world(), r = dt_rank();
+    if (w == 1) {
+        float x = 1;
+        CHECK_TRUE(anneal_comm_send(g_comm, &x, 1, ANNEAL_F32, 0, 0) == ANNEAL_ERR_ARG);
+        CHECK_TRUE(anneal_comm_recv(g_comm, &x, 1, ANNEAL_F32, 0, 0) == ANNEAL_ERR_ARG);
+        return;
+    }
+    enum { N = 1037 };
+    float out[N], in[N];
+    for (int i = 0; i < N; i++) out[i] = (float)(r * 10000 + i);
+    int next = (r + 1) % w, prev = (r + w - 1) % w;
+    anneal_comm_request *rr = NULL, *sr = NULL;
+    CHECK_TRUE(anneal_comm_recv_start(g_comm, in, N, ANNEAL_F32, prev, 7, &rr) == ANNEAL_OK);
+    CHECK_TRUE(anneal_comm_send_start(g_comm, out, N, ANNEAL_F32, next, 7, &sr) == ANNEAL_OK);
+    CHECK_TRUE(anneal_comm_wait(sr) == ANNEAL_OK);
+    CHECK_TRUE(anneal_comm_wait(rr) == ANNEAL_OK);
+    bool ok = true;
+    for (int i = 0; i < N; i++) ok &= in[i] == (float)(prev * 10000 + i);
+    CHECK(ok, "ring (non-blocking): wrong values from rank %d", prev);
+    /* blocking: even ranks send first, odd ranks receive first (no deadlock for any w) */
+    int32_t a = r, b = -1;
+    if (r % 2 == 0) {
+        if (r + 1 < w) CHECK_TRUE(anneal_comm_send(g_comm, &a, 1, ANNEAL_I32, r + 1, 3) == ANNEAL_OK);
+        if (r + 1 < w) CHECK_TRUE(anneal_comm_recv(g_comm, &b, 1, ANNEAL_I32, r + 1, 4) == ANNEAL_OK);
+        if (r + 1 < w) CHECK(b == r + 1, "got %d from %d", (int)b, r + 1);
+    } else {
+        CHECK_TRUE(anneal_comm_recv(g_comm, &b, 1, ANNEAL_I32, r - 1, 3) == ANNEAL_OK);
+        CHECK_TRUE(anneal_comm_send(g_comm, &a, 1, ANNEAL_I32, r - 1, 4) == ANNEAL_OK);
+        CHECK(b == r - 1, "got %d from %d", (int)b, r - 1);
+    }
+    CHECK_TRUE(anneal_comm_send(g_comm, &a, 1, ANNEAL_I32, r, 0) == ANNEAL_ERR_ARG);    /* itself */
+    CHECK_TRUE(anneal_comm_send(g_comm, &a, 1, ANNEAL_I32, next, 40000) == ANNEAL_ERR_ARG); /* tag */
+}
+
 TEST(argument_errors) {
     float x[4] = {0};
     anneal_clear_error();
@@ -247,6 +305,8 @@ static void run_all(void) {
     RUN(all_gather);
     RUN(broadcast);
     RUN(non_blocking);
+    RUN(split);
+    RUN(send_recv);
     RUN(argument_errors);
 }
 
