@@ -275,7 +275,7 @@ GEMV_AVX2 GEMV_INLINE void in_out_vec8(const char *rows, size_t ld, int kb, cons
 /* W (in, out), columns [j0, j1): range_in_out in 8-column vectors. */
 GEMV_AVX2 GEMV_INLINE void range_in_out8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1, const bool BF) {
-    enum { KB = 4, STRIP = 1024 };
+    enum { KB = 4, STRIP = 1024, PF = 4 };
     const size_t es = BF ? 2 : 4;
     const int64_t in = w->in;
     const size_t ld = (size_t)w->out * es;
@@ -287,8 +287,15 @@ GEMV_AVX2 GEMV_INLINE void range_in_out8(const anneal_gemv_weight *w, const floa
             const int kb = (int)(in - k0 < KB ? in - k0 : KB);
             const char *rows = (const char *)w->w + ((size_t)k0 * (size_t)w->out) * es;
             if (kb == KB) {
-                for (int64_t c = s0; c < full; c += 8)
+                /* the rows PF blocks ahead, a cache line at a time: W is read as short
+                 * row pieces far apart, which the hardware prefetchers follow late */
+                const bool pf = k0 + (PF + 1) * KB <= in;
+                const char *ahead = rows + (size_t)(PF * KB) * ld;
+                for (int64_t c = s0; c < full; c += 8) {
+                    if (pf && (((size_t)(c - s0) * es) & 63) == 0)
+                        for (int i = 0; i < KB; i++) _mm_prefetch(ahead + i * ld + (size_t)c * es, _MM_HINT_T0);
                     in_out_vec8(rows + (size_t)c * es, ld, KB, x + k0, ldx, n, y + c, ldy, BF, 8);
+                }
             } else {
                 for (int64_t c = s0; c < full; c += 8)
                     in_out_vec8(rows + (size_t)c * es, ld, kb, x + k0, ldx, n, y + c, ldy, BF, 8);

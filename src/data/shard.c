@@ -180,7 +180,10 @@ anneal_status anneal_shard_open(const char *path, bool verify_checksum, anneal_s
     unsigned char h[SHARD_HEADER_SIZE] = {0};
     size_t hn = size < SHARD_HEADER_SIZE ? (size_t)size : SHARD_HEADER_SIZE, got = 0;
     while (got < hn) {
-        ssize_t r = pread(fd, h + got, hn - got, (off_t)got);
+        /* hn <= sizeof h; the explicit bound keeps gcc 13's -Wstringop-overflow (which
+         * cannot see it through the loop) quiet on the GPU machine's compiler */
+        size_t want = hn - got < sizeof h - got ? hn - got : sizeof h - got;
+        ssize_t r = pread(fd, h + got, want, (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             anneal_status s = anneal_set_error(ANNEAL_ERR_IO, "%s: cannot read header: %s", path,
