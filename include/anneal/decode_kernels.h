@@ -3,7 +3,8 @@
  * weights, streamed once per call and split over the output columns between threads,
  * and the attention of one new token per KV-cache slot reading the cache's stored dtype
  * (f32, bf16 or int8) directly. The decode engine (src/models/decode_engine.c) runs a
- * model's decode step with them; nothing here allocates. */
+ * model's decode step with them; nothing here allocates but the int8 product's
+ * workspace. */
 #ifndef ANNEAL_DECODE_KERNELS_H
 #define ANNEAL_DECODE_KERNELS_H
 
@@ -15,11 +16,18 @@ extern "C" {
 
 /* A weight matrix as the GEMV reads it. */
 typedef struct anneal_gemv_weight {
-    const void *w;     /* f32 or bf16 (ANNEAL_BF16: raw uint16 bf16 values) */
+    const void *w;     /* f32, bf16 (ANNEAL_BF16: raw uint16 bf16 values) or int8 (ANNEAL_I8) */
     anneal_dtype dtype;
-    bool out_in;       /* true: W is (out, in) row-major (torch Linear); false: (in, out) (GPT-2 Conv1D) */
+    bool out_in;       /* true: W is (out, in) row-major (torch Linear); false: (in, out) (GPT-2 Conv1D);
+                        * int8 weights are always (out, in) */
     int64_t in, out;
     const float *bias; /* (out) f32, or NULL */
+    /* int8 weights only: the quantized dense product of the tensor path, same kernel */
+    anneal_quant_mode qmode;   /* WEIGHT_ONLY, DYNAMIC or STATIC */
+    anneal_dtype qcompute;     /* weight-only: ANNEAL_F32 or ANNEAL_BF16 (x rounded to bf16) */
+    int64_t qgroup;            /* weight-only group size, 0: one scale per output row */
+    const float *qscale;       /* (out) or (out, in / qgroup) */
+    float qact_scale;          /* static: the activations' scale */
 } anneal_gemv_weight;
 
 /* Epilogues of anneal_gemv. */
@@ -28,13 +36,16 @@ enum {
     ANNEAL_GEMV_GELU_TANH = 1, /* 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))) */
 };
 
-/* y[r, j] = act(sum_k x[r, k] W[k, j] + bias[j]) for r < n rows (any n >= 1; 1..16 is what
+/* int8 weights (dtype ANNEAL_I8) run the CPU backend's quantized dense product on the n
+ * rows (the tensor path's kernel, so the same bits as there), then act; it allocates its
+ * workspace and returns false when it cannot (true otherwise, and for every other dtype).
+ * y[r, j] = act(sum_k x[r, k] W[k, j] + bias[j]) for r < n rows (any n >= 1; 1..16 is what
  * it is made for), x rows ldx floats apart, y rows ldy apart. Each output element is one
  * f32 sum over k in increasing k order (fused multiply-adds; OUT_IN: 16 partial sums over
  * k mod 16 added at the end), bf16 weights widened exactly to f32, so results do not
  * depend on the thread count. Threads (OpenMP, anneal_set_num_threads) take contiguous
  * ranges of output columns: each weight is read from memory once per call. */
-void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+bool anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
                  int act);
 /* The path anneal_gemv takes now: "avx512", "avx2" or "portable" (ANNEAL_CPU_ISA can
  * force a lower one; every x86 path gives the same bits). */

@@ -2,7 +2,8 @@
  * saturate (255 * 127 * 2 > 32767), so this path sign-extends 16 bytes of each operand
  * to int16 (vpmovsxbw) and multiplies with vpmaddwd, whose int32 pair sums cannot
  * overflow (2 * 128 * 128 = 32768): exact. Tiles of 2 rows of A by 4 rows of B
- * (8 accumulators), 16 values of K per step, the K tail in scalar code. */
+ * (8 accumulators; a lone last row of A by itself), 16 values of K per step, the K tail
+ * in scalar code. */
 #include "gemm_int8_internal.h"
 
 #include <immintrin.h>
@@ -17,35 +18,42 @@ AVX2_TARGET static inline int32_t hsum8(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* See gemm_int8_internal.h. */
+/* Rows m, m + 1 (R = 2) or row m alone (R = 1: a last odd row, and every row of a
+ * one-row product such as decoding, which would otherwise compute its row twice) by B
+ * rows n .. n + 3 (clamped), into C. */
+AVX2_TARGET static inline __attribute__((always_inline)) void tile(int64_t m, int R, int64_t n, int64_t n1, int64_t K,
+                                                                   const int8_t *A, int64_t lda, const int8_t *B,
+                                                                   int64_t ldb, int32_t *C, int64_t ldc) {
+    const int64_t kfull = K & ~(int64_t)15;
+    const int8_t *b[4];
+    for (int j = 0; j < 4; j++) b[j] = B + (n + j < n1 ? n + j : n1 - 1) * ldb;
+    const int8_t *a[2] = {A + m * lda, A + (m + R - 1) * lda};
+    __m256i acc[2][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kfull; k += 16) {
+        __m256i av[2];
+        for (int i = 0; i < R; i++) av[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a[i] + k)));
+        for (int j = 0; j < 4; j++) {
+            const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b[j] + k)));
+            for (int i = 0; i < R; i++) acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(av[i], bv));
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4 && n + j < n1; j++) {
+            int32_t s = hsum8(acc[i][j]);
+            for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
+            C[(m + i) * ldc + n + j] = s;
+        }
+}
+
+/* See gemm_int8_internal.h. Tiles of 2 rows of A (a last odd row alone) by 4 of B. */
 AVX2_TARGET void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
                                            const int8_t *A, int64_t lda, const int8_t *B, int64_t ldb, int32_t *C,
                                            int64_t ldc) {
-    const int64_t kfull = K & ~(int64_t)15;
     for (int64_t n = n0; n < n1; n += 4) {
-        const int8_t *b[4];
-        for (int j = 0; j < 4; j++) b[j] = B + (n + j < n1 ? n + j : n1 - 1) * ldb;
-        for (int64_t m = m0; m < m1; m += 2) {
-            const int8_t *a[2];
-            for (int i = 0; i < 2; i++) a[i] = A + (m + i < m1 ? m + i : m1 - 1) * lda;
-            __m256i acc[2][4];
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
-            for (int64_t k = 0; k < kfull; k += 16) {
-                __m256i av[2];
-                for (int i = 0; i < 2; i++)
-                    av[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a[i] + k)));
-                for (int j = 0; j < 4; j++) {
-                    const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b[j] + k)));
-                    for (int i = 0; i < 2; i++) acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(av[i], bv));
-                }
-            }
-            for (int i = 0; i < 2 && m + i < m1; i++)
-                for (int j = 0; j < 4 && n + j < n1; j++) {
-                    int32_t s = hsum8(acc[i][j]);
-                    for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
-                    C[(m + i) * ldc + n + j] = s;
-                }
-        }
+        int64_t m = m0;
+        for (; m + 2 <= m1; m += 2) tile(m, 2, n, n1, K, A, lda, B, ldb, C, ldc);
+        if (m < m1) tile(m, 1, n, n1, K, A, lda, B, ldb, C, ldc);
     }
 }

@@ -427,9 +427,39 @@ const char *anneal_gemv_path_name(void) {
     return p == GEMV_AVX512_PATH ? "avx512" : p == GEMV_AVX2_PATH ? "avx2" : "portable";
 }
 
-void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+/* int8 weights: anneal_cpu_qmatmul on the n rows (x and y gathered into contiguous
+ * buffers when their rows are not), then the epilogue. False when out of memory. */
+static bool gemv_int8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                      int act) {
+    static const int modes[] = {[ANNEAL_QUANT_WEIGHT_ONLY] = ANNEAL_CPU_QUANT_WEIGHT_ONLY,
+                                [ANNEAL_QUANT_DYNAMIC] = ANNEAL_CPU_QUANT_DYNAMIC,
+                                [ANNEAL_QUANT_STATIC] = ANNEAL_CPU_QUANT_STATIC};
+    if (w->qmode < ANNEAL_QUANT_WEIGHT_ONLY || w->qmode > ANNEAL_QUANT_STATIC) return false;
+    const bool gx = n > 1 && ldx != w->in, gy = n > 1 && ldy != w->out;
+    float *xb = gx ? malloc((size_t)(n * w->in) * sizeof *xb) : NULL;
+    float *yb = gy ? malloc((size_t)(n * w->out) * sizeof *yb) : NULL;
+    bool ok = (!gx || xb) && (!gy || yb);
+    if (ok && gx)
+        for (int64_t r = 0; r < n; r++) memcpy(xb + r * w->in, x + r * ldx, (size_t)w->in * sizeof *xb);
+    anneal_cpu_qmatmul_args a = {.mode = modes[w->qmode], .compute = (int)w->qcompute, .M = n, .N = w->out,
+                                 .K = w->in, .group = w->qgroup, .x = gx ? xb : x, .w = w->w, .wscale = w->qscale,
+                                 .bias = w->bias, .act_scale = w->qact_scale, .y = gy ? yb : y};
+    ok = ok && anneal_cpu_qmatmul(&a) == 0;
+    for (int64_t r = 0; ok && r < n; r++) {
+        float *yr = y + r * ldy;
+        if (gy) memcpy(yr, yb + r * w->out, (size_t)w->out * sizeof *yr);
+        if (act != ANNEAL_GEMV_NONE)
+            for (int64_t j = 0; j < w->out; j++) yr[j] = epilogue(yr[j], act);
+    }
+    free(xb);
+    free(yb);
+    return ok;
+}
+
+bool anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
                  int act) {
-    if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return;
+    if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return true;
+    if (w->dtype == ANNEAL_I8) return gemv_int8(w, x, ldx, n, y, ldy, act);
     /* threads only pay off past ~64K multiply-adds */
     const bool par = w->out > 16 && w->in * w->out * n >= 65536;
     const int path = gemv_path();
@@ -457,7 +487,7 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
             int64_t j0 = it * OUT_ROWS, j1 = j0 + OUT_ROWS < w->out ? j0 + OUT_ROWS : w->out;
             gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
         }
-        return;
+        return true;
     }
     /* W (in, out): each thread a contiguous range of 16-column groups */
     const int64_t groups = (w->out + 15) / 16;
@@ -481,6 +511,7 @@ void anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
                 gemv_scalar(w, x, ldx, n, y, ldy, act, j0, j1);
         }
     }
+    return true;
 }
 
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n) {

@@ -105,6 +105,7 @@ static engine *engine_get(anneal_model *m, anneal_kv_cache *kv) {
 
 /* The bf16 copy of f32 matrix w (made on first use); false when out of memory. */
 static bool to_bf16(engine *e, anneal_gemv_weight *w) {
+    if (w->dtype == ANNEAL_I8) w->qcompute = ANNEAL_BF16; /* weight-only rounds x, as the tensor path */
     if (!w->w || w->dtype != ANNEAL_F32) return true;
     for (int i = 0; i < e->n_copies; i++)
         if (e->copies[i].src == w->w) {
@@ -160,6 +161,15 @@ static void residual(float *x, const float *a, int64_t count) {
     for (int64_t i = 0; i < count; i++) x[i] += a[i];
 }
 
+/* One GEMV of the step; an int8 product that finds no memory for its workspace ends the
+ * step with an error before the cache advances (the rows written past the slots' ends
+ * are overwritten by the next step). */
+#define GEMV(...)                                                                                            \
+    do {                                                                                                   \
+        if (!anneal_gemv(__VA_ARGS__))                                                                     \
+            return anneal_set_error(ANNEAL_ERR_OOM, "decode step: no memory for an int8 product's workspace"); \
+    } while (0)
+
 static _Atomic int64_t steps_run;
 
 int64_t anneal_decode_engine_steps(void) { return steps_run; }
@@ -190,11 +200,11 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
         if (anneal_kv_cache_raw(kv, l, &cl) != ANNEAL_OK) return anneal_last_status();
         norm(p, n, e->x, b->n1_w, b->n1_b, e->h);
         if (b->k.w) {
-            anneal_gemv(&b->q, e->h, C, n, e->qkv, W, ANNEAL_GEMV_NONE);
-            anneal_gemv(&b->k, e->h, C, n, e->qkv + Hq * D, W, ANNEAL_GEMV_NONE);
-            anneal_gemv(&b->v, e->h, C, n, e->qkv + (Hq + Hkv) * D, W, ANNEAL_GEMV_NONE);
+            GEMV(&b->q, e->h, C, n, e->qkv, W, ANNEAL_GEMV_NONE);
+            GEMV(&b->k, e->h, C, n, e->qkv + Hq * D, W, ANNEAL_GEMV_NONE);
+            GEMV(&b->v, e->h, C, n, e->qkv + (Hq + Hkv) * D, W, ANNEAL_GEMV_NONE);
         } else {
-            anneal_gemv(&b->q, e->h, C, n, e->qkv, W, ANNEAL_GEMV_NONE);
+            GEMV(&b->q, e->h, C, n, e->qkv, W, ANNEAL_GEMV_NONE);
         }
         anneal_decode_attn at = {.n = n, .slots = slots, .pos = e->pos, .q = e->qkv, .k = e->qkv + Hq * D,
                                  .v = e->qkv + (Hq + Hkv) * D, .ld_qkv = W, .Hq = Hq, .Hkv = Hkv, .D = D,
@@ -202,21 +212,21 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
                                  .v_scale = cl.v_scale, .dtype = cl.dtype, .max_len = cl.max_len, .out = e->att,
                                  .ld_out = Hq * D, .scratch = e->scratch};
         anneal_decode_attention(&at);
-        anneal_gemv(&b->o, e->att, Hq * D, n, e->a, C, ANNEAL_GEMV_NONE);
+        GEMV(&b->o, e->att, Hq * D, n, e->a, C, ANNEAL_GEMV_NONE);
         residual(e->x, e->a, n * C);
         norm(p, n, e->x, b->n2_w, b->n2_b, e->h);
-        anneal_gemv(&b->fc, e->h, C, n, e->f, F, ANNEAL_GEMV_NONE);
+        GEMV(&b->fc, e->h, C, n, e->f, F, ANNEAL_GEMV_NONE);
         if (b->up.w) {
-            anneal_gemv(&b->up, e->h, C, n, e->u, F, ANNEAL_GEMV_NONE);
+            GEMV(&b->up, e->h, C, n, e->u, F, ANNEAL_GEMV_NONE);
             anneal_decode_silu_mul(n * F, e->f, e->u);
         } else {
             anneal_decode_gelu_tanh(n * F, e->f);
         }
-        anneal_gemv(&b->down, e->f, F, n, e->a, C, ANNEAL_GEMV_NONE);
+        GEMV(&b->down, e->f, F, n, e->a, C, ANNEAL_GEMV_NONE);
         residual(e->x, e->a, n * C);
     }
     norm(p, n, e->x, p->nf_w, p->nf_b, e->h);
-    anneal_gemv(&p->head, e->h, C, n, out, p->V, ANNEAL_GEMV_NONE);
+    GEMV(&p->head, e->h, C, n, out, p->V, ANNEAL_GEMV_NONE);
     for (int64_t i = 0; i < n; i++) anneal_kv_cache_slot_advance(kv, slots[i], 1);
     steps_run++;
     return ANNEAL_OK;

@@ -4,13 +4,24 @@
 #include "decode_engine.h"
 
 bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w) {
-    /* LoRA and int8 layers (whose weight is a zero view) take the tensor forward */
-    if (!d || !d->weight || d->lora || d->quant) return false;
+    /* LoRA layers take the tensor forward */
+    if (!d || !d->weight || d->lora) return false;
+    if (d->bias && (d->bias->dtype != ANNEAL_F32 || !anneal_is_contiguous(d->bias))) return false;
+    const float *bias = d->bias ? anneal_data(d->bias) : NULL;
+    if (d->quant) { /* int8: the quantized product, as the tensor path runs it */
+        const anneal_nn_quant *q = d->quant;
+        if (!q->active || !q->weight || !q->scale || q->weight->dtype != ANNEAL_I8 || q->scale->dtype != ANNEAL_F32 ||
+            !anneal_is_contiguous(q->weight) || !anneal_is_contiguous(q->scale) || q->weight->device != ANNEAL_CPU ||
+            q->weight->ndim != 2 || q->weight->shape[0] != d->out || q->weight->shape[1] != d->in)
+            return false;
+        *w = (anneal_gemv_weight){.w = anneal_data(q->weight), .dtype = ANNEAL_I8, .out_in = true, .in = d->in,
+                                  .out = d->out, .bias = bias, .qmode = q->mode, .qcompute = ANNEAL_F32,
+                                  .qgroup = q->group, .qscale = anneal_data(q->scale), .qact_scale = q->act_scale};
+        return true;
+    }
     if (!anneal_is_contiguous(d->weight) || d->weight->device != ANNEAL_CPU) return false;
     if (d->weight->dtype != ANNEAL_F32 && d->weight->dtype != ANNEAL_BF16) return false;
-    if (d->bias && (d->bias->dtype != ANNEAL_F32 || !anneal_is_contiguous(d->bias))) return false;
     *w = (anneal_gemv_weight){.w = anneal_data(d->weight), .dtype = d->weight->dtype,
-                              .out_in = d->layout == ANNEAL_WEIGHT_OUT_IN, .in = d->in, .out = d->out,
-                              .bias = d->bias ? anneal_data(d->bias) : NULL};
+                              .out_in = d->layout == ANNEAL_WEIGHT_OUT_IN, .in = d->in, .out = d->out, .bias = bias};
     return true;
 }
