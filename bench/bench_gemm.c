@@ -341,7 +341,7 @@ int main(int argc, char **argv) {
         float *bias = malloc(sizeof(float) * N), *pre = malloc(sizeof(float) * M * N);
         if (!bias || !pre) return 1;
         fill(bias, (size_t)N, 5);
-        anneal_gemm_epilogue ep = {bias, true, pre, NULL};
+        anneal_gemm_epilogue ep = {.bias = bias, .gelu_tanh = true, .pre = pre};
         printf("%-6lld %-6lld %-6lld %-15s %s  ", (long long)M, (long long)N, (long long)K,
                "+bias+GELU+pre", "NN");
         for (int d = 0; d < 3; d++) {
