@@ -146,7 +146,8 @@ AVX2_TARGET static void pack_avx2(const float *src, int64_t stride, bool lanes_c
             for (int64_t k0 = 0; k0 < kc; k0 += 8) {
                 const int64_t nk = kc - k0 < 8 ? kc - k0 : 8;
                 float t[8];
-                _mm256_storeu_ps(t, round_vec8(_mm256_maskload_ps(s + k0, first8(nk)), round));
+                _mm256_storeu_ps(t, round_vec8(nk == 8 ? _mm256_loadu_ps(s + k0) : _mm256_maskload_ps(s + k0, first8(nk)),
+                                               round));
                 for (int64_t i = 0; i < nk; i++) d[(k0 + i) * width + l] = t[i];
             }
         }
