@@ -290,6 +290,7 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
+    if (st == ANNEAL_OK) st = anneal_train_det_attach(t); /* --deterministic: the ordered combine */
     st = anneal_train_dist_agree(t, st, "setting up the gradient sync");
     if (st != ANNEAL_OK) return st;
     /* a new run: every rank starts from rank 0's weights (the same seed gives the same
@@ -432,6 +433,7 @@ void anneal_train_dist_print_header(trainer *t) {
 }
 
 void anneal_train_dist_teardown(trainer *t) {
+    anneal_train_det_free(t); /* its comm hook goes before the sync */
     anneal_powersgd_free(t->psgd);
     t->psgd = NULL;
     if (t->ddp) anneal_ddp_free(t->ddp);
