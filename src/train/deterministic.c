@@ -141,6 +141,16 @@ void anneal_train_det_print_header(trainer *t) {
                          (long long)(t->rank * ml + ml - 1), anneal_get_num_threads());
 }
 
+/* True on every rank when any rank's flag is set (anneal_train_dist_any's sum; dist.c
+ * calls this file, so this file does not call dist.c). */
+static anneal_status any_rank(trainer *t, bool *flag) {
+    if (!t->comm || t->world <= 1) return ANNEAL_OK;
+    float v = *flag ? 1.0f : 0.0f;
+    anneal_status st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM);
+    if (st == ANNEAL_OK) *flag = v > 0;
+    return st;
+}
+
 /* ceil(log2 m) for m >= 1. */
 static int ceil_log2(int64_t m) {
     int k = 0;
@@ -213,7 +223,7 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     for (int64_t i = 0; i < ml && st == ANNEAL_OK; i++) {
         if (i > 0) { /* a stop request between micro-batches abandons the step, as in loop.c */
             bool stop = anneal_train_stop_requested(NULL);
-            if ((st = anneal_train_dist_any(t, &stop)) != ANNEAL_OK) break;
+            if ((st = any_rank(t, &stop)) != ANNEAL_OK) break;
             if (stop) {
                 abandoned = true;
                 break;
