@@ -4,7 +4,8 @@
  * and the losses as f32 bits), and the same final parameters and optimizer state
  * bytes; with dropout on and clipping active, on synthetic tokens and on token shards
  * through the loader (shuffled). A run stopped at step 10 on 4 ranks and resumed on 2
- * ends with the bits of the straight run. Settings it cannot honour are refused with a
+ * ends with the bits of the straight run; 3 and 6 ranks over 6 micro-batches give the
+ * one-process bits too. Settings it cannot honour are refused with a
  * message that says why, before a run directory is made.
  *
  * Without --deterministic the same layouts differ (printed, not asserted: DDP's
@@ -132,22 +133,22 @@ static char *ckpt_file(const char *run, const char *name, size_t *n) {
 /* run and ref: the same losses and gradient norms on steps 1..STEPS (the doubles'
  * bits, and the losses' f32 bits), the same parameters and AdamW state (file bytes:
  * the safetensors hold the f32 bits). */
-static void check_identical(const char *run, const char *ref) {
+static void check_identical_n(const char *run, const char *ref, int steps) {
     double a[64], b[64], na[64], nb[64];
     int ha = field_of(run, "loss", a), hb = field_of(ref, "loss", b);
     field_of(run, "grad_norm", na);
     field_of(ref, "grad_norm", nb);
-    CHECK(ha == STEPS && hb == STEPS, "%s has %d steps, %s %d: want %d", run, ha, ref, hb, STEPS);
+    CHECK(ha == steps && hb == steps, "%s has %d steps, %s %d: want %d", run, ha, ref, hb, steps);
     int same = 0, same_f32 = 0, same_norm = 0;
-    for (int i = 0; i < STEPS; i++) {
+    for (int i = 0; i < steps; i++) {
         float fa = (float)a[i], fb = (float)b[i];
         same += memcmp(&a[i], &b[i], sizeof a[i]) == 0 && isfinite(a[i]);
         same_f32 += memcmp(&fa, &fb, sizeof fa) == 0;
         same_norm += memcmp(&na[i], &nb[i], sizeof na[i]) == 0;
     }
     printf("    %s vs %s: %d/%d losses bit-identical (f64), %d/%d as f32, %d/%d gradient norms; loss %.6f -> %.6f\n",
-           run, ref, same, STEPS, same_f32, STEPS, same_norm, STEPS, b[0], b[STEPS - 1]);
-    CHECK(same == STEPS && same_f32 == STEPS && same_norm == STEPS, "%s and %s: losses or norms differ", run, ref);
+           run, ref, same, steps, same_f32, steps, same_norm, steps, b[0], b[steps - 1]);
+    CHECK(same == steps && same_f32 == steps && same_norm == steps, "%s and %s: losses or norms differ", run, ref);
     const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
     for (int k = 0; k < 2; k++) {
         size_t n1, n2;
@@ -158,6 +159,8 @@ static void check_identical(const char *run, const char *ref) {
         free(y);
     }
 }
+
+static void check_identical(const char *run, const char *ref) { check_identical_n(run, ref, STEPS); }
 
 static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
 #define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
@@ -241,6 +244,17 @@ TEST(resume_on_another_world_size) {
     check_identical("r42", "d1");
 }
 
+/* W need not be a power of two when M / W is: M = 6 over 3 and 6 ranks (blocks of 2
+ * and 1) gives the one-process bits (the tree over 6 leaves: ((x0+x1)+(x2+x3)) + (x4+x5)). */
+TEST(three_and_six_ranks) {
+    NEED_MPI();
+    REQUIRE(train(0, "t1", "--accum 6 --steps 6", true) == 0);
+    REQUIRE(train(3, "t3", "--accum 6 --steps 6", true) == 0);
+    REQUIRE(train(6, "t6", "--accum 6 --steps 6", true) == 0);
+    check_identical_n("t3", "t1", 6);
+    check_identical_n("t6", "t1", 6);
+}
+
 /* A refused combination: the run fails with msg in its output and makes no run
  * directory. */
 static void refused(int np, const char *run, const char *extra, const char *msg) {
@@ -292,6 +306,7 @@ int main(void) {
     RUN(bit_identical_for_1_2_4_ranks);
     RUN(bit_identical_on_shards);
     RUN(resume_on_another_world_size);
+    RUN(three_and_six_ranks);
     RUN(refusals);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
