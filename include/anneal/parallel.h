@@ -280,12 +280,15 @@ anneal_status anneal_det_tree_push(anneal_det_tree *t, const float *x);
  * the tree is empty again (its buffers are kept for the next sum). */
 anneal_status anneal_det_tree_finish(anneal_det_tree *t, float *out);
 int64_t anneal_det_tree_leaves(const anneal_det_tree *t);
+/* Bytes of the partial sums it holds (at most log2(leaves) + 1 leaves' worth, kept). */
+int64_t anneal_det_tree_memory_bytes(const anneal_det_tree *t);
 /* blocks holds w leaves of n floats one after another: their tree sum into block 0. */
 void anneal_det_combine_blocks(float *blocks, int w, int64_t n);
 /* The tree sum of n doubles. */
 double anneal_det_sum_f64(const double *x, int64_t n);
 /* Collective: buf (n floats on every rank) becomes the tree over the ranks' buffers in
- * rank order (all-gather, then the tree on every rank): the same bits on every rank. */
+ * rank order, the same bits on every rank (a world of 2^k: a butterfly of point-to-point
+ * exchanges, tag 31007; otherwise an all-gather and the tree on every rank). */
 anneal_status anneal_det_allreduce(anneal_comm *c, float *buf, int64_t n);
 /* The same for one double. */
 anneal_status anneal_det_allreduce_f64(anneal_comm *c, double *x);
@@ -295,7 +298,7 @@ anneal_status anneal_det_allreduce_f64(anneal_comm *c, double *x);
 typedef struct anneal_det_sync anneal_det_sync;
 anneal_det_sync *anneal_det_sync_new(anneal_ddp *d);
 void anneal_det_sync_free(anneal_det_sync *s);
-/* Bytes of its gather buffer (world x the largest bucket). */
+/* Bytes of its scratch (the largest bucket; x world when the world is not 2^k). */
 int64_t anneal_det_sync_memory_bytes(const anneal_det_sync *s);
 
 #ifdef __cplusplus

@@ -15,10 +15,12 @@
  * W block sums" performs exactly the additions of the tree over all M leaves, in the
  * same order, and gives the same bits for every W (tests/parallel/test_det_reduce.c).
  *
- * Across ranks the block sums are all-gathered (bit-exact copies) and every rank runs
- * the tree over them itself: MPI_Allreduce is not used, since its order depends on the
- * world size, the algorithm MPI picks and the message size. The cost: each rank
- * receives W x n floats instead of about 2n, and the tree runs on every rank. */
+ * Across ranks every rank computes the tree over the block sums itself, from bit-exact
+ * copies: MPI_Allreduce is not used, since its order depends on the world size, the
+ * algorithm MPI picks and the message size. W a power of two: a butterfly (log2 W
+ * exchanges of n floats with rank r ^ 2^k, each side adding lower + upper group), n
+ * floats of scratch; other W: an all-gather (W x n received and held) and the tree on
+ * every rank. */
 #include "anneal/parallel.h"
 
 #include <stdlib.h>
@@ -107,6 +109,12 @@ anneal_status anneal_det_tree_finish(anneal_det_tree *t, float *out) {
 
 int64_t anneal_det_tree_leaves(const anneal_det_tree *t) { return t ? t->leaves : 0; }
 
+int64_t anneal_det_tree_memory_bytes(const anneal_det_tree *t) {
+    int64_t b = 0;
+    for (int i = 0; t && i < MAX_LEVELS; i++) b += t->buf[i] ? t->n * (int64_t)sizeof(float) : 0;
+    return b;
+}
+
 /* ------------------------------------------------- the tree over blocks in place */
 
 void anneal_det_combine_blocks(float *blocks, int w, int64_t n) {
@@ -142,14 +150,42 @@ double anneal_det_sum_f64(const double *x, int64_t n) {
 
 /* ------------------------------------------------------------- across ranks */
 
-/* Gathers every rank's n floats into scratch (size * n) and leaves the tree over them
- * in buf. */
+#define DET_TAG 31007 /* point-to-point tag of the butterfly (0 <= tag < 32768) */
+
+static bool is_pow2(int w) { return w > 0 && (w & (w - 1)) == 0; }
+
+/* Floats of scratch the combine of n floats needs over w ranks. */
+static int64_t scratch_need(int w, int64_t n) { return is_pow2(w) ? n : (int64_t)w * n; }
+
+/* Leaves the tree over every rank's n floats (rank order) in buf, on every rank.
+ * W a power of two: a butterfly, log2 W rounds; in round k rank r swaps its group's
+ * sum with rank r ^ k's and both compute lower group + upper group (the same operands
+ * in the same order: the same bits), which is the complete tree's node over the two
+ * groups. Scratch: n floats. Otherwise: all-gather into scratch (W x n) and the tree
+ * over the W blocks on every rank. */
 static anneal_status gather_combine(anneal_comm *c, float *buf, int64_t n, float *scratch) {
-    int w = anneal_comm_size(c);
-    anneal_status s = anneal_comm_all_gather(c, buf, scratch, n, ANNEAL_F32);
-    if (s != ANNEAL_OK) return s;
-    anneal_det_combine_blocks(scratch, w, n);
-    memcpy(buf, scratch, (size_t)n * sizeof(float));
+    int w = anneal_comm_size(c), r = anneal_comm_rank(c);
+    if (!is_pow2(w)) {
+        anneal_status s = anneal_comm_all_gather(c, buf, scratch, n, ANNEAL_F32);
+        if (s != ANNEAL_OK) return s;
+        anneal_det_combine_blocks(scratch, w, n);
+        memcpy(buf, scratch, (size_t)n * sizeof(float));
+        return ANNEAL_OK;
+    }
+    for (int k = 1; k < w; k <<= 1) {
+        int peer = r ^ k;
+        anneal_comm_request *rq = NULL, *sq = NULL;
+        anneal_status s = anneal_comm_recv_start(c, scratch, n, ANNEAL_F32, peer, DET_TAG, &rq);
+        if (s == ANNEAL_OK) s = anneal_comm_send_start(c, buf, n, ANNEAL_F32, peer, DET_TAG, &sq);
+        anneal_status ws = anneal_comm_wait(sq), wr = anneal_comm_wait(rq); /* never leave MPI writing */
+        if (s == ANNEAL_OK) s = ws != ANNEAL_OK ? ws : wr;
+        if (s != ANNEAL_OK) return s;
+        if (r & k) { /* the peer's group is the left one: buf = peer + buf */
+            for (int64_t i = 0; i < n; i++) buf[i] = scratch[i] + buf[i];
+        } else {
+            add_into(buf, scratch, n);
+        }
+    }
     return ANNEAL_OK;
 }
 
@@ -157,7 +193,7 @@ anneal_status anneal_det_allreduce(anneal_comm *c, float *buf, int64_t n) {
     if (!c || (!buf && n > 0)) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_det_allreduce: NULL argument");
     int w = anneal_comm_size(c);
     if (w == 1 || n == 0) return ANNEAL_OK;
-    float *scratch = malloc((size_t)w * (size_t)n * sizeof(float));
+    float *scratch = malloc((size_t)scratch_need(w, n) * sizeof(float));
     if (!scratch) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory for a deterministic all-reduce");
     anneal_status s = gather_combine(c, buf, n, scratch);
     free(scratch);
@@ -189,7 +225,7 @@ struct anneal_det_sync {
 static anneal_status det_hook(void *user, anneal_ddp *d, int k, float *buf) {
     anneal_det_sync *s = user;
     anneal_comm *c = anneal_ddp_comm(d);
-    int64_t n = anneal_ddp_bucket(d, k).numel, need = n * anneal_comm_size(c);
+    int64_t n = anneal_ddp_bucket(d, k).numel, need = scratch_need(anneal_comm_size(c), n);
     if (anneal_comm_size(c) == 1 || n == 0) return ANNEAL_OK;
     if (need > s->cap) {
         float *p = realloc(s->scratch, (size_t)need * sizeof(float));

@@ -364,7 +364,8 @@ static void memory_of(trainer *t, double out[3]) {
         anneal_ddp_memory m = anneal_ddp_memory_get(t->ddp);
         out[0] = (double)m.param_bytes;
         /* PowerSGD's error feedback, P, Q and scratch count as gradient memory */
-        out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd));
+        out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd) +
+                          anneal_train_det_memory_bytes(t)); /* --deterministic: its sums and buffers */
         int64_t owned = t->cfg.zero > 0 ? anneal_ddp_shard_numel(t->ddp) : n;
         out[2] = (double)owned * 2.0 * sizeof(float); /* AdamW: exp_avg + exp_avg_sq */
         if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */

@@ -230,6 +230,9 @@ int64_t anneal_train_det_rows(const trainer *t);
 anneal_status anneal_train_det_attach(trainer *t);
 /* The start line's note (nothing when off). */
 void anneal_train_det_print_header(trainer *t);
+/* Bytes it holds: the partial sums, the flat gradient, the sync's gather buffer, the
+ * step's rows (counted as gradient memory in the distributed report). */
+int64_t anneal_train_det_memory_bytes(const trainer *t);
 /* The forward and backward half of a step: the rank's micro-batches, their gradients
  * tree-summed into .grad (the sync is armed to combine the ranks'), *loss the mean
  * loss of the step's M micro-batches (the same bits on every rank and layout). */

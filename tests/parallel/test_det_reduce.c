@@ -1,10 +1,13 @@
 /* The deterministic reduction (src/parallel/det_reduce.c): the tree over M leaves gives
  * the same bits when its leaves are split into W blocks of M/W (a power of two) summed
  * by W ranks and the block sums combined - for every valid (M, W), in one process and
- * across real ranks (worlds 1, 2 and 4 under mpirun), through the gradient sync's comm
+ * across real ranks (worlds 1, 2, 3 and 4 under mpirun), through the gradient sync's comm
  * hook on a tiny GPT-2's gradients. The tree is not the naive left-to-right sum: on
  * inputs that make float rounding order-dependent the two differ, so these checks
- * could fail if the combine fell back to any other order. */
+ * fail if the combine takes another order (tried: summing the gathered blocks left to
+ * right fails both cross-rank tests at world 4). OpenMPI's MPI_Allreduce on this host
+ * happened to group like the tree at these sizes (recursive doubling), which no MPI
+ * promises; the combine does not rely on it. */
 #include "dist_model.h"
 
 #include <string.h>
@@ -106,18 +109,22 @@ TEST(every_layout_gives_the_same_bits) {
     free(full), free(naive), free(x), free(blocks);
 }
 
-/* Across the ranks of this run (world 1, 2 or 4): M = 8 leaves, rank r sums its block
- * of 8/W, anneal_det_allreduce gives every rank the full tree's bits. */
+/* Leaves of the cross-rank tests: 8, or 6 for 3 ranks (a block of 2 per rank). */
+static int leaves_for_world(void) { return dt_world() == 3 ? 6 : 8; }
+
+/* Across the ranks of this run (world 1, 2, 3 or 4; 2 and 4 take the butterfly, 3 the
+ * all-gather): M leaves, rank r sums its block of M/W, anneal_det_allreduce gives every
+ * rank the full tree's bits. */
 TEST(allreduce_across_ranks) {
     const int64_t n = 1000;
-    const int m = 8, w = dt_world(), per = m / w;
+    const int m = leaves_for_world(), w = dt_world(), per = m / w;
     float *full = malloc((size_t)n * sizeof *full), *mine = malloc((size_t)n * sizeof *mine);
     REQUIRE(full && mine);
     tree_of(0, m, n, full);
     tree_of(dt_rank() * per, per, n, mine);
     CHECK(anneal_det_allreduce(g_comm, mine, n) == ANNEAL_OK, "%s", anneal_last_error());
     CHECK(dt_all(memcmp(mine, full, (size_t)n * 4) == 0), "world %d: the all-reduce is not the full tree", w);
-    double dl[8], want;
+    double dl[8] = {0}, want;
     for (int j = 0; j < m; j++) dl[j] = 1.0 / (j + 3) * (j % 2 ? -1e12 : 1e-3) + j;
     want = anneal_det_sum_f64(dl, m);
     double x = anneal_det_sum_f64(dl + dt_rank() * per, per);
@@ -127,13 +134,13 @@ TEST(allreduce_across_ranks) {
     free(mine);
 }
 
-/* The comm hook on a tiny GPT-2: 8 micro-batches of 3 rows, each rank the tree of its
- * 8/W micro-batch gradients in .grad, anneal_ddp_finish with the hook: every rank holds
+/* The comm hook on a tiny GPT-2: M micro-batches of 24/M rows, each rank the tree of its
+ * M/W micro-batch gradients in .grad, anneal_ddp_finish with the hook: every rank holds
  * the one-process tree over all 8 micro-batch gradients, bit for bit (bucket sizes
  * from one per parameter to one for all). ZeRO stages are refused. */
 TEST(ddp_hook_on_model_gradients) {
     dm_batch(42);
-    const int m = 8, rows = DM_B / m, per = m / dt_world();
+    const int m = leaves_for_world(), rows = DM_B / m, per = m / dt_world();
     anneal_model *ref = dm_model(1);
     REQUIRE(ref);
     int64_t n = anneal_params_numel(ref->params);
@@ -203,6 +210,6 @@ static void run_all(void) {
 }
 
 int main(void) {
-    static const int worlds[] = {2, 4};
-    return dt_main_worlds(run_all, worlds, 2, false);
+    static const int worlds[] = {2, 3, 4};
+    return dt_main_worlds(run_all, worlds, 3, false);
 }
