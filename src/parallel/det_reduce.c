@@ -23,6 +23,7 @@
  * every rank. */
 #include "anneal/parallel.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -261,7 +262,15 @@ anneal_det_sync *anneal_det_sync_new(anneal_ddp *d) {
 
 void anneal_det_sync_free(anneal_det_sync *s) {
     if (!s) return;
-    anneal_ddp_set_comm_hook(s->d, NULL, NULL);
+    /* removing the hook fails only in the middle of a sync (then d is being torn down
+     * too): the error being reported is kept */
+    anneal_status code = anneal_last_status();
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", anneal_last_error());
+    if (anneal_ddp_set_comm_hook(s->d, NULL, NULL) != ANNEAL_OK) {
+        anneal_clear_error();
+        if (code != ANNEAL_OK) anneal_set_error(code, "%s", keep);
+    }
     free(s->scratch);
     free(s);
 }
