@@ -263,6 +263,44 @@ const float *anneal_powersgd_error(const anneal_powersgd *p, int k);
 anneal_status anneal_powersgd_save(const anneal_powersgd *p, const char *path);
 anneal_status anneal_powersgd_load(anneal_powersgd *p, const char *path);
 
+/* ------------------------------- deterministic reduction (det_reduce.c) */
+
+/* Sums in one fixed binary tree (pairwise summation by a stack: a node is left + right,
+ * the left subtree the earlier leaves; what is left at the end is folded from the top).
+ * With M = W * 2^k leaves, the trees of the W blocks of 2^k leaves combined by the tree
+ * over the W block sums (anneal_det_combine_blocks, anneal_det_allreduce) perform the
+ * same additions in the same order as the tree over all M: the same bits for every W. */
+typedef struct anneal_det_tree anneal_det_tree;
+/* A tree over leaves of n floats (NULL + error on failure). */
+anneal_det_tree *anneal_det_tree_new(int64_t n);
+void anneal_det_tree_free(anneal_det_tree *t);
+/* Adds the next leaf (copied or summed in; x is not kept). */
+anneal_status anneal_det_tree_push(anneal_det_tree *t, const float *x);
+/* The tree sum of the leaves pushed since the last finish into out (zeros when none);
+ * the tree is empty again (its buffers are kept for the next sum). */
+anneal_status anneal_det_tree_finish(anneal_det_tree *t, float *out);
+int64_t anneal_det_tree_leaves(const anneal_det_tree *t);
+/* Bytes of the partial sums it holds (at most log2(leaves) + 1 leaves' worth, kept). */
+int64_t anneal_det_tree_memory_bytes(const anneal_det_tree *t);
+/* blocks holds w leaves of n floats one after another: their tree sum into block 0. */
+void anneal_det_combine_blocks(float *blocks, int w, int64_t n);
+/* The tree sum of n doubles. */
+double anneal_det_sum_f64(const double *x, int64_t n);
+/* Collective: buf (n floats on every rank) becomes the tree over the ranks' buffers in
+ * rank order, the same bits on every rank (a world of 2^k: a butterfly of point-to-point
+ * exchanges, tag 31007; otherwise an all-gather and the tree on every rank). */
+anneal_status anneal_det_allreduce(anneal_comm *c, float *buf, int64_t n);
+/* The same for one double. */
+anneal_status anneal_det_allreduce_f64(anneal_comm *c, double *x);
+/* The comm hook of a stage-0 sync d that combines each bucket with anneal_det_allreduce
+ * (the tree sum, not the mean: scale before). ZeRO stages are refused (their gradient
+ * norm is summed per shard). Free it before d. */
+typedef struct anneal_det_sync anneal_det_sync;
+anneal_det_sync *anneal_det_sync_new(anneal_ddp *d);
+void anneal_det_sync_free(anneal_det_sync *s);
+/* Bytes of its scratch (the largest bucket; x world when the world is not 2^k). */
+int64_t anneal_det_sync_memory_bytes(const anneal_det_sync *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -120,6 +120,10 @@ static const option_def defs[] = {
       "instead of RAM: none or optimizer (default none)"}, OFF(offload), 0, 0, 0, 0, NULL},
     {{"offload-dir", ANNEAL_OPT_STRING, "directory of the --offload file, on fast disk (default the run directory)"},
      OFF(offload_dir), 0, 0, 0, 0, NULL},
+    {{"deterministic", ANNEAL_OPT_ONOFF, "losses and parameters bit-identical whatever the number of ranks: a step is "
+      "--accum micro-batches of --batch rows, rank r of W runs accum/W of them (a power of two), gradients and losses "
+      "summed in one fixed binary tree; CPU, --zero 0, no --grad-compress; same --threads per rank (default off)"},
+     OFF(deterministic), 0, 0, 0, 0, NULL},
 };
 #define N_DEFS ((int)(sizeof defs / sizeof defs[0]))
 

@@ -290,6 +290,7 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
+    if (st == ANNEAL_OK) st = anneal_train_det_attach(t); /* --deterministic: the ordered combine */
     st = anneal_train_dist_agree(t, st, "setting up the gradient sync");
     if (st != ANNEAL_OK) return st;
     /* a new run: every rank starts from rank 0's weights (the same seed gives the same
@@ -363,7 +364,8 @@ static void memory_of(trainer *t, double out[3]) {
         anneal_ddp_memory m = anneal_ddp_memory_get(t->ddp);
         out[0] = (double)m.param_bytes;
         /* PowerSGD's error feedback, P, Q and scratch count as gradient memory */
-        out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd));
+        out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd) +
+                          anneal_train_det_memory_bytes(t)); /* --deterministic: its sums and buffers */
         int64_t owned = t->cfg.zero > 0 ? anneal_ddp_shard_numel(t->ddp) : n;
         out[2] = (double)owned * 2.0 * sizeof(float); /* AdamW: exp_avg + exp_avg_sq */
         if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */
@@ -432,6 +434,7 @@ void anneal_train_dist_print_header(trainer *t) {
 }
 
 void anneal_train_dist_teardown(trainer *t) {
+    anneal_train_det_free(t); /* its comm hook goes before the sync */
     anneal_powersgd_free(t->psgd);
     t->psgd = NULL;
     if (t->ddp) anneal_ddp_free(t->ddp);

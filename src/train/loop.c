@@ -51,8 +51,17 @@ static anneal_status read_losses(trainer *t, double *mean) {
 
 static anneal_status optimizer_phase(trainer *t, step_out *o);
 
+/* --deterministic: the micro-batches of deterministic.c, then the same second half. */
+static anneal_status det_step(trainer *t, int64_t step, step_out *o) {
+    anneal_status st = anneal_train_det_micro_batches(t, step, &o->loss);
+    if (st != ANNEAL_OK) return st;
+    o->lr = anneal_schedule_lr(&t->sch, step);
+    return optimizer_phase(t, o);
+}
+
 static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     const anneal_train_config *c = &t->cfg;
+    if (c->deterministic) return det_step(t, step, o);
     anneal_rng_state rs = {(uint64_t)c->seed, (uint64_t)(step + 1) << 40};
     anneal_rng_set(rs);
     anneal_model_set_training(t->model, true);
@@ -131,7 +140,7 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
          * every rank, so every rank takes the same branch below */
         if ((st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
         anneal_train_dist_note_memory(t);
-        if ((st = anneal_train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st;
+        if (!c->deterministic && (st = anneal_train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st; /* det: combined */
         /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
         if ((st = anneal_train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
         st = anneal_ddp_clip_grad_norm(t->ddp, c->clip > 0 ? (float)c->clip : 0.0f, &norm);
@@ -503,6 +512,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     print_header(t);
     anneal_train_memory_limit(t, true); /* --memory-limit (profile.c) */
     anneal_train_dist_print_header(t);
+    anneal_train_det_print_header(t);
     anneal_train_log_start(t);
     if ((fail = anneal_train_dist_report_memory(t, "at start")) != ANNEAL_OK) fail = anneal_train_dist_fatal(t, fail);
     if (t->st.step >= t->total_steps)

@@ -251,7 +251,7 @@ anneal_status anneal_train_create_run_dir(trainer *t) { return create_run_dir(t)
 static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
-        anneal_train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
+        anneal_train_source_open_synthetic(&t->train, anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
         anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
         t->has_val = true;
         return ANNEAL_OK;
@@ -266,7 +266,7 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
         return anneal_set_error(ANNEAL_ERR_IO, "--data %s: no train_*.bin shards (make them with anneal prepare)", c->data);
     /* shards without prepare.json: a prepare that was killed (some shards may be missing) */
     if (anneal_prepare_check_dir(c->data) != ANNEAL_OK) return prefix_error("--data: ");
-    if (anneal_train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
+    if (anneal_train_source_open_loader(&t->train, c->data, "train", anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, c->shuffle, true,
                                  t->rank, t->world) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
         return prefix_error("--data: ");
@@ -512,10 +512,10 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (!c->synthetic && !c->data)
         return USAGE("--data DIR is required (shards from anneal prepare), or --synthetic for generated tokens");
     if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
-    if (c->batch % t->world != 0)
+    if (!c->deterministic && c->batch % t->world != 0)
         return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
                      "split evenly over the ranks)", (long long)c->batch, t->world);
-    t->local_batch = c->batch / t->world;
+    t->local_batch = c->deterministic ? c->batch : c->batch / t->world; /* deterministic.c: whole micro-batches */
     /* --device: where the model trains (cuda:N chooses the GPU before its first use) */
     t->device = ANNEAL_CPU;
     if (anneal_train_device_resolve(c->device, &t->device) != ANNEAL_OK) {
@@ -532,6 +532,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (t->device != ANNEAL_CPU && c->offload && strcmp(c->offload, "none"))
         return USAGE("--offload %s with --device %s: the file-backed optimizer steps CPU parameters only (not built "
                      "for other devices yet)", c->offload, c->device);
+    if (anneal_train_det_check(t) != ANNEAL_OK) return *usage = true, anneal_last_status(); /* --deterministic */
     size_t rows = (size_t)(t->local_batch * c->seq);
     /* the step's micro-batches each in a buffer of their own when they fit in 64 MiB, so
      * a device reads them without a synchronize between micro-batches */
@@ -612,7 +613,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     /* evaluation size: at most one pass over the val split */
     t->eval_batches = c->eval_batches;
     if (t->has_val && !c->synthetic) {
-        uint64_t w = anneal_train_source_windows(&t->val), per = (uint64_t)c->batch;
+        uint64_t w = anneal_train_source_windows(&t->val), per = (uint64_t)(t->local_batch * t->world);
         int64_t cap = (int64_t)(w / per > 0 ? w / per : 1);
         if (t->eval_batches > cap) t->eval_batches = cap;
     }

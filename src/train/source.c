@@ -57,21 +57,23 @@ static void synthetic_row(const train_source *s, uint64_t g, int32_t *ids, int32
 anneal_status anneal_train_source_next(train_source *s, int32_t *ids, int32_t *targets) {
     if (s->loader) return anneal_loader_next(s->loader, ids, targets);
     /* the global row sequence, split like the loader's: the same rows for any world size */
-    uint64_t first = (s->served * (uint64_t)s->world + (uint64_t)s->rank) * (uint64_t)s->B;
+    uint64_t first = s->row + (uint64_t)s->rank * (uint64_t)s->B;
     for (int64_t b = 0; b < s->B; b++) synthetic_row(s, first + (uint64_t)b, ids + b * s->T, targets + b * s->T);
     s->served++;
+    s->row += (uint64_t)s->B * (uint64_t)s->world;
     return ANNEAL_OK;
 }
 
 anneal_loader_cursor anneal_train_source_get_cursor(const train_source *s) {
     if (s->loader) return anneal_loader_get_cursor(s->loader);
-    anneal_loader_cursor c = {.epoch = 0, .index = s->served * (uint64_t)s->B * (uint64_t)s->world, .step = s->served};
+    anneal_loader_cursor c = {.epoch = 0, .index = s->row, .step = s->served};
     return c;
 }
 
 anneal_status anneal_train_source_set_cursor(train_source *s, anneal_loader_cursor c) {
     if (s->loader) return anneal_loader_set_cursor(s->loader, c);
     s->served = c.step;
+    s->row = c.index; /* the position, like the loader's: another batch or world size goes on from it */
     return ANNEAL_OK;
 }
 

@@ -27,6 +27,7 @@ typedef struct train_source {
     int64_t B, T;          /* B: this rank's rows per batch */
     int rank, world;       /* global row of (batch n, row b): n*B*world + rank*B + b */
     uint64_t served;       /* synthetic: batches served */
+    uint64_t row;          /* synthetic: global row of the next batch's first row (the cursor's index) */
 } train_source;
 
 /* B is the per-rank batch (the global one over world). */
@@ -103,6 +104,7 @@ typedef struct trainer {
     anneal_dtype resumed_dtype;      /* precision of the checkpoint resumed from */
     bool scaler_restored;            /* the scaler state came from that checkpoint */
     struct train_profile *prof;      /* --profile: the window's spans (profile.c) */
+    struct train_det *det;           /* --deterministic: the micro-batch tree (deterministic.c) */
 } trainer;
 
 /* profile.c: --profile N --profile-steps K and --memory-report. before/after_step take
@@ -218,6 +220,24 @@ anneal_status anneal_train_setup_offload(trainer *t, bool *usage);
 /* The process's resident set size now (bytes; 0 when unknown). */
 int64_t anneal_train_rss_bytes(void);
 void anneal_train_dist_teardown(trainer *t);
+/* --- deterministic.c: --deterministic (losses bit-identical for any number of ranks) */
+/* The settings it refuses (device, ZeRO, compression, --accum vs the ranks); OK when off. */
+anneal_status anneal_train_det_check(trainer *t);
+/* Rows per batch of the train source: local_batch, or with --deterministic the rank's
+ * accum/world micro-batches of local_batch (= --batch) rows. */
+int64_t anneal_train_det_rows(const trainer *t);
+/* Installs the ordered cross-rank combine as the gradient sync's comm hook (no-op when off). */
+anneal_status anneal_train_det_attach(trainer *t);
+/* The start line's note (nothing when off). */
+void anneal_train_det_print_header(trainer *t);
+/* Bytes it holds: the partial sums, the flat gradient, the sync's gather buffer, the
+ * step's rows (counted as gradient memory in the distributed report). */
+int64_t anneal_train_det_memory_bytes(const trainer *t);
+/* The forward and backward half of a step: the rank's micro-batches, their gradients
+ * tree-summed into .grad (the sync is armed to combine the ranks'), *loss the mean
+ * loss of the step's M micro-batches (the same bits on every rank and layout). */
+anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *loss);
+void anneal_train_det_free(trainer *t);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
 anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st);

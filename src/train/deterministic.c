@@ -1,0 +1,276 @@
+/* --deterministic: a run's losses and parameters bit-identical whatever the number of
+ * data-parallel ranks W (same flags, same --threads per rank).
+ *
+ * The step. A step is M = --accum micro-batches of --batch rows each, whatever W: the
+ * micro-batch, not the rank, is the unit of work, so every forward and backward runs
+ * on the same rows with the same shapes on every layout. Rank r runs the contiguous
+ * micro-batches [r M/W, (r+1) M/W): its train source is opened with M/W x --batch rows
+ * per batch (anneal_train_det_rows), which the loader's rank split (global row
+ * n * rows * W + r * rows + b) turns into exactly those micro-batches, and its cursor
+ * moves by M x --batch rows per step on any layout (so resuming on another W works).
+ * Dropout of micro-batch j draws from (seed, (step + 1) * 2^40 + j * 2^40 / 2^ceil(log2 M)),
+ * a function of (step, j) only.
+ *
+ * The sum. Each micro-batch's loss is scaled by 1/M before its backward (as --accum
+ * does), its gradient is flattened out of .grad and pushed into a pairwise-summation
+ * tree (anneal_det_tree, src/parallel/det_reduce.c); with M/W a power of two the
+ * rank's result is one complete subtree of the tree over all M micro-batches. Across
+ * ranks the gradient sync's comm hook (anneal_det_sync) all-gathers the W subtree
+ * sums and every rank combines them in the same tree, instead of MPI's all-reduce; the
+ * losses go the same way (doubles, anneal_det_allreduce_f64). Norm, clipping and AdamW
+ * then see the same bits on every layout: the stage-0 sync's norm is computed like
+ * the single process's (src/parallel/ddp.c, full_norm).
+ *
+ * Not covered: ZeRO 1/2 (the norm is summed per shard, whose bounds move with W),
+ * PowerSGD (a lossy, W-dependent approximation), devices other than the CPU (their
+ * kernels' bit-identity across layouts is not established), and evaluation (each
+ * rank's share of the val batches depends on W). Cost: no overlap of communication
+ * with backward, W x the gradient received per rank, a copy of the gradient and up to
+ * log2(M/W) partial sums per rank. */
+#include "train_internal.h"
+
+#include "anneal/trace.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct train_det {
+    anneal_det_tree *tree; /* the rank's micro-batch gradients */
+    anneal_det_sync *sync; /* the sync's comm hook (W > 1) */
+    float *flat;           /* one gradient, all parameters concatenated */
+    bool *seen;            /* parameters that got a gradient this step */
+    int32_t *ids, *tg;     /* the rank's rows of the step: M/W micro-batches */
+    double *losses;        /* the rank's micro-batch losses */
+    int64_t numel;
+};
+
+/* Micro-batches per rank. */
+static int64_t local_count(const trainer *t) { return t->cfg.accum / (t->world > 0 ? t->world : 1); }
+
+int64_t anneal_train_det_rows(const trainer *t) {
+    return t->cfg.deterministic ? t->local_batch * local_count(t) : t->local_batch;
+}
+
+anneal_status anneal_train_det_check(trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    if (!c->deterministic) return ANNEAL_OK;
+    if (t->device != ANNEAL_CPU)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --device %s: CPU runs only (that the device's "
+                                                "kernels give the same bits on every layout is not established)",
+                                c->device ? c->device : "?");
+    if (c->zero > 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --zero %lld: ZeRO sums the gradient norm per "
+                                                "shard, and the shards' bounds depend on the number of ranks; use "
+                                                "--zero 0", (long long)c->zero);
+    if (c->grad_compress && strcmp(c->grad_compress, "none"))
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --grad-compress %s: the compressed gradient is "
+                                                "an approximation that depends on the number of ranks; use "
+                                                "--grad-compress none", c->grad_compress);
+    if (c->accum % t->world != 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld is not divisible by the %d ranks "
+                                                "(with --deterministic, --accum counts the step's micro-batches over "
+                                                "all ranks, each of --batch rows)", (long long)c->accum, t->world);
+    int64_t ml = c->accum / t->world;
+    if (t->world > 1 && (ml & (ml - 1)) != 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld over %d ranks gives %lld micro-batches "
+                                                "per rank, which must be a power of two (each rank's share is one "
+                                                "complete subtree of the fixed summation tree)",
+                                (long long)c->accum, t->world, (long long)ml);
+    return ANNEAL_OK;
+}
+
+/* The state, made on first use (the model exists by then). */
+static anneal_status get_state(trainer *t, struct train_det **out) {
+    if (t->det) {
+        *out = t->det;
+        return ANNEAL_OK;
+    }
+    struct train_det *d = calloc(1, sizeof *d);
+    int64_t ml = local_count(t), rows = t->local_batch * t->cfg.seq * ml;
+    anneal_params *ps = t->model->params;
+    if (d) {
+        d->numel = anneal_params_numel(ps);
+        d->tree = anneal_det_tree_new(d->numel);
+        d->flat = malloc((size_t)(d->numel > 0 ? d->numel : 1) * sizeof *d->flat);
+        d->seen = calloc((size_t)(ps->n > 0 ? ps->n : 1), sizeof *d->seen);
+        d->ids = malloc((size_t)rows * sizeof *d->ids);
+        d->tg = malloc((size_t)rows * sizeof *d->tg);
+        d->losses = calloc((size_t)ml, sizeof *d->losses);
+    }
+    t->det = d;
+    if (!d || !d->tree || !d->flat || !d->seen || !d->ids || !d->tg || !d->losses)
+        return anneal_set_error(ANNEAL_ERR_OOM, "--deterministic: out of memory for the gradient tree");
+    *out = d;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_train_det_attach(trainer *t) {
+    if (!t->cfg.deterministic || !t->ddp) return ANNEAL_OK;
+    struct train_det *d = NULL;
+    anneal_status st = get_state(t, &d);
+    if (st != ANNEAL_OK) return st;
+    d->sync = anneal_det_sync_new(t->ddp);
+    return d->sync ? ANNEAL_OK : anneal_last_status();
+}
+
+void anneal_train_det_free(trainer *t) {
+    struct train_det *d = t->det;
+    if (!d) return;
+    anneal_det_sync_free(d->sync);
+    anneal_det_tree_free(d->tree);
+    free(d->flat);
+    free(d->seen);
+    free(d->ids);
+    free(d->tg);
+    free(d->losses);
+    free(d);
+    t->det = NULL;
+}
+
+int64_t anneal_train_det_memory_bytes(const trainer *t) {
+    const struct train_det *d = t->det;
+    if (!d) return 0;
+    int64_t rows = t->local_batch * t->cfg.seq * local_count(t);
+    return anneal_det_tree_memory_bytes(d->tree) + d->numel * (int64_t)sizeof(float) +
+           anneal_det_sync_memory_bytes(d->sync) + 2 * rows * (int64_t)sizeof(int32_t);
+}
+
+void anneal_train_det_print_header(trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    if (!c->deterministic) return;
+    int64_t ml = local_count(t);
+    anneal_progress_note(t->prog,
+                         "deterministic: %lld micro-batch%s of %lld rows per step, %lld on each of %d rank%s (this one: "
+                         "%lld-%lld), gradients and losses summed in one fixed binary tree: bit-identical for any number "
+                         "of ranks at the same --threads per rank (%d here)",
+                         (long long)c->accum, c->accum > 1 ? "es" : "", (long long)t->local_batch, (long long)ml,
+                         t->world, t->world > 1 ? "s" : "", (long long)(t->rank * ml),
+                         (long long)(t->rank * ml + ml - 1), anneal_get_num_threads());
+}
+
+/* True on every rank when any rank's flag is set (anneal_train_dist_any's sum; dist.c
+ * calls this file, so this file does not call dist.c). */
+static anneal_status any_rank(trainer *t, bool *flag) {
+    if (!t->comm || t->world <= 1) return ANNEAL_OK;
+    float v = *flag ? 1.0f : 0.0f;
+    anneal_status st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM);
+    if (st == ANNEAL_OK) *flag = v > 0;
+    return st;
+}
+
+/* ceil(log2 m) for m >= 1. */
+static int ceil_log2(int64_t m) {
+    int k = 0;
+    while (((int64_t)1 << k) < m) k++;
+    return k;
+}
+
+/* The micro-batch's gradient (in .grad) into the tree; .grad is cleared for the next. */
+static anneal_status push_grads(trainer *t, struct train_det *d) {
+    anneal_params *ps = t->model->params;
+    int64_t off = 0;
+    for (int p = 0; p < ps->n; p++) {
+        const anneal_tensor *x = ps->items[p].tensor, *g = x->grad;
+        int64_t n = anneal_numel(x);
+        if (g) {
+            if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g) || anneal_numel(g) != n)
+                return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--deterministic: the gradient of '%s' is not a "
+                                                                "contiguous f32 tensor", ps->items[p].name);
+            memcpy(d->flat + off, anneal_data(g), (size_t)n * sizeof(float));
+            d->seen[p] = true;
+        } else {
+            memset(d->flat + off, 0, (size_t)n * sizeof(float));
+        }
+        off += n;
+    }
+    anneal_params_zero_grad(ps);
+    return anneal_det_tree_push(d->tree, d->flat);
+}
+
+/* The tree sum into .grad of every parameter that got a gradient. */
+static anneal_status finish_grads(trainer *t, struct train_det *d) {
+    anneal_status st = anneal_det_tree_finish(d->tree, d->flat);
+    anneal_params *ps = t->model->params;
+    int64_t off = 0;
+    for (int p = 0; p < ps->n && st == ANNEAL_OK; p++) {
+        anneal_tensor *x = ps->items[p].tensor;
+        int64_t n = anneal_numel(x);
+        if (d->seen[p]) {
+            if (!x->grad) {
+                anneal_scope_enter(NULL);
+                anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_GRADIENTS);
+                x->grad = anneal_empty_on(x->device, ANNEAL_F32, x->ndim, x->shape);
+                anneal_memory_category_set(mc);
+                anneal_scope_leave();
+                if (!x->grad) st = anneal_last_status();
+            }
+            if (st == ANNEAL_OK) memcpy(anneal_data(x->grad), d->flat + off, (size_t)n * sizeof(float));
+        }
+        off += n;
+    }
+    return st;
+}
+
+anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *loss_out) {
+    const anneal_train_config *c = &t->cfg;
+    struct train_det *d = NULL;
+    anneal_status st = get_state(t, &d);
+    if (st != ANNEAL_OK) return st;
+    int64_t M = c->accum, ml = local_count(t), first = (int64_t)t->rank * ml;
+    int64_t B = t->local_batch, T = c->seq, shape[2] = {B, T};
+    int shift = 40 - ceil_log2(M);
+    anneal_model_set_training(t->model, true);
+    anneal_params_zero_grad(t->model->params);
+    memset(d->seen, 0, (size_t)t->model->params->n * sizeof *d->seen);
+    bool inject = anneal_train_inject_nan(t, step + 1);
+    int64_t span_t0 = anneal_span_begin();
+    st = anneal_train_source_next(&t->train, d->ids, d->tg); /* the rank's micro-batches of the step */
+    anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
+    bool abandoned = false;
+    for (int64_t i = 0; i < ml && st == ANNEAL_OK; i++) {
+        if (i > 0) { /* a stop request between micro-batches abandons the step, as in loop.c */
+            bool stop = anneal_train_stop_requested(NULL);
+            if ((st = any_rank(t, &stop)) != ANNEAL_OK) break;
+            if (stop) {
+                abandoned = true;
+                break;
+            }
+        }
+        uint64_t j = (uint64_t)(first + i);
+        anneal_rng_set((anneal_rng_state){(uint64_t)c->seed, ((uint64_t)(step + 1) << 40) + (j << shift)});
+        anneal_scope *s = anneal_scope_open();
+        anneal_tensor *ids = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, d->ids + i * B * T);
+        anneal_tensor *tg = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, d->tg + i * B * T);
+        span_t0 = anneal_span_begin();
+        anneal_tensor *loss = anneal_model_loss(t->model, ids, tg);
+        anneal_span_end(ANNEAL_SPAN_STEP, "forward", span_t0, 0, 0);
+        if (inject) loss = anneal_scale(loss, NAN); /* test hook: a non-finite loss and gradient */
+        anneal_tensor *obj = M > 1 ? anneal_scale(loss, 1.0f / (float)M) : loss;
+        obj = anneal_train_scale_loss(t, obj); /* fp16: loss * scale (precision.c) */
+        span_t0 = anneal_span_begin();
+        st = obj ? anneal_backward(obj) : anneal_last_status();
+        anneal_span_end(ANNEAL_SPAN_STEP, "backward", span_t0, 0, 0);
+        float lv = NAN;
+        if (st == ANNEAL_OK) st = anneal_to_f32_buffer(loss, &lv);
+        d->losses[i] = (double)lv;
+        anneal_scope_close(s);
+        if (st == ANNEAL_OK) st = push_grads(t, d);
+    }
+    /* the generator as the next step sets it: the same on every layout */
+    anneal_rng_set((anneal_rng_state){(uint64_t)c->seed, (uint64_t)(step + 2) << 40});
+    if (abandoned || st != ANNEAL_OK) {
+        float scratch;
+        if (anneal_det_tree_leaves(d->tree) > 0) anneal_det_tree_finish(d->tree, d->numel > 0 ? d->flat : &scratch);
+        anneal_params_zero_grad(t->model->params);
+        return abandoned ? ANNEAL_ERR_INTERRUPTED : st;
+    }
+    if ((st = finish_grads(t, d)) != ANNEAL_OK) return st;
+    /* the loss: the rank's subtree, then the tree over the ranks' subtrees, over M */
+    double loss = anneal_det_sum_f64(d->losses, ml);
+    if (t->comm && t->world > 1 && (st = anneal_det_allreduce_f64(t->comm, &loss)) != ANNEAL_OK) return st;
+    *loss_out = loss / (double)M;
+    /* the sync (anneal_ddp_finish in the optimizer phase) combines the ranks' subtrees */
+    if (t->ddp) st = anneal_ddp_begin_backward(t->ddp, true);
+    return st;
+}

@@ -1,0 +1,314 @@
+/* `anneal train --deterministic` end to end, through the CLI: one process, and
+ * `mpirun -np 1`, `-np 2` and `-np 4` (one thread per rank, --oversubscribe) give the
+ * same 20 losses and gradient norms bit for bit (the log's doubles compared as bits,
+ * and the losses as f32 bits), and the same final parameters and optimizer state
+ * bytes; with dropout on and clipping active, on synthetic tokens and on token shards
+ * through the loader (shuffled). A run stopped at step 10 on 4 ranks and resumed on 2
+ * ends with the bits of the straight run; 3 and 6 ranks over 6 micro-batches give the
+ * one-process bits too. Settings it cannot honour are refused with a
+ * message that says why, before a run directory is made.
+ *
+ * Without --deterministic the same layouts differ (printed, not asserted: DDP's
+ * tolerances are tests/parallel/test_train_dist.c's business).
+ *
+ * Every process runs in its own process group with a time limit and is killed (the
+ * group) when it runs over. Needs mpirun: skipped with a message without it. */
+#include "test.h"
+#include "train/train_util.h"
+
+#include <errno.h>
+
+#define RUN_TIMEOUT_S 120.0
+#define STEPS 20
+
+static const char *bin;
+static char work[256];
+static char mpi_env[256];
+static char common[1024];
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* `sh -c cmd` in its own process group, output to out, at most RUN_TIMEOUT_S: the exit
+ * code (128 + signal), -2 after killing the group on timeout. */
+static int sh_run(const char *cmd, const char *out) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2), close(fd);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0) return -1;
+    double t0 = now_ms();
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            kill(-pid, SIGKILL);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+        }
+        if (r < 0 && errno != EINTR) return -1;
+        if (now_ms() - t0 > RUN_TIMEOUT_S * 1e3) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            printf("    TIMEOUT after %.0f s: %s\n", RUN_TIMEOUT_S, cmd);
+            return -2;
+        }
+        tu_sleep_ms(20);
+    }
+}
+
+static const char *wpath(const char *name) {
+    static char buf[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", work, name);
+    return buf[k];
+}
+
+/* The launcher prefix for np ranks ("" for one plain process: np 0). */
+static const char *launcher(int np) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    if (np <= 0) buf[k][0] = 0;
+    else snprintf(buf[k], sizeof buf[k], "mpirun -np %d --allow-run-as-root --oversubscribe %s", np, mpi_env);
+    return buf[k];
+}
+
+/* `launcher train <common> <extra> --out work/<run>`: the exit code; the output in
+ * work/<run>.out, printed when expect_ok and the run failed. */
+static int train(int np, const char *run, const char *extra, bool expect_ok) {
+    char cmd[4096], out[600];
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher(np), bin, common, extra, wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    int rc = sh_run(cmd, out);
+    if (rc != 0 && expect_ok) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
+    return rc;
+}
+
+static int resume(int np, const char *run) {
+    char cmd[4096], out[600];
+    snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s", launcher(np), bin, wpath(run));
+    snprintf(out, sizeof out, "%s.resume.out", wpath(run));
+    int rc = sh_run(cmd, out);
+    if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
+    return rc;
+}
+
+/* The step records' field key of a run, by step (NAN where missing): the highest step. */
+static int field_of(const char *run, const char *key, double *v) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/log.jsonl", wpath(run));
+    for (int i = 0; i < 64; i++) v[i] = NAN;
+    return tu_read_steps(p, key, NAN, v, NULL, NULL, 64);
+}
+
+/* Bytes of a file of the newest checkpoint of a run (malloc'd; NULL if missing). */
+static char *ckpt_file(const char *run, const char *name, size_t *n) {
+    char ck[1024], p[1200];
+    *n = 0;
+    if (anneal_checkpoint_resolve(wpath(run), ck, sizeof ck) != ANNEAL_OK) {
+        anneal_clear_error();
+        return NULL;
+    }
+    snprintf(p, sizeof p, "%s/%s", ck, name);
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = len > 0 ? malloc((size_t)len) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
+    fclose(f);
+    *n = b ? (size_t)len : 0;
+    return b;
+}
+
+/* run and ref: the same losses and gradient norms on steps 1..STEPS (the doubles'
+ * bits, and the losses' f32 bits), the same parameters and AdamW state (file bytes:
+ * the safetensors hold the f32 bits). */
+static void check_identical_n(const char *run, const char *ref, int steps) {
+    double a[64], b[64], na[64], nb[64];
+    int ha = field_of(run, "loss", a), hb = field_of(ref, "loss", b);
+    field_of(run, "grad_norm", na);
+    field_of(ref, "grad_norm", nb);
+    CHECK(ha == steps && hb == steps, "%s has %d steps, %s %d: want %d", run, ha, ref, hb, steps);
+    int same = 0, same_f32 = 0, same_norm = 0;
+    for (int i = 0; i < steps; i++) {
+        float fa = (float)a[i], fb = (float)b[i];
+        same += memcmp(&a[i], &b[i], sizeof a[i]) == 0 && isfinite(a[i]);
+        same_f32 += memcmp(&fa, &fb, sizeof fa) == 0;
+        same_norm += memcmp(&na[i], &nb[i], sizeof na[i]) == 0;
+    }
+    printf("    %s vs %s: %d/%d losses bit-identical (f64), %d/%d as f32, %d/%d gradient norms; loss %.6f -> %.6f\n",
+           run, ref, same, steps, same_f32, steps, same_norm, steps, b[0], b[steps - 1]);
+    CHECK(same == steps && same_f32 == steps && same_norm == steps, "%s and %s: losses or norms differ", run, ref);
+    const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        size_t n1, n2;
+        char *x = ckpt_file(run, files[k], &n1), *y = ckpt_file(ref, files[k], &n2);
+        CHECK(x && y && n1 == n2 && memcmp(x, y, n1) == 0, "%s of %s and %s differ (%zu and %zu bytes)", files[k], run,
+              ref, n1, n2);
+        free(x);
+        free(y);
+    }
+}
+
+static void check_identical(const char *run, const char *ref) { check_identical_n(run, ref, STEPS); }
+
+static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
+
+/* Synthetic tokens, 4 micro-batches of 2 rows per step, dropout 0.1, clipping at 1
+ * (the norm starts above it): 1 process = mpirun -np 1 = -np 2 = -np 4. */
+TEST(bit_identical_for_1_2_4_ranks) {
+    NEED_MPI();
+    REQUIRE(train(0, "d1", "", true) == 0);
+    REQUIRE(train(1, "dm1", "", true) == 0);
+    REQUIRE(train(2, "d2", "", true) == 0);
+    REQUIRE(train(4, "d4", "", true) == 0);
+    check_identical("dm1", "d1");
+    check_identical("d2", "d1");
+    check_identical("d4", "d1");
+    const char *o = tu_slurp(wpath("d4.out"));
+    CHECK(strstr(o, "deterministic: 4 micro-batches of 2 rows per step, 1 on each of 4 ranks") != NULL,
+          "start line: %s", o);
+    double n[64];
+    field_of("d1", "grad_norm", n);
+    CHECK(n[0] > 1.0, "the first norm %g should be above --clip 1 (clipping exercised)", n[0]);
+    /* the contrast: the same layouts without --deterministic (not asserted) */
+    char extra[64];
+    snprintf(extra, sizeof extra, "--deterministic off --batch 8 --accum 1");
+    if (train(0, "n1", extra, true) == 0 && train(2, "n2", extra, true) == 0) {
+        double a[64], b[64];
+        field_of("n1", "loss", a);
+        field_of("n2", "loss", b);
+        int same = 0;
+        for (int i = 0; i < STEPS; i++) same += memcmp(&a[i], &b[i], sizeof a[i]) == 0;
+        printf("    without --deterministic (batch 8 split over the ranks): 1 process vs 2 ranks, %d/%d losses "
+               "bit-identical\n", same, STEPS);
+    }
+}
+
+/* Token shards through the loader (shuffled windows), 8 micro-batches of 1 row:
+ * 1 process = -np 2 = -np 4. */
+TEST(bit_identical_on_shards) {
+    NEED_MPI();
+    const char *dir = wpath("shards");
+    mkdir(dir, 0755);
+    const char *names[2] = {"train_000000.bin", "val_000000.bin"};
+    uint64_t s = 777;
+    for (int k = 0; k < 2; k++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        anneal_shard_writer *w = NULL;
+        REQUIRE(anneal_shard_writer_open(p, 512, 0, 0x1234, &w) == ANNEAL_OK);
+        int32_t ids[1024];
+        for (int r = 0; r < (k ? 4 : 32); r++) {
+            for (int i = 0; i < 1024; i++) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                ids[i] = (int32_t)((s >> 33) % 512);
+            }
+            REQUIRE(anneal_shard_writer_append(w, ids, 1024) == ANNEAL_OK);
+        }
+        REQUIRE(anneal_shard_writer_finish(w) == ANNEAL_OK);
+    }
+    char p[700];
+    snprintf(p, sizeof p, "%s/prepare.json", dir);
+    FILE *mf = fopen(p, "w");
+    REQUIRE(mf);
+    fputs("{\"format\": \"anneal-prepare\", \"version\": 1}\n", mf);
+    REQUIRE(fclose(mf) == 0);
+    /* --synthetic off: the common flags' --synthetic is replaced by --data */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--synthetic off --data %s --batch 1 --accum 8 --eval-batches 2", dir);
+    REQUIRE(train(0, "s1", extra, true) == 0);
+    REQUIRE(train(2, "s2", extra, true) == 0);
+    REQUIRE(train(4, "s4", extra, true) == 0);
+    check_identical("s2", "s1");
+    check_identical("s4", "s1");
+}
+
+/* 4 ranks stopped at step 10, resumed on 2: the straight 1-process run's bits. */
+TEST(resume_on_another_world_size) {
+    NEED_MPI();
+    REQUIRE(train(4, "r42", "--stop-at 10", true) == 0);
+    REQUIRE(resume(2, "r42") == 0);
+    CHECK(strstr(tu_slurp(wpath("r42.resume.out")), "resumed from") != NULL, "resume output");
+    check_identical("r42", "d1");
+}
+
+/* W need not be a power of two when M / W is: M = 6 over 3 and 6 ranks (blocks of 2
+ * and 1) gives the one-process bits (the tree over 6 leaves: ((x0+x1)+(x2+x3)) + (x4+x5)). */
+TEST(three_and_six_ranks) {
+    NEED_MPI();
+    REQUIRE(train(0, "t1", "--accum 6 --steps 6", true) == 0);
+    REQUIRE(train(3, "t3", "--accum 6 --steps 6", true) == 0);
+    REQUIRE(train(6, "t6", "--accum 6 --steps 6", true) == 0);
+    check_identical_n("t3", "t1", 6);
+    check_identical_n("t6", "t1", 6);
+}
+
+/* A refused combination: the run fails with msg in its output and makes no run
+ * directory. */
+static void refused(int np, const char *run, const char *extra, const char *msg) {
+    int rc = train(np, run, extra, false);
+    char out[600];
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    const char *o = tu_slurp(out);
+    CHECK(rc != 0 && rc != -2, "%s: exit %d (want a refusal)", extra, rc);
+    CHECK(o && strstr(o, msg) != NULL, "%s: want \"%s\" in: %s", extra, msg, o ? o : "");
+    struct stat sb;
+    CHECK(stat(wpath(run), &sb) != 0, "%s: the refused run made %s", extra, wpath(run));
+    if (o) {
+        const char *e = strstr(o, "--deterministic");
+        printf("    %s (np %d): %.*s\n", extra, np, e ? (int)strcspn(e, "\n") : 0, e ? e : "");
+    }
+}
+
+TEST(refusals) {
+    NEED_MPI();
+    refused(2, "bad_zero", "--zero 1", "--deterministic with --zero 1: ZeRO sums the gradient norm per shard");
+    refused(2, "bad_psgd", "--grad-compress powersgd",
+            "--deterministic with --grad-compress powersgd: the compressed gradient is an approximation");
+    refused(4, "bad_div", "--accum 2", "--deterministic: --accum 2 is not divisible by the 4 ranks");
+    refused(2, "bad_pow2", "--accum 6",
+            "--accum 6 over 2 ranks gives 3 micro-batches per rank, which must be a power of two");
+    /* one process takes any --accum (no split) */
+    REQUIRE(train(0, "ok_acc3", "--accum 3 --steps 2", true) == 0);
+}
+
+int main(void) {
+    bin = getenv("ANNEAL_BIN");
+    if (!bin) {
+        printf("ANNEAL_BIN is not set\n");
+        return 1;
+    }
+    if (anneal_test_sanitized()) {
+        printf("sanitized build: the 4-rank runs are too slow; skipped\n");
+        return ANNEAL_TEST_SKIP_CODE;
+    }
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    const char *d = tu_mkdtemp("det");
+    if (!d) return 1;
+    snprintf(work, sizeof work, "%s", d);
+    snprintf(mpi_env, sizeof mpi_env, "--bind-to none -x OMP_NUM_THREADS=1 --mca btl_vader_single_copy_mechanism none");
+    snprintf(common, sizeof common,
+             "--synthetic --model tiny --batch 2 --accum 4 --seq 32 --steps %d --threads 1 --dropout 0.1 --lr 3e-3 "
+             "--warmup 2 --clip 1 --eval-batches 0 --ckpt-every 0 --peak-gflops 10 --log-every 100 --deterministic",
+             STEPS);
+    RUN(bit_identical_for_1_2_4_ranks);
+    RUN(bit_identical_on_shards);
+    RUN(resume_on_another_world_size);
+    RUN(three_and_six_ranks);
+    RUN(refusals);
+    if (anneal_test_failed == 0) tu_rmrf(work);
+    else printf("kept %s for inspection\n", work);
+    return anneal_test_summary();
+}
