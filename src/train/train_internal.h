@@ -93,6 +93,7 @@ typedef struct trainer {
     anneal_comm *comm;
     anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */
     anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
+    anneal_zero3 *z3;          /* --zero 3: the sharded parameters (dist.c) */
     int rank, world;
     int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
@@ -199,6 +200,12 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag);
  * rank (begin) and drops it again (end). */
 anneal_status anneal_train_dist_ckpt_begin(trainer *t);
 anneal_status anneal_train_dist_ckpt_end(trainer *t);
+/* --zero 3 (dist_zero3.c): the settings it needs (usage errors otherwise); every
+ * parameter in full (on) and back to shards (off), collective, for rank 0's samples;
+ * the most parameter and gradient bytes this rank has held (out[0], out[1]). */
+anneal_status anneal_train_zero3_check(trainer *t, bool *usage);
+anneal_status anneal_train_dist_full_params(trainer *t, bool on);
+void anneal_train_zero3_memory(const trainer *t, double out[2]);
 /* Notes this rank's memory in the middle of a step (gradients synchronised, before the
  * update: when it holds the most); not collective. */
 void anneal_train_dist_note_memory(trainer *t);
