@@ -441,6 +441,11 @@ void anneal_train_dist_print_header(trainer *t) {
                              "and warm start", (long long)c->powersgd_rank, (long long)c->powersgd_warmup_steps);
 }
 
+anneal_status anneal_train_dist_full_params(trainer *t, bool on) {
+    if (!t->z3) return ANNEAL_OK;
+    return anneal_train_dist_fatal(t, on ? anneal_zero3_gather_all(t->z3) : anneal_zero3_release_all(t->z3));
+}
+
 void anneal_train_dist_teardown(trainer *t) {
     anneal_zero3_free(t->z3); /* before the sync it registered with */
     t->z3 = NULL;

@@ -1,6 +1,7 @@
 /* The trainer's side of --zero 3 (parameters sharded, src/parallel/zero3.c): what it
- * needs from the other settings, the parameters in full around samples, and the
- * parameter bytes for the distributed memory report. */
+ * needs from the other settings, and its figures for the distributed memory report
+ * (dist.c makes the sharded parameters and gathers them around checkpoints and
+ * samples). */
 #include "train_internal.h"
 
 #include <string.h>
@@ -21,12 +22,6 @@ anneal_status anneal_train_zero3_check(trainer *t, bool *usage) {
                                                 "steps full parameters, ZeRO-3 keeps only a shard)", c->offload);
     *usage = false;
     return ANNEAL_OK;
-}
-
-anneal_status anneal_train_dist_full_params(trainer *t, bool on) {
-    if (!t->z3) return ANNEAL_OK;
-    anneal_status st = on ? anneal_zero3_gather_all(t->z3) : anneal_zero3_release_all(t->z3);
-    return anneal_train_dist_fatal(t, st);
 }
 
 /* Parameters: zero3's peak (the device's parameter category at each of its

@@ -200,9 +200,10 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag);
  * rank (begin) and drops it again (end). */
 anneal_status anneal_train_dist_ckpt_begin(trainer *t);
 anneal_status anneal_train_dist_ckpt_end(trainer *t);
-/* --zero 3 (dist_zero3.c): the settings it needs (usage errors otherwise); every
- * parameter in full (on) and back to shards (off), collective, for rank 0's samples;
- * the most parameter and gradient bytes this rank has held (out[0], out[1]). */
+/* --zero 3: the settings it needs (usage errors otherwise; dist_zero3.c); every
+ * parameter in full (on) and back to shards (off), collective, for rank 0's samples
+ * (dist.c; a failure ends the job); the most parameter and gradient bytes this rank has
+ * held (out[0], out[1]; dist_zero3.c). */
 anneal_status anneal_train_zero3_check(trainer *t, bool *usage);
 anneal_status anneal_train_dist_full_params(trainer *t, bool on);
 void anneal_train_zero3_memory(const trainer *t, double out[2]);
