@@ -1,6 +1,6 @@
-/* ZeRO stages 1-2: an optimizer whose state covers only this rank's shard of the flat
+/* ZeRO stages 1-3: an optimizer whose state covers only this rank's shard of the flat
  * parameter space (the pieces of anneal_ddp_shard_pieces). A step updates each piece
- * of the parameters from the rank's mean-gradient shard with the same backend
+ * of the parameters (at stage 3 the sync's parameter shard, zero3.c) from the rank's mean-gradient shard with the same backend
  * kernels the plain optimizer uses (be->adamw; be->binary / be->copy for SGD) on 1-D
  * slices; those kernels are elementwise, so a slice gets exactly the bits the whole
  * tensor would. Then the parameters are all-gathered so every rank holds all of them.

@@ -13,7 +13,9 @@
  * ranks' chunks). The rank's shard is the concatenation, in bucket order, of its real
  * chunk elements; anneal_ddp_shard_pieces splits it at parameter boundaries. Stage 2
  * frees each .grad as soon as it has been copied into its bucket, and bucket buffers
- * of stages 1-2 live only while their collective is in flight.
+ * of stages 1-2 live only while their collective is in flight. Stage 3 is stage 2 with
+ * buckets cut at cfg.groups boundaries (a transformer block each) and the parameter
+ * values kept in a shard of zero3.c's (anneal_ddp_set_param_shard).
  *
  * Overlap. With cfg.overlap, begin_backward(sync) installs the autograd grad-ready
  * hook: when the last parameter of a bucket is ready, the bucket is copied and its
