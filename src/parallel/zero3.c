@@ -15,8 +15,10 @@
  * recompute in backward): before block l, its buckets are gathered (or the prefetch
  * started earlier is waited for), then the next block's all-gather is started
  * (l + 1 while the blocks go up, l - 1 while backward comes down); after block l, its
- * buckets are released. At most two blocks are gathered at once, plus what backward's
- * saved tensors still hold of the block being differentiated. The parameters outside
+ * buckets are released, except after the last block's forward with grad mode on:
+ * backward replays that block first, so it stays for it. At most two blocks are gathered
+ * at once, plus what backward's saved tensors still hold of the block being
+ * differentiated. The parameters outside
  * the blocks stay gathered and are refreshed from the shard after every optimizer step
  * (anneal_ddp_gather_params calls gather_resident).
  *
@@ -55,6 +57,7 @@ struct anneal_zero3 {
     int64_t shard_numel;
     bool pinned;      /* anneal_zero3_gather_all: everything stays gathered */
     int last_layer;   /* the block the hook last entered (-1: none yet) */
+    bool kept_last;   /* the last block stayed gathered after its forward, for backward */
     int64_t peak;     /* most parameter bytes seen live at zero3's allocations */
     int64_t block_max;
 };
@@ -181,6 +184,12 @@ static anneal_status block_hook(void *user, int l, bool before) {
     anneal_zero3 *z = user;
     if (z->pinned) return ANNEAL_OK;
     if (!before) {
+        /* the last block's training forward: backward replays it first, so it stays */
+        if (l == z->n_layer - 1 && !z->kept_last && anneal_grad_enabled()) {
+            z->kept_last = true;
+            return ANNEAL_OK;
+        }
+        z->kept_last = false;
         anneal_status s = ANNEAL_OK;
         for (int k = 0; k < z->nb; k++)
             if (z->b[k].group == l) {
@@ -350,6 +359,7 @@ anneal_status anneal_zero3_gather_all(anneal_zero3 *z) {
 anneal_status anneal_zero3_release_all(anneal_zero3 *z) {
     if (!z) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_zero3_release_all: NULL");
     z->pinned = false;
+    z->kept_last = false;
     anneal_status s = ANNEAL_OK;
     for (int k = 0; k < z->nb; k++) {
         if (z->b[k].group < 0) continue;
