@@ -217,9 +217,6 @@ void anneal_zero3_free(anneal_zero3 *z);
 /* Every parameter in full (checkpoints, samples), until anneal_zero3_release_all. */
 anneal_status anneal_zero3_gather_all(anneal_zero3 *z);
 anneal_status anneal_zero3_release_all(anneal_zero3 *z);
-/* Parameters in full written by someone else (a checkpoint restored into them while
- * gathered): this rank's pieces go back into the shard. Not collective. */
-anneal_status anneal_zero3_scatter_params(anneal_zero3 *z);
 /* Bytes of parameters: now (shard + what is gathered, as held by zero3) and the most
  * the device's parameter category held at any of zero3's allocations (the peak: only
  * zero3 allocates parameters once it runs). Not collective. */

@@ -369,11 +369,6 @@ anneal_status anneal_zero3_release_all(anneal_zero3 *z) {
     return s;
 }
 
-anneal_status anneal_zero3_scatter_params(anneal_zero3 *z) {
-    if (!z) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_zero3_scatter_params: NULL");
-    return z->shard ? pieces_to_shard(z) : ANNEAL_OK;
-}
-
 anneal_zero3_memory anneal_zero3_memory_get(const anneal_zero3 *z) {
     anneal_zero3_memory mm = {0};
     if (!z) return mm;

@@ -202,7 +202,8 @@ static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1
 
 #define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
-/* One process (the reference), ZeRO-3 at 1, 2 and 4 ranks, ZeRO-2 at 2 and 4. */
+/* One process (the reference), ZeRO-3 at 1, 2 and 4 ranks (and 4 with small buckets),
+ * ZeRO-2 at 2 and 4. */
 TEST(zero3_matches_single_process) {
     NEED_MPI();
     REQUIRE(train("", "single", "") == 0);
@@ -211,12 +212,16 @@ TEST(zero3_matches_single_process) {
     REQUIRE(train(mpi4, "z3w4", "--zero 3") == 0);
     REQUIRE(train(mpi2, "z2w2", "--zero 2") == 0);
     REQUIRE(train(mpi4, "z2w4", "--zero 2") == 0);
+    /* 50 KB buckets: a block spans several buckets (several all-gathers per block) */
+    REQUIRE(train(mpi4, "z3w4b", "--zero 3 --bucket-mb 0.05") == 0);
     check_same_losses("z3w1", "single", true);
     check_same_params("z3w1", "single", true);
     check_same_losses("z3w2", "single", false);
     check_same_params("z3w2", "single", false);
     check_same_losses("z3w4", "single", false);
     check_same_params("z3w4", "single", false);
+    check_same_losses("z3w4b", "single", false);
+    check_same_params("z3w4b", "single", false);
     check_same_losses("z3w2", "z2w2", false);
     check_same_params("z3w2", "z2w2", false);
     check_same_losses("z3w4", "z2w4", false);
