@@ -166,6 +166,7 @@ const char *anneal_memory_category_name(anneal_mem_category c);
 typedef struct anneal_memory_categories {
     int64_t live[ANNEAL_MEM_CATEGORY_COUNT];
     int64_t at_peak[ANNEAL_MEM_CATEGORY_COUNT]; /* the split when live bytes last peaked */
+    int64_t peak[ANNEAL_MEM_CATEGORY_COUNT];    /* each category's own highest live bytes (same reset) */
 } anneal_memory_categories;
 anneal_memory_categories anneal_memory_categories_get(anneal_device d);
 
@@ -261,6 +262,13 @@ anneal_status anneal_to_f32_buffer(const anneal_tensor *t, float *out);
 double anneal_item_at(const anneal_tensor *t, int64_t linear_index);
 /* anneal_item_at(t, 0). */
 double anneal_item(const anneal_tensor *t);
+
+/* Points t at src's storage (retained) from element `offset` of it on, keeping t's
+ * shape, strides and dtype, and drops t's reference to its own storage; src NULL leaves
+ * t without storage (its data must not be touched until it gets one again). For
+ * parameters whose memory comes and goes (ZeRO-3). src must have t's dtype and device
+ * and t's extent must fit inside src's storage. */
+anneal_status anneal_tensor_set_storage(anneal_tensor *t, const anneal_tensor *src, int64_t offset);
 
 /* Refcounting. A new tensor has one reference, held by its scope (or the caller). */
 anneal_tensor *anneal_retain(anneal_tensor *t);

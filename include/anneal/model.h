@@ -125,6 +125,12 @@ typedef struct anneal_model_ops {
     anneal_status (*onnx_graph)(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
 } anneal_model_ops;
 
+/* Called just before (before = true) and just after each transformer block's forward,
+ * also when a recompute region replays the block in backward (ZeRO-3 gathers the
+ * block's parameters there and releases them after). A failure makes the forward
+ * return NULL with that error. */
+typedef anneal_status (*anneal_block_hook_fn)(void *user, int layer, bool before);
+
 /* A model: the fields every architecture has. Architectures embed it first in their
  * own struct. */
 struct anneal_model {
@@ -134,7 +140,15 @@ struct anneal_model {
     anneal_device device;  /* where the parameters live */
     anneal_params *params; /* Hugging Face names, registration order */
     anneal_nn_ctx ctx;     /* precision and training mode the forward passes run with */
+    anneal_block_hook_fn block_hook; /* NULL: none */
+    void *block_hook_user;
 };
+
+/* The block hook's calls, for architectures: enter before block `layer` runs (an error
+ * from the hook is returned), leave after it with its output y (returns y, or NULL when
+ * the hook failed). Without a hook enter is ANNEAL_OK and leave returns y. */
+anneal_status anneal_model_block_enter(const anneal_model *m, int layer);
+anneal_tensor *anneal_model_block_leave(const anneal_model *m, int layer, anneal_tensor *y);
 
 /* How llama.cpp names and lays out an architecture's tensors in a GGUF file (what its
  * convert_hf_to_gguf.py writes), for io's GGUF export and import (anneal/gguf.h). Each

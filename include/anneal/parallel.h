@@ -7,6 +7,7 @@
 #ifndef ANNEAL_PARALLEL_H
 #define ANNEAL_PARALLEL_H
 
+#include "anneal/model.h"
 #include "anneal/nn.h"
 
 #ifdef __cplusplus
@@ -107,7 +108,10 @@ void anneal_comm_abort(anneal_comm *c, int code, const char *msg);
 typedef struct anneal_ddp_config {
     int64_t bucket_bytes; /* default 25 MiB */
     bool overlap;         /* default true */
-    int zero_stage;       /* 0, 1 or 2 */
+    int zero_stage;       /* 0, 1, 2, or 3 (stage 2's gradients, parameters sharded by
+                             anneal_zero3: see below) */
+    const int *groups;    /* NULL, or a group id per parameter: a bucket never holds two
+                             groups (ZeRO-3's blocks); read by anneal_ddp_new only */
 } anneal_ddp_config;
 
 anneal_ddp_config anneal_ddp_defaults(void);
@@ -179,6 +183,48 @@ bool anneal_ddp_synced(const anneal_ddp *d);
 anneal_status anneal_ddp_gather_shard(anneal_ddp *d, const anneal_tensor *shard, anneal_tensor *const *dst);
 /* Optimizer-state bytes a ZeRO optimizer holds for d (reported in the memory figures). */
 void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes);
+/* Stage 3: the parameters' values live in shard (shard layout, shard_numel floats): the
+ * ZeRO optimizer updates it instead of the parameter tensors, and anneal_ddp_gather_params
+ * calls gather(user). Set by anneal_zero3_new (NULL, NULL, NULL: unset). */
+void anneal_ddp_set_param_shard(anneal_ddp *d, anneal_tensor *shard, anneal_status (*gather)(void *user), void *user);
+/* The stage-3 parameter shard, or NULL. */
+anneal_tensor *anneal_ddp_param_shard(const anneal_ddp *d);
+
+/* ------------------------------------------------ ZeRO-3 (zero3.c) */
+
+/* Parameters sharded too (FSDP). Made on a stage-3 sync whose buckets follow the
+ * model's blocks (groups from anneal_zero3_groups): each rank keeps the shard of every
+ * parameter (the sync's shard layout, updated by the ZeRO optimizer); a block's
+ * parameters exist in full only between the model's block hook calls around its forward
+ * (and its recompute in backward: the run needs --recompute block), gathered by one
+ * all-gather per bucket, the next block's started while this one computes (prefetch in
+ * the direction the blocks run); after the block its parameter tensors have no storage
+ * (what backward saved keeps the gathered memory alive until it is done). Parameters
+ * outside the blocks (embeddings, final norm, lm head) stay gathered and are refreshed
+ * after every step. Every call here is collective unless said otherwise. */
+typedef struct anneal_zero3 anneal_zero3;
+/* The group of every parameter of m (malloc'd, m->params->n entries): its block's
+ * index (the first all-digit part of its name, "transformer.h.3.ln_1.weight" -> 3), or
+ * -1 for the parameters outside the blocks. NULL + error when out of memory. */
+int *anneal_zero3_groups(const anneal_model *m);
+/* Takes over m's parameters: their current (full, identical on every rank) values go
+ * into the shard, the blocks' parameters lose their storage, and m's block hook is set.
+ * d: a stage-3 sync over m->params made with anneal_zero3_groups(m). */
+anneal_zero3 *anneal_zero3_new(anneal_ddp *d, anneal_model *m);
+/* Removes the hook and frees the gathered memory and the shard; the blocks' parameters
+ * stay without storage unless anneal_zero3_gather_all ran. Not collective. */
+void anneal_zero3_free(anneal_zero3 *z);
+/* Every parameter in full (checkpoints, samples), until anneal_zero3_release_all. */
+anneal_status anneal_zero3_gather_all(anneal_zero3 *z);
+anneal_status anneal_zero3_release_all(anneal_zero3 *z);
+/* Bytes of parameters: now (shard + what is gathered, as held by zero3) and the most
+ * the device's parameter category held at any of zero3's allocations (the peak: only
+ * zero3 allocates parameters once it runs). Not collective. */
+typedef struct anneal_zero3_memory {
+    int64_t shard_bytes, resident_bytes, gathered_bytes, peak_param_bytes;
+    int64_t block_bytes_max; /* the largest block, gathered (for the memory formula) */
+} anneal_zero3_memory;
+anneal_zero3_memory anneal_zero3_memory_get(const anneal_zero3 *z);
 
 /* ------------------------------------------------ communication hooks */
 

@@ -28,6 +28,7 @@ typedef struct {
     int64_t n_allocs, n_system, limit;
     int64_t live_cat[ANNEAL_MEM_CATEGORY_COUNT]; /* live split by anneal_mem_category */
     int64_t peak_cat[ANNEAL_MEM_CATEGORY_COUNT]; /* that split when live last reached peak */
+    int64_t max_cat[ANNEAL_MEM_CATEGORY_COUNT];  /* each category's own highest live bytes */
 } device_pool;
 
 static _Thread_local int t_category; /* ANNEAL_MEM_ACTIVATIONS */
@@ -152,6 +153,7 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     st->refcount = 1;
     st->_category = t_category;
     dp->live_cat[t_category] += (int64_t)nbytes;
+    if (dp->live_cat[t_category] > dp->max_cat[t_category]) dp->max_cat[t_category] = dp->live_cat[t_category];
     dp->live += (int64_t)nbytes;
     if (dp->live > dp->peak) {
         dp->peak = dp->live;
@@ -217,6 +219,7 @@ void anneal_memory_reset_peak(anneal_device d) {
     pthread_mutex_lock(&dp->lock);
     dp->peak = dp->live;
     memcpy(dp->peak_cat, dp->live_cat, sizeof dp->peak_cat);
+    memcpy(dp->max_cat, dp->live_cat, sizeof dp->max_cat);
     dp->peak_reserved = dp->reserved;
     pthread_mutex_unlock(&dp->lock);
 }
@@ -247,7 +250,7 @@ anneal_memory_categories anneal_memory_categories_get(anneal_device d) {
     if ((unsigned)d >= ANNEAL_DEVICE_COUNT) return m;
     device_pool *dp = &g_pool[d];
     pthread_mutex_lock(&dp->lock);
-    for (int c = 0; c < ANNEAL_MEM_CATEGORY_COUNT; c++) m.live[c] = dp->live_cat[c], m.at_peak[c] = dp->peak_cat[c];
+    for (int c = 0; c < ANNEAL_MEM_CATEGORY_COUNT; c++) m.live[c] = dp->live_cat[c], m.at_peak[c] = dp->peak_cat[c], m.peak[c] = dp->max_cat[c];
     pthread_mutex_unlock(&dp->lock);
     return m;
 }

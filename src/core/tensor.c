@@ -300,6 +300,22 @@ double anneal_item_at(const anneal_tensor *t, int64_t linear) {
 
 double anneal_item(const anneal_tensor *t) { return anneal_item_at(t, 0); }
 
+anneal_status anneal_tensor_set_storage(anneal_tensor *t, const anneal_tensor *src, int64_t offset) {
+    if (!t) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_tensor_set_storage: NULL tensor");
+    if (src) {
+        int64_t hi = offset;
+        for (int i = 0; i < t->ndim; i++) hi += (t->shape[i] - 1) * t->strides[i];
+        if (src->dtype != t->dtype || src->device != t->device || offset < 0 || !src->storage ||
+            (hi + 1) * (int64_t)anneal_dtype_size(t->dtype) > (int64_t)src->storage->nbytes)
+            return anneal_set_error(ANNEAL_ERR_ARG, "anneal_tensor_set_storage: the tensor does not fit the storage");
+        anneal_storage_retain(src->storage);
+    }
+    anneal_storage_release(t->storage);
+    t->storage = src ? src->storage : NULL;
+    t->offset = src ? offset : 0;
+    return ANNEAL_OK;
+}
+
 anneal_tensor *anneal_retain(anneal_tensor *t) {
     if (t) t->refcount++;
     return t;

@@ -196,10 +196,14 @@ anneal_tensor *anneal_gpt2_block_forward(const anneal_gpt2_block *b, anneal_tens
     return anneal_add(s, o);
 }
 
-/* One training block as a recompute region (ctx is the block). x: (B, T, C). */
-static anneal_tensor *block_region(void *ctx, anneal_tensor *const *in) {
-    return anneal_gpt2_block_forward(ctx, in[0], NULL);
+/* One block between the model's block hook calls (ZeRO-3 gathers its parameters). */
+static anneal_tensor *hooked_block(const anneal_gpt2_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    if (anneal_model_block_enter(&b->model->base, b->layer) != ANNEAL_OK) return NULL;
+    return anneal_model_block_leave(&b->model->base, b->layer, anneal_gpt2_block_forward(b, x, kv));
 }
+
+/* One training block as a recompute region (ctx is the block). x: (B, T, C). */
+static anneal_tensor *block_region(void *ctx, anneal_tensor *const *in) { return hooked_block(ctx, in[0], NULL); }
 
 /* Final hidden states (B, T, C) of ids (B, T): positions [0, T), or with a cache the
  * positions after the cached ones (attention over the cache). */
@@ -223,7 +227,7 @@ static anneal_tensor *hidden(anneal_gpt2 *m, anneal_tensor *ids, anneal_kv_cache
     for (int l = 0; l < cfg->n_layer; l++) {
         anneal_gpt2_block *b = &m->blocks[l];
         x = !kv && cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, b, 1, &x)
-                                                            : anneal_gpt2_block_forward(b, x, kv);
+                                                            : hooked_block(b, x, kv);
     }
     return anneal_nn_layer_norm_forward(&m->ln_f, x);
 }

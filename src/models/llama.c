@@ -223,8 +223,14 @@ static anneal_tensor *block_forward(const anneal_llama_block *b, anneal_tensor *
     return anneal_add(x, anneal_nn_mlp_forward(&b->mlp, ctx, h));
 }
 
+/* One layer between the model's block hook calls (ZeRO-3 gathers its parameters). */
+static anneal_tensor *hooked_block(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    if (anneal_model_block_enter(&b->model->base, b->layer) != ANNEAL_OK) return NULL;
+    return anneal_model_block_leave(&b->model->base, b->layer, block_forward(b, x, kv));
+}
+
 /* One training layer as a recompute region (ctx is the block). */
-static anneal_tensor *block_region(void *ctx, anneal_tensor *const *in) { return block_forward(ctx, in[0], NULL); }
+static anneal_tensor *block_region(void *ctx, anneal_tensor *const *in) { return hooked_block(ctx, in[0], NULL); }
 
 /* Final hidden states (B, T, C) of ids (B, T): positions [0, T), or with a cache the
  * positions after the cached ones. */
@@ -245,7 +251,7 @@ static anneal_tensor *hidden(anneal_llama *m, anneal_tensor *ids, anneal_kv_cach
     for (int l = 0; l < cfg->n_layer; l++) {
         anneal_llama_block *b = &m->blocks[l];
         x = !kv && cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, b, 1, &x)
-                                                            : block_forward(b, x, kv);
+                                                            : hooked_block(b, x, kv);
     }
     return anneal_nn_rms_norm_forward(&m->norm, x);
 }

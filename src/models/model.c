@@ -285,6 +285,15 @@ anneal_status anneal_model_set_kv_dtype(anneal_model *m, anneal_dtype kv_dtype) 
     return ANNEAL_OK;
 }
 
+anneal_status anneal_model_block_enter(const anneal_model *m, int layer) {
+    return m && m->block_hook ? m->block_hook(m->block_hook_user, layer, true) : ANNEAL_OK;
+}
+
+anneal_tensor *anneal_model_block_leave(const anneal_model *m, int layer, anneal_tensor *y) {
+    if (!m || !m->block_hook) return y;
+    return m->block_hook(m->block_hook_user, layer, false) == ANNEAL_OK ? y : NULL;
+}
+
 void anneal_model_set_training(anneal_model *m, bool training) {
     if (m) m->ctx.training = training;
 }

@@ -1,6 +1,6 @@
-/* ZeRO stages 1-2: an optimizer whose state covers only this rank's shard of the flat
+/* ZeRO stages 1-3: an optimizer whose state covers only this rank's shard of the flat
  * parameter space (the pieces of anneal_ddp_shard_pieces). A step updates each piece
- * of the parameters from the rank's mean-gradient shard with the same backend
+ * of the parameters (at stage 3 the sync's parameter shard, zero3.c) from the rank's mean-gradient shard with the same backend
  * kernels the plain optimizer uses (be->adamw; be->binary / be->copy for SGD) on 1-D
  * slices; those kernels are elementwise, so a slice gets exactly the bits the whole
  * tensor would. Then the parameters are all-gathered so every rank holds all of them.
@@ -58,7 +58,7 @@ static struct anneal_zero *zero_of(const anneal_optimizer *o) {
 /* An AdamW/SGD over ps whose state is the shard of d (stage 1 or 2, same ps). */
 anneal_optimizer *anneal_optimizer_new_zero(anneal_params *ps, anneal_optim_config cfg, anneal_ddp *d) {
     if (!d || anneal_ddp_stage(d) < 1) {
-        anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_new_zero: needs a gradient sync made with zero stage 1 or 2");
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_optimizer_new_zero: needs a gradient sync made with zero stage 1, 2 or 3");
         return NULL;
     }
     if (anneal_ddp_params(d) != ps) {
@@ -184,13 +184,15 @@ static anneal_status zero_step(anneal_optimizer *o, double lr) {
     if (ps->n && !be) return anneal_last_status();
     int np = 0;
     const anneal_ddp_piece *pcs = anneal_ddp_shard_pieces(d, &np);
+    anneal_tensor *pshard = anneal_ddp_param_shard(d);
     anneal_scope *tmp = anneal_scope_open();
     if (!tmp) return anneal_last_status();
     for (int k = 0; k < np && s == ANNEAL_OK; k++) {
         const anneal_ddp_piece *pc = &pcs[k];
         const anneal_param *pa = &ps->items[pc->param];
         int64_t steps = anneal_optimizer_param_steps(o, pc->param);
-        anneal_tensor *p = slice(pa->tensor, pc->offset, pc->len);
+        /* ZeRO-3: the parameters' values are the sync's shard (zero3.c) */
+        anneal_tensor *p = pshard ? slice(pshard, pc->shard_offset, pc->len) : slice(pa->tensor, pc->offset, pc->len);
         anneal_tensor *gs = slice(g, pc->shard_offset, pc->len);
         anneal_tensor *m = z->s[0] ? slice(z->s[0], pc->shard_offset, pc->len) : NULL;
         anneal_tensor *v = z->s[1] ? slice(z->s[1], pc->shard_offset, pc->len) : NULL;

@@ -13,7 +13,9 @@
  * ranks' chunks). The rank's shard is the concatenation, in bucket order, of its real
  * chunk elements; anneal_ddp_shard_pieces splits it at parameter boundaries. Stage 2
  * frees each .grad as soon as it has been copied into its bucket, and bucket buffers
- * of stages 1-2 live only while their collective is in flight.
+ * of stages 1-2 live only while their collective is in flight. Stage 3 is stage 2 with
+ * buckets cut at cfg.groups boundaries (a transformer block each) and the parameter
+ * values kept in a shard of zero3.c's (anneal_ddp_set_param_shard).
  *
  * Overlap. With cfg.overlap, begin_backward(sync) installs the autograd grad-ready
  * hook: when the last parameter of a bucket is ready, the bucket is copied and its
@@ -96,6 +98,9 @@ struct anneal_ddp {
     int64_t state_bytes;
     anneal_ddp_comm_hook hook; /* replaces the buckets' collectives (powersgd.c) */
     void *hook_user;
+    anneal_tensor *param_shard; /* stage 3: the parameters' shard (zero3.c), not owned */
+    anneal_status (*param_gather)(void *user); /* stage 3: anneal_ddp_gather_params */
+    void *param_gather_user;
     /* ANNEAL_DDP_PROGRESS=thread: a thread tests the in-flight requests during backward
      * instead of the hook; every MPI call between begin_backward and finish happens
      * under mu (so MPI_THREAD_SERIALIZED is enough). */
@@ -174,7 +179,9 @@ static bool make_buckets(anneal_ddp *d) {
     for (int hi = d->n - 1; hi >= 0;) {
         int lo = hi;
         int64_t bytes = numel_of(d, hi) * 4;
-        while (lo > 0 && bytes + numel_of(d, lo - 1) * 4 <= d->cfg.bucket_bytes) bytes += numel_of(d, --lo) * 4;
+        while (lo > 0 && bytes + numel_of(d, lo - 1) * 4 <= d->cfg.bucket_bytes &&
+               (!d->cfg.groups || d->cfg.groups[lo - 1] == d->cfg.groups[hi]))
+            bytes += numel_of(d, --lo) * 4;
         ddp_bucket *b = &d->b[d->nb];
         b->lo = lo;
         b->hi = hi;
@@ -241,8 +248,8 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: NULL communicator or parameter set");
         return NULL;
     }
-    if (cfg.zero_stage < 0 || cfg.zero_stage > 2) {
-        anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: zero stage %d (must be 0, 1 or 2)", cfg.zero_stage);
+    if (cfg.zero_stage < 0 || cfg.zero_stage > 3) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_new: zero stage %d (must be 0, 1, 2 or 3)", cfg.zero_stage);
         return NULL;
     }
     if (cfg.bucket_bytes <= 0) {
@@ -277,7 +284,8 @@ anneal_ddp *anneal_ddp_new(anneal_comm *c, anneal_params *ps, anneal_ddp_config 
     d->dev = dev;
     d->be = be;
     const char *prog = getenv("ANNEAL_DDP_PROGRESS");
-    d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok(c);
+    /* (stage 3: zero3.c's all-gathers run on the caller's thread during backward) */
+    d->use_thread = prog && strcmp(prog, "thread") == 0 && anneal_comm_threads_ok(c) && cfg.zero_stage < 3;
     d->n = ps->n;
     size_t n1 = (size_t)(d->n > 0 ? d->n : 1);
     d->offset = calloc(n1, sizeof *d->offset);
@@ -339,7 +347,7 @@ static anneal_status launch(anneal_ddp *d, int k) {
         anneal_status s;
         if (t->grad) {
             s = copy_release(d, slot, anneal_retain(t->grad));
-            if (s == ANNEAL_OK && d->cfg.zero_stage == 2) anneal_grad_clear(t);
+            if (s == ANNEAL_OK && d->cfg.zero_stage >= 2) anneal_grad_clear(t);
         } else {
             s = slot ? be->fill(be->ctx, slot, 0.0) : anneal_last_status();
             anneal_release(slot);
@@ -732,6 +740,7 @@ anneal_status anneal_ddp_gather_shard(anneal_ddp *d, const anneal_tensor *shard,
 anneal_status anneal_ddp_gather_params(anneal_ddp *d) {
     if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_gather_params: NULL sync");
     if (d->cfg.zero_stage == 0) return ANNEAL_OK; /* every rank updated every parameter */
+    if (d->cfg.zero_stage == 3) return d->param_gather ? d->param_gather(d->param_gather_user) : ANNEAL_OK;
     anneal_tensor *shard = new_buffer(d, d->shard_numel > 0 ? d->shard_numel : 1);
     anneal_tensor **dst = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *dst);
     if (!shard || !dst) {
@@ -796,3 +805,12 @@ anneal_status anneal_ddp_set_comm_hook(anneal_ddp *d, anneal_ddp_comm_hook fn, v
     d->hook_user = fn ? user : NULL;
     return ANNEAL_OK;
 }
+
+void anneal_ddp_set_param_shard(anneal_ddp *d, anneal_tensor *shard, anneal_status (*gather)(void *user), void *user) {
+    if (!d) return;
+    d->param_shard = shard;
+    d->param_gather = gather;
+    d->param_gather_user = user;
+}
+
+anneal_tensor *anneal_ddp_param_shard(const anneal_ddp *d) { return d ? d->param_shard : NULL; }

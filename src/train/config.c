@@ -107,7 +107,8 @@ static const option_def defs[] = {
     {{"lora-dropout", ANNEAL_OPT_FLOAT, "LoRA: dropout on the adapters' input (default 0)"}, OFF(lora_dropout), 0, 1, 0, 1, NULL},
     {{"lora-init", ANNEAL_OPT_STRING, "LoRA: start the adapters from a PEFT adapter directory (adapter_config.json + "
       "adapter_model.safetensors; its r, alpha, targets unless given)"}, OFF(lora_init), 0, 0, 0, 0, NULL},
-    {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients (default 0)"}, OFF(zero), 0, 2, 0, 0, NULL},
+    {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients, 3 = also "
+      "parameters (needs --recompute block) (default 0)"}, OFF(zero), 0, 3, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
     {{"grad-compress", ANNEAL_OPT_STRING, "distributed: gradient compression, none or powersgd (low-rank PowerSGD with "

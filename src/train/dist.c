@@ -282,12 +282,16 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress powersgd: not available with the fp16 loss scaler "
                                                 "(use --dtype bf16 or fp32)");
     }
+    if (t->cfg.zero == 3 && (st = anneal_train_zero3_check(t, usage)) != ANNEAL_OK) return st;
     anneal_ddp_config dc = anneal_ddp_defaults();
     dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
     if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;
     dc.overlap = t->cfg.overlap;
     dc.zero_stage = (int)t->cfg.zero;
-    t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
+    int *groups = t->cfg.zero == 3 ? anneal_zero3_groups(t->model) : NULL; /* buckets follow the blocks */
+    dc.groups = groups;
+    t->ddp = t->cfg.zero != 3 || groups ? anneal_ddp_new(t->comm, t->model->params, dc) : NULL;
+    free(groups);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
     if (st == ANNEAL_OK) st = anneal_train_det_attach(t); /* --deterministic: the ordered combine */
@@ -296,6 +300,9 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     /* a new run: every rank starts from rank 0's weights (the same seed gives the same
      * ones anyway; --init files could differ between hosts); a resume: the same */
     if ((st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK) return restate(st, "broadcast of the parameters: ");
+    /* ZeRO-3: from here on each rank keeps its shard of the parameters (collective) */
+    if (t->cfg.zero == 3 && !(t->z3 = anneal_zero3_new(t->ddp, t->model)))
+        return anneal_train_dist_fatal(t, restate(anneal_last_status(), "ZeRO-3: "));
     if (t->cfg.zero > 0) st = make_zero_optimizer(t);
     if ((st = anneal_train_dist_agree(t, st, "setting up the optimizer")) != ANNEAL_OK) return st;
     /* only now, so a job refused for its settings leaves no run directory behind */
@@ -325,6 +332,7 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
+    if (t->z3 && (so = anneal_zero3_gather_all(t->z3)) != ANNEAL_OK) return so; /* the full parameters */
     return anneal_optimizer_gather_state(t->opt);
 }
 
@@ -342,6 +350,7 @@ anneal_status anneal_train_dist_ckpt_end(trainer *t) {
         prune_powersgd(t, t->st.step);
     }
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
+    if (t->z3 && (so = anneal_zero3_release_all(t->z3)) != ANNEAL_OK) return so;
     return anneal_optimizer_scatter_state(t->opt);
 }
 
@@ -366,6 +375,7 @@ static void memory_of(trainer *t, double out[3]) {
         /* PowerSGD's error feedback, P, Q and scratch count as gradient memory */
         out[1] = (double)(m.grad_bytes + m.bucket_bytes + anneal_powersgd_memory_bytes(t->psgd) +
                           anneal_train_det_memory_bytes(t)); /* --deterministic: its sums and buffers */
+        if (t->z3) anneal_train_zero3_memory(t, out); /* ZeRO-3: parameters and gradients, their peaks */
         int64_t owned = t->cfg.zero > 0 ? anneal_ddp_shard_numel(t->ddp) : n;
         out[2] = (double)owned * 2.0 * sizeof(float); /* AdamW: exp_avg + exp_avg_sq */
         if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */
@@ -433,8 +443,15 @@ void anneal_train_dist_print_header(trainer *t) {
                              "and warm start", (long long)c->powersgd_rank, (long long)c->powersgd_warmup_steps);
 }
 
+anneal_status anneal_train_dist_full_params(trainer *t, bool on) {
+    if (!t->z3) return ANNEAL_OK;
+    return anneal_train_dist_fatal(t, on ? anneal_zero3_gather_all(t->z3) : anneal_zero3_release_all(t->z3));
+}
+
 void anneal_train_dist_teardown(trainer *t) {
     anneal_train_det_free(t); /* its comm hook goes before the sync */
+    anneal_zero3_free(t->z3); /* before the sync it registered with */
+    t->z3 = NULL;
     anneal_powersgd_free(t->psgd);
     t->psgd = NULL;
     if (t->ddp) anneal_ddp_free(t->ddp);

@@ -278,10 +278,17 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
-    if (t->rank != 0) return ANNEAL_OK; /* samples are rank 0's (no collectives in generation) */
+    /* --zero 3: every rank gathers the parameters for rank 0's sample, and releases them */
+    anneal_status st = anneal_train_dist_full_params(t, true);
+    if (st == ANNEAL_OK && t->rank != 0) return anneal_train_dist_full_params(t, false);
     char *text = NULL;
-    anneal_status st = anneal_train_sample(t, &text);
-    if (st != ANNEAL_OK || !text) return st;
+    if (st == ANNEAL_OK) st = anneal_train_sample(t, &text);
+    anneal_status sr = anneal_train_dist_full_params(t, false);
+    if (st == ANNEAL_OK) st = sr;
+    if (st != ANNEAL_OK || !text) {
+        free(text);
+        return st;
+    }
     anneal_progress_note(t->prog, "--- sample at step %lld (temperature %g) ---\n%s\n---", (long long)t->st.step,
                          t->cfg.sample_temperature, text);
     cJSON *o = cJSON_CreateObject();

@@ -94,6 +94,7 @@ typedef struct trainer {
     anneal_comm *comm;
     anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */
     anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
+    anneal_zero3 *z3;          /* --zero 3: the sharded parameters (dist.c) */
     int rank, world;
     int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
@@ -201,6 +202,13 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag);
  * rank (begin) and drops it again (end). */
 anneal_status anneal_train_dist_ckpt_begin(trainer *t);
 anneal_status anneal_train_dist_ckpt_end(trainer *t);
+/* --zero 3: the settings it needs (usage errors otherwise; dist_zero3.c); every
+ * parameter in full (on) and back to shards (off), collective, for rank 0's samples
+ * (dist.c; a failure ends the job); the most parameter and gradient bytes this rank has
+ * held (out[0], out[1]; dist_zero3.c). */
+anneal_status anneal_train_zero3_check(trainer *t, bool *usage);
+anneal_status anneal_train_dist_full_params(trainer *t, bool on);
+void anneal_train_zero3_memory(const trainer *t, double out[2]);
 /* Notes this rank's memory in the middle of a step (gradients synchronised, before the
  * update: when it holds the most); not collective. */
 void anneal_train_dist_note_memory(trainer *t);

@@ -182,7 +182,7 @@ TEST(missing_gradients_are_zero) {
     anneal_ddp_free(d);
     anneal_clear_error();
     anneal_ddp_config bad = anneal_ddp_defaults();
-    bad.zero_stage = 3;
+    bad.zero_stage = 4; /* 0-3 */
     CHECK_TRUE(anneal_ddp_new(g_comm, ps, bad) == NULL && anneal_last_status() == ANNEAL_ERR_ARG);
     anneal_clear_error();
     anneal_params_free(ps);
