@@ -58,6 +58,12 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     anneal_model_set_training(t->model, true);
     anneal_params_zero_grad(t->model->params);
     bool inject = anneal_train_inject_nan(t, step + 1);
+    if (t->pp) { /* --pp: the micro-batches pipelined 1F1B over the stages, and the update (pipeline.c) */
+        o->overflow = false;
+        o->loss_scale = 0;
+        o->lr = anneal_schedule_lr(&t->sch, step);
+        return anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
+    }
     bool ddp = anneal_train_dist_active(t);
     anneal_device dev = anneal_model_device(t->model);
     int64_t shape[2] = {t->local_batch, c->seq};
@@ -269,6 +275,8 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
+    anneal_status ps = anneal_train_pp_sync_params(t); /* --pp: rank 0 needs every stage's weights */
+    if (ps != ANNEAL_OK) return ps;
     if (t->rank != 0) return ANNEAL_OK; /* samples are rank 0's (no collectives in generation) */
     char *text = NULL;
     anneal_status st = anneal_train_sample(t, &text);
@@ -300,6 +308,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     anneal_train_dist_log_bytes(t, o, false); /* PowerSGD: bytes on the wire */
+    anneal_train_pp_log_step(t, o);           /* --pp: the measured and ideal bubble */
     cJSON_AddNumberToObject(o, "rss_bytes", (double)anneal_train_rss_bytes()); /* resident now (offload.c) */
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);

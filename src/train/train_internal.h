@@ -95,6 +95,8 @@ typedef struct trainer {
     anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
     int rank, world;
     int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
+    int data_rank, data_world; /* this rank's data-parallel replica and their number (--pp: world / pp) */
+    struct train_pp *pp;       /* --pp > 1: the pipeline (pipeline.c); NULL otherwise */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
     /* mixed precision (precision.c) */
     anneal_dtype dtype;              /* matmul precision of the run (the model's compute precision) */
@@ -218,6 +220,28 @@ anneal_status anneal_train_setup_offload(trainer *t, bool *usage);
 /* The process's resident set size now (bytes; 0 when unknown). */
 int64_t anneal_train_rss_bytes(void);
 void anneal_train_dist_teardown(trainer *t);
+
+/* --- pipeline.c: --pp N (1F1B pipeline stages x data-parallel replicas) */
+/* Setup, before the batch split: checks --pp against the world and --accum, sets
+ * data_rank / data_world (the replicas). Not collective. */
+anneal_status anneal_train_pp_layout(trainer *t, bool *usage);
+/* From anneal_train_dist_setup: groups, the stage's optimizer and DDP over the data
+ * group, the run directory. Collective. */
+anneal_status anneal_train_pp_setup(trainer *t, bool *usage);
+/* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
+anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
+                                   bool *skipped);
+/* Collective (no-op without --pp): every rank's whole model made current. */
+anneal_status anneal_train_pp_sync_params(trainer *t);
+/* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
+anneal_status anneal_train_pp_ckpt_begin(trainer *t);
+anneal_status anneal_train_pp_ckpt_end(trainer *t);
+void anneal_train_pp_print_header(trainer *t);
+/* The step record's bubble fields (nothing without --pp). */
+void anneal_train_pp_log_step(trainer *t, struct cJSON *o);
+void anneal_train_pp_teardown(trainer *t);
+/* The memory report's bytes (parameters, gradients, optimizer state) of a --pp rank. */
+void anneal_train_pp_memory(trainer *t, double out[3]);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
 anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st);
