@@ -5,7 +5,8 @@
  *
  * Layout: world W = N x D. Rank r is stage r % N of data-parallel replica r / N; the
  * pipeline group of a replica is its N ranks, the data group of a stage its D ranks
- * (gradients of the stage's parameters are averaged over it by DDP, ZeRO 0), and the
+ * (gradients of the stage's parameters are averaged over it by DDP, or sharded over it
+ * with --zero 1-2: optimizer state and the averaged gradients of the stage), and the
  * first and last stage form the tied-embedding group when the model shares one tensor
  * between the embedding and the head (GPT-2's wte): their two gradients are summed
  * there (Megatron's embedding group), so the two copies stay identical.
@@ -27,7 +28,7 @@
  * single-process optimizer for the snapshot, so a run saved with --pp 2 resumes with
  * --pp 1 (or any other layout) and the other way round.
  *
- * Not done: ZeRO 1-2 over the data group, the fp16 loss scaler, PowerSGD, --offload and
+ * Not done: the fp16 loss scaler, PowerSGD, --offload and
  * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
  * that differ from a single process's (the same distribution, other masks). */
 #include "anneal/backend.h"
@@ -64,6 +65,9 @@ struct train_pp {
     double idle_ms, step_ms;         /* the last step: time waiting for peers, and in all */
     double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
     anneal_optimizer *stage_opt;     /* while a checkpoint's full optimizer is installed in t->opt */
+    bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
+                                      * sync, without overlap, reads .grad in anneal_ddp_finish) */
+    double *view_ss, *view_ss_all;   /* ZeRO 1-2: per view parameter, this rank's and every replica's shard sums */
 };
 
 /* Stage of blocks of rank p in N over L blocks: [p L / N, (p + 1) L / N). */
@@ -125,9 +129,6 @@ static anneal_status refuse(trainer *t, bool *usage) {
     if (c->pp > t->mcfg.n_layer)
         return USAGE("--pp %lld: more pipeline stages than the model's %d blocks (each stage needs a block)", n,
                      t->mcfg.n_layer);
-    if (c->zero > 0)
-        return USAGE("--pp %lld with --zero %lld: ZeRO over the data-parallel group of a stage is not built yet "
-                     "(use --zero 0)", n, (long long)c->zero);
     if (t->use_scaler) return USAGE("--pp %lld: not available with the fp16 loss scaler (use --dtype bf16 or fp32)", n);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return USAGE("--pp %lld with --grad-compress %s: not built", n, c->grad_compress);
@@ -225,6 +226,41 @@ static anneal_status build(trainer *t) {
     return ANNEAL_OK;
 }
 
+/* --zero 1-2: the stage optimizer replaced by one sharded over the data group (t->ddp),
+ * with the stage's state when resumed. Collective over the data group. */
+static anneal_status make_zero_optimizer(trainer *t) {
+    struct train_pp *pp = t->pp;
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+    anneal_optimizer *plain = t->opt;
+    pp->view_ss = calloc((size_t)pp->view.n + 1, sizeof *pp->view_ss);
+    pp->view_ss_all = calloc(((size_t)pp->view.n + 1) * (size_t)pp->replicas, sizeof *pp->view_ss_all);
+    if (!pp->view_ss || !pp->view_ss_all) anneal_comm_abort(t->comm, 1, "pipeline: out of memory");
+    anneal_optimizer *z = anneal_optimizer_new_zero(&pp->view, anneal_optimizer_config(plain), t->ddp);
+    if (!z) return anneal_train_dist_fatal(t, restate(anneal_last_status(), "ZeRO optimizer of the stage: "));
+    anneal_status st = ANNEAL_OK;
+    if (t->resume_ckpt[0]) {
+        st = anneal_optimizer_init_state(z);
+        anneal_status g = anneal_optimizer_gather_state(z); /* collective */
+        if (st == ANNEAL_OK) st = g;
+        for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
+            for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+                anneal_tensor *src = anneal_optimizer_state(plain, j, names[k]), *dst = anneal_optimizer_state(z, j, names[k]);
+                if (!src || !dst || anneal_numel(src) != anneal_numel(dst))
+                    st = anneal_set_error(ANNEAL_ERR_STATE, "ZeRO optimizer of the stage: no state %s for %s", names[k],
+                                          pp->view.items[j].name);
+                else memcpy(anneal_data(dst), anneal_data(src), (size_t)anneal_numel(src) * sizeof(float));
+            }
+            if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(z, j, anneal_optimizer_param_steps(plain, j));
+        }
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(z, anneal_optimizer_step_count(plain));
+        anneal_status sc = anneal_optimizer_scatter_state(z); /* collective */
+        if (st == ANNEAL_OK) st = sc;
+    }
+    anneal_optimizer_free(plain);
+    t->opt = z;
+    return st;
+}
+
 anneal_status anneal_train_pp_setup(trainer *t, bool *usage) {
     anneal_status st = refuse(t, usage);
     if (st == ANNEAL_OK) st = build(t);
@@ -236,8 +272,14 @@ anneal_status anneal_train_pp_setup(trainer *t, bool *usage) {
         dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
         if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;
         dc.overlap = t->cfg.overlap;
+        dc.zero_stage = (int)t->cfg.zero;
+        /* ZeRO 1-2 keep only a shard of the synced gradient: the tied sum must come first,
+         * so the stage's buckets are filled from .grad in anneal_ddp_finish (no overlap) */
+        pp->tied_before_sync = dc.zero_stage > 0 && pp->embed;
+        if (pp->tied_before_sync) dc.overlap = false;
         t->ddp = anneal_ddp_new(pp->data, &pp->view, dc);
         if (!t->ddp) st = restate(anneal_last_status(), "gradient sync of the stage: ");
+        if (st == ANNEAL_OK && dc.zero_stage > 0) st = make_zero_optimizer(t);
     }
     if ((st = anneal_train_dist_agree(t, st, "setting up the pipeline's optimizer")) != ANNEAL_OK) return st;
     /* every replica starts from replica 0's weights (as DDP starts from rank 0's) */
@@ -354,18 +396,52 @@ static anneal_status sum_tied(trainer *t) {
     return ANNEAL_OK;
 }
 
+/* ZeRO 1-2: ss[i] of every owned model parameter i from the shards of the data group
+ * (each rank's pieces, gathered and added in replica order); tied ones only at their
+ * first stage. */
+static anneal_status shard_sums(trainer *t, const anneal_backend *be, anneal_tensor *acc) {
+    struct train_pp *pp = t->pp;
+    int np = 0, nv = pp->view.n;
+    const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
+    anneal_tensor *g = anneal_ddp_shard_grad_tensor(t->ddp);
+    anneal_scope *s = anneal_scope_open();
+    int64_t len = np > 0 ? np : 1;
+    anneal_tensor *part = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);
+    anneal_status st = part ? ANNEAL_OK : anneal_last_status();
+    memset(pp->view_ss, 0, (size_t)nv * sizeof(double));
+    for (int k = 0; k < np && st == ANNEAL_OK && g; k++) {
+        anneal_tensor *v = anneal_narrow(g, 0, pc[k].shard_offset, pc[k].len);
+        st = v ? be->sum_squares(be->ctx, part, k, v) : anneal_last_status();
+        if (st == ANNEAL_OK) pp->view_ss[pc[k].param] += ((double *)anneal_data(part))[k];
+    }
+    anneal_scope_close(s);
+    if (st == ANNEAL_OK)
+        st = anneal_comm_all_gather(pp->data, pp->view_ss, pp->view_ss_all, (int64_t)nv * 8, ANNEAL_U8);
+    double *out = anneal_data(acc);
+    for (int j = 0; j < nv && st == ANNEAL_OK; j++) {
+        int i = pp->view_of[j];
+        if (pp->owner[i] != pp->stage) continue;
+        double sum = 0;
+        for (int r = 0; r < pp->replicas; r++) sum += pp->view_ss_all[(size_t)r * (size_t)nv + (size_t)j];
+        out[i] = sum;
+    }
+    return st;
+}
+
 /* The global gradient norm (single-process order) and clipping of the owned gradients. */
 static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) {
     struct train_pp *pp = t->pp;
     int n = t->model->params->n;
     const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
     if (!be) return anneal_last_status();
+    bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
     anneal_scope *s = anneal_scope_open();
     int64_t len = n;
     anneal_tensor *acc = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);
     anneal_status st = acc ? ANNEAL_OK : anneal_last_status();
     if (st == ANNEAL_OK) memset(anneal_data(acc), 0, (size_t)n * sizeof(double));
-    for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
+    if (st == ANNEAL_OK && sharded) st = shard_sums(t, be, acc);
+    for (int j = 0; j < pp->view.n && st == ANNEAL_OK && !sharded; j++) {
         int i = pp->view_of[j];
         anneal_tensor *g = pp->view.items[j].tensor->grad;
         if (!g || pp->owner[i] != pp->stage) continue; /* a tied one counts once, at its first stage */
@@ -385,6 +461,7 @@ static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) 
     if (!(max_norm > 0) || !isfinite(norm)) return ANNEAL_OK;
     float coef = max_norm / (norm + 1e-6f);
     if (!(coef < 1.0f)) return ANNEAL_OK;
+    if (sharded) return anneal_ddp_scale_grads(t->ddp, coef); /* the shard */
     for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
         anneal_tensor *g = pp->view.items[j].tensor->grad;
         if (g) st = be->scale_by(be->ctx, g, NULL, NULL, coef);
@@ -423,8 +500,9 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     pp->n_reqs = 0;
     if (st != ANNEAL_OK) return st;
     int64_t span_t0 = anneal_span_begin(); /* gradient sync, norm, clipping, update */
+    if (pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
     if (t->ddp && (st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
-    if ((st = sum_tied(t)) != ANNEAL_OK) return st;
+    if (!pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
     /* the loss: the last stage's mean of its micro-batches (in double, in order, as one
      * process sums them), sent to the whole pipeline; then the mean over replicas */
     double mean = 0;
@@ -475,6 +553,9 @@ anneal_status anneal_train_pp_sync_params(trainer *t) {
 anneal_status anneal_train_pp_ckpt_begin(trainer *t) {
     struct train_pp *pp = t->pp;
     anneal_status st = anneal_train_pp_sync_params(t);
+    bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
+    /* ZeRO 1-2: the stage's full state assembled over the data group (collective) */
+    if (st == ANNEAL_OK && sharded) st = anneal_optimizer_gather_state(t->opt);
     if (st != ANNEAL_OK || pp->replica != 0) return st;
     static const char *const names[] = {"exp_avg", "exp_avg_sq"};
     anneal_params *ps = t->model->params;
@@ -484,7 +565,7 @@ anneal_status anneal_train_pp_ckpt_begin(trainer *t) {
         st = full ? anneal_optimizer_init_state(full) : anneal_last_status();
         if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(full, anneal_optimizer_step_count(t->opt));
     }
-    if (st == ANNEAL_OK) st = anneal_optimizer_init_state(t->opt);
+    if (st == ANNEAL_OK && !sharded) st = anneal_optimizer_init_state(t->opt);
     /* (an error here leaves a peer in a receive: the caller ends the job) */
     for (int j = 0, v = 0; st == ANNEAL_OK && j < ps->n; j++) {
         int o = pp->owner[j];
@@ -524,6 +605,7 @@ anneal_status anneal_train_pp_ckpt_end(trainer *t) {
         t->opt = pp->stage_opt;
         pp->stage_opt = NULL;
     }
+    if (pp && t->ddp && anneal_ddp_stage(t->ddp) > 0) return anneal_optimizer_scatter_state(t->opt);
     return ANNEAL_OK;
 }
 
@@ -557,12 +639,16 @@ void anneal_train_pp_memory(trainer *t, double out[3]) {
     out[0] = (double)anneal_params_numel(t->model->params) * sizeof(float); /* not freed yet (see the top) */
     if (!t->ddp) out[1] = (double)owned * sizeof(float);
     out[2] = (double)owned * 2.0 * sizeof(float);
+    if (t->ddp && anneal_ddp_stage(t->ddp) > 0) out[2] = (double)anneal_ddp_shard_numel(t->ddp) * 2.0 * sizeof(float);
 }
 
 void anneal_train_pp_teardown(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp) return;
-    anneal_train_pp_ckpt_end(t);
+    if (pp->stage_opt) { /* a failed checkpoint left the full optimizer installed */
+        anneal_optimizer_free(t->opt);
+        t->opt = pp->stage_opt;
+    }
     for (int r = 0; r < pp->n_reqs; r++) anneal_comm_wait(pp->reqs[r]);
     for (int k = 0; pp->scopes && k < (int)t->cfg.accum; k++)
         if (pp->scopes[k]) anneal_scope_free(pp->scopes[k]);
@@ -575,6 +661,8 @@ void anneal_train_pp_teardown(trainer *t) {
     free(pp->tied);
     free(pp->ss);
     free(pp->ss_all);
+    free(pp->view_ss);
+    free(pp->view_ss_all);
     free(pp->send_act);
     free(pp->send_grad);
     free(pp->reqs);

@@ -1,7 +1,8 @@
 /* `mpirun -np N anneal train --pp P` end to end, through the CLI: pipeline-parallel
  * training (blocks split into P stages, --accum micro-batches scheduled 1F1B) gives the
  * loss trajectory and parameters of one process with the same --accum, alone (pp 2 at
- * 2 ranks) and combined with data parallelism (pp 2 x dp 2 at 4 ranks); checkpoints
+ * 2 ranks) and combined with data parallelism (pp 2 x dp 2 at 4 ranks, ZeRO 0-2 over
+ * the replicas); checkpoints
  * move between layouts (pp 2 -> 1 and 1 -> 2); the rank layout and the bubble fraction
  * are printed and logged; layouts that cannot work end with clear messages.
  *
@@ -264,6 +265,26 @@ TEST(pp2_dp2_matches_single_process) {
     check_bubble("pp2dp2", 1.0 / 5.0);
 }
 
+/* pp 2 x dp 2 with the stage's optimizer state (and, ZeRO 2, gradients) sharded over
+ * the 2 replicas: the same trajectory; a ZeRO-1 run stopped at half resumes as one
+ * process (the sharded state gathered into the checkpoint). */
+TEST(pp2_dp2_zero_matches_single_process) {
+    NEED_MPI();
+    REQUIRE(train(mpi4, "pp2z1", "--pp 2 --zero 1") == 0);
+    REQUIRE(train(mpi4, "pp2z2", "--pp 2 --zero 2") == 0);
+    check_same_losses("pp2z1", "single", steps, false);
+    check_same_params("pp2z1", "single", false);
+    check_same_losses("pp2z2", "single", steps, false);
+    check_same_params("pp2z2", "single", false);
+    CHECK(strstr(tu_slurp(wpath("pp2z1.out")), "ZeRO stage 1") != NULL, "start line");
+    char stop[64];
+    snprintf(stop, sizeof stop, "--pp 2 --zero 1 --stop-at %d", steps / 2);
+    REQUIRE(train(mpi4, "rz41", stop) == 0);
+    REQUIRE(resume("", "rz41", "--pp 1 --zero 0") == 0);
+    check_same_losses("rz41", "single", steps, false);
+    check_same_params("rz41", "single", false);
+}
+
 /* Stopped at half with --pp 2, resumed with --pp 1 (one process); and the other way
  * round: both continue the single-process run. */
 TEST(resume_between_layouts) {
@@ -302,7 +323,7 @@ TEST(bad_layouts) {
     refused("", "bad_one", "--pp 2", "--pp 2 does not divide the 1 rank of the job");
     refused(mpi2, "bad_accum", "--pp 2 --accum 1", "--accum 1 is below --pp 2");
     refused(mpi4, "bad_blocks", "--pp 4", "--pp 4: more pipeline stages than the model's 2 blocks");
-    refused(mpi2, "bad_zero", "--pp 2 --zero 1", "--pp 2 with --zero 1: ZeRO over the data-parallel group");
+    refused(mpi2, "bad_fp16", "--pp 2 --dtype fp16", "--pp 2: not available with the fp16 loss scaler");
 }
 
 int main(void) {
@@ -331,6 +352,7 @@ int main(void) {
     RUN(pp2_matches_single_process);
     RUN(pp2_untied_model_is_bit_identical);
     RUN(pp2_dp2_matches_single_process);
+    RUN(pp2_dp2_zero_matches_single_process);
     RUN(resume_between_layouts);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
