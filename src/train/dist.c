@@ -268,7 +268,14 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     if (!distributed(t)) return ANNEAL_OK;
     anneal_status st = t->world > 1 ? check_same_run(t, usage) : ANNEAL_OK;
     if (st != ANNEAL_OK) return st;
-    if (t->cfg.pp > 1) return anneal_train_pp_setup(t, usage); /* --pp: stages x replicas (pipeline.c) */
+    if (t->cfg.pp > 1) { /* --pp: stages x replicas (pipeline.c) */
+        st = anneal_train_dist_agree(t, anneal_train_pp_build(t, usage), "setting up the pipeline");
+        if (st == ANNEAL_OK) st = anneal_train_dist_agree(t, anneal_train_pp_optimizer(t), "setting up the optimizer");
+        if (st == ANNEAL_OK)
+            st = anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
+                                         "creating the run directory");
+        return st;
+    }
     /* the fp16 loss scaler unscales and checks the full gradients in .grad, which ZeRO
      * replaces by each rank's shard (every rank takes this branch: same settings) */
     if (t->use_scaler && t->cfg.zero > 0) {

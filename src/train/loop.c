@@ -62,7 +62,9 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         o->overflow = false;
         o->loss_scale = 0;
         o->lr = anneal_schedule_lr(&t->sch, step);
-        return anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
+        anneal_status ps = anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
+        if (t->ddp) anneal_train_dist_note_memory(t);
+        return ps;
     }
     bool ddp = anneal_train_dist_active(t);
     anneal_device dev = anneal_model_device(t->model);

@@ -236,7 +236,7 @@ static anneal_status make_zero_optimizer(trainer *t) {
     pp->view_ss_all = calloc(((size_t)pp->view.n + 1) * (size_t)pp->replicas, sizeof *pp->view_ss_all);
     if (!pp->view_ss || !pp->view_ss_all) anneal_comm_abort(t->comm, 1, "pipeline: out of memory");
     anneal_optimizer *z = anneal_optimizer_new_zero(&pp->view, anneal_optimizer_config(plain), t->ddp);
-    if (!z) return anneal_train_dist_fatal(t, restate(anneal_last_status(), "ZeRO optimizer of the stage: "));
+    if (!z) return restate(anneal_last_status(), "ZeRO optimizer of the stage: ");
     anneal_status st = ANNEAL_OK;
     if (t->resume_ckpt[0]) {
         st = anneal_optimizer_init_state(z);
@@ -261,12 +261,24 @@ static anneal_status make_zero_optimizer(trainer *t) {
     return st;
 }
 
-anneal_status anneal_train_pp_setup(trainer *t, bool *usage) {
+anneal_status anneal_train_pp_build(trainer *t, bool *usage) {
     anneal_status st = refuse(t, usage);
-    if (st == ANNEAL_OK) st = build(t);
-    if ((st = anneal_train_dist_agree(t, st, "setting up the pipeline")) != ANNEAL_OK) return st;
+    return st == ANNEAL_OK ? build(t) : st;
+}
+
+/* Ends the job on a failure inside the collectives of the optimizer setup (the other
+ * ranks may be waiting in one). */
+static anneal_status fatal(trainer *t, anneal_status st) {
+    if (st == ANNEAL_OK) return st;
+    char msg[1200];
+    snprintf(msg, sizeof msg, "rank %d: anneal train: %s (ending the job)", t->rank, anneal_last_error());
+    anneal_comm_abort(t->comm, 1, msg);
+    return st;
+}
+
+anneal_status anneal_train_pp_optimizer(trainer *t) {
     struct train_pp *pp = t->pp;
-    st = make_stage_optimizer(t);
+    anneal_status st = make_stage_optimizer(t);
     if (st == ANNEAL_OK && pp->replicas > 1) {
         anneal_ddp_config dc = anneal_ddp_defaults();
         dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
@@ -279,14 +291,12 @@ anneal_status anneal_train_pp_setup(trainer *t, bool *usage) {
         if (pp->tied_before_sync) dc.overlap = false;
         t->ddp = anneal_ddp_new(pp->data, &pp->view, dc);
         if (!t->ddp) st = restate(anneal_last_status(), "gradient sync of the stage: ");
-        if (st == ANNEAL_OK && dc.zero_stage > 0) st = make_zero_optimizer(t);
+        if (st == ANNEAL_OK && dc.zero_stage > 0) st = fatal(t, make_zero_optimizer(t));
     }
-    if ((st = anneal_train_dist_agree(t, st, "setting up the pipeline's optimizer")) != ANNEAL_OK) return st;
     /* every replica starts from replica 0's weights (as DDP starts from rank 0's) */
-    if (t->ddp && (st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK)
-        return restate(st, "broadcast of the parameters: ");
-    return anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
-                                   "creating the run directory");
+    if (st == ANNEAL_OK && t->ddp && (st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK)
+        st = restate(st, "broadcast of the parameters: ");
+    return fatal(t, st);
 }
 
 static double now_ms(void) { return anneal_train_now_ms(); }
@@ -511,9 +521,10 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
         mean /= (double)M;
     }
     if ((st = anneal_comm_broadcast(pp->pipe, &mean, 8, ANNEAL_U8, N - 1)) != ANNEAL_OK) return st;
-    if (pp->replicas > 1) {
-        anneal_train_dist_note_memory(t);
-        if ((st = anneal_train_dist_mean(t, &mean)) != ANNEAL_OK) return st;
+    if (pp->replicas > 1) { /* as DDP's mean: in f32 over every rank (each replica's ranks agree) */
+        float v = (float)mean;
+        if ((st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_MEAN)) != ANNEAL_OK) return st;
+        mean = v;
     }
     *loss = mean;
     if ((st = norm_and_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, norm)) != ANNEAL_OK) return st;

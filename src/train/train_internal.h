@@ -225,9 +225,12 @@ void anneal_train_dist_teardown(trainer *t);
 /* Setup, before the batch split: checks --pp against the world and --accum, sets
  * data_rank / data_world (the replicas). Not collective. */
 anneal_status anneal_train_pp_layout(trainer *t, bool *usage);
-/* From anneal_train_dist_setup: groups, the stage's optimizer and DDP over the data
- * group, the run directory. Collective. */
-anneal_status anneal_train_pp_setup(trainer *t, bool *usage);
+/* From anneal_train_dist_setup, each agreed there: the settings checked, the groups
+ * split and the parameters' owners (build); then the stage's optimizer, DDP/ZeRO over
+ * the data group and the broadcast of replica 0's weights (optimizer; a failure there
+ * ends the job). Collective. */
+anneal_status anneal_train_pp_build(trainer *t, bool *usage);
+anneal_status anneal_train_pp_optimizer(trainer *t);
 /* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
                                    bool *skipped);
