@@ -97,10 +97,16 @@ static const char *wpath(const char *name) {
 
 static void dump(const char *out) { printf("---- %s ----\n%s----\n", out, tu_slurp(out)); }
 
+/* The model flag of a run: --model tiny unless extra names one. */
+static const char *model_of(const char *extra) {
+    return strstr(extra, "--model") || strstr(extra, "--config") ? "" : "--model tiny";
+}
+
 /* `launcher anneal train <common> <extra> --out work/<run>`: the exit code. */
 static int train(const char *launcher, const char *run, const char *extra) {
     char cmd[4096], out[600];
-    snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher, bin, common, extra, wpath(run));
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s %s %s --out %s", launcher, bin, common, model_of(extra), extra,
+             wpath(run));
     snprintf(out, sizeof out, "%s.out", wpath(run));
     int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) dump(out);
@@ -251,6 +257,37 @@ TEST(pp2_untied_model_is_bit_identical) {
     check_same_params("llama_pp2", "llama_single", true);
 }
 
+/* Middle stages (receiving and sending both ways) and an uneven split: a 4-block
+ * untied Llama in 4 stages (one block each) and in 3 (blocks 0, 1, 2-3), 6 micro-batches,
+ * bit-identical to one process. */
+TEST(pp3_pp4_middle_stages_are_bit_identical) {
+    NEED_MPI();
+    char cfg[600], extra[1024];
+    snprintf(cfg, sizeof cfg, "%s/llama4.json", work);
+    FILE *f = fopen(cfg, "w");
+    REQUIRE(f);
+    fputs("{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+          "\"num_key_value_heads\": 2, \"hidden_size\": 64, \"intermediate_size\": 128, \"vocab_size\": 512, "
+          "\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false}\n", f);
+    fclose(f);
+    char mpi3[512];
+    snprintf(mpi3, sizeof mpi3, "mpirun -np 3 --allow-run-as-root --oversubscribe %s", mpi_env);
+    snprintf(extra, sizeof extra, "--config %s --accum 6 --steps %d", cfg, steps / 2);
+    REQUIRE(train("", "l4_single", extra) == 0);
+    snprintf(extra, sizeof extra, "--config %s --accum 6 --steps %d --pp 4", cfg, steps / 2);
+    REQUIRE(train(mpi4, "l4_pp4", extra) == 0);
+    snprintf(extra, sizeof extra, "--config %s --accum 6 --steps %d --pp 3", cfg, steps / 2);
+    REQUIRE(train(mpi3, "l4_pp3", extra) == 0);
+    check_same_losses("l4_pp4", "l4_single", steps / 2, true);
+    check_same_params("l4_pp4", "l4_single", true);
+    check_same_losses("l4_pp3", "l4_single", steps / 2, true);
+    check_same_params("l4_pp3", "l4_single", true);
+    const char *o = tu_slurp(wpath("l4_pp3.out"));
+    CHECK(strstr(o, "rank 1: stage 1 (blocks 1-1), replica 0") != NULL, "layout: %s", o);
+    CHECK(strstr(o, "rank 2: stage 2 (blocks 2-3, final norm + head), replica 0") != NULL, "layout: %s", o);
+    CHECK(strstr(o, "ideal bubble (N-1)/(M+N-1) = 0.250") != NULL, "ideal bubble of 3 stages, 6 micro-batches: %s", o);
+}
+
 /* pp 2 x dp 2 at 4 ranks = 1 process (the DDP mean over the 2 replicas reorders sums). */
 TEST(pp2_dp2_matches_single_process) {
     NEED_MPI();
@@ -307,7 +344,8 @@ TEST(resume_between_layouts) {
 /* A job whose layout cannot work: refused with a message naming the setting. */
 static void refused(const char *launcher, const char *name, const char *extra, const char *want) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher, bin, common, extra, wpath(name));
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s %s %s --out %s", launcher, bin, common, model_of(extra), extra,
+             wpath(name));
     char out[600];
     snprintf(out, sizeof out, "%s.out", wpath(name));
     int rc = sh_run(cmd, out, 60.0);
@@ -346,11 +384,12 @@ int main(void) {
     snprintf(mpi2, sizeof mpi2, "mpirun -np 2 --allow-run-as-root --oversubscribe %s", mpi_env);
     snprintf(mpi4, sizeof mpi4, "mpirun -np 4 --allow-run-as-root --oversubscribe %s", mpi_env);
     snprintf(common, sizeof common,
-             "--synthetic --model tiny --batch 8 --seq 32 --accum 4 --steps %d --threads 1 --dropout 0 --lr 3e-3 "
+             "--synthetic --batch 8 --seq 32 --accum 4 --steps %d --threads 1 --dropout 0 --lr 3e-3 "
              "--warmup 2 --eval-batches 2 --ckpt-every 0 --peak-gflops 10 --log-every 100",
              steps);
     RUN(pp2_matches_single_process);
     RUN(pp2_untied_model_is_bit_identical);
+    RUN(pp3_pp4_middle_stages_are_bit_identical);
     RUN(pp2_dp2_matches_single_process);
     RUN(pp2_dp2_zero_matches_single_process);
     RUN(resume_between_layouts);
