@@ -95,8 +95,9 @@ anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
     if (c->pp <= 1) return ANNEAL_OK;
     if (t->world % c->pp != 0)
         return USAGE("--pp %lld does not divide the %d rank%s of the job: the ranks are --pp pipeline stages times "
-                     "data-parallel replicas (start a multiple of %lld ranks, e.g. mpirun -np %lld)",
-                     (long long)c->pp, t->world, t->world == 1 ? "" : "s", (long long)c->pp, (long long)c->pp);
+                     "data-parallel replicas (start a multiple of %lld ranks, e.g. mpirun -np %lld, or give a --pp "
+                     "that divides %d; a resume keeps the checkpoint's --pp unless given)",
+                     (long long)c->pp, t->world, t->world == 1 ? "" : "s", (long long)c->pp, (long long)c->pp, t->world);
     if (c->accum < c->pp)
         return USAGE("--accum %lld is below --pp %lld: 1F1B needs at least one micro-batch per stage in flight "
                      "(give --accum >= %lld; the bubble is (N-1)/(M+N-1) of a step)",
@@ -106,6 +107,7 @@ anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
     return ANNEAL_OK;
 }
 
+/* The idle share of a 1F1B step with equal stages and no communication time. */
 static double ideal_bubble(const trainer *t) {
     double n = (double)t->cfg.pp, m = (double)t->cfg.accum;
     return (n - 1) / (m + n - 1);
