@@ -94,7 +94,7 @@ typedef struct trainer {
     anneal_ddp *ddp;           /* gradient sync; NULL on the single-process path */
     anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
     int rank, world;
-    int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
+    int64_t local_batch;       /* cfg.batch / data_world: this rank's rows per micro-batch */
     int data_rank, data_world; /* this rank's data-parallel replica and their number (--pp: world / pp) */
     struct train_pp *pp;       /* --pp > 1: the pipeline (pipeline.c); NULL otherwise */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
