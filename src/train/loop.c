@@ -385,6 +385,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     if (t->use_scaler)
         anneal_progress_note(t->prog, "  fp16 loss scale %g, %lld overflow steps skipped", (double)t->scaler.scale,
                              (long long)t->st.overflow_steps);
+    anneal_train_pp_note_summary(t); /* --pp: the measured bubble (pipeline.c) */
     anneal_progress_note(t->prog, "  peak memory%s%s: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
                          t->device != ANNEAL_CPU ? " on " : "", t->device != ANNEAL_CPU ? t->cfg.device : "",
                          (double)mem.peak_bytes / 1048576.0, (double)mem.peak_reserved_bytes / 1048576.0,

@@ -64,6 +64,8 @@ struct train_pp {
     double *ss, *ss_all;             /* sums of squares: this stage's, every stage's (n params each) */
     double idle_ms, step_ms;         /* the last step: time waiting for peers, and in all */
     double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
+    double bubble_sum;               /* bubble_mean summed over this run's steps */
+    int64_t bubble_steps;
     anneal_optimizer *stage_opt;     /* while a checkpoint's full optimizer is installed in t->opt */
     bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
                                       * sync, without overlap, reads .grad in anneal_ddp_finish) */
@@ -546,6 +548,8 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     free(all);
     pp->bubble_mean = sum / t->world;
     pp->bubble_max = mx;
+    pp->bubble_sum += pp->bubble_mean;
+    pp->bubble_steps++;
     return st;
 }
 
@@ -643,6 +647,14 @@ void anneal_train_pp_log_step(trainer *t, struct cJSON *o) {
     cJSON_AddNumberToObject(o, "pp_bubble", pp->bubble_mean);
     cJSON_AddNumberToObject(o, "pp_bubble_max", pp->bubble_max);
     cJSON_AddNumberToObject(o, "pp_bubble_ideal", ideal_bubble(t));
+}
+
+void anneal_train_pp_note_summary(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp || pp->bubble_steps == 0) return;
+    anneal_progress_note(t->prog, "  pipeline bubble: %.3f of the step time waiting for other stages (mean over ranks "
+                         "and %lld steps; ideal (N-1)/(M+N-1) = %.3f)", pp->bubble_sum / (double)pp->bubble_steps,
+                         (long long)pp->bubble_steps, ideal_bubble(t));
 }
 
 void anneal_train_pp_memory(trainer *t, double out[3]) {

@@ -242,6 +242,8 @@ anneal_status anneal_train_pp_ckpt_end(trainer *t);
 void anneal_train_pp_print_header(trainer *t);
 /* The step record's bubble fields (nothing without --pp). */
 void anneal_train_pp_log_step(trainer *t, struct cJSON *o);
+/* The summary's line: the measured bubble over the run's steps, and the ideal one. */
+void anneal_train_pp_note_summary(trainer *t);
 void anneal_train_pp_teardown(trainer *t);
 /* The memory report's bytes (parameters, gradients, optimizer state) of a --pp rank. */
 void anneal_train_pp_memory(trainer *t, double out[3]);

@@ -240,6 +240,8 @@ TEST(pp2_matches_single_process) {
     CHECK(strstr(o, "rank 0: stage 0 (blocks 0-0, embedding), replica 0") != NULL, "layout: %s", o);
     CHECK(strstr(o, "rank 1: stage 1 (blocks 1-1, final norm + head), replica 0") != NULL, "layout: %s", o);
     check_bubble("pp2", 1.0 / 5.0);
+    CHECK(strstr(o, "pipeline bubble: ") != NULL && strstr(o, "ideal (N-1)/(M+N-1) = 0.200)") != NULL,
+          "the summary's bubble line: %s", o);
     /* the layout is stored with the checkpoint (its trainer config) */
     char ck[1024];
     REQUIRE(anneal_checkpoint_resolve(wpath("pp2"), ck, sizeof ck) == ANNEAL_OK);
