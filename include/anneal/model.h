@@ -123,6 +123,17 @@ typedef struct anneal_model_ops {
      * past_key_values.N.key/.value inputs and present.N.key/.value outputs, the new
      * rows placed after the past ones. The graph keeps references to m's tensors. */
     anneal_status (*onnx_graph)(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
+    /* Optional (NULL: no pipeline parallelism). The training forward of a pipeline stage
+     * made of blocks [first, last): first == 0 embeds in = ids (B, T), otherwise in is the
+     * hidden state (B, T, C) the stage before produced; last == n_layer ends with the
+     * final norm, lm head and mean cross-entropy against targets (a 0-dim loss, the ops
+     * loss() makes), otherwise the hidden state after block last - 1 is returned. The
+     * stages chained give loss()'s value and gradients. */
+    anneal_tensor *(*stage_forward)(anneal_model *m, int first, int last, anneal_tensor *in, anneal_tensor *targets);
+    /* With stage_forward: the blocks that use parameter i (registration order), *first to
+     * *last, -1 meaning the embedding before block 0 and n_layer the final norm and head
+     * (a tied embedding: -1 and n_layer). */
+    void (*param_span)(const anneal_model *m, int i, int *first, int *last);
 } anneal_model_ops;
 
 /* Called just before (before = true) and just after each transformer block's forward,
@@ -256,6 +267,16 @@ anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_
  * of its own; ANNEAL_ERR_UNSUPPORTED naming the architecture when it has no ONNX
  * export, or naming what the exporter cannot express (a LoRA adapter). */
 anneal_status anneal_model_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache);
+
+/* Pipeline stages (src/models/stage.c): see anneal_model_ops.stage_forward; checks
+ * 0 <= first < last <= n_layer, and ANNEAL_ERR_UNSUPPORTED naming the architecture
+ * when it has no stages. */
+anneal_tensor *anneal_model_stage_forward(anneal_model *m, int first, int last, anneal_tensor *in,
+                                          anneal_tensor *targets);
+/* Whether m can be split into pipeline stages. */
+bool anneal_model_has_stages(const anneal_model *m);
+/* See anneal_model_ops.param_span. */
+void anneal_model_param_span(const anneal_model *m, int i, int *first, int *last);
 
 /* A cache for `batch` sequences of up to max_len positions (1 <= max_len <= n_ctx, else
  * ANNEAL_ERR_ARG); free it with anneal_kv_cache_free. */

@@ -80,6 +80,7 @@ typedef struct anneal_train_config {
     double memory_limit_mb;   /* tensor bytes the steps may hold (MiB); beyond: out of memory; 0 = none */
     /* distributed (mpirun -np N anneal train): --batch is the global batch */
     int64_t zero;             /* ZeRO stage 0 (DDP), 1 or 2 */
+    int64_t pp;               /* pipeline stages (src/train/pipeline.c); 1: none */
     double bucket_mb;         /* gradient bucket size in MiB */
     bool overlap;             /* all-reduce buckets during backward */
     char *grad_compress;      /* "none" (NULL) or "powersgd" (src/parallel/powersgd.c) */

@@ -323,6 +323,41 @@ static double op_flops(const anneal_model *m, int64_t T) {
     return anneal_gpt2_flops_per_token((const anneal_gpt2 *)m, T);
 }
 
+/* Pipeline stage of blocks [first, last) (model.h's stage_forward): hidden()'s embedding,
+ * blocks and final norm, and loss()'s fused head, split where the stage ends. */
+static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, anneal_tensor *in, anneal_tensor *targets) {
+    anneal_gpt2 *m = (anneal_gpt2 *)mm;
+    const anneal_model_config *cfg = &mm->cfg;
+    anneal_tensor *x = in;
+    if (first == 0) {
+        if (in->ndim != 2 || in->shape[1] > cfg->n_ctx) {
+            anneal_set_error(ANNEAL_ERR_SHAPE, "gpt2: stage ids must be (B, T <= n_ctx %d)", cfg->n_ctx);
+            return NULL;
+        }
+        anneal_tensor *pos = anneal_arange(mm->device, 0, in->shape[1]);
+        x = anneal_add(anneal_nn_embedding_forward(&m->wte, in), anneal_nn_embedding_forward(&m->wpe, pos));
+        x = anneal_dropout(x, cfg->dropout, mm->ctx.training);
+    }
+    for (int l = first; l < last; l++)
+        x = cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, &m->blocks[l], 1, &x)
+                                                     : anneal_gpt2_block_forward(&m->blocks[l], x, NULL);
+    if (last < cfg->n_layer) return x;
+    anneal_tensor *h = anneal_nn_layer_norm_forward(&m->ln_f, x);
+    return anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, mm->ctx.compute);
+}
+
+/* Where parameter i is used (model.h's param_span): wte by the embedding and the tied
+ * head, wpe by the embedding, transformer.h.<l>.* by block l, ln_f after the blocks. */
+static void op_param_span(const anneal_model *mm, int i, int *first, int *last) {
+    const anneal_gpt2 *m = (const anneal_gpt2 *)mm;
+    const anneal_tensor *t = mm->params->items[i].tensor;
+    int L = mm->cfg.n_layer, l = -1;
+    if (t == m->wte.weight) *first = -1, *last = L;
+    else if (t == m->wpe.weight) *first = *last = -1;
+    else if (sscanf(mm->params->items[i].name, "transformer.h.%d.", &l) == 1 && l >= 0 && l < L) *first = *last = l;
+    else *first = *last = L;
+}
+
 static const anneal_model_ops gpt2_ops = {
     .free = op_free,
     .init = op_init,
@@ -334,6 +369,8 @@ static const anneal_model_ops gpt2_ops = {
     .hf_import = anneal_gpt2_hf_import,
     .hf_export = anneal_gpt2_hf_export,
     .onnx_graph = anneal_gpt2_onnx_graph,
+    .stage_forward = op_stage_forward,
+    .param_span = op_param_span,
 };
 
 static const char *const gpt2_hf_types[] = {"gpt2", NULL};

@@ -355,6 +355,38 @@ static double op_flops(const anneal_model *m, int64_t T) {
     return 6.0 * (L * per_layer + C * V) + 12.0 * L * (double)T * Hq * D;
 }
 
+/* Pipeline stage of blocks [first, last) (model.h's stage_forward): hidden()'s embedding,
+ * blocks and final norm, and loss()'s fused head, split where the stage ends. */
+static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, anneal_tensor *in, anneal_tensor *targets) {
+    anneal_llama *m = (anneal_llama *)mm;
+    const anneal_model_config *cfg = &mm->cfg;
+    anneal_tensor *x = in;
+    if (first == 0) {
+        if (in->ndim != 2 || in->shape[1] > cfg->n_ctx) {
+            anneal_set_error(ANNEAL_ERR_SHAPE, "llama: stage ids must be (B, T <= n_ctx %d)", cfg->n_ctx);
+            return NULL;
+        }
+        x = anneal_nn_embedding_forward(&m->embed, in);
+    }
+    for (int l = first; l < last; l++)
+        x = cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, &m->blocks[l], 1, &x)
+                                                     : block_forward(&m->blocks[l], x, NULL);
+    if (last < cfg->n_layer) return x;
+    anneal_tensor *h = anneal_nn_rms_norm_forward(&m->norm, x);
+    return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
+}
+
+/* Where parameter i is used (model.h's param_span): embed_tokens by the embedding (and
+ * the head when tied), model.layers.<l>.* by block l, model.norm and lm_head after. */
+static void op_param_span(const anneal_model *mm, int i, int *first, int *last) {
+    const anneal_llama *m = (const anneal_llama *)mm;
+    const anneal_tensor *t = mm->params->items[i].tensor;
+    int L = mm->cfg.n_layer, l = -1;
+    if (t == m->embed.weight) *first = -1, *last = m->lm_head.weight ? -1 : L;
+    else if (sscanf(mm->params->items[i].name, "model.layers.%d.", &l) == 1 && l >= 0 && l < L) *first = *last = l;
+    else *first = *last = L;
+}
+
 static const anneal_model_ops llama_ops = {
     .free = op_free,
     .init = op_init,
@@ -366,6 +398,8 @@ static const anneal_model_ops llama_ops = {
     .hf_import = anneal_llama_hf_import,
     .hf_export = anneal_llama_hf_export,
     .onnx_graph = anneal_llama_onnx_graph,
+    .stage_forward = op_stage_forward,
+    .param_span = op_param_span,
 };
 
 /* The model_types of the family: other types (gemma, phi, ...) are refused by the

@@ -109,6 +109,8 @@ static const option_def defs[] = {
       "adapter_model.safetensors; its r, alpha, targets unless given)"}, OFF(lora_init), 0, 0, 0, 0, NULL},
     {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients, 3 = also "
       "parameters (needs --recompute block) (default 0)"}, OFF(zero), 0, 3, 0, 0, NULL},
+    {{"pp", ANNEAL_OPT_INT, "distributed: pipeline stages N, blocks split into N contiguous stages scheduled 1F1B "
+      "over the --accum micro-batches (>= N); ranks / N data-parallel replicas (default 1)"}, OFF(pp), 1, 4096, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
     {{"grad-compress", ANNEAL_OPT_STRING, "distributed: gradient compression, none or powersgd (low-rank PowerSGD with "
@@ -156,6 +158,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->batch = 8;
     c->seq = 64;
     c->accum = 1;
+    c->pp = 1;
     c->steps = 100;
     c->shuffle = true;
     c->lr = 1e-3;

@@ -268,6 +268,14 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     if (!distributed(t)) return ANNEAL_OK;
     anneal_status st = t->world > 1 ? check_same_run(t, usage) : ANNEAL_OK;
     if (st != ANNEAL_OK) return st;
+    if (t->cfg.pp > 1) { /* --pp: stages x replicas (pipeline.c) */
+        st = anneal_train_dist_agree(t, anneal_train_pp_build(t, usage), "setting up the pipeline");
+        if (st == ANNEAL_OK) st = anneal_train_dist_agree(t, anneal_train_pp_optimizer(t), "setting up the optimizer");
+        if (st == ANNEAL_OK)
+            st = anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
+                                         "creating the run directory");
+        return st;
+    }
     /* the fp16 loss scaler unscales and checks the full gradients in .grad, which ZeRO
      * replaces by each rank's shard (every rank takes this branch: same settings) */
     if (t->use_scaler && t->cfg.zero > 0) {
@@ -331,6 +339,7 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     /* --offload optimizer: the state comes out of its file for the snapshot */
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
+    if (t->pp) return anneal_train_pp_ckpt_begin(t); /* --pp: parameters and full state on rank 0 */
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     if (t->z3 && (so = anneal_zero3_gather_all(t->z3)) != ANNEAL_OK) return so; /* the full parameters */
     return anneal_optimizer_gather_state(t->opt);
@@ -339,6 +348,7 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
+    if (t->pp) return anneal_train_pp_ckpt_end(t);
     if (t->psgd) {
         /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
          * directory exists on rank 0's host, the others make it on theirs */
@@ -383,6 +393,7 @@ static void memory_of(trainer *t, double out[3]) {
         out[0] = out[1] = out[2] = (double)n * sizeof(float);
         out[2] *= 2.0;
     }
+    anneal_train_pp_memory(t, out); /* --pp: the whole model held, the stage's gradients and state */
 }
 
 void anneal_train_dist_note_memory(trainer *t) {
@@ -438,6 +449,7 @@ void anneal_train_dist_print_header(trainer *t) {
                          c->bucket_mb, c->overlap ? "on" : "off", (long long)t->local_batch, (long long)c->batch,
                          anneal_get_num_threads(), anneal_get_num_threads() > 1 ? "s" : "",
                          t->psgd ? ", PowerSGD gradient compression" : "");
+    anneal_train_pp_print_header(t); /* --pp: the rank layout and the ideal bubble */
     if (t->psgd)
         anneal_progress_note(t->prog, "PowerSGD: rank %lld, plain all-reduce for the first %lld steps, error feedback "
                              "and warm start", (long long)c->powersgd_rank, (long long)c->powersgd_warmup_steps);
@@ -456,6 +468,7 @@ void anneal_train_dist_teardown(trainer *t) {
     t->psgd = NULL;
     if (t->ddp) anneal_ddp_free(t->ddp);
     t->ddp = NULL;
+    anneal_train_pp_teardown(t); /* after the sync that used its groups */
 }
 
 anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st) {

@@ -67,6 +67,14 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     anneal_model_set_training(t->model, true);
     anneal_params_zero_grad(t->model->params);
     bool inject = anneal_train_inject_nan(t, step + 1);
+    if (t->pp) { /* --pp: the micro-batches pipelined 1F1B over the stages, and the update (pipeline.c) */
+        o->overflow = false;
+        o->loss_scale = 0;
+        o->lr = anneal_schedule_lr(&t->sch, step);
+        anneal_status ps = anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
+        if (t->ddp) anneal_train_dist_note_memory(t);
+        return ps;
+    }
     bool ddp = anneal_train_dist_active(t);
     anneal_device dev = anneal_model_device(t->model);
     int64_t shape[2] = {t->local_batch, c->seq};
@@ -278,8 +286,10 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
+    anneal_status st = anneal_train_pp_sync_params(t); /* --pp: rank 0 needs every stage's weights */
+    if (st != ANNEAL_OK) return st;
     /* --zero 3: every rank gathers the parameters for rank 0's sample, and releases them */
-    anneal_status st = anneal_train_dist_full_params(t, true);
+    st = anneal_train_dist_full_params(t, true);
     if (st == ANNEAL_OK && t->rank != 0) return anneal_train_dist_full_params(t, false);
     char *text = NULL;
     if (st == ANNEAL_OK) st = anneal_train_sample(t, &text);
@@ -316,6 +326,7 @@ static void log_step(trainer *t, const step_out *so, const anneal_step_stats *ps
     cJSON_AddNumberToObject(o, "memory_bytes", (double)anneal_memory_stats_get(anneal_model_device(t->model)).reserved_bytes);
     cJSON_AddBoolToObject(o, "skipped", so->skipped);
     anneal_train_dist_log_bytes(t, o, false); /* PowerSGD: bytes on the wire */
+    anneal_train_pp_log_step(t, o);           /* --pp: the measured and ideal bubble */
     cJSON_AddNumberToObject(o, "rss_bytes", (double)anneal_train_rss_bytes()); /* resident now (offload.c) */
     if (so->loss_scale > 0) { /* fp16 */
         cJSON_AddNumberToObject(o, "loss_scale", (double)so->loss_scale);
@@ -390,6 +401,7 @@ static void print_summary(trainer *t, anneal_train_result *res, double first_los
     if (t->use_scaler)
         anneal_progress_note(t->prog, "  fp16 loss scale %g, %lld overflow steps skipped", (double)t->scaler.scale,
                              (long long)t->st.overflow_steps);
+    anneal_train_pp_note_summary(t); /* --pp: the measured bubble (pipeline.c) */
     anneal_progress_note(t->prog, "  peak memory%s%s: tensors %.1f MiB, allocator %.1f MiB (tensors + cache), RSS %.1f MiB",
                          t->device != ANNEAL_CPU ? " on " : "", t->device != ANNEAL_CPU ? t->cfg.device : "",
                          (double)mem.peak_bytes / 1048576.0, (double)mem.peak_reserved_bytes / 1048576.0,

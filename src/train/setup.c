@@ -251,8 +251,8 @@ anneal_status anneal_train_create_run_dir(trainer *t) { return create_run_dir(t)
 static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
-        anneal_train_source_open_synthetic(&t->train, anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
-        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
+        anneal_train_source_open_synthetic(&t->train, anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, 0, synth_vocab, t->data_rank, t->data_world);
+        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->data_rank, t->data_world);
         t->has_val = true;
         return ANNEAL_OK;
     }
@@ -267,14 +267,14 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     /* shards without prepare.json: a prepare that was killed (some shards may be missing) */
     if (anneal_prepare_check_dir(c->data) != ANNEAL_OK) return prefix_error("--data: ");
     if (anneal_train_source_open_loader(&t->train, c->data, "train", anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, c->shuffle, true,
-                                 t->rank, t->world) != ANNEAL_OK) {
+                                 t->data_rank, t->data_world) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
         return prefix_error("--data: ");
     }
     t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
     if (has_split(c->data, "val") && c->eval_batches > 0) {
         if (anneal_train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
-                                     t->rank, t->world) != ANNEAL_OK) {
+                                     t->data_rank, t->data_world) != ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
             /* printed once the settings are known good (a bad --seq is told first) */
             snprintf(t->val_note, sizeof t->val_note, "note: val split unusable (%s): no evaluation", anneal_last_error());
@@ -512,10 +512,13 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (!c->synthetic && !c->data)
         return USAGE("--data DIR is required (shards from anneal prepare), or --synthetic for generated tokens");
     if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
-    if (!c->deterministic && c->batch % t->world != 0)
-        return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
-                     "split evenly over the ranks)", (long long)c->batch, t->world);
-    t->local_batch = c->deterministic ? c->batch : c->batch / t->world; /* deterministic.c: whole micro-batches */
+    anneal_status pl = anneal_train_pp_layout(t, usage); /* --pp: replicas = world / pp (pipeline.c) */
+    if (pl != ANNEAL_OK) return pl;
+    if (!c->deterministic && c->batch % t->data_world != 0)
+        return USAGE("--batch %lld is not divisible by the %d %s (--batch is the global batch of a micro-step, "
+                     "split evenly over the %s)", (long long)c->batch, t->data_world, c->pp > 1 ? "replicas" : "ranks",
+                     c->pp > 1 ? "data-parallel replicas" : "ranks");
+    t->local_batch = c->deterministic ? c->batch : c->batch / t->data_world; /* deterministic.c: whole micro-batches */
     /* --device: where the model trains (cuda:N chooses the GPU before its first use) */
     t->device = ANNEAL_CPU;
     if (anneal_train_device_resolve(c->device, &t->device) != ANNEAL_OK) {

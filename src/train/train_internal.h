@@ -96,7 +96,9 @@ typedef struct trainer {
     anneal_powersgd *psgd;     /* --grad-compress powersgd: the sync's comm hook (dist.c) */
     anneal_zero3 *z3;          /* --zero 3: the sharded parameters (dist.c) */
     int rank, world;
-    int64_t local_batch;       /* cfg.batch / world: this rank's rows per micro-batch */
+    int64_t local_batch;       /* cfg.batch / data_world: this rank's rows per micro-batch */
+    int data_rank, data_world; /* this rank's data-parallel replica and their number (--pp: world / pp) */
+    struct train_pp *pp;       /* --pp > 1: the pipeline (pipeline.c); NULL otherwise */
     double dist_mem_peak[3];   /* most bytes seen in a step: parameters, gradients, optimizer state */
     /* mixed precision (precision.c) */
     anneal_dtype dtype;              /* matmul precision of the run (the model's compute precision) */
@@ -246,6 +248,33 @@ int64_t anneal_train_det_memory_bytes(const trainer *t);
  * loss of the step's M micro-batches (the same bits on every rank and layout). */
 anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *loss);
 void anneal_train_det_free(trainer *t);
+
+/* --- pipeline.c: --pp N (1F1B pipeline stages x data-parallel replicas) */
+/* Setup, before the batch split: checks --pp against the world and --accum, sets
+ * data_rank / data_world (the replicas). Not collective. */
+anneal_status anneal_train_pp_layout(trainer *t, bool *usage);
+/* From anneal_train_dist_setup, each agreed there: the settings checked, the groups
+ * split and the parameters' owners (build); then the stage's optimizer, DDP/ZeRO over
+ * the data group and the broadcast of replica 0's weights (optimizer; a failure there
+ * ends the job). Collective. */
+anneal_status anneal_train_pp_build(trainer *t, bool *usage);
+anneal_status anneal_train_pp_optimizer(trainer *t);
+/* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
+anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
+                                   bool *skipped);
+/* Collective (no-op without --pp): every rank's whole model made current. */
+anneal_status anneal_train_pp_sync_params(trainer *t);
+/* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
+anneal_status anneal_train_pp_ckpt_begin(trainer *t);
+anneal_status anneal_train_pp_ckpt_end(trainer *t);
+void anneal_train_pp_print_header(trainer *t);
+/* The step record's bubble fields (nothing without --pp). */
+void anneal_train_pp_log_step(trainer *t, struct cJSON *o);
+/* The summary's line: the measured bubble over the run's steps, and the ideal one. */
+void anneal_train_pp_note_summary(trainer *t);
+void anneal_train_pp_teardown(trainer *t);
+/* The memory report's bytes (parameters, gradients, optimizer state) of a --pp rank. */
+void anneal_train_pp_memory(trainer *t, double out[3]);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
 anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st);

@@ -105,7 +105,7 @@ static anneal_status toy_export(const anneal_model *m, const anneal_tensor_sink 
 }
 
 static const anneal_model_ops toy_ops = {toy_free,   toy_init,  toy_loss,   toy_logits, toy_kv_new,
-                                         toy_cached, toy_flops, toy_import, toy_export, NULL};
+                                         toy_cached, toy_flops, toy_import, toy_export, NULL, NULL, NULL};
 
 static anneal_model *toy_create(const anneal_model_config *c, anneal_device dev) {
     toy *t = calloc(1, sizeof *t);

@@ -565,8 +565,20 @@ TEST(two_hosts_over_tcp) {
              hosts, agent, mpi_env, bin, common, wpath("hosts2"));
     int rc = sh_run(cmd, wpath("hosts2.out"), RUN_TIMEOUT_S);
     if (rc != 0) dump(wpath("hosts2.out"));
+    /* pipeline parallelism over the same link: --pp 2, one stage per host */
+    snprintf(cmd, sizeof cmd,
+             "exec ip netns exec anneal_h7a unshare --uts sh -c 'hostname anneal_h7a; exec mpirun --allow-run-as-root "
+             "-np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca btl_tcp_if_include 10.231.7.0/24 "
+             "--mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s --pp 2 --accum 2 --out %s'",
+             hosts, agent, mpi_env, bin, common, wpath("hosts2pp"));
+    int rc_pp = sh_run(cmd, wpath("hosts2pp.out"), RUN_TIMEOUT_S);
+    if (rc_pp != 0) dump(wpath("hosts2pp.out"));
     netns_cleanup();
     REQUIRE(rc == 0);
+    REQUIRE(rc_pp == 0);
+    REQUIRE(train("", "single_accum2", "--accum 2") == 0);
+    check_same_losses("hosts2pp", "single_accum2", 0, steps);
+    check_same_params("hosts2pp", "single_accum2");
     const char *o = tu_slurp(wpath("hosts2.out"));
     CHECK(strstr(o, "distributed: 2 ranks (mpi)") != NULL, "output: %s", o);
     check_same_losses("hosts2", "ddp", 0, steps);

@@ -1,0 +1,699 @@
+/* Pipeline parallelism (`--pp N`): the model's blocks split into N contiguous stages,
+ * one per pipeline rank, a step's --accum M micro-batches scheduled 1F1B (warm-up
+ * forwards, then one forward and one backward in turn, then the remaining backwards),
+ * activations sent forward and their gradients backward point to point.
+ *
+ * Layout: world W = N x D. Rank r is stage r % N of data-parallel replica r / N; the
+ * pipeline group of a replica is its N ranks, the data group of a stage its D ranks
+ * (gradients of the stage's parameters are averaged over it by DDP, or sharded over it
+ * with --zero 1-2: optimizer state and the averaged gradients of the stage), and the
+ * first and last stage form the tied-embedding group when the model shares one tensor
+ * between the embedding and the head (GPT-2's wte): their two gradients are summed
+ * there (Megatron's embedding group), so the two copies stay identical.
+ *
+ * What a rank owns: every rank builds the whole model (the non-owned parameters are not
+ * freed: memory is not saved on parameters yet), but only its stage's parameters get
+ * gradients, optimizer state and updates (the optimizer runs over a view holding only
+ * them, so AdamW never decays a parameter it does not own). The global gradient norm is
+ * the sum of every parameter's sum of squares in registration order (each counted once,
+ * a tied one by its first stage), the single-process order; clipping scales owned
+ * gradients by the same coefficient on every rank.
+ *
+ * Data: every pipeline rank of a replica reads the same batches (the first stage needs
+ * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
+ *
+ * Layout independence: evaluation, samples and checkpoints first make every rank's
+ * whole model current (each parameter broadcast from its owning stage over the pipeline
+ * group); the checkpoint's optimizer state is gathered on rank 0 into a full,
+ * single-process optimizer for the snapshot, so a run saved with --pp 2 resumes with
+ * --pp 1 (or any other layout) and the other way round.
+ *
+ * Not done: the fp16 loss scaler, PowerSGD, --offload and
+ * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
+ * that differ from a single process's (the same distribution, other masks). */
+#include "anneal/backend.h"
+#include "anneal/trace.h"
+#include "train_internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define USAGE(...) (*usage = true, anneal_set_error(ANNEAL_ERR_ARG, __VA_ARGS__))
+
+/* Tags of the point-to-point messages of micro-batch k: activations and gradients. */
+#define TAG_SPAN 16000
+#define ACT_TAG(k) ((int)((k) % TAG_SPAN))
+#define GRAD_TAG(k) (TAG_SPAN + (int)((k) % TAG_SPAN))
+
+struct train_pp {
+    int n, stage, replicas, replica; /* N stages, this rank's stage, D replicas, this rank's replica */
+    int first, last;                 /* this stage's blocks [first, last) */
+    anneal_comm *pipe, *data, *embed; /* pipeline group, data group, tied-embedding group (or NULL) */
+    anneal_params view;              /* the owned parameters (aliases of the model's; not freed here) */
+    int *view_of;                    /* view item -> model parameter index */
+    int *owner;                      /* model parameter -> its first owning stage */
+    bool *tied;                      /* model parameter -> owned by the first and the last stage */
+    int64_t act;                     /* elements of one micro-batch's hidden state: B x T x C */
+    float *send_act, *send_grad;     /* M slots of act each: what was sent this step */
+    anneal_comm_request **reqs;      /* the step's sends (2M at most) */
+    int n_reqs;
+    anneal_scope **scopes;           /* per micro-batch: its graph, from its forward to its backward */
+    anneal_tensor **in, **out;       /* per micro-batch: the stage's input leaf (stage > 0), output */
+    double *ss, *ss_all;             /* sums of squares: this stage's, every stage's (n params each) */
+    double idle_ms, step_ms;         /* the last step: time waiting for peers, and in all */
+    double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
+    double bubble_sum;               /* bubble_mean summed over this run's steps */
+    int64_t bubble_steps;
+    anneal_optimizer *stage_opt;     /* while a checkpoint's full optimizer is installed in t->opt */
+    bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
+                                      * sync, without overlap, reads .grad in anneal_ddp_finish) */
+    double *view_ss, *view_ss_all;   /* ZeRO 1-2: per view parameter, this rank's and every replica's shard sums */
+};
+
+/* Stage of blocks of rank p in N over L blocks: [p L / N, (p + 1) L / N). */
+static void stage_blocks(int p, int n, int L, int *first, int *last) {
+    *first = (int)((int64_t)p * L / n);
+    *last = (int)((int64_t)(p + 1) * L / n);
+}
+
+/* The stage of block position l (-1: the embedding, L: the head). */
+static int stage_of(int l, int n, int L) {
+    if (l < 0) return 0;
+    if (l >= L) return n - 1;
+    for (int p = 0; p < n; p++) {
+        int a, b;
+        stage_blocks(p, n, L, &a, &b);
+        if (l >= a && l < b) return p;
+    }
+    return n - 1;
+}
+
+anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
+    const anneal_train_config *c = &t->cfg;
+    t->data_rank = t->rank;
+    t->data_world = t->world;
+    if (c->pp <= 1) return ANNEAL_OK;
+    if (t->world % c->pp != 0)
+        return USAGE("--pp %lld does not divide the %d rank%s of the job: the ranks are --pp pipeline stages times "
+                     "data-parallel replicas (start a multiple of %lld ranks, e.g. mpirun -np %lld, or give a --pp "
+                     "that divides %d; a resume keeps the checkpoint's --pp unless given)",
+                     (long long)c->pp, t->world, t->world == 1 ? "" : "s", (long long)c->pp, (long long)c->pp, t->world);
+    if (c->accum < c->pp)
+        return USAGE("--accum %lld is below --pp %lld: 1F1B needs at least one micro-batch per stage in flight "
+                     "(give --accum >= %lld; the bubble is (N-1)/(M+N-1) of a step)",
+                     (long long)c->accum, (long long)c->pp, (long long)c->pp);
+    t->data_world = t->world / (int)c->pp;
+    t->data_rank = t->rank / (int)c->pp;
+    return ANNEAL_OK;
+}
+
+/* The idle share of a 1F1B step with equal stages and no communication time. */
+static double ideal_bubble(const trainer *t) {
+    double n = (double)t->cfg.pp, m = (double)t->cfg.accum;
+    return (n - 1) / (m + n - 1);
+}
+
+/* Re-records the current error with a prefix. */
+static anneal_status restate(anneal_status code, const char *prefix) {
+    if (code == ANNEAL_OK) code = ANNEAL_ERR_STATE;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", anneal_last_error());
+    anneal_clear_error();
+    return anneal_set_error(code, "%s%s", prefix, msg);
+}
+
+/* What --pp cannot run with (yet): ANNEAL_ERR_ARG naming it. */
+static anneal_status refuse(trainer *t, bool *usage) {
+    const anneal_train_config *c = &t->cfg;
+    long long n = (long long)c->pp;
+    if (!anneal_model_has_stages(t->model))
+        return USAGE("--pp %lld: the %s architecture cannot be split into pipeline stages", n, t->mcfg.arch);
+    if (c->pp > t->mcfg.n_layer)
+        return USAGE("--pp %lld: more pipeline stages than the model's %d blocks (each stage needs a block)", n,
+                     t->mcfg.n_layer);
+    if (t->use_scaler) return USAGE("--pp %lld: not available with the fp16 loss scaler (use --dtype bf16 or fp32)", n);
+    if (c->grad_compress && strcmp(c->grad_compress, "none"))
+        return USAGE("--pp %lld with --grad-compress %s: not built", n, c->grad_compress);
+    if (c->offload && strcmp(c->offload, "none")) return USAGE("--pp %lld with --offload %s: not built", n, c->offload);
+    if (anneal_lora_count(t->model->params) > 0) return USAGE("--pp %lld with LoRA adapters: not built", n);
+    if (t->device != ANNEAL_CPU) return USAGE("--pp %lld: CPU runs only", n);
+    return ANNEAL_OK;
+}
+
+/* The optimizer over the view, with the owned part of t->opt's state (a resume). */
+static anneal_status make_stage_optimizer(trainer *t) {
+    struct train_pp *pp = t->pp;
+    anneal_optimizer *full = t->opt;
+    anneal_optimizer *o = anneal_optimizer_new(&pp->view, anneal_optimizer_config(full));
+    if (!o) return restate(anneal_last_status(), "pipeline optimizer: ");
+    anneal_status st = ANNEAL_OK;
+    if (t->resume_ckpt[0]) {
+        static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+        if ((st = anneal_optimizer_init_state(o)) == ANNEAL_OK) st = anneal_optimizer_init_state(full);
+        for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
+            int i = pp->view_of[j];
+            for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+                anneal_tensor *src = anneal_optimizer_state(full, i, names[k]), *dst = anneal_optimizer_state(o, j, names[k]);
+                if (!src || !dst || anneal_numel(src) != anneal_numel(dst))
+                    st = anneal_set_error(ANNEAL_ERR_STATE, "pipeline optimizer: no state %s for %s", names[k],
+                                          pp->view.items[j].name);
+                else memcpy(anneal_data(dst), anneal_data(src), (size_t)anneal_numel(src) * sizeof(float));
+            }
+            if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(o, j, anneal_optimizer_param_steps(full, i));
+        }
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(o, anneal_optimizer_step_count(full));
+    }
+    if (st != ANNEAL_OK) {
+        anneal_optimizer_free(o);
+        return st;
+    }
+    anneal_optimizer_free(full);
+    t->opt = o;
+    return ANNEAL_OK;
+}
+
+/* Groups, ownership, buffers (no collectives but anneal_comm_split). */
+static anneal_status build(trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    struct train_pp *pp = calloc(1, sizeof *pp);
+    if (!pp) return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
+    t->pp = pp;
+    pp->n = (int)c->pp;
+    pp->stage = t->rank % pp->n;
+    pp->replicas = t->world / pp->n;
+    pp->replica = t->rank / pp->n;
+    int L = t->mcfg.n_layer;
+    stage_blocks(pp->stage, pp->n, L, &pp->first, &pp->last);
+    /* every rank calls every split, in the same order */
+    pp->pipe = anneal_comm_split(t->comm, pp->replica, pp->stage);
+    pp->data = anneal_comm_split(t->comm, pp->stage, pp->replica);
+    bool end = pp->stage == 0 || pp->stage == pp->n - 1;
+    anneal_comm *e = anneal_comm_split(t->comm, end ? pp->replica : t->world + t->rank, pp->stage);
+    if (!pp->pipe || !pp->data || !e) return restate(anneal_last_status(), "pipeline groups: ");
+    if (end) pp->embed = e;
+    else anneal_comm_free(e);
+    anneal_params *ps = t->model->params;
+    int n = ps->n, M = (int)c->accum;
+    pp->owner = calloc((size_t)n, sizeof *pp->owner);
+    pp->tied = calloc((size_t)n, sizeof *pp->tied);
+    pp->view_of = calloc((size_t)n, sizeof *pp->view_of);
+    pp->view.items = calloc((size_t)n, sizeof *pp->view.items);
+    pp->ss = calloc((size_t)n, sizeof *pp->ss);
+    pp->ss_all = calloc((size_t)n * (size_t)pp->n, sizeof *pp->ss_all);
+    pp->act = t->local_batch * c->seq * t->mcfg.n_embd;
+    pp->send_act = malloc((size_t)M * (size_t)pp->act * sizeof(float));
+    pp->send_grad = malloc((size_t)M * (size_t)pp->act * sizeof(float));
+    pp->reqs = calloc((size_t)(2 * M), sizeof *pp->reqs);
+    pp->scopes = calloc((size_t)M, sizeof *pp->scopes);
+    pp->in = calloc((size_t)M, sizeof *pp->in);
+    pp->out = calloc((size_t)M, sizeof *pp->out);
+    if (!pp->owner || !pp->tied || !pp->view_of || !pp->view.items || !pp->ss || !pp->ss_all || !pp->send_act ||
+        !pp->send_grad || !pp->reqs || !pp->scopes || !pp->in || !pp->out)
+        return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
+    pp->view.device = ps->device;
+    for (int i = 0; i < n; i++) {
+        int a, b;
+        anneal_model_param_span(t->model, i, &a, &b);
+        int sa = stage_of(a, pp->n, L), sb = stage_of(b, pp->n, L);
+        if (sa != sb && (a != -1 || b != L))
+            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "pipeline: parameter %s is used by blocks %d to %d: only the "
+                                    "embedding may be shared (with the head)", ps->items[i].name, a, b);
+        pp->owner[i] = sa;
+        pp->tied[i] = sa != sb;
+        if (pp->stage == sa || pp->stage == sb) {
+            pp->view_of[pp->view.n] = i;
+            pp->view.items[pp->view.n++] = ps->items[i];
+        }
+    }
+    return ANNEAL_OK;
+}
+
+/* --zero 1-2: the stage optimizer replaced by one sharded over the data group (t->ddp),
+ * with the stage's state when resumed. Collective over the data group. */
+static anneal_status make_zero_optimizer(trainer *t) {
+    struct train_pp *pp = t->pp;
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+    anneal_optimizer *plain = t->opt;
+    pp->view_ss = calloc((size_t)pp->view.n + 1, sizeof *pp->view_ss);
+    pp->view_ss_all = calloc(((size_t)pp->view.n + 1) * (size_t)pp->replicas, sizeof *pp->view_ss_all);
+    if (!pp->view_ss || !pp->view_ss_all) anneal_comm_abort(t->comm, 1, "pipeline: out of memory");
+    anneal_optimizer *z = anneal_optimizer_new_zero(&pp->view, anneal_optimizer_config(plain), t->ddp);
+    if (!z) return restate(anneal_last_status(), "ZeRO optimizer of the stage: ");
+    anneal_status st = ANNEAL_OK;
+    if (t->resume_ckpt[0]) {
+        st = anneal_optimizer_init_state(z);
+        anneal_status g = anneal_optimizer_gather_state(z); /* collective */
+        if (st == ANNEAL_OK) st = g;
+        for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
+            for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+                anneal_tensor *src = anneal_optimizer_state(plain, j, names[k]), *dst = anneal_optimizer_state(z, j, names[k]);
+                if (!src || !dst || anneal_numel(src) != anneal_numel(dst))
+                    st = anneal_set_error(ANNEAL_ERR_STATE, "ZeRO optimizer of the stage: no state %s for %s", names[k],
+                                          pp->view.items[j].name);
+                else memcpy(anneal_data(dst), anneal_data(src), (size_t)anneal_numel(src) * sizeof(float));
+            }
+            if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(z, j, anneal_optimizer_param_steps(plain, j));
+        }
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(z, anneal_optimizer_step_count(plain));
+        anneal_status sc = anneal_optimizer_scatter_state(z); /* collective */
+        if (st == ANNEAL_OK) st = sc;
+    }
+    anneal_optimizer_free(plain);
+    t->opt = z;
+    return st;
+}
+
+anneal_status anneal_train_pp_build(trainer *t, bool *usage) {
+    anneal_status st = refuse(t, usage);
+    return st == ANNEAL_OK ? build(t) : st;
+}
+
+/* Ends the job on a failure inside the collectives of the optimizer setup (the other
+ * ranks may be waiting in one). */
+static anneal_status fatal(trainer *t, anneal_status st) {
+    if (st == ANNEAL_OK) return st;
+    char msg[1200];
+    snprintf(msg, sizeof msg, "rank %d: anneal train: %s (ending the job)", t->rank, anneal_last_error());
+    anneal_comm_abort(t->comm, 1, msg);
+    return st;
+}
+
+anneal_status anneal_train_pp_optimizer(trainer *t) {
+    struct train_pp *pp = t->pp;
+    anneal_status st = make_stage_optimizer(t);
+    if (st == ANNEAL_OK && pp->replicas > 1) {
+        anneal_ddp_config dc = anneal_ddp_defaults();
+        dc.bucket_bytes = (int64_t)(t->cfg.bucket_mb * 1048576.0);
+        if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;
+        dc.overlap = t->cfg.overlap;
+        dc.zero_stage = (int)t->cfg.zero;
+        /* ZeRO 1-2 keep only a shard of the synced gradient: the tied sum must come first,
+         * so the stage's buckets are filled from .grad in anneal_ddp_finish (no overlap) */
+        pp->tied_before_sync = dc.zero_stage > 0 && pp->embed;
+        if (pp->tied_before_sync) dc.overlap = false;
+        t->ddp = anneal_ddp_new(pp->data, &pp->view, dc);
+        if (!t->ddp) st = restate(anneal_last_status(), "gradient sync of the stage: ");
+        if (st == ANNEAL_OK && dc.zero_stage > 0) st = fatal(t, make_zero_optimizer(t));
+    }
+    /* every replica starts from replica 0's weights (as DDP starts from rank 0's) */
+    if (st == ANNEAL_OK && t->ddp && (st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK)
+        st = restate(st, "broadcast of the parameters: ");
+    return fatal(t, st);
+}
+
+static double now_ms(void) { return anneal_train_now_ms(); }
+
+/* Blocking receive into buf, its wait counted as idle. */
+static anneal_status recv_idle(struct train_pp *pp, float *buf, int src, int tag) {
+    double t0 = now_ms();
+    anneal_status st = anneal_comm_recv(pp->pipe, buf, pp->act, ANNEAL_F32, src, tag);
+    pp->idle_ms += now_ms() - t0;
+    return st;
+}
+
+/* Forward of micro-batch k on this stage; the graph stays in the micro-batch's scope. */
+static anneal_status forward(trainer *t, int k, bool inject) {
+    struct train_pp *pp = t->pp;
+    const anneal_train_config *c = &t->cfg;
+    int64_t shape[3] = {t->local_batch, c->seq, t->mcfg.n_embd};
+    pp->scopes[k] = anneal_scope_new();
+    if (!pp->scopes[k]) return anneal_last_status();
+    anneal_scope_enter(pp->scopes[k]);
+    int64_t span_t0 = anneal_span_begin();
+    anneal_status st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
+    anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
+    anneal_tensor *in = NULL, *tg = NULL;
+    bool last = pp->stage == pp->n - 1;
+    if (st == ANNEAL_OK && pp->stage == 0) in = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_ids);
+    if (st == ANNEAL_OK && last) tg = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_tg);
+    if (st == ANNEAL_OK && pp->stage > 0) {
+        in = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, 3, shape);
+        st = in ? recv_idle(pp, anneal_data(in), pp->stage - 1, ACT_TAG(k)) : anneal_last_status();
+        if (st == ANNEAL_OK) st = anneal_set_requires_grad(in, true);
+        pp->in[k] = in;
+    }
+    anneal_tensor *out = NULL;
+    if (st == ANNEAL_OK) {
+        span_t0 = anneal_span_begin();
+        out = anneal_model_stage_forward(t->model, pp->first, pp->last, in, tg);
+        anneal_span_end(ANNEAL_SPAN_STEP, "forward", span_t0, 0, 0);
+        if (!out) st = anneal_last_status();
+    }
+    if (st == ANNEAL_OK && last) {
+        if (inject) out = anneal_scale(out, NAN); /* test hook: a non-finite loss and gradient */
+        st = out ? anneal_to_f32_buffer(out, &t->host_losses[k]) : anneal_last_status();
+        if (st == ANNEAL_OK && c->accum > 1) out = anneal_scale(out, 1.0f / (float)c->accum);
+        if (!out) st = anneal_last_status();
+    } else if (st == ANNEAL_OK) {
+        float *buf = pp->send_act + (size_t)k * (size_t)pp->act;
+        st = anneal_to_f32_buffer(out, buf);
+        if (st == ANNEAL_OK)
+            st = anneal_comm_send_start(pp->pipe, buf, pp->act, ANNEAL_F32, pp->stage + 1, ACT_TAG(k),
+                                        &pp->reqs[pp->n_reqs++]);
+    }
+    pp->out[k] = out;
+    anneal_scope_leave();
+    return st;
+}
+
+/* Backward of micro-batch k: from the loss (last stage) or the gradient the next stage
+ * sent; the input's gradient goes to the stage before. Frees the micro-batch's graph. */
+static anneal_status backward(trainer *t, int k) {
+    struct train_pp *pp = t->pp;
+    const anneal_train_config *c = &t->cfg;
+    int64_t shape[3] = {t->local_batch, c->seq, t->mcfg.n_embd};
+    anneal_scope_enter(pp->scopes[k]);
+    anneal_status st = ANNEAL_OK;
+    /* distributed over the data group: gradients are communicated on the last micro-batch */
+    if (t->ddp) st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1);
+    int64_t span_t0 = anneal_span_begin();
+    if (st == ANNEAL_OK && pp->stage == pp->n - 1) {
+        st = anneal_backward(pp->out[k]);
+    } else if (st == ANNEAL_OK) {
+        anneal_tensor *g = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, 3, shape);
+        st = g ? recv_idle(pp, anneal_data(g), pp->stage + 1, GRAD_TAG(k)) : anneal_last_status();
+        if (st == ANNEAL_OK) st = anneal_backward_grad(pp->out[k], g);
+    }
+    anneal_span_end(ANNEAL_SPAN_STEP, "backward", span_t0, 0, 0);
+    if (st == ANNEAL_OK && pp->stage > 0) {
+        anneal_tensor *gi = pp->in[k]->grad;
+        float *buf = pp->send_grad + (size_t)k * (size_t)pp->act;
+        if (!gi) st = anneal_set_error(ANNEAL_ERR_STATE, "pipeline: the stage's input got no gradient");
+        else st = anneal_to_f32_buffer(gi, buf);
+        if (st == ANNEAL_OK)
+            st = anneal_comm_send_start(pp->pipe, buf, pp->act, ANNEAL_F32, pp->stage - 1, GRAD_TAG(k),
+                                        &pp->reqs[pp->n_reqs++]);
+    }
+    anneal_scope_leave();
+    anneal_scope_free(pp->scopes[k]);
+    pp->scopes[k] = NULL;
+    pp->in[k] = pp->out[k] = NULL;
+    return st;
+}
+
+/* The tied parameters' gradients summed over the first and last stage. */
+static anneal_status sum_tied(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp->embed) return ANNEAL_OK;
+    for (int j = 0; j < pp->view.n; j++) {
+        int i = pp->view_of[j];
+        if (!pp->tied[i]) continue;
+        anneal_tensor *g = pp->view.items[j].tensor->grad;
+        if (!g || g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
+            return anneal_set_error(ANNEAL_ERR_STATE, "pipeline: tied parameter %s has no contiguous f32 gradient",
+                                    pp->view.items[j].name);
+        anneal_status st = anneal_comm_allreduce(pp->embed, anneal_data(g), anneal_numel(g), ANNEAL_F32, ANNEAL_REDUCE_SUM);
+        if (st != ANNEAL_OK) return st;
+    }
+    return ANNEAL_OK;
+}
+
+/* ZeRO 1-2: ss[i] of every owned model parameter i from the shards of the data group
+ * (each rank's pieces, gathered and added in replica order); tied ones only at their
+ * first stage. */
+static anneal_status shard_sums(trainer *t, const anneal_backend *be, anneal_tensor *acc) {
+    struct train_pp *pp = t->pp;
+    int np = 0, nv = pp->view.n;
+    const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
+    anneal_tensor *g = anneal_ddp_shard_grad_tensor(t->ddp);
+    anneal_scope *s = anneal_scope_open();
+    int64_t len = np > 0 ? np : 1;
+    anneal_tensor *part = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);
+    anneal_status st = part ? ANNEAL_OK : anneal_last_status();
+    memset(pp->view_ss, 0, (size_t)nv * sizeof(double));
+    for (int k = 0; k < np && st == ANNEAL_OK && g; k++) {
+        anneal_tensor *v = anneal_narrow(g, 0, pc[k].shard_offset, pc[k].len);
+        st = v ? be->sum_squares(be->ctx, part, k, v) : anneal_last_status();
+        if (st == ANNEAL_OK) pp->view_ss[pc[k].param] += ((double *)anneal_data(part))[k];
+    }
+    anneal_scope_close(s);
+    if (st == ANNEAL_OK)
+        st = anneal_comm_all_gather(pp->data, pp->view_ss, pp->view_ss_all, (int64_t)nv * 8, ANNEAL_U8);
+    double *out = anneal_data(acc);
+    for (int j = 0; j < nv && st == ANNEAL_OK; j++) {
+        int i = pp->view_of[j];
+        if (pp->owner[i] != pp->stage) continue;
+        double sum = 0;
+        for (int r = 0; r < pp->replicas; r++) sum += pp->view_ss_all[(size_t)r * (size_t)nv + (size_t)j];
+        out[i] = sum;
+    }
+    return st;
+}
+
+/* The global gradient norm (single-process order) and clipping of the owned gradients. */
+static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) {
+    struct train_pp *pp = t->pp;
+    int n = t->model->params->n;
+    const anneal_backend *be = anneal_backend_get(ANNEAL_CPU);
+    if (!be) return anneal_last_status();
+    bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
+    anneal_scope *s = anneal_scope_open();
+    int64_t len = n;
+    anneal_tensor *acc = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);
+    anneal_status st = acc ? ANNEAL_OK : anneal_last_status();
+    if (st == ANNEAL_OK) memset(anneal_data(acc), 0, (size_t)n * sizeof(double));
+    if (st == ANNEAL_OK && sharded) st = shard_sums(t, be, acc);
+    for (int j = 0; j < pp->view.n && st == ANNEAL_OK && !sharded; j++) {
+        int i = pp->view_of[j];
+        anneal_tensor *g = pp->view.items[j].tensor->grad;
+        if (!g || pp->owner[i] != pp->stage) continue; /* a tied one counts once, at its first stage */
+        if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
+            st = anneal_set_error(ANNEAL_ERR_STATE, "pipeline: gradient of %s is not contiguous f32", pp->view.items[j].name);
+        else st = be->sum_squares(be->ctx, acc, i, g);
+    }
+    if (st == ANNEAL_OK) memcpy(pp->ss, anneal_data(acc), (size_t)n * sizeof(double));
+    anneal_scope_close(s);
+    if (st != ANNEAL_OK) return st;
+    st = anneal_comm_all_gather(pp->pipe, pp->ss, pp->ss_all, (int64_t)n * 8, ANNEAL_U8);
+    if (st != ANNEAL_OK) return st;
+    double total = 0;
+    for (int i = 0; i < n; i++) total += pp->ss_all[(size_t)pp->owner[i] * (size_t)n + (size_t)i];
+    float norm = (float)sqrt(total);
+    *norm_out = norm;
+    if (!(max_norm > 0) || !isfinite(norm)) return ANNEAL_OK;
+    float coef = max_norm / (norm + 1e-6f);
+    if (!(coef < 1.0f)) return ANNEAL_OK;
+    if (sharded) return anneal_ddp_scale_grads(t->ddp, coef); /* the shard */
+    for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
+        anneal_tensor *g = pp->view.items[j].tensor->grad;
+        if (g) st = be->scale_by(be->ctx, g, NULL, NULL, coef);
+    }
+    return st;
+}
+
+anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
+                                   bool *skipped) {
+    (void)step;
+    struct train_pp *pp = t->pp;
+    const anneal_train_config *c = &t->cfg;
+    int M = (int)c->accum, N = pp->n, p = pp->stage;
+    int warm = N - p - 1 < M ? N - p - 1 : M;
+    double t0 = now_ms();
+    pp->idle_ms = 0;
+    pp->n_reqs = 0;
+    anneal_status st = ANNEAL_OK;
+    /* 1F1B: warm-up forwards, one forward and one backward in turn, the last backwards */
+    for (int k = 0; k < warm && st == ANNEAL_OK; k++) st = forward(t, k, inject);
+    for (int k = 0; k < M - warm && st == ANNEAL_OK; k++) {
+        st = forward(t, warm + k, inject);
+        if (st == ANNEAL_OK) st = backward(t, k);
+    }
+    for (int k = M - warm; k < M && st == ANNEAL_OK; k++) st = backward(t, k);
+    /* a failure leaves graphs behind: freed here (the caller ends the job) */
+    for (int k = 0; k < M; k++)
+        if (pp->scopes[k]) anneal_scope_free(pp->scopes[k]), pp->scopes[k] = NULL;
+    double tw = now_ms();
+    for (int r = 0; r < pp->n_reqs; r++) {
+        anneal_status sw = anneal_comm_wait(pp->reqs[r]);
+        pp->reqs[r] = NULL;
+        if (st == ANNEAL_OK) st = sw;
+    }
+    pp->idle_ms += now_ms() - tw;
+    pp->n_reqs = 0;
+    if (st != ANNEAL_OK) return st;
+    int64_t span_t0 = anneal_span_begin(); /* gradient sync, norm, clipping, update */
+    if (pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
+    if (t->ddp && (st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
+    if (!pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
+    /* the loss: the last stage's mean of its micro-batches (in double, in order, as one
+     * process sums them), sent to the whole pipeline; then the mean over replicas */
+    double mean = 0;
+    if (p == N - 1) {
+        for (int k = 0; k < M; k++) mean += (double)t->host_losses[k];
+        mean /= (double)M;
+    }
+    if ((st = anneal_comm_broadcast(pp->pipe, &mean, 8, ANNEAL_U8, N - 1)) != ANNEAL_OK) return st;
+    if (pp->replicas > 1) { /* as DDP's mean: in f32 over every rank (each replica's ranks agree) */
+        float v = (float)mean;
+        if ((st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_MEAN)) != ANNEAL_OK) return st;
+        mean = v;
+    }
+    *loss = mean;
+    if ((st = norm_and_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, norm)) != ANNEAL_OK) return st;
+    *skipped = !isfinite(mean) || !isfinite(*norm);
+    if (!*skipped) st = anneal_optimizer_step(t->opt, lr);
+    anneal_params_zero_grad(t->model->params);
+    anneal_span_end(ANNEAL_SPAN_STEP, "optimizer", span_t0, 0, 0);
+    if (st != ANNEAL_OK) return st;
+    /* the measured bubble: each rank's time waiting for its peers over its step time */
+    pp->step_ms = now_ms() - t0;
+    float mine = pp->step_ms > 0 ? (float)(pp->idle_ms / pp->step_ms) : 0.0f;
+    float *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
+    st = anneal_comm_all_gather(t->comm, &mine, all, 1, ANNEAL_F32);
+    double sum = 0, mx = 0;
+    for (int r = 0; r < t->world; r++) sum += all[r], mx = fmax(mx, all[r]);
+    free(all);
+    pp->bubble_mean = sum / t->world;
+    pp->bubble_max = mx;
+    pp->bubble_sum += pp->bubble_mean;
+    pp->bubble_steps++;
+    return st;
+}
+
+anneal_status anneal_train_pp_sync_params(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp) return ANNEAL_OK;
+    anneal_params *ps = t->model->params;
+    for (int i = 0; i < ps->n; i++) {
+        anneal_tensor *x = ps->items[i].tensor;
+        anneal_status st = anneal_comm_broadcast(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, pp->owner[i]);
+        if (st != ANNEAL_OK) return restate(st, "pipeline: gathering the parameters: ");
+    }
+    return ANNEAL_OK;
+}
+
+/* Rank 0 (stage 0 of replica 0): a full optimizer holding every stage's state, gathered
+ * over replica 0's pipeline group, installed in t->opt for the snapshot. */
+anneal_status anneal_train_pp_ckpt_begin(trainer *t) {
+    struct train_pp *pp = t->pp;
+    anneal_status st = anneal_train_pp_sync_params(t);
+    bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
+    /* ZeRO 1-2: the stage's full state assembled over the data group (collective) */
+    if (st == ANNEAL_OK && sharded) st = anneal_optimizer_gather_state(t->opt);
+    if (st != ANNEAL_OK || pp->replica != 0) return st;
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+    anneal_params *ps = t->model->params;
+    anneal_optimizer *full = NULL;
+    if (pp->stage == 0) {
+        full = anneal_optimizer_new(ps, anneal_optimizer_config(t->opt));
+        st = full ? anneal_optimizer_init_state(full) : anneal_last_status();
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(full, anneal_optimizer_step_count(t->opt));
+    }
+    if (st == ANNEAL_OK && !sharded) st = anneal_optimizer_init_state(t->opt);
+    /* (an error here leaves a peer in a receive: the caller ends the job) */
+    for (int j = 0, v = 0; st == ANNEAL_OK && j < ps->n; j++) {
+        int o = pp->owner[j];
+        while (v < pp->view.n && pp->view_of[v] < j) v++;
+        bool mine = v < pp->view.n && pp->view_of[v] == j && o == pp->stage;
+        if (pp->stage != 0 && !mine) continue;
+        int64_t steps = mine ? anneal_optimizer_param_steps(t->opt, v) : 0;
+        for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+            anneal_tensor *src = mine ? anneal_optimizer_state(t->opt, v, names[k]) : NULL;
+            anneal_tensor *dst = full ? anneal_optimizer_state(full, j, names[k]) : NULL;
+            int64_t n = anneal_numel(ps->items[j].tensor);
+            if (o == 0) st = src && dst ? anneal_copy_(dst, src) : anneal_last_status();
+            else if (mine) st = anneal_comm_send(pp->pipe, anneal_data(src), n, ANNEAL_F32, 0, k);
+            else st = anneal_comm_recv(pp->pipe, anneal_data(dst), n, ANNEAL_F32, o, k);
+        }
+        if (st == ANNEAL_OK && o != 0) {
+            if (mine) st = anneal_comm_send(pp->pipe, &steps, 1, ANNEAL_I64, 0, 2);
+            else if (pp->stage == 0) st = anneal_comm_recv(pp->pipe, &steps, 1, ANNEAL_I64, o, 2);
+        }
+        if (st == ANNEAL_OK && full) st = anneal_optimizer_set_param_steps(full, j, steps);
+    }
+    if (st != ANNEAL_OK) {
+        anneal_optimizer_free(full);
+        return restate(st, "pipeline: gathering the optimizer state: ");
+    }
+    if (full) {
+        pp->stage_opt = t->opt;
+        t->opt = full;
+    }
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_train_pp_ckpt_end(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (pp && pp->stage_opt) {
+        anneal_optimizer_free(t->opt);
+        t->opt = pp->stage_opt;
+        pp->stage_opt = NULL;
+    }
+    if (pp && t->ddp && anneal_ddp_stage(t->ddp) > 0) return anneal_optimizer_scatter_state(t->opt);
+    return ANNEAL_OK;
+}
+
+void anneal_train_pp_print_header(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp) return;
+    int L = t->mcfg.n_layer;
+    anneal_progress_note(t->prog, "pipeline: %d stages x %d data-parallel replica%s, %lld micro-batches per step "
+                         "scheduled 1F1B, ideal bubble (N-1)/(M+N-1) = %.3f", pp->n, pp->replicas,
+                         pp->replicas > 1 ? "s" : "", (long long)t->cfg.accum, ideal_bubble(t));
+    for (int r = 0; r < t->world; r++) {
+        int p = r % pp->n, a, b;
+        stage_blocks(p, pp->n, L, &a, &b);
+        anneal_progress_note(t->prog, "  rank %d: stage %d (blocks %d-%d%s%s), replica %d", r, p, a, b - 1,
+                             p == 0 ? ", embedding" : "", p == pp->n - 1 ? ", final norm + head" : "", r / pp->n);
+    }
+}
+
+void anneal_train_pp_log_step(trainer *t, struct cJSON *o) {
+    struct train_pp *pp = t->pp;
+    if (!pp) return;
+    cJSON_AddNumberToObject(o, "pp_bubble", pp->bubble_mean);
+    cJSON_AddNumberToObject(o, "pp_bubble_max", pp->bubble_max);
+    cJSON_AddNumberToObject(o, "pp_bubble_ideal", ideal_bubble(t));
+}
+
+void anneal_train_pp_note_summary(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp || pp->bubble_steps == 0) return;
+    anneal_progress_note(t->prog, "  pipeline bubble: %.3f of the step time waiting for other stages (mean over ranks "
+                         "and %lld steps; ideal (N-1)/(M+N-1) = %.3f)", pp->bubble_sum / (double)pp->bubble_steps,
+                         (long long)pp->bubble_steps, ideal_bubble(t));
+}
+
+void anneal_train_pp_memory(trainer *t, double out[3]) {
+    struct train_pp *pp = t->pp;
+    if (!pp) return;
+    int64_t owned = anneal_params_numel(&pp->view);
+    out[0] = (double)anneal_params_numel(t->model->params) * sizeof(float); /* not freed yet (see the top) */
+    if (!t->ddp) out[1] = (double)owned * sizeof(float);
+    out[2] = (double)owned * 2.0 * sizeof(float);
+    if (t->ddp && anneal_ddp_stage(t->ddp) > 0) out[2] = (double)anneal_ddp_shard_numel(t->ddp) * 2.0 * sizeof(float);
+}
+
+void anneal_train_pp_teardown(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (!pp) return;
+    if (pp->stage_opt) { /* a failed checkpoint left the full optimizer installed */
+        anneal_optimizer_free(t->opt);
+        t->opt = pp->stage_opt;
+    }
+    for (int r = 0; r < pp->n_reqs; r++) anneal_comm_wait(pp->reqs[r]);
+    for (int k = 0; pp->scopes && k < (int)t->cfg.accum; k++)
+        if (pp->scopes[k]) anneal_scope_free(pp->scopes[k]);
+    if (pp->embed) anneal_comm_free(pp->embed);
+    if (pp->data) anneal_comm_free(pp->data);
+    if (pp->pipe) anneal_comm_free(pp->pipe);
+    free(pp->view.items);
+    free(pp->view_of);
+    free(pp->owner);
+    free(pp->tied);
+    free(pp->ss);
+    free(pp->ss_all);
+    free(pp->view_ss);
+    free(pp->view_ss_all);
+    free(pp->send_act);
+    free(pp->send_grad);
+    free(pp->reqs);
+    free(pp->scopes);
+    free(pp->in);
+    free(pp->out);
+    free(pp);
+    t->pp = NULL;
+}
