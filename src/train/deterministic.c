@@ -59,6 +59,10 @@ anneal_status anneal_train_det_check(trainer *t) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --device %s: CPU runs only (that the device's "
                                                 "kernels give the same bits on every layout is not established)",
                                 c->device ? c->device : "?");
+    if (c->pp > 1)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --pp %lld: the pipeline's micro-batch schedule and "
+                                                "its data groups are not ordered by the fixed tree yet; use --pp 1",
+                                (long long)c->pp);
     if (c->zero > 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --zero %lld: ZeRO sums the gradient norm per "
                                                 "shard, and the shards' bounds depend on the number of ranks; use "

@@ -139,6 +139,9 @@ static anneal_status refuse(trainer *t, bool *usage) {
     if (c->offload && strcmp(c->offload, "none")) return USAGE("--pp %lld with --offload %s: not built", n, c->offload);
     if (anneal_lora_count(t->model->params) > 0) return USAGE("--pp %lld with LoRA adapters: not built", n);
     if (t->device != ANNEAL_CPU) return USAGE("--pp %lld: CPU runs only", n);
+    if (c->zero > 2)
+        return USAGE("--pp %lld with --zero %lld: the stages run their blocks without ZeRO-3's per-block gathering "
+                     "(not built); use --zero 0, 1 or 2", n, (long long)c->zero);
     return ANNEAL_OK;
 }
 
