@@ -87,6 +87,7 @@ typedef struct anneal_train_config {
     int64_t powersgd_warmup_steps; /* uncompressed steps before PowerSGD starts */
     char *offload;            /* "none" (NULL), "optimizer" (src/optim/offload.c) */
     char *offload_dir;        /* where the offload file goes; NULL: the run directory */
+    int64_t tp;               /* tensor parallelism: ranks per group sharing each layer (1: none; src/train/tp.c) */
 } anneal_train_config;
 
 /* The defaults (documented by anneal_train_options). */

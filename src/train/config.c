@@ -108,6 +108,8 @@ static const option_def defs[] = {
     {{"lora-init", ANNEAL_OPT_STRING, "LoRA: start the adapters from a PEFT adapter directory (adapter_config.json + "
       "adapter_model.safetensors; its r, alpha, targets unless given)"}, OFF(lora_init), 0, 0, 0, 0, NULL},
     {{"zero", ANNEAL_OPT_INT, "distributed: ZeRO stage, 0 = DDP, 1 = shard optimizer state, 2 = also gradients (default 0)"}, OFF(zero), 0, 2, 0, 0, NULL},
+    {{"tp", ANNEAL_OPT_INT, "distributed: tensor parallelism, ranks sharing each layer's heads and MLP width "
+      "(Megatron-style); the world is tp x data-parallel replicas (default 1)"}, OFF(tp), 1, 65536, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
     {{"grad-compress", ANNEAL_OPT_STRING, "distributed: gradient compression, none or powersgd (low-rank PowerSGD with "
@@ -175,6 +177,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->log_every = 1;
     c->profile_steps = 3;
     c->bucket_mb = 25;
+    c->tp = 1;
     c->overlap = true;
     c->powersgd_rank = 1;
     c->powersgd_warmup_steps = 10;

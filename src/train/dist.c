@@ -287,7 +287,7 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     if (dc.bucket_bytes < 4) dc.bucket_bytes = 4;
     dc.overlap = t->cfg.overlap;
     dc.zero_stage = (int)t->cfg.zero;
-    t->ddp = anneal_ddp_new(t->comm, t->model->params, dc);
+    t->ddp = anneal_ddp_new(anneal_train_tp_dp_comm(t), t->model->params, dc); /* --tp: over the replicas */
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
     st = anneal_train_dist_agree(t, st, "setting up the gradient sync");
@@ -320,6 +320,8 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag) {
 }
 
 anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
+    anneal_status tp = anneal_train_tp_ckpt_begin(t); /* --tp: the whole model gathered (tp.c) */
+    if (tp != ANNEAL_OK) return tp;
     /* --offload optimizer: the state comes out of its file for the snapshot */
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
@@ -328,6 +330,7 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
+    anneal_train_tp_ckpt_end(t); /* --tp: back to the shards */
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
     if (t->psgd) {

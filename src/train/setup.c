@@ -251,8 +251,8 @@ anneal_status anneal_train_create_run_dir(trainer *t) { return create_run_dir(t)
 static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
-        anneal_train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, t->rank, t->world);
-        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->rank, t->world);
+        anneal_train_source_open_synthetic(&t->train, t->local_batch, c->seq, (uint64_t)c->seed, 0, synth_vocab, anneal_train_tp_data_rank(t), anneal_train_tp_data_world(t));
+        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, anneal_train_tp_data_rank(t), anneal_train_tp_data_world(t));
         t->has_val = true;
         return ANNEAL_OK;
     }
@@ -267,14 +267,14 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     /* shards without prepare.json: a prepare that was killed (some shards may be missing) */
     if (anneal_prepare_check_dir(c->data) != ANNEAL_OK) return prefix_error("--data: ");
     if (anneal_train_source_open_loader(&t->train, c->data, "train", t->local_batch, c->seq, (uint64_t)c->seed, c->shuffle, true,
-                                 t->rank, t->world) != ANNEAL_OK) {
+                                 anneal_train_tp_data_rank(t), anneal_train_tp_data_world(t)) != ANNEAL_OK) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG; /* too few tokens for --seq */
         return prefix_error("--data: ");
     }
     t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
     if (has_split(c->data, "val") && c->eval_batches > 0) {
         if (anneal_train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
-                                     t->rank, t->world) != ANNEAL_OK) {
+                                     anneal_train_tp_data_rank(t), anneal_train_tp_data_world(t)) != ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
             /* printed once the settings are known good (a bad --seq is told first) */
             snprintf(t->val_note, sizeof t->val_note, "note: val split unusable (%s): no evaluation", anneal_last_error());
@@ -512,10 +512,13 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (!c->synthetic && !c->data)
         return USAGE("--data DIR is required (shards from anneal prepare), or --synthetic for generated tokens");
     if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
-    if (c->batch % t->world != 0)
+    anneal_status tps = anneal_train_tp_begin(t, usage); /* --tp: the rank groups (tp.c) */
+    if (tps != ANNEAL_OK) return tps;
+    int dworld = anneal_train_tp_data_world(t); /* the ranks the data is split over */
+    if (c->batch % dworld != 0)
         return USAGE("--batch %lld is not divisible by the %d ranks (--batch is the global batch of a micro-step, "
-                     "split evenly over the ranks)", (long long)c->batch, t->world);
-    t->local_batch = c->batch / t->world;
+                     "split evenly over the ranks)", (long long)c->batch, dworld);
+    t->local_batch = c->batch / dworld;
     /* --device: where the model trains (cuda:N chooses the GPU before its first use) */
     t->device = ANNEAL_CPU;
     if (anneal_train_device_resolve(c->device, &t->device) != ANNEAL_OK) {
@@ -594,6 +597,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
         return st;
     }
     if ((st = build_model(t, usage))) return st;
+    if ((st = anneal_train_tp_shard(t, usage))) return st; /* --tp: this rank's shards (tp.c) */
     if ((st = anneal_train_setup_precision(t, usage))) return st; /* --dtype, fp16 loss scaler */
     /* distributed: rank 0 creates it once every rank's setup worked (anneal_train_dist_setup) */
     if (t->world == 1 && (st = create_run_dir(t))) return st;
@@ -643,6 +647,7 @@ void anneal_train_teardown(trainer *t) {
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
     anneal_model_free(t->model);
+    anneal_train_tp_teardown(t);
     anneal_train_source_close(&t->train);
     anneal_train_source_close(&t->val);
     anneal_tokenizer_free(t->tok);
