@@ -22,6 +22,13 @@ typedef struct anneal_nn_tp {
     int rank, size;
     anneal_tensor *(*copy_in)(void *user, anneal_tensor *x);
     anneal_tensor *(*reduce_out)(void *user, anneal_tensor *x);
+    /* The vocabulary split: this rank holds rows [lo, lo + rows) of the token embedding.
+     * vocab_embed: the lookup of ids summed over the group (rows outside give zeros);
+     * vocab_loss: the mean cross-entropy from this rank's columns of the logits (the
+     * softmax's max and sum over the group), targets == ignore_index skipped. */
+    anneal_tensor *(*vocab_embed)(void *user, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
+    anneal_tensor *(*vocab_loss)(void *user, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
+                                 int32_t ignore_index);
     void *user;
 } anneal_nn_tp;
 

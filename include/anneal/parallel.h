@@ -270,6 +270,14 @@ anneal_status anneal_powersgd_load(anneal_powersgd *p, const char *path);
  * f32 CPU tensors. */
 anneal_tensor *anneal_tp_copy_in(anneal_comm *c, anneal_tensor *x);
 anneal_tensor *anneal_tp_reduce_out(anneal_comm *c, anneal_tensor *x);
+/* The vocabulary split over c: this rank holds rows [lo, lo + weight rows) of the token
+ * embedding. The lookup of i32 CPU ids summed over c (ids outside give zeros); and the
+ * mean cross-entropy of this rank's columns (..., V/N) of the logits against targets
+ * (...) over the whole vocabulary (targets == ignore_index skipped; all skipped: 0),
+ * whose backward is local. Collective over c. */
+anneal_tensor *anneal_tp_vocab_embedding(anneal_comm *c, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
+anneal_tensor *anneal_tp_vocab_cross_entropy(anneal_comm *c, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
+                                             int32_t ignore_index);
 /* The group a tensor-parallel model runs with: ctx.tp = anneal_tp_nn(tp). group is not
  * owned (free it after the tp). */
 typedef struct anneal_tp anneal_tp;

@@ -84,6 +84,10 @@ anneal_status anneal_gpt2_config_check(const anneal_model_config *c) {
 
 static const anneal_model_ops gpt2_ops;
 
+/* Tensor parallelism splits the vocabulary too (the token embedding's rows, the lm
+ * head's columns) when it divides evenly; otherwise both stay whole on every rank. */
+static bool vocab_parallel(const anneal_model_config *c) { return c->tp_size > 1 && c->vocab_size % c->tp_size == 0; }
+
 /* Registers every parameter in Hugging Face's order: wte, wpe, each block (ln_1,
  * attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; weight then bias), ln_f. */
 static anneal_model *gpt2_create(const anneal_model_config *cfg, anneal_device dev) {
@@ -102,7 +106,8 @@ static anneal_model *gpt2_create(const anneal_model_config *cfg, anneal_device d
     anneal_params *ps = m->base.params;
     int64_t C = cfg->n_embd;
     float eps = cfg->norm_eps;
-    anneal_status s = anneal_nn_embedding_create(&m->wte, ps, "transformer.wte", cfg->vocab_size, C);
+    int64_t vocab_rows = vocab_parallel(cfg) ? cfg->vocab_size / cfg->tp_size : cfg->vocab_size;
+    anneal_status s = anneal_nn_embedding_create(&m->wte, ps, "transformer.wte", vocab_rows, C);
     if (s == ANNEAL_OK) s = anneal_nn_embedding_create(&m->wpe, ps, "transformer.wpe", cfg->n_ctx, C);
     /* tensor parallelism: this rank's heads (c_attn's columns, c_proj's rows) and MLP width */
     int tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
@@ -245,7 +250,11 @@ static anneal_tensor *hidden(anneal_gpt2 *m, anneal_tensor *ids, anneal_kv_cache
     }
     /* token + position embeddings: (B, T, C) + (T, C) */
     anneal_tensor *pos = anneal_arange(m->base.device, pos0, T);
-    anneal_tensor *x = anneal_add(anneal_nn_embedding_forward(&m->wte, ids), anneal_nn_embedding_forward(&m->wpe, pos));
+    const anneal_nn_tp *tp = m->base.ctx.tp;
+    anneal_tensor *tok = !vocab_parallel(cfg) ? anneal_nn_embedding_forward(&m->wte, ids)
+                         : tp ? tp->vocab_embed(tp->user, m->wte.weight, ids, cfg->tp_rank * m->wte.weight->shape[0])
+                              : NULL; /* the block reports the missing group */
+    anneal_tensor *x = anneal_add(tok, anneal_nn_embedding_forward(&m->wpe, pos));
     x = anneal_dropout(x, cfg->dropout, m->base.ctx.training);
     for (int l = 0; l < cfg->n_layer; l++) {
         anneal_gpt2_block *b = &m->blocks[l];
@@ -259,6 +268,11 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) { return h
 
 /* The tied lm head: logits = h @ wte^T. */
 static anneal_tensor *lm_head(anneal_gpt2 *m, anneal_tensor *h) {
+    if (vocab_parallel(&m->base.cfg)) {
+        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gpt2: the logits of a vocabulary-parallel model (--tp %d) are split "
+                         "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
+        return NULL;
+    }
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
     return anneal_dense(h, m->wte.weight, NULL, &o);
 }
@@ -271,6 +285,13 @@ anneal_tensor *anneal_gpt2_forward(anneal_gpt2 *m, anneal_tensor *ids) {
 anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *targets) {
     /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
     anneal_tensor *h = hidden(m, ids, NULL);
+    if (m && vocab_parallel(&m->base.cfg) && h) {
+        /* this rank's V/N columns of the logits, the softmax's sums over the group */
+        const anneal_nn_tp *tp = m->base.ctx.tp;
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+        anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), m->wte.weight, NULL, &o);
+        return tp->vocab_loss(tp->user, logits, targets, m->base.cfg.tp_rank * m->wte.weight->shape[0], -100);
+    }
     return m ? anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, m->base.ctx.compute) : NULL;
 }
 

@@ -53,7 +53,8 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
     int n = (int)c->tp;
     if (t->world % n)
         return USAGE("--tp %d does not divide the %d ranks: the world is --tp ranks per tensor-parallel group times "
-                     "the data-parallel replicas (start a multiple of %d ranks)", n, t->world, n);
+                     "the data-parallel replicas (start a multiple of %d ranks%s)", n, t->world, n,
+                     c->resume ? "; a resume keeps the run's --tp unless given: --tp 1 resumes on one process" : "");
     if (c->zero > 0)
         return USAGE("--tp %d with --zero %lld: not built yet (tensor parallelism runs with plain DDP over the "
                      "replicas, --zero 0)", n, (long long)c->zero);
@@ -162,6 +163,12 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     else if (anneal_optimizer_step_count(wopt) > 0) st = slice_optimizer(t, wopt, t->opt, whole);
     anneal_optimizer_free(wopt);
     anneal_model_free(whole);
+    const anneal_model_config *mc = &t->model->cfg;
+    if (st == ANNEAL_OK)
+        anneal_progress_note(t->prog, "tensor parallelism: %d of %d heads and %d of %d MLP columns per rank; vocabulary "
+                             "%s", mc->n_head / p->size, mc->n_head, 4 * mc->n_embd / p->size, 4 * mc->n_embd,
+                             mc->vocab_size % p->size ? "whole on every rank (not divisible by --tp)"
+                                                      : "split (token embedding rows, lm head columns)");
     return st;
 }
 
