@@ -163,12 +163,13 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     else if (anneal_optimizer_step_count(wopt) > 0) st = slice_optimizer(t, wopt, t->opt, whole);
     anneal_optimizer_free(wopt);
     anneal_model_free(whole);
-    const anneal_model_config *mc = &t->model->cfg;
+    const anneal_model_config *cf = &t->model->cfg;
+    int n = t->tp->size;
     if (st == ANNEAL_OK)
         anneal_progress_note(t->prog, "tensor parallelism: %d of %d heads and %d of %d MLP columns per rank; vocabulary "
-                             "%s", mc->n_head / p->size, mc->n_head, 4 * mc->n_embd / p->size, 4 * mc->n_embd,
-                             mc->vocab_size % p->size ? "whole on every rank (not divisible by --tp)"
-                                                      : "split (token embedding rows, lm head columns)");
+                             "%s", cf->n_head / n, cf->n_head, 4 * cf->n_embd / n, 4 * cf->n_embd,
+                             cf->vocab_size % n ? "whole on every rank (not divisible by --tp)"
+                                                : "split (token embedding rows, lm head columns)");
     return st;
 }
 
