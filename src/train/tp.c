@@ -147,9 +147,9 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     if (!t->tp) return ANNEAL_OK;
     anneal_model *whole = t->model;
     anneal_optimizer *wopt = t->opt;
-    if (strcmp(whole->cfg.arch, "gpt2"))
-        return USAGE("--tp %d: tensor parallelism is built for GPT-2 only so far (this model is %s)", t->tp->size,
-                     whole->cfg.arch);
+    if (strcmp(whole->cfg.arch, "gpt2") && strcmp(whole->cfg.arch, "llama"))
+        return USAGE("--tp %d: tensor parallelism is built for GPT-2 and the Llama family only (this model is %s)",
+                     t->tp->size, whole->cfg.arch);
     anneal_status st = make_shards(t, whole);
     if (st != ANNEAL_OK) {
         if (t->model != whole) anneal_model_free(t->model);
@@ -167,7 +167,8 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     int n = t->tp->size;
     if (st == ANNEAL_OK)
         anneal_progress_note(t->prog, "tensor parallelism: %d of %d heads and %d of %d MLP columns per rank; vocabulary "
-                             "%s", cf->n_head / n, cf->n_head, 4 * cf->n_embd / n, 4 * cf->n_embd,
+                             "%s", cf->n_head / n, cf->n_head, (cf->n_ff ? cf->n_ff : 4 * cf->n_embd) / n,
+                             cf->n_ff ? cf->n_ff : 4 * cf->n_embd,
                              cf->vocab_size % n ? "whole on every rank (not divisible by --tp)"
                                                 : "split (token embedding rows, lm head columns)");
     return st;

@@ -153,13 +153,13 @@ TEST(sharded_dense_pair_matches_whole) {
     anneal_scope_close(sc);
 }
 
-/* A tiny GPT-2 (4 heads, C 64) sharded over the world: the loss and every parameter's
- * gradient (the shard's slice of the whole model's) match the unsharded model. */
-TEST(sharded_gpt2_matches_whole) {
+/* A tiny model (preset) sharded over the world: the loss and every parameter's gradient
+ * (the shard's slice of the whole model's) match the unsharded model; `expect`
+ * parameters are sharded. */
+static void check_sharded_model(const char *preset, int expect) {
     int r = dt_rank(), w = dt_world();
     anneal_model_config cfg;
-    REQUIRE(anneal_gpt2_preset("tiny", &cfg));
-    cfg.n_layer = 2;
+    REQUIRE(anneal_model_preset(preset, &cfg));
     anneal_model *whole = anneal_model_new(&cfg, ANNEAL_CPU);
     REQUIRE(whole && anneal_model_init(whole, 7) == ANNEAL_OK);
     anneal_model_config lc = cfg;
@@ -178,9 +178,7 @@ TEST(sharded_gpt2_matches_whole) {
         REQUIRE(anneal_tp_slice(wp->tensor, ps->items[i].tensor, sp[i], r) == ANNEAL_OK);
         sharded += sp[i].dim >= 0;
     }
-    /* per block: c_attn w+b, attn c_proj w, c_fc w+b, mlp c_proj w; and the token
-     * embedding (vocabulary 512: split) */
-    CHECK(w == 1 || sharded == 6 * cfg.n_layer + 1, "%d sharded parameters", sharded);
+    CHECK(w == 1 || sharded == expect, "%s: %d sharded parameters, expected %d", preset, sharded, expect);
     anneal_scope *sc = anneal_scope_open();
     int64_t B = 2, T = 16;
     int32_t ids[32], tg[32];
@@ -191,7 +189,7 @@ TEST(sharded_gpt2_matches_whole) {
     anneal_tensor *lw = anneal_model_loss(whole, ti, tt), *lp = anneal_model_loss(part, ti, tt);
     REQUIRE(lw && lp && anneal_backward(lw) == ANNEAL_OK && anneal_backward(lp) == ANNEAL_OK);
     double a = anneal_item(lp), b = anneal_item(lw);
-    printf("    rank %d: loss %.7f (sharded over %d) vs %.7f (whole)\n", r, a, w, b);
+    printf("    %s, rank %d: loss %.7f (sharded over %d) vs %.7f (whole)\n", preset, r, a, w, b);
     bool ok = fabs(a - b) <= 1e-6 * fabs(b);
     for (int i = 0; i < ps->n; i++) {
         anneal_param *wp = anneal_params_find(whole->params, ps->items[i].name);
@@ -206,6 +204,15 @@ TEST(sharded_gpt2_matches_whole) {
     anneal_model_free(whole);
     anneal_tp_free(tp);
 }
+
+/* GPT-2 tiny (2 layers, 4 heads, C 64, vocabulary 512): per block c_attn weight and
+ * bias, attn c_proj weight, c_fc weight and bias, mlp c_proj weight; and the token
+ * embedding (the vocabulary split). */
+TEST(sharded_gpt2_matches_whole) { check_sharded_model("tiny", 6 * 2 + 1); }
+
+/* Llama tiny (2 layers, GQA 4/2 heads, SwiGLU 176, untied head): per layer q, k, v, o,
+ * gate, up, down; the embedding and the lm head. */
+TEST(sharded_llama_matches_whole) { check_sharded_model("llama-tiny", 7 * 2 + 2); }
 
 /* n_head not divisible by the group: a clear error at creation. */
 TEST(heads_not_divisible) {
@@ -223,6 +230,7 @@ static void run_all(void) {
     RUN(packed_slice_and_gather);
     RUN(sharded_dense_pair_matches_whole);
     RUN(sharded_gpt2_matches_whole);
+    RUN(sharded_llama_matches_whole);
     RUN(heads_not_divisible);
 }
 
