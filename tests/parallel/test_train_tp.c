@@ -252,6 +252,15 @@ TEST(tp2_dp2_matches_single_process) {
     CHECK(strstr(o, "per-rank batch 4 (global 8)") != NULL, "the replicas split the batch: %s", o);
 }
 
+/* Llama tiny (GQA 4/2, SwiGLU, untied head) at --tp 2 = one process. */
+TEST(llama_tp2_matches_single_process) {
+    NEED_MPI();
+    REQUIRE(train("", "lsingle", "--model llama-tiny") == 0);
+    REQUIRE(train(mpi_np(2), "ltp2", "--model llama-tiny --tp 2") == 0);
+    check_same_losses("ltp2", "lsingle", 0, steps);
+    check_same_params("ltp2", "lsingle");
+}
+
 /* Stopped at step 10 under --tp 2, resumed on one process (--tp 1); and the other way. */
 TEST(resume_across_layouts) {
     NEED_MPI();
@@ -307,6 +316,7 @@ int main(void) {
              steps);
     RUN(tp2_matches_single_process);
     RUN(tp2_dp2_matches_single_process);
+    RUN(llama_tp2_matches_single_process);
     RUN(resume_across_layouts);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
