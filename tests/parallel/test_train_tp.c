@@ -295,6 +295,7 @@ TEST(bad_layouts) {
     refused(mpi_np(2), "bad_world", "--tp 3", "--tp 3 does not divide the 2 ranks");
     refused(mpi_np(3), "bad_heads", "--tp 3", "n_head 4 is not divisible by --tp 3");
     refused(mpi_np(2), "bad_zero", "--tp 2 --zero 1", "--tp 2 with --zero 1: not built yet");
+    refused(mpi_np(2), "bad_fp16", "--tp 2 --dtype fp16", "--tp 2 with --dtype fp16: not built yet");
 }
 
 int main(void) {
