@@ -320,13 +320,11 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag) {
 }
 
 anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
-    anneal_status tp = anneal_train_tp_ckpt_begin(t); /* --tp: the whole model gathered (tp.c) */
-    if (tp != ANNEAL_OK) return tp;
     /* --offload optimizer: the state comes out of its file for the snapshot */
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
-    if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
-    return anneal_optimizer_gather_state(t->opt);
+    if (t->ddp && t->cfg.zero > 0 && (so = anneal_optimizer_gather_state(t->opt)) != ANNEAL_OK) return so;
+    return anneal_train_tp_ckpt_begin(t); /* --tp: the whole model from the shards, after ZeRO's gather (tp.c) */
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {

@@ -55,9 +55,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
         return USAGE("--tp %d does not divide the %d ranks: the world is --tp ranks per tensor-parallel group times "
                      "the data-parallel replicas (start a multiple of %d ranks%s)", n, t->world, n,
                      c->resume ? "; a resume keeps the run's --tp unless given: --tp 1 resumes on one process" : "");
-    if (c->zero > 0)
-        return USAGE("--tp %d with --zero %lld: not built yet (tensor parallelism runs with plain DDP over the "
-                     "replicas, --zero 0)", n, (long long)c->zero);
     if (c->lora_rank > 0) return USAGE("--tp %d with --lora-rank: not built (LoRA adapters are not sharded)", n);
     if (c->sample_every > 0)
         return USAGE("--tp %d with --sample-every: samples are rank 0's alone and a tensor-parallel model needs its "
@@ -178,32 +175,57 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     return st;
 }
 
+/* Sum of squares of x[0..n). */
+static double sumsq(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t k = 0; k < n; k++) s += (double)x[k] * x[k];
+    return s;
+}
+
+/* v[0..k) summed over c: gathered as bits (the communicator reduces f32 only) and added
+ * in rank order, so every rank gets the same doubles. */
+static anneal_status sum_over(anneal_comm *c, double *v, int k) {
+    int size = anneal_comm_size(c);
+    double *all = calloc((size_t)size * (size_t)k, sizeof *all);
+    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "--tp: out of memory");
+    anneal_status st = anneal_comm_all_gather(c, v, all, k, ANNEAL_I64);
+    for (int j = 0; j < k && st == ANNEAL_OK; j++) {
+        v[j] = 0;
+        for (int r = 0; r < size; r++) v[j] += all[(size_t)r * (size_t)k + (size_t)j];
+    }
+    free(all);
+    return st;
+}
+
 anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) {
     struct train_tp *p = t->tp;
     anneal_params *ps = t->model->params;
-    /* squares of the shards summed over the group; the replicated ones counted once */
+    /* squares of the sharded parameters' gradients [0] and the replicated ones' [1]:
+     * from .grad (ZeRO 0), or from this rank's ZeRO shard, then over the replicas */
     double sq[2] = {0, 0};
-    for (int i = 0; i < ps->n; i++) {
-        anneal_tensor *g = ps->items[i].tensor->grad;
-        if (!g) continue;
-        if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
-            return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--tp: the gradient of %s is not contiguous f32",
-                                    ps->items[i].name);
-        const float *x = anneal_data(g);
-        double s = 0;
-        for (int64_t k = 0, n = anneal_numel(g); k < n; k++) s += (double)x[k] * x[k];
-        sq[p->split[i].dim >= 0 ? 0 : 1] += s;
+    anneal_status st = ANNEAL_OK;
+    if (t->cfg.zero > 0) {
+        int np = 0;
+        const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
+        const float *g = anneal_ddp_shard_grad(t->ddp);
+        for (int k = 0; k < np && g; k++)
+            sq[p->split[pc[k].param].dim >= 0 ? 0 : 1] += sumsq(g + pc[k].shard_offset, pc[k].len);
+        st = sum_over(p->dp_comm, sq, 2);
+    } else {
+        for (int i = 0; i < ps->n; i++) {
+            anneal_tensor *g = ps->items[i].tensor->grad;
+            if (!g) continue;
+            if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
+                return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--tp: the gradient of %s is not contiguous f32",
+                                        ps->items[i].name);
+            sq[p->split[i].dim >= 0 ? 0 : 1] += sumsq(anneal_data(g), anneal_numel(g));
+        }
     }
-    /* the shards' sums gathered as bits (the communicator reduces f32 only), added in
-     * rank order: the same double on every rank */
-    double *all = calloc((size_t)p->size, sizeof *all);
-    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "--tp: out of memory");
-    anneal_status st = anneal_comm_all_gather(p->tp_comm, &sq[0], all, 1, ANNEAL_I64);
-    double total = sq[1];
-    for (int r = 0; r < p->size; r++) total += all[r];
-    free(all);
+    /* the shards summed over the group; the replicated ones (the same on every rank of
+     * the group) counted once */
+    if (st == ANNEAL_OK) st = sum_over(p->tp_comm, sq, 1);
     if (st != ANNEAL_OK) return st;
-    float norm = (float)sqrt(total);
+    float norm = (float)sqrt(sq[0] + sq[1]);
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm) || !(max_norm > 0)) return ANNEAL_OK;
     float coef = max_norm / (norm + 1e-6f); /* PyTorch's coefficient, as anneal_ddp_clip_grad_norm */
