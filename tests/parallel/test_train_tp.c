@@ -222,6 +222,27 @@ static double param_mib(const char *run) {
     return v;
 }
 
+/* param_mib of rank `rank` in the first "memory" record of a run's log (NAN when absent). */
+static double logged_param_mib(const char *run, int rank) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    double v = NAN;
+    char line[8192];
+    while (f && isnan(v) && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory")) {
+            const cJSON *r = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), rank);
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "param_mib");
+            if (cJSON_IsNumber(p)) v = p->valuedouble;
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+    return v;
+}
+
 /* --tp 2 on 2 ranks = one process: losses, parameters; the layout printed; half the
  * blocks' parameters per rank. */
 TEST(tp2_matches_single_process) {
@@ -239,6 +260,19 @@ TEST(tp2_matches_single_process) {
     /* blocks and token embedding halved, positions and norms whole: 0.50 here (0.67 if
      * the vocabulary were not split) */
     CHECK(a < 0.6 * b, "--tp 2 holds %.2f MiB of parameters per rank, data parallelism %.2f", a, b);
+    /* the formula, GPT-2 tiny (V 512, C 64, n_ctx 256, 2 layers) at N = 2: whole on every
+     * rank wpe (n_ctx C), per layer ln_1, ln_2 (2C each) and the two c_proj biases (C
+     * each), ln_f (2C); 1/N each of wte (V C), c_attn (3C^2 + 3C), attn c_proj (C^2),
+     * c_fc (4C^2 + 4C) and mlp c_proj (4C^2) per layer */
+    double V = 512, C = 64, ctx = 256, L = 2, N = 2;
+    double whole = ctx * C + L * 6 * C + 2 * C, split = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
+    double want = (whole + split / N) * 4 / 1048576.0;
+    for (int r = 0; r < 2; r++) {
+        double got = logged_param_mib("tp2", r);
+        printf("    rank %d: parameters %.6f MiB logged, %.6f MiB by the formula\n", r, got, want);
+        CHECK(fabs(got - want) <= 1e-6 * want + 1e-7, "rank %d holds %.6f MiB of parameters, the formula %.6f", r, got,
+              want);
+    }
 }
 
 /* --tp 2 x 2 replicas on 4 ranks = one process. */
