@@ -56,6 +56,9 @@ typedef struct anneal_model_config {
     char hf_model_type[ANNEAL_ARCH_NAME_MAX]; /* the Hugging Face model_type read, written back by
                                                  config_to_hf ("qwen2" stays "qwen2"); "": the
                                                  architecture's own */
+    /* Tensor parallelism (set by the trainer, never saved): the model holds rank tp_rank's
+     * 1/tp_size of the attention heads and MLP width and runs with ctx.tp; 0 or 1: whole. */
+    int tp_size, tp_rank;
 } anneal_model_config;
 
 typedef struct anneal_model anneal_model;

@@ -12,10 +12,31 @@ extern "C" {
 /* What the forward passes of a model's blocks run with: the matrix-product precision
  * (see anneal_dense) and whether dropout is on. Models hold one and hand it to their
  * blocks; there is no global or thread-local setting. */
+/* Tensor parallelism as the blocks see it (Megatron-LM): this model is rank `rank` of a
+ * group of `size` and holds 1/size of the attention heads and of the MLP width.
+ * copy_in is Megatron's f (identity forward, the gradient summed over the group
+ * backward), put before the column-parallel projections; reduce_out is g (the sum over
+ * the group forward, identity backward), after the row-parallel ones. The parallel
+ * layer makes them (anneal_tp_nn in parallel.h); user is handed back to both. */
+typedef struct anneal_nn_tp {
+    int rank, size;
+    anneal_tensor *(*copy_in)(void *user, anneal_tensor *x);
+    anneal_tensor *(*reduce_out)(void *user, anneal_tensor *x);
+    /* The vocabulary split: this rank holds rows [lo, lo + rows) of the token embedding.
+     * vocab_embed: the lookup of ids summed over the group (rows outside give zeros);
+     * vocab_loss: the mean cross-entropy from this rank's columns of the logits (the
+     * softmax's max and sum over the group), targets == ignore_index skipped. */
+    anneal_tensor *(*vocab_embed)(void *user, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
+    anneal_tensor *(*vocab_loss)(void *user, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
+                                 int32_t ignore_index);
+    void *user;
+} anneal_nn_tp;
+
 typedef struct anneal_nn_ctx {
     anneal_dtype compute; /* ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_F16 */
     bool training;        /* dropout on */
     anneal_dtype kv_dtype; /* storage of the KV caches the model makes: ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_I8 */
+    const anneal_nn_tp *tp; /* tensor parallelism of a model made with cfg.tp_size > 1 (NULL: none) */
 } anneal_nn_ctx;
 
 /* One trainable tensor with its hierarchical name ("transformer.h.0.ln_1.weight"). */

@@ -347,6 +347,42 @@ void anneal_det_sync_free(anneal_det_sync *s);
 /* Bytes of its scratch (the largest bucket; x world when the world is not 2^k). */
 int64_t anneal_det_sync_memory_bytes(const anneal_det_sync *s);
 
+/* ------------------------------------------------ tensor parallelism (tp.c) */
+/* Megatron-LM's f and g over the group c (every rank of c calls them in the same order):
+ * f = identity forward, gradient summed over c backward (before a column-parallel
+ * projection); g = summed over c forward, identity backward (after a row-parallel one).
+ * f32 CPU tensors. */
+anneal_tensor *anneal_tp_copy_in(anneal_comm *c, anneal_tensor *x);
+anneal_tensor *anneal_tp_reduce_out(anneal_comm *c, anneal_tensor *x);
+/* The vocabulary split over c: this rank holds rows [lo, lo + weight rows) of the token
+ * embedding. The lookup of i32 CPU ids summed over c (ids outside give zeros); and the
+ * mean cross-entropy of this rank's columns (..., V/N) of the logits against targets
+ * (...) over the whole vocabulary (targets == ignore_index skipped; all skipped: 0),
+ * whose backward is local. Collective over c. */
+anneal_tensor *anneal_tp_vocab_embedding(anneal_comm *c, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
+anneal_tensor *anneal_tp_vocab_cross_entropy(anneal_comm *c, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
+                                             int32_t ignore_index);
+/* The group a tensor-parallel model runs with: ctx.tp = anneal_tp_nn(tp). group is not
+ * owned (free it after the tp). */
+typedef struct anneal_tp anneal_tp;
+anneal_tp *anneal_tp_new(anneal_comm *group);
+void anneal_tp_free(anneal_tp *tp);
+const anneal_nn_tp *anneal_tp_nn(const anneal_tp *tp);
+anneal_comm *anneal_tp_comm(const anneal_tp *tp);
+/* How a parameter is split: along dim (-1: replicated) in `parts` segments, each split
+ * evenly over the ranks (GPT-2's packed c_attn [q | k | v]: 3). */
+typedef struct anneal_tp_split {
+    int dim, parts;
+} anneal_tp_split;
+/* The split of parameter `name` from its whole and shard shapes (size ranks); a shape
+ * that is no 1/size shard along one dimension is ANNEAL_ERR_SHAPE. */
+anneal_status anneal_tp_split_of(const char *name, const anneal_tensor *whole, const anneal_tensor *shard, int size,
+                                 anneal_tp_split *out);
+/* Copies rank's part of whole into shard (f32 contiguous CPU tensors). */
+anneal_status anneal_tp_slice(const anneal_tensor *whole, anneal_tensor *shard, anneal_tp_split sp, int rank);
+/* Collective over c: every rank's shard into whole (each rank gets all of it). */
+anneal_status anneal_tp_gather(anneal_comm *c, const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp);
+
 #ifdef __cplusplus
 }
 #endif

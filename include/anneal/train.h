@@ -89,6 +89,7 @@ typedef struct anneal_train_config {
     char *offload;            /* "none" (NULL), "optimizer" (src/optim/offload.c) */
     char *offload_dir;        /* where the offload file goes; NULL: the run directory */
     bool deterministic;       /* losses bit-identical for any world size (src/train/deterministic.c) */
+    int64_t tp;               /* tensor parallelism: ranks per group sharing each layer (1: none; src/train/tp.c) */
 } anneal_train_config;
 
 /* The defaults (documented by anneal_train_options). */

@@ -71,6 +71,9 @@ anneal_status anneal_gpt2_config_check(const anneal_model_config *c) {
     if (c->rope_theta != 0.0f || c->rope.scaling != ANNEAL_ROPE_SCALING_NONE)
         return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: rotary embeddings are not part of GPT-2 (rope_theta %g)",
                                 (double)c->rope_theta);
+    if (c->tp_size > 1 && (c->n_head % c->tp_size || c->tp_rank < 0 || c->tp_rank >= c->tp_size))
+        return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: n_head %d is not divisible by --tp %d (tensor parallelism splits "
+                                "the attention heads evenly over the ranks of a group)", c->n_head, c->tp_size);
     if (c->qkv_bias || c->out_bias || (c->hf_model_type[0] && strcmp(c->hf_model_type, "gpt2")))
         return anneal_set_error(ANNEAL_ERR_ARG, "gpt2: qkv_bias, out_bias and hf_model_type '%.32s' are Llama-family "
                                 "settings", c->hf_model_type);
@@ -80,6 +83,10 @@ anneal_status anneal_gpt2_config_check(const anneal_model_config *c) {
 /* ------------------------------------------------------------------ create */
 
 static const anneal_model_ops gpt2_ops;
+
+/* Tensor parallelism splits the vocabulary too (the token embedding's rows, the lm
+ * head's columns) when it divides evenly; otherwise both stay whole on every rank. */
+static bool vocab_parallel(const anneal_model_config *c) { return c->tp_size > 1 && c->vocab_size % c->tp_size == 0; }
 
 /* Registers every parameter in Hugging Face's order: wte, wpe, each block (ln_1,
  * attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; weight then bias), ln_f. */
@@ -99,10 +106,14 @@ static anneal_model *gpt2_create(const anneal_model_config *cfg, anneal_device d
     anneal_params *ps = m->base.params;
     int64_t C = cfg->n_embd;
     float eps = cfg->norm_eps;
-    anneal_status s = anneal_nn_embedding_create(&m->wte, ps, "transformer.wte", cfg->vocab_size, C);
+    int64_t vocab_rows = vocab_parallel(cfg) ? cfg->vocab_size / cfg->tp_size : cfg->vocab_size;
+    anneal_status s = anneal_nn_embedding_create(&m->wte, ps, "transformer.wte", vocab_rows, C);
     if (s == ANNEAL_OK) s = anneal_nn_embedding_create(&m->wpe, ps, "transformer.wpe", cfg->n_ctx, C);
-    anneal_nn_attention_config ac = {.n_embd = C, .n_head = cfg->n_head, .layout = ANNEAL_WEIGHT_IN_OUT,
-                                     .qkv_bias = true, .out_bias = true, .qkv_name = "c_attn", .out_name = "c_proj"};
+    /* tensor parallelism: this rank's heads (c_attn's columns, c_proj's rows) and MLP width */
+    int tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
+    anneal_nn_attention_config ac = {.n_embd = C, .n_head = cfg->n_head / tp, .head_dim = C / cfg->n_head,
+                                     .layout = ANNEAL_WEIGHT_IN_OUT, .qkv_bias = true, .out_bias = true,
+                                     .qkv_name = "c_attn", .out_name = "c_proj"};
     for (int l = 0; l < cfg->n_layer && s == ANNEAL_OK; l++) {
         anneal_gpt2_block *b = &m->blocks[l];
         b->model = m;
@@ -117,7 +128,7 @@ static anneal_model *gpt2_create(const anneal_model_config *cfg, anneal_device d
         if (s == ANNEAL_OK) s = anneal_nn_layer_norm_create(&b->ln_2, ps, q, C, eps, true);
         snprintf(q, sizeof q, "%s.mlp", p);
         if (s == ANNEAL_OK)
-            s = anneal_nn_mlp_create_gelu(&b->mlp, ps, q, C, 4 * C, ANNEAL_WEIGHT_IN_OUT, true, "c_fc", "c_proj");
+            s = anneal_nn_mlp_create_gelu(&b->mlp, ps, q, C, 4 * C / tp, ANNEAL_WEIGHT_IN_OUT, true, "c_fc", "c_proj");
     }
     if (s == ANNEAL_OK) s = anneal_nn_layer_norm_create(&m->ln_f, ps, "transformer.ln_f", C, eps, true);
     if (s != ANNEAL_OK) {
@@ -175,24 +186,45 @@ static anneal_tensor *attn_core(void *ctx, anneal_tensor *const *in) {
     return anneal_nn_attention_core(&b->attn, &b->model->base.ctx, in[0], NULL, 0);
 }
 
+/* A row-parallel projection under tensor parallelism: this rank's rows of the weight,
+ * the partial products summed over the group (g), the bias added once after the sum. */
+static anneal_tensor *row_parallel(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x) {
+    anneal_dense_opts o = {.layout = d->layout, .compute = ctx->compute};
+    anneal_tensor *y = ctx->tp->reduce_out(ctx->tp->user, anneal_dense(x, d->weight, NULL, &o));
+    return d->bias ? anneal_add(y, d->bias) : y;
+}
+
 anneal_tensor *anneal_gpt2_block_forward(const anneal_gpt2_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
     if (!b) return NULL;
     const anneal_model *m = &b->model->base;
     const anneal_nn_ctx *ctx = &m->ctx;
     float p = m->cfg.dropout;
     bool train = ctx->training;
+    /* tensor parallelism: f before the column-parallel c_attn / c_fc, g after the
+     * row-parallel c_projs (Megatron-LM's two all-reduces per block, each way) */
+    const anneal_nn_tp *tp = m->cfg.tp_size > 1 ? ctx->tp : NULL;
+    if (m->cfg.tp_size > 1 && !tp) {
+        anneal_set_error(ANNEAL_ERR_STATE, "gpt2: a tensor-parallel model (tp_size %d) runs without its group (ctx.tp)",
+                         m->cfg.tp_size);
+        return NULL;
+    }
     /* attention: LN -> qkv (B,T,3C) -> causal attention (B,T,C) -> c_proj -> dropout;
      * in attn recompute mode the qkv GEMM + attention are replayed in backward */
     anneal_tensor *h = anneal_nn_layer_norm_forward(&b->ln_1, x);
+    if (tp) h = tp->copy_in(tp->user, h);
     anneal_tensor *att = kv ? anneal_nn_attention_core(&b->attn, ctx, h, kv, b->layer)
                          : m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(attn_core, (void *)b, 1, &h)
                                                                      : attn_core((void *)b, &h);
-    anneal_tensor *a = anneal_dropout(anneal_nn_dense_forward(&b->attn.out, ctx, att), p, train);
+    anneal_tensor *a = anneal_dropout(tp ? row_parallel(&b->attn.out, ctx, att)
+                                         : anneal_nn_dense_forward(&b->attn.out, ctx, att), p, train);
     /* residual add + ln_2 in one pass: s = x + a (the residual stream), h = LN(s) */
     anneal_tensor *s;
     h = anneal_nn_add_layer_norm(&b->ln_2, x, a, &s);
     /* MLP: c_fc + GELU(tanh) fused (B,T,4C) -> c_proj (B,T,C) -> dropout -> residual */
-    anneal_tensor *o = anneal_dropout(anneal_nn_mlp_forward(&b->mlp, ctx, h), p, train);
+    anneal_tensor *f = NULL;
+    if (tp) f = row_parallel(&b->mlp.proj, ctx, anneal_nn_dense_forward_act(&b->mlp.fc, ctx, tp->copy_in(tp->user, h),
+                                                                             ANNEAL_ACT_GELU_TANH, NULL));
+    anneal_tensor *o = anneal_dropout(tp ? f : anneal_nn_mlp_forward(&b->mlp, ctx, h), p, train);
     return anneal_add(s, o);
 }
 
@@ -222,7 +254,11 @@ static anneal_tensor *hidden(anneal_gpt2 *m, anneal_tensor *ids, anneal_kv_cache
     }
     /* token + position embeddings: (B, T, C) + (T, C) */
     anneal_tensor *pos = anneal_arange(m->base.device, pos0, T);
-    anneal_tensor *x = anneal_add(anneal_nn_embedding_forward(&m->wte, ids), anneal_nn_embedding_forward(&m->wpe, pos));
+    const anneal_nn_tp *tp = m->base.ctx.tp;
+    anneal_tensor *tok = !vocab_parallel(cfg) ? anneal_nn_embedding_forward(&m->wte, ids)
+                         : tp ? tp->vocab_embed(tp->user, m->wte.weight, ids, cfg->tp_rank * m->wte.weight->shape[0])
+                              : NULL; /* the block reports the missing group */
+    anneal_tensor *x = anneal_add(tok, anneal_nn_embedding_forward(&m->wpe, pos));
     x = anneal_dropout(x, cfg->dropout, m->base.ctx.training);
     for (int l = 0; l < cfg->n_layer; l++) {
         anneal_gpt2_block *b = &m->blocks[l];
@@ -236,6 +272,11 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) { return h
 
 /* The tied lm head: logits = h @ wte^T. */
 static anneal_tensor *lm_head(anneal_gpt2 *m, anneal_tensor *h) {
+    if (vocab_parallel(&m->base.cfg)) {
+        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gpt2: the logits of a vocabulary-parallel model (--tp %d) are split "
+                         "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
+        return NULL;
+    }
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
     return anneal_dense(h, m->wte.weight, NULL, &o);
 }
@@ -248,6 +289,13 @@ anneal_tensor *anneal_gpt2_forward(anneal_gpt2 *m, anneal_tensor *ids) {
 anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tensor *targets) {
     /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
     anneal_tensor *h = hidden(m, ids, NULL);
+    if (m && vocab_parallel(&m->base.cfg) && h) {
+        /* this rank's V/N columns of the logits, the softmax's sums over the group */
+        const anneal_nn_tp *tp = m->base.ctx.tp;
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+        anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), m->wte.weight, NULL, &o);
+        return tp->vocab_loss(tp->user, logits, targets, m->base.cfg.tp_rank * m->wte.weight->shape[0], -100);
+    }
     return m ? anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, m->base.ctx.compute) : NULL;
 }
 
@@ -269,7 +317,8 @@ static anneal_tensor *op_logits(anneal_model *m, anneal_tensor *ids) {
 
 static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
     const anneal_model_config *c = &m->cfg;
-    return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, c->n_head, c->n_embd / c->n_head, max_len,
+    int tp = c->tp_size > 1 ? c->tp_size : 1; /* this rank's heads */
+    return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, c->n_head / tp, c->n_embd / c->n_head, max_len,
                                      m->ctx.kv_dtype, m);
 }
 
@@ -288,6 +337,7 @@ static const float *f32_data(const anneal_tensor *t) {
 bool anneal_gpt2_decode_plan(anneal_model *mm, anneal_decode_plan *p) {
     anneal_gpt2 *m = (anneal_gpt2 *)mm;
     const anneal_model_config *c = &mm->cfg;
+    if (c->tp_size > 1) return false; /* the decode engine runs whole models */
     int64_t C = c->n_embd;
     p->n_layer = c->n_layer;
     p->C = C;

@@ -69,6 +69,11 @@ static anneal_status llama_config_check(const anneal_model_config *c) {
     int hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
     if (hkv < 0 || hkv > c->n_head || c->n_head % hkv)
         return anneal_set_error(ANNEAL_ERR_ARG, "llama: n_kv_head %d must divide n_head %d", c->n_kv_head, c->n_head);
+    if (c->tp_size > 1 && (c->n_head % c->tp_size || hkv % c->tp_size || c->n_ff % c->tp_size || c->tp_rank < 0 ||
+                           c->tp_rank >= c->tp_size))
+        return anneal_set_error(ANNEAL_ERR_ARG, "llama: n_head %d, n_kv_head %d and n_ff %d must be divisible by --tp %d "
+                                "(tensor parallelism splits heads and MLP width evenly over a group)", c->n_head, hkv,
+                                c->n_ff, c->tp_size);
     if (!(c->norm_eps > 0.0f)) return anneal_set_error(ANNEAL_ERR_ARG, "llama: norm_eps must be positive");
     if (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta))
         return anneal_set_error(ANNEAL_ERR_ARG, "llama: rope_theta %g must be positive", (double)c->rope_theta);
@@ -116,6 +121,10 @@ static anneal_status llama_config_check(const anneal_model_config *c) {
 
 static const anneal_model_ops llama_ops;
 
+/* Tensor parallelism splits the vocabulary too (embedding rows, lm head columns) when
+ * it divides evenly; otherwise both stay whole on every rank. */
+static bool vocab_parallel(const anneal_model_config *c) { return c->tp_size > 1 && c->vocab_size % c->tp_size == 0; }
+
 static void llama_free(anneal_llama *m) {
     if (!m) return;
     anneal_params_free(m->base.params);
@@ -145,8 +154,12 @@ static anneal_model *llama_create(const anneal_model_config *cfg, anneal_device 
     anneal_params *ps = m->base.params;
     int64_t C = cfg->n_embd;
     float eps = cfg->norm_eps;
-    anneal_status s = anneal_nn_embedding_create(&m->embed, ps, "model.embed_tokens", cfg->vocab_size, C);
-    anneal_nn_attention_config ac = {.n_embd = C, .n_head = cfg->n_head, .n_kv_head = cfg->n_kv_head,
+    /* tensor parallelism: this rank's query and key/value heads and MLP width */
+    int tp = cfg->tp_size > 1 ? cfg->tp_size : 1, hkv = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
+    int64_t V = vocab_parallel(cfg) ? cfg->vocab_size / tp : cfg->vocab_size;
+    anneal_status s = anneal_nn_embedding_create(&m->embed, ps, "model.embed_tokens", V, C);
+    anneal_nn_attention_config ac = {.n_embd = C, .n_head = cfg->n_head / tp, .n_kv_head = hkv / tp,
+                                     .head_dim = C / cfg->n_head,
                                      .layout = ANNEAL_WEIGHT_OUT_IN, .qkv_bias = cfg->qkv_bias,
                                      .out_bias = cfg->out_bias, .q_name = "q_proj", .k_name = "k_proj",
                                      .v_name = "v_proj", .out_name = "o_proj", .rope = &m->rope};
@@ -159,7 +172,7 @@ static anneal_model *llama_create(const anneal_model_config *cfg, anneal_device 
         snprintf(q, sizeof q, "%s.self_attn", p);
         s = anneal_nn_attention_create(&b->attn, ps, q, &ac);
         snprintf(q, sizeof q, "%s.mlp", p);
-        if (s == ANNEAL_OK) s = anneal_nn_mlp_create_swiglu(&b->mlp, ps, q, C, cfg->n_ff, ANNEAL_WEIGHT_OUT_IN, false);
+        if (s == ANNEAL_OK) s = anneal_nn_mlp_create_swiglu(&b->mlp, ps, q, C, cfg->n_ff / tp, ANNEAL_WEIGHT_OUT_IN, false);
         snprintf(q, sizeof q, "%s.input_layernorm", p);
         if (s == ANNEAL_OK) s = anneal_nn_rms_norm_create(&b->input_layernorm, ps, q, C, eps);
         snprintf(q, sizeof q, "%s.post_attention_layernorm", p);
@@ -167,7 +180,7 @@ static anneal_model *llama_create(const anneal_model_config *cfg, anneal_device 
     }
     if (s == ANNEAL_OK) s = anneal_nn_rms_norm_create(&m->norm, ps, "model.norm", C, eps);
     if (s == ANNEAL_OK && !cfg->tie_embeddings)
-        s = anneal_nn_dense_create(&m->lm_head, ps, "lm_head", C, cfg->vocab_size, ANNEAL_WEIGHT_OUT_IN, false);
+        s = anneal_nn_dense_create(&m->lm_head, ps, "lm_head", C, V, ANNEAL_WEIGHT_OUT_IN, false);
     if (s != ANNEAL_OK) {
         llama_free(m);
         return NULL;
@@ -209,9 +222,40 @@ static anneal_tensor *attn_core(void *ctx, anneal_tensor *const *in) {
 
 /* One decoder layer on x (B, T, C): kv NULL for training (attn recompute as the config
  * says), or the positions after the cached ones. */
+/* A row-parallel projection under tensor parallelism: this rank's input columns of the
+ * weight, the partial products summed over the group (g), the bias added once after. */
+static anneal_tensor *row_parallel(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x) {
+    anneal_dense_opts o = {.layout = d->layout, .compute = ctx->compute};
+    anneal_tensor *y = ctx->tp->reduce_out(ctx->tp->user, anneal_dense(x, d->weight, NULL, &o));
+    return d->bias ? anneal_add(y, d->bias) : y;
+}
+
+/* The tensor-parallel layer (Megatron-LM): f before the column-parallel q/k/v and
+ * gate/up, g after the row-parallel o_proj and down_proj. */
+static anneal_tensor *block_forward_tp(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    const anneal_model *m = &b->model->base;
+    const anneal_nn_ctx *ctx = &m->ctx;
+    const anneal_nn_tp *tp = ctx->tp;
+    if (!tp) {
+        anneal_set_error(ANNEAL_ERR_STATE, "llama: a tensor-parallel model (tp_size %d) runs without its group (ctx.tp)",
+                         m->cfg.tp_size);
+        return NULL;
+    }
+    anneal_tensor *h = tp->copy_in(tp->user, anneal_nn_rms_norm_forward(&b->input_layernorm, x));
+    anneal_tensor *att = kv ? anneal_nn_attention_core(&b->attn, ctx, h, kv, b->layer)
+                         : m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(attn_core, (void *)b, 1, &h)
+                                                                     : attn_core((void *)b, &h);
+    x = anneal_add(x, row_parallel(&b->attn.out, ctx, att));
+    h = tp->copy_in(tp->user, anneal_nn_rms_norm_forward(&b->post_attention_layernorm, x));
+    anneal_tensor *up = anneal_nn_dense_forward(&b->mlp.up, ctx, h);
+    anneal_tensor *g = anneal_nn_dense_forward_act(&b->mlp.gate, ctx, h, ANNEAL_ACT_SILU_MUL, up);
+    return anneal_add(x, row_parallel(&b->mlp.down, ctx, g));
+}
+
 static anneal_tensor *block_forward(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
     const anneal_model *m = &b->model->base;
     const anneal_nn_ctx *ctx = &m->ctx;
+    if (m->cfg.tp_size > 1) return block_forward_tp(b, x, kv);
     /* attention: RMSNorm -> q, k, v (+ RoPE) -> causal GQA attention -> o_proj -> residual */
     anneal_tensor *h = anneal_nn_rms_norm_forward(&b->input_layernorm, x);
     anneal_tensor *att = kv ? anneal_nn_attention_core(&b->attn, ctx, h, kv, b->layer)
@@ -247,7 +291,10 @@ static anneal_tensor *hidden(anneal_llama *m, anneal_tensor *ids, anneal_kv_cach
                          (long long)(pos0 + T), cfg->n_ctx);
         return NULL;
     }
-    anneal_tensor *x = anneal_nn_embedding_forward(&m->embed, ids); /* (B, T, C); positions are RoPE's */
+    const anneal_nn_tp *tp = m->base.ctx.tp;
+    anneal_tensor *x = !vocab_parallel(cfg) ? anneal_nn_embedding_forward(&m->embed, ids) /* (B, T, C); positions are RoPE's */
+                       : tp ? tp->vocab_embed(tp->user, m->embed.weight, ids, cfg->tp_rank * m->embed.weight->shape[0])
+                            : NULL; /* the layer reports the missing group */
     for (int l = 0; l < cfg->n_layer; l++) {
         anneal_llama_block *b = &m->blocks[l];
         x = !kv && cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, b, 1, &x)
@@ -263,6 +310,11 @@ static anneal_tensor *head_weight(const anneal_llama *m) {
 
 /* logits = h @ W^T (B, T, vocab). */
 static anneal_tensor *lm_head(anneal_llama *m, anneal_tensor *h) {
+    if (vocab_parallel(&m->base.cfg)) {
+        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "llama: the logits of a vocabulary-parallel model (--tp %d) are split "
+                         "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
+        return NULL;
+    }
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
     return anneal_dense(h, head_weight(m), NULL, &o);
 }
@@ -277,6 +329,13 @@ static anneal_tensor *op_loss(anneal_model *mm, anneal_tensor *ids, anneal_tenso
     /* lm head + cross-entropy fused in row chunks: no (B, T, V) logits are made */
     anneal_llama *m = (anneal_llama *)mm;
     anneal_tensor *h = hidden(m, ids, NULL);
+    if (vocab_parallel(&mm->cfg) && h) {
+        /* this rank's V/N columns of the logits, the softmax's sums over the group */
+        const anneal_nn_tp *tp = mm->ctx.tp;
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = mm->ctx.compute};
+        anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), head_weight(m), NULL, &o);
+        return tp->vocab_loss(tp->user, logits, targets, mm->cfg.tp_rank * head_weight(m)->shape[0], -100);
+    }
     return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
 }
 
@@ -288,6 +347,7 @@ static anneal_tensor *op_logits(anneal_model *mm, anneal_tensor *ids) {
 static anneal_kv_cache *op_kv_cache_new(anneal_model *m, int64_t batch, int64_t max_len) {
     const anneal_model_config *c = &m->cfg;
     int hkv = c->n_kv_head ? c->n_kv_head : c->n_head;
+    if (c->tp_size > 1) hkv /= c->tp_size; /* this rank's heads */
     return anneal_kv_cache_new_dtype(m->device, c->n_layer, batch, hkv, c->n_embd / c->n_head, max_len,
                                      m->ctx.kv_dtype, m);
 }
@@ -307,6 +367,7 @@ static const float *f32_data(const anneal_tensor *t) {
 bool anneal_llama_decode_plan(anneal_model *mm, anneal_decode_plan *p) {
     anneal_llama *m = (anneal_llama *)mm;
     const anneal_model_config *c = &mm->cfg;
+    if (c->tp_size > 1) return false; /* the decode engine runs whole models */
     int64_t C = c->n_embd;
     p->n_layer = c->n_layer;
     p->C = C;

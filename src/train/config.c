@@ -111,6 +111,8 @@ static const option_def defs[] = {
       "parameters (needs --recompute block) (default 0)"}, OFF(zero), 0, 3, 0, 0, NULL},
     {{"pp", ANNEAL_OPT_INT, "distributed: pipeline stages N, blocks split into N contiguous stages scheduled 1F1B "
       "over the --accum micro-batches (>= N); ranks / N data-parallel replicas (default 1)"}, OFF(pp), 1, 4096, 0, 0, NULL},
+    {{"tp", ANNEAL_OPT_INT, "distributed: tensor parallelism, ranks sharing each layer's heads and MLP width "
+      "(Megatron-style); the world is tp x data-parallel replicas (default 1)"}, OFF(tp), 1, 65536, 0, 0, NULL},
     {{"bucket-mb", ANNEAL_OPT_FLOAT, "distributed: gradient bucket size in MiB (default 25)"}, OFF(bucket_mb), 0, 1e6, 1, 0, NULL},
     {{"overlap", ANNEAL_OPT_ONOFF, "distributed: all-reduce gradient buckets during backward (default on)"}, OFF(overlap), 0, 0, 0, 0, NULL},
     {{"grad-compress", ANNEAL_OPT_STRING, "distributed: gradient compression, none or powersgd (low-rank PowerSGD with "
@@ -183,6 +185,7 @@ void anneal_train_config_init(anneal_train_config *c) {
     c->log_every = 1;
     c->profile_steps = 3;
     c->bucket_mb = 25;
+    c->tp = 1;
     c->overlap = true;
     c->powersgd_rank = 1;
     c->powersgd_warmup_steps = 10;

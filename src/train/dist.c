@@ -298,7 +298,7 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     dc.zero_stage = (int)t->cfg.zero;
     int *groups = t->cfg.zero == 3 ? anneal_zero3_groups(t->model) : NULL; /* buckets follow the blocks */
     dc.groups = groups;
-    t->ddp = t->cfg.zero != 3 || groups ? anneal_ddp_new(t->comm, t->model->params, dc) : NULL;
+    t->ddp = t->cfg.zero != 3 || groups ? anneal_ddp_new(anneal_train_tp_dp_comm(t), t->model->params, dc) /* --tp: over the replicas */ : NULL;
     free(groups);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
@@ -340,12 +340,15 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
     if (t->pp) return anneal_train_pp_ckpt_begin(t); /* --pp: parameters and full state on rank 0 */
-    if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
-    if (t->z3 && (so = anneal_zero3_gather_all(t->z3)) != ANNEAL_OK) return so; /* the full parameters */
-    return anneal_optimizer_gather_state(t->opt);
+    if (t->ddp && t->cfg.zero > 0) {
+        if (t->z3 && (so = anneal_zero3_gather_all(t->z3)) != ANNEAL_OK) return so; /* the full parameters */
+        if ((so = anneal_optimizer_gather_state(t->opt)) != ANNEAL_OK) return so;
+    }
+    return anneal_train_tp_ckpt_begin(t); /* --tp: the whole model from the shards, after ZeRO's gather (tp.c) */
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
+    anneal_train_tp_ckpt_end(t); /* --tp: back to the shards */
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
     if (t->pp) return anneal_train_pp_ckpt_end(t);

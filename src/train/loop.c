@@ -151,7 +151,8 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
         if (!c->deterministic && (st = anneal_train_dist_mean(t, &o->loss)) != ANNEAL_OK) return st; /* det: combined */
         /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
         if ((st = anneal_train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;
-        st = anneal_ddp_clip_grad_norm(t->ddp, c->clip > 0 ? (float)c->clip : 0.0f, &norm);
+        st = anneal_train_tp_active(t) ? anneal_train_tp_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, &norm) /* tp.c */
+                                       : anneal_ddp_clip_grad_norm(t->ddp, c->clip > 0 ? (float)c->clip : 0.0f, &norm);
     } else {
         /* fp16: gradients * 1/scale, overflow check, scaler update (precision.c) */
         if ((st = anneal_train_unscale_grads(t, o->loss, &o->overflow, &o->loss_scale)) != ANNEAL_OK) return st;

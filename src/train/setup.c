@@ -514,10 +514,17 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->min_lr >= 0 && c->min_lr > c->lr) return USAGE("--min-lr: %g is above --lr %g", c->min_lr, c->lr);
     anneal_status pl = anneal_train_pp_layout(t, usage); /* --pp: replicas = world / pp (pipeline.c) */
     if (pl != ANNEAL_OK) return pl;
+    anneal_status tps = anneal_train_tp_begin(t, usage); /* --tp: the rank groups (tp.c) */
+    if (tps != ANNEAL_OK) return tps;
+    if (c->tp > 1) { /* the data is split over the tensor-parallel groups' replicas */
+        t->data_rank = anneal_train_tp_data_rank(t);
+        t->data_world = anneal_train_tp_data_world(t);
+    }
     if (!c->deterministic && c->batch % t->data_world != 0)
         return USAGE("--batch %lld is not divisible by the %d %s (--batch is the global batch of a micro-step, "
-                     "split evenly over the %s)", (long long)c->batch, t->data_world, c->pp > 1 ? "replicas" : "ranks",
-                     c->pp > 1 ? "data-parallel replicas" : "ranks");
+                     "split evenly over the %s)", (long long)c->batch, t->data_world,
+                     c->pp > 1 || c->tp > 1 ? "replicas" : "ranks",
+                     c->pp > 1 || c->tp > 1 ? "data-parallel replicas" : "ranks");
     t->local_batch = c->deterministic ? c->batch : c->batch / t->data_world; /* deterministic.c: whole micro-batches */
     /* --device: where the model trains (cuda:N chooses the GPU before its first use) */
     t->device = ANNEAL_CPU;
@@ -598,6 +605,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
         return st;
     }
     if ((st = build_model(t, usage))) return st;
+    if ((st = anneal_train_tp_shard(t, usage))) return st; /* --tp: this rank's shards (tp.c) */
     if ((st = anneal_train_setup_precision(t, usage))) return st; /* --dtype, fp16 loss scaler */
     /* distributed: rank 0 creates it once every rank's setup worked (anneal_train_dist_setup) */
     if (t->world == 1 && (st = create_run_dir(t))) return st;
@@ -647,6 +655,7 @@ void anneal_train_teardown(trainer *t) {
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
     anneal_model_free(t->model);
+    anneal_train_tp_teardown(t);
     anneal_train_source_close(&t->train);
     anneal_train_source_close(&t->val);
     anneal_tokenizer_free(t->tok);

@@ -108,6 +108,7 @@ typedef struct trainer {
     bool scaler_restored;            /* the scaler state came from that checkpoint */
     struct train_profile *prof;      /* --profile: the window's spans (profile.c) */
     struct train_det *det;           /* --deterministic: the micro-batch tree (deterministic.c) */
+    struct train_tp *tp;             /* --tp N > 1: the rank groups and shard splits (tp.c) */
 } trainer;
 
 /* profile.c: --profile N --profile-steps K and --memory-report. before/after_step take
@@ -278,5 +279,27 @@ void anneal_train_pp_memory(trainer *t, double out[3]);
 /* Ends the whole job after a failure on this rank alone (world > 1), so no rank waits
  * forever in a collective; returns st otherwise. */
 anneal_status anneal_train_dist_fatal(trainer *t, anneal_status st);
+
+/* --- tp.c: --tp N (tensor parallelism); each a no-op, or the plain value, without it */
+/* After the world is known: checks the settings, splits the world into tensor- and
+ * data-parallel groups (collective) and prints the layout. */
+anneal_status anneal_train_tp_begin(trainer *t, bool *usage);
+/* After the whole model (and a resumed optimizer) is built: replaces both by this
+ * rank's shards. */
+anneal_status anneal_train_tp_shard(trainer *t, bool *usage);
+bool anneal_train_tp_active(const trainer *t);
+/* The data split's rank and world (the replicas: the ranks of a group read the same rows). */
+int anneal_train_tp_data_rank(const trainer *t);
+int anneal_train_tp_data_world(const trainer *t);
+/* The communicator of the gradient sync (the replicas; t->comm without --tp). */
+anneal_comm *anneal_train_tp_dp_comm(const trainer *t);
+/* The global gradient norm (shards summed over the group, replicated ones once) and the
+ * clipping of t->ddp's gradients to max_norm (0: none); after anneal_ddp_finish. */
+anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out);
+/* Brackets a checkpoint snapshot (collective over rank 0's group): rank 0's t->model
+ * and t->opt become the gathered whole ones until end. */
+anneal_status anneal_train_tp_ckpt_begin(trainer *t);
+void anneal_train_tp_ckpt_end(trainer *t);
+void anneal_train_tp_teardown(trainer *t);
 
 #endif

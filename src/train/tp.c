@@ -1,0 +1,323 @@
+/* --tp N: tensor parallelism in the trainer. The world of W ranks is N-rank tensor-
+ * parallel groups of consecutive ranks (0..N-1, N..2N-1, ...) times W/N data-parallel
+ * replicas (ranks of one position in every group: 0, N, 2N, ...). A group shares each
+ * block (its heads and MLP width split over the ranks, Megatron-LM's column/row-parallel
+ * layers, src/models/gpt2.c with src/parallel/tp.c); the ranks of a group read the same
+ * batches (the data is split over the replicas only); the gradient sync (DDP) runs over
+ * the replica group, for this rank's shards.
+ *
+ * The weights start whole: setup builds, initialises or loads the whole model as
+ * without --tp, then this file builds the rank's shard model, copies its slices (and
+ * of a resumed optimizer state) into it and frees the whole one. So initialisation and
+ * checkpoints are those of a one-process run, and a checkpoint is layout-independent:
+ * the writing rank's group gathers the shards (and the AdamW moments) into a whole
+ * model for rank 0 to save, and a resume slices whatever layout wrote it. The lm head
+ * (tied to the token embedding), the embeddings, LayerNorms and the row-parallel biases
+ * are replicated: their gradients are the same on every rank of a group. */
+#include "train_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct train_tp {
+    int size, rank;          /* the tensor-parallel group and this rank in it */
+    int dp_size, dp_rank;    /* the data-parallel replicas and this rank's */
+    anneal_comm *tp_comm, *dp_comm;
+    anneal_tp *tp;
+    anneal_tp_split *split;  /* per parameter of the shard model */
+    int n_split;
+    anneal_model *keep_model;      /* the shard model and optimizer while a checkpoint holds the whole ones */
+    anneal_optimizer *keep_opt;
+};
+
+static const char *const moments[] = {"exp_avg", "exp_avg_sq"};
+
+#define USAGE(...) (*usage = true, anneal_set_error(ANNEAL_ERR_ARG, __VA_ARGS__))
+
+bool anneal_train_tp_active(const trainer *t) { return t->tp != NULL; }
+int anneal_train_tp_data_rank(const trainer *t) { return t->tp ? t->tp->dp_rank : t->rank; }
+int anneal_train_tp_data_world(const trainer *t) { return t->tp ? t->tp->dp_size : t->world; }
+anneal_comm *anneal_train_tp_dp_comm(const trainer *t) { return t->tp ? t->tp->dp_comm : t->comm; }
+
+/* "0-1" or "0,2" for the group of `n` ranks first, first+step, ... */
+static void group_text(char *buf, size_t n, int first, int count, int step) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && k + 12 < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? "," : "", first + i * step);
+}
+
+anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
+    const anneal_train_config *c = &t->cfg;
+    if (c->tp <= 1) return ANNEAL_OK;
+    int n = (int)c->tp;
+    if (t->world % n)
+        return USAGE("--tp %d does not divide the %d ranks: the world is --tp ranks per tensor-parallel group times "
+                     "the data-parallel replicas (start a multiple of %d ranks%s)", n, t->world, n,
+                     c->resume ? "; a resume keeps the run's --tp unless given: --tp 1 resumes on one process" : "");
+    if (c->pp > 1) return USAGE("--tp %d with --pp %lld: tensor and pipeline parallelism do not compose yet", n, (long long)c->pp);
+    if (c->zero > 2)
+        return USAGE("--tp %d with --zero %lld: ZeRO-3's per-block gathering does not know the shards yet; use --zero 0, "
+                     "1 or 2", n, (long long)c->zero);
+    if (c->deterministic)
+        return USAGE("--tp %d with --deterministic: the row-parallel sums are not in the fixed tree yet", n);
+    if (c->lora_rank > 0) return USAGE("--tp %d with --lora-rank: not built (LoRA adapters are not sharded)", n);
+    if (c->sample_every > 0)
+        return USAGE("--tp %d with --sample-every: samples are rank 0's alone and a tensor-parallel model needs its "
+                     "whole group; set --sample-every 0", n);
+    if (c->grad_compress && strcmp(c->grad_compress, "none"))
+        return USAGE("--tp %d with --grad-compress %s: not built yet", n, c->grad_compress);
+    if (c->offload && strcmp(c->offload, "none"))
+        return USAGE("--tp %d with --offload %s: not built yet", n, c->offload);
+    anneal_dtype dt = ANNEAL_F32;
+    if (c->dtype && anneal_train_dtype_parse(c->dtype, &dt) && dt == ANNEAL_F16)
+        return USAGE("--tp %d with --dtype fp16: not built yet (the loss scaler's overflow check would have to agree "
+                     "over the group's different shards); use --dtype bf16 or fp32", n);
+    if (c->device && strcmp(c->device, "cpu"))
+        return USAGE("--tp %d with --device %s: the group's collectives run on CPU tensors only", n, c->device);
+    struct train_tp *p = calloc(1, sizeof *p);
+    if (!p) return anneal_set_error(ANNEAL_ERR_OOM, "--tp: out of memory");
+    t->tp = p;
+    p->size = n;
+    p->rank = t->rank % n;
+    p->dp_size = t->world / n;
+    p->dp_rank = t->rank / n;
+    p->tp_comm = anneal_comm_split(t->comm, p->dp_rank, t->rank);
+    p->dp_comm = p->tp_comm ? anneal_comm_split(t->comm, p->rank, t->rank) : NULL;
+    if (!p->tp_comm || !p->dp_comm || !(p->tp = anneal_tp_new(p->tp_comm))) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", anneal_last_error());
+        return anneal_set_error(ANNEAL_ERR_STATE, "--tp %d: cannot make the rank groups: %s", n, msg);
+    }
+    /* the layout, printed by rank 0 */
+    char g0[96], d0[96];
+    group_text(g0, sizeof g0, 0, n, 1);
+    group_text(d0, sizeof d0, 0, p->dp_size, n);
+    anneal_progress_note(t->prog, "parallel layout: %d ranks = tensor-parallel %d x data-parallel %d; tensor-parallel "
+                         "groups of consecutive ranks (first {%s}), data-parallel groups of every %d-th rank (first "
+                         "{%s}); this rank %d: tp rank %d, dp rank %d", t->world, n, p->dp_size, g0, n, d0, t->rank,
+                         p->rank, p->dp_rank);
+    return ANNEAL_OK;
+}
+
+/* Copies a resumed optimizer's state (whole) into the shard optimizer's slices. */
+static anneal_status slice_optimizer(trainer *t, anneal_optimizer *whole, anneal_optimizer *shard, anneal_model *wm) {
+    struct train_tp *p = t->tp;
+    anneal_params *ps = t->model->params;
+    anneal_status st = anneal_optimizer_init_state(shard);
+    for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
+        anneal_param *w = anneal_params_find(wm->params, ps->items[i].name);
+        int wi = w ? (int)(w - wm->params->items) : -1;
+        for (int j = 0; j < 2 && st == ANNEAL_OK; j++) {
+            anneal_tensor *src = wi >= 0 ? anneal_optimizer_state(whole, wi, moments[j]) : NULL;
+            anneal_tensor *dst = anneal_optimizer_state(shard, i, moments[j]);
+            if (!src || !dst)
+                st = anneal_set_error(ANNEAL_ERR_STATE, "--tp: no %s state for %s to restore", moments[j],
+                                      ps->items[i].name);
+            else st = anneal_tp_slice(src, dst, p->split[i], p->rank);
+        }
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(shard, i, anneal_optimizer_param_steps(whole, wi));
+    }
+    if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(shard, anneal_optimizer_step_count(whole));
+    return st;
+}
+
+/* The shard model of the whole one t->model holds (weights copied). */
+static anneal_status make_shards(trainer *t, anneal_model *whole) {
+    struct train_tp *p = t->tp;
+    anneal_model_config cfg = whole->cfg;
+    cfg.tp_size = p->size;
+    cfg.tp_rank = p->rank;
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    anneal_model *m = anneal_model_new(&cfg, t->device);
+    anneal_memory_category_set(mc);
+    if (!m) return anneal_last_status();
+    m->ctx = whole->ctx;
+    m->ctx.tp = anneal_tp_nn(p->tp);
+    t->model = m;
+    anneal_params *ps = m->params;
+    p->split = calloc((size_t)ps->n + 1, sizeof *p->split);
+    if (!p->split) return anneal_set_error(ANNEAL_ERR_OOM, "--tp: out of memory");
+    p->n_split = ps->n;
+    anneal_status st = ANNEAL_OK;
+    for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
+        anneal_param *w = anneal_params_find(whole->params, ps->items[i].name);
+        if (!w) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp: the whole model has no %s", ps->items[i].name);
+        if (st == ANNEAL_OK)
+            st = anneal_tp_split_of(ps->items[i].name, w->tensor, ps->items[i].tensor, p->size, &p->split[i]);
+        if (st == ANNEAL_OK) st = anneal_tp_slice(w->tensor, ps->items[i].tensor, p->split[i], p->rank);
+    }
+    return st;
+}
+
+anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
+    if (!t->tp) return ANNEAL_OK;
+    anneal_model *whole = t->model;
+    anneal_optimizer *wopt = t->opt;
+    if (strcmp(whole->cfg.arch, "gpt2") && strcmp(whole->cfg.arch, "llama"))
+        return USAGE("--tp %d: tensor parallelism is built for GPT-2 and the Llama family only (this model is %s)",
+                     t->tp->size, whole->cfg.arch);
+    anneal_status st = make_shards(t, whole);
+    if (st != ANNEAL_OK) {
+        if (t->model != whole) anneal_model_free(t->model);
+        t->model = whole;
+        return st;
+    }
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_OPTIMIZER);
+    t->opt = anneal_optimizer_new(t->model->params, anneal_optimizer_config(wopt));
+    anneal_memory_category_set(mc);
+    if (!t->opt) st = anneal_last_status();
+    else if (anneal_optimizer_step_count(wopt) > 0) st = slice_optimizer(t, wopt, t->opt, whole);
+    anneal_optimizer_free(wopt);
+    anneal_model_free(whole);
+    const anneal_model_config *cf = &t->model->cfg;
+    int n = t->tp->size;
+    if (st == ANNEAL_OK)
+        anneal_progress_note(t->prog, "tensor parallelism: %d of %d heads and %d of %d MLP columns per rank; vocabulary "
+                             "%s", cf->n_head / n, cf->n_head, (cf->n_ff ? cf->n_ff : 4 * cf->n_embd) / n,
+                             cf->n_ff ? cf->n_ff : 4 * cf->n_embd,
+                             cf->vocab_size % n ? "whole on every rank (not divisible by --tp)"
+                                                : "split (token embedding rows, lm head columns)");
+    return st;
+}
+
+/* Sum of squares of x[0..n). */
+static double sumsq(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t k = 0; k < n; k++) s += (double)x[k] * x[k];
+    return s;
+}
+
+/* v[0..k) summed over c: gathered as bits (the communicator reduces f32 only) and added
+ * in rank order, so every rank gets the same doubles. */
+static anneal_status sum_over(anneal_comm *c, double *v, int k) {
+    int size = anneal_comm_size(c);
+    double *all = calloc((size_t)size * (size_t)k, sizeof *all);
+    if (!all) return anneal_set_error(ANNEAL_ERR_OOM, "--tp: out of memory");
+    anneal_status st = anneal_comm_all_gather(c, v, all, k, ANNEAL_I64);
+    for (int j = 0; j < k && st == ANNEAL_OK; j++) {
+        v[j] = 0;
+        for (int r = 0; r < size; r++) v[j] += all[(size_t)r * (size_t)k + (size_t)j];
+    }
+    free(all);
+    return st;
+}
+
+anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) {
+    struct train_tp *p = t->tp;
+    anneal_params *ps = t->model->params;
+    /* squares of the sharded parameters' gradients [0] and the replicated ones' [1]:
+     * from .grad (ZeRO 0), or from this rank's ZeRO shard, then over the replicas */
+    double sq[2] = {0, 0};
+    anneal_status st = ANNEAL_OK;
+    if (t->cfg.zero > 0) {
+        int np = 0;
+        const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
+        const float *g = anneal_ddp_shard_grad(t->ddp);
+        for (int k = 0; k < np && g; k++)
+            sq[p->split[pc[k].param].dim >= 0 ? 0 : 1] += sumsq(g + pc[k].shard_offset, pc[k].len);
+        st = sum_over(p->dp_comm, sq, 2);
+    } else {
+        for (int i = 0; i < ps->n; i++) {
+            anneal_tensor *g = ps->items[i].tensor->grad;
+            if (!g) continue;
+            if (g->dtype != ANNEAL_F32 || !anneal_is_contiguous(g))
+                return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "--tp: the gradient of %s is not contiguous f32",
+                                        ps->items[i].name);
+            sq[p->split[i].dim >= 0 ? 0 : 1] += sumsq(anneal_data(g), anneal_numel(g));
+        }
+    }
+    /* the shards summed over the group; the replicated ones (the same on every rank of
+     * the group) counted once */
+    if (st == ANNEAL_OK) st = sum_over(p->tp_comm, sq, 1);
+    if (st != ANNEAL_OK) return st;
+    float norm = (float)sqrt(sq[0] + sq[1]);
+    if (norm_out) *norm_out = norm;
+    if (!isfinite(norm) || !(max_norm > 0)) return ANNEAL_OK;
+    float coef = max_norm / (norm + 1e-6f); /* PyTorch's coefficient, as anneal_ddp_clip_grad_norm */
+    return coef < 1.0f ? anneal_ddp_scale_grads(t->ddp, coef) : ANNEAL_OK;
+}
+
+anneal_status anneal_train_tp_ckpt_begin(trainer *t) {
+    struct train_tp *p = t->tp;
+    if (!p || p->dp_rank != 0) return ANNEAL_OK; /* rank 0's group gathers; rank 0 writes */
+    anneal_model_config cfg = t->model->cfg;
+    cfg.tp_size = cfg.tp_rank = 0;
+    anneal_params *ps = t->model->params;
+    bool moments_too = anneal_optimizer_step_count(t->opt) > 0;
+    anneal_model *whole = NULL;
+    anneal_optimizer *wopt = NULL;
+    anneal_status st = ANNEAL_OK;
+    if (t->rank == 0) {
+        whole = anneal_model_new(&cfg, t->device);
+        if (whole) whole->ctx = t->model->ctx, whole->ctx.tp = NULL;
+        wopt = whole ? anneal_optimizer_new(whole->params, anneal_optimizer_config(t->opt)) : NULL;
+        if (wopt && moments_too) st = anneal_optimizer_init_state(wopt);
+        if (!wopt) st = anneal_last_status();
+    }
+    /* every rank of the group runs every gather, in parameter order, even after a local
+     * failure (the others wait in it) */
+    anneal_scope *sc = anneal_scope_open();
+    for (int i = 0; i < ps->n; i++) {
+        for (int j = -1; j < (moments_too ? 2 : 0); j++) {
+            anneal_tensor *shard = j < 0 ? ps->items[i].tensor : anneal_optimizer_state(t->opt, i, moments[j]);
+            anneal_tensor *dst = NULL;
+            if (whole && st == ANNEAL_OK) {
+                anneal_param *w = anneal_params_find(whole->params, ps->items[i].name);
+                int wi = w ? (int)(w - whole->params->items) : 0;
+                dst = j < 0 ? (w ? w->tensor : NULL) : anneal_optimizer_state(wopt, wi, moments[j]);
+                if (!dst) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp checkpoint: no whole tensor for %s",
+                                                ps->items[i].name);
+                if (j == 1 && st == ANNEAL_OK)
+                    st = anneal_optimizer_set_param_steps(wopt, wi, anneal_optimizer_param_steps(t->opt, i));
+            }
+            if (!dst) { /* the other ranks (or after a failure): a scratch whole */
+                int64_t shape[ANNEAL_MAX_DIMS];
+                memcpy(shape, shard->shape, sizeof(int64_t) * (size_t)shard->ndim);
+                if (p->split[i].dim >= 0) shape[p->split[i].dim] *= p->size;
+                dst = anneal_empty(ANNEAL_F32, shard->ndim, shape);
+            }
+            anneal_status g = dst ? anneal_tp_gather(p->tp_comm, shard, dst, p->split[i]) : anneal_last_status();
+            if (st == ANNEAL_OK) st = g;
+        }
+    }
+    anneal_scope_close(sc);
+    if (wopt && st == ANNEAL_OK) st = anneal_optimizer_set_step_count(wopt, anneal_optimizer_step_count(t->opt));
+    if (t->rank == 0) {
+        if (st != ANNEAL_OK) {
+            anneal_optimizer_free(wopt);
+            anneal_model_free(whole);
+            return st;
+        }
+        /* the checkpoint writes t->model and t->opt: the whole ones until ckpt_end */
+        p->keep_model = t->model;
+        p->keep_opt = t->opt;
+        t->model = whole;
+        t->opt = wopt;
+    }
+    return st;
+}
+
+void anneal_train_tp_ckpt_end(trainer *t) {
+    struct train_tp *p = t->tp;
+    if (!p || !p->keep_model) return;
+    anneal_optimizer_free(t->opt);
+    anneal_model_free(t->model);
+    t->model = p->keep_model;
+    t->opt = p->keep_opt;
+    p->keep_model = NULL;
+    p->keep_opt = NULL;
+}
+
+void anneal_train_tp_teardown(trainer *t) {
+    struct train_tp *p = t->tp;
+    if (!p) return;
+    anneal_train_tp_ckpt_end(t);
+    /* the model runs with p->tp: the caller frees the model first (teardown order) */
+    anneal_tp_free(p->tp);
+    if (p->dp_comm) anneal_comm_free(p->dp_comm);
+    if (p->tp_comm) anneal_comm_free(p->tp_comm);
+    free(p->split);
+    free(p);
+    t->tp = NULL;
+}
