@@ -4,8 +4,8 @@
  *
  * Forward: pack queues each saved activation storage of at least min_bytes (CPU, the
  * allocator's activations category: never parameters, gradients or tiny tensors; one
- * entry per storage, so views share it). Queued bytes beyond a window of twice the
- * largest storage seen so far are evicted oldest first: the storage's bytes are
+ * entry per storage, so views share it). Queued bytes beyond a window of the largest
+ * storage seen so far are evicted oldest first: the storage's bytes are
  * pwritten to the file (page aligned, appended) and anneal_storage_evict points the
  * storage at the file's shared mapping and gives its block back to the allocator, so
  * live activation bytes drop while every view keeps working (an op that still reads
@@ -27,9 +27,12 @@
  * gone and the append point goes back to the end of the last live one, so each step
  * reuses the file from the start. The bytes stay in the page cache until the kernel
  * writes them back and reclaims them: what leaves this process is anonymous memory.
+ * A write that fails (a full disk) leaves that tensor in memory and fails the next
+ * backward with the error.
  *
- * Not here: GPU tensors (the GPU version is pinned host memory copied on a stream of
- * its own; refused by the trainer). */
+ * Not here: a writer or prefetch thread (evictions are synchronous pwrites, read-ahead
+ * is the kernel's); GPU tensors (the GPU version is pinned host memory copied on a
+ * stream of its own; refused by the trainer). */
 #include "anneal/autograd.h"
 
 #include <errno.h>
