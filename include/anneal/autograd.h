@@ -120,6 +120,7 @@ typedef struct anneal_act_offload_stats {
     int64_t evicted_bytes;   /* bytes written to the file since creation */
     int64_t restored_bytes;  /* bytes read back for backward since creation */
     int64_t n_evicted, n_restored;
+    int64_t prefetched_bytes; /* file bytes announced for read-ahead (WILLNEED) */
     int64_t file_bytes;      /* the file's size now (its largest use so far) */
     int64_t resident_bytes;  /* activation bytes saved for backward still in memory when the
                                 last backward began */

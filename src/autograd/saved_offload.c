@@ -5,7 +5,7 @@
  * Forward: pack queues each saved activation storage of at least min_bytes (CPU, the
  * allocator's activations category: never parameters, gradients or tiny tensors; one
  * entry per storage, so views share it). Queued bytes beyond a window of the largest
- * storage seen so far are evicted oldest first: the storage's bytes are
+ * storage this forward saved so far are evicted oldest first: the storage's bytes are
  * pwritten to the file (page aligned, appended) and anneal_storage_evict points the
  * storage at the file's shared mapping and gives its block back to the allocator, so
  * live activation bytes drop while every view keeps working (an op that still reads
@@ -197,6 +197,10 @@ static void sweep(anneal_act_offload *o) {
     }
     o->n_recs = k;
     o->end = k ? o->recs[k - 1].off + o->recs[k - 1].len : 0;
+    /* pages that forward read through the mapping leave this process's resident set
+     * (they stay in the page cache and the file) */
+    size_t from = (size_t)round_up(o->end, (int64_t)page_size());
+    if (from < o->mapped) madvise(o->base + from, o->mapped - from, MADV_DONTNEED);
 }
 
 static void drop_pending(anneal_act_offload *o) {
@@ -209,6 +213,7 @@ static void pack(anneal_tensor *saved, void *user) {
     anneal_act_offload *o = user;
     if (o->in_backward) { /* a new forward: last backward's records may be gone */
         o->in_backward = false;
+        o->largest = 0; /* the window follows this forward's storages */
         sweep(o);
     }
     anneal_storage *s = saved->storage;
@@ -273,6 +278,7 @@ static void prefetch(anneal_act_offload *o, int i) {
         j--;
         ahead += o->recs[j].len;
         (void)posix_fadvise(o->fd, (off_t)o->recs[j].off, (off_t)o->recs[j].len, POSIX_FADV_WILLNEED);
+        o->st.prefetched_bytes += o->recs[j].len;
     }
     if (j < o->prefetch_lo) o->prefetch_lo = j;
 }

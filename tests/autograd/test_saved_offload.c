@@ -147,6 +147,10 @@ TEST(offload_is_bit_identical_and_lowers_peak) {
                        "%lld read back, file %.1f MiB\n", region, peak0 / 1048576.0, peak1 / 1048576.0,
                        (long long)s.n_evicted, (long long)s.n_restored, s.file_bytes / 1048576.0);
                 CHECK(s.n_evicted > 0 && s.n_restored > 0, "nothing went through the file");
+                /* every record but the first one backward reads was announced ahead */
+                CHECK(s.prefetched_bytes > 0 && s.prefetched_bytes < s.evicted_bytes &&
+                      s.prefetched_bytes >= s.evicted_bytes - (int64_t)N * H * 4,
+                      "%lld of %lld bytes read ahead", (long long)s.prefetched_bytes, (long long)s.evicted_bytes);
                 /* measured 6.77 -> 2.27 MiB (plain), 7.02 -> 3.27 MiB (one layer recomputed: its
                  * replay's activations stay in memory) */
                 CHECK(peak1 * 2 <= peak0, "activations at the peak: %lld offloaded vs %lld", (long long)peak1,
