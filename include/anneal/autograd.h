@@ -121,6 +121,7 @@ typedef struct anneal_act_offload_stats {
     int64_t restored_bytes;  /* bytes read back for backward since creation */
     int64_t n_evicted, n_restored;
     int64_t prefetched_bytes; /* file bytes announced for read-ahead (WILLNEED) */
+    int64_t hook_ns;          /* this thread's CPU time inside pack and unpack (writes, reads) */
     int64_t file_bytes;      /* the file's size now (its largest use so far) */
     int64_t resident_bytes;  /* activation bytes saved for backward still in memory when the
                                 last backward began */

@@ -43,6 +43,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -76,6 +77,12 @@ static size_t page_size(void) {
 }
 
 static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+static int64_t thread_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* Only this thread's aliases are retained; a storage is gone for everyone else when
  * the alias we hold is its only tensor and holds its only reference. */
@@ -209,8 +216,7 @@ static void drop_pending(anneal_act_offload *o) {
     o->pend_bytes = 0;
 }
 
-static void pack(anneal_tensor *saved, void *user) {
-    anneal_act_offload *o = user;
+static void pack_impl(anneal_act_offload *o, anneal_tensor *saved) {
     if (o->in_backward) { /* a new forward: last backward's records may be gone */
         o->in_backward = false;
         o->largest = 0; /* the window follows this forward's storages */
@@ -283,8 +289,7 @@ static void prefetch(anneal_act_offload *o, int i) {
     if (j < o->prefetch_lo) o->prefetch_lo = j;
 }
 
-static anneal_status unpack(anneal_tensor *saved, anneal_tensor **use, void *user) {
-    anneal_act_offload *o = user;
+static anneal_status unpack_impl(anneal_act_offload *o, anneal_tensor *saved, anneal_tensor **use) {
     if (!o->in_backward) { /* the forward is over: what is still queued stays in memory */
         o->in_backward = true;
         o->st.resident_bytes = o->pend_bytes;
@@ -329,6 +334,21 @@ static anneal_status unpack(anneal_tensor *saved, anneal_tensor **use, void *use
     o->st.n_restored++;
     *use = v;
     return ANNEAL_OK;
+}
+
+static void pack(anneal_tensor *saved, void *user) {
+    anneal_act_offload *o = user;
+    int64_t t0 = thread_ns();
+    pack_impl(o, saved);
+    o->st.hook_ns += thread_ns() - t0;
+}
+
+static anneal_status unpack(anneal_tensor *saved, anneal_tensor **use, void *user) {
+    anneal_act_offload *o = user;
+    int64_t t0 = thread_ns();
+    anneal_status st = unpack_impl(o, saved, use);
+    o->st.hook_ns += thread_ns() - t0;
+    return st;
 }
 
 anneal_act_offload *anneal_act_offload_new(const char *dir, int64_t min_bytes) {

@@ -65,9 +65,10 @@ void anneal_train_offload_act_free(trainer *t) {
     if (!t->act_offload) return;
     anneal_act_offload_stats s = anneal_act_offload_stats_get(t->act_offload);
     if (t->rank == 0 && t->prog && s.n_evicted > 0)
-        anneal_progress_note(t->prog, "activation offload: %.1f MiB written, %.1f MiB read back, file %.1f MiB at most",
-                             (double)s.evicted_bytes / 1048576.0, (double)s.restored_bytes / 1048576.0,
-                             (double)s.file_bytes / 1048576.0);
+        anneal_progress_note(t->prog, "activation offload: %.1f MiB written, %.1f MiB read back, file %.1f MiB at most, "
+                             "%.0f ms of CPU time in the hooks", (double)s.evicted_bytes / 1048576.0,
+                             (double)s.restored_bytes / 1048576.0, (double)s.file_bytes / 1048576.0,
+                             (double)s.hook_ns / 1e6);
     anneal_act_offload_free(t->act_offload);
     t->act_offload = NULL;
 }

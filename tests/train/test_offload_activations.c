@@ -1,14 +1,15 @@
 /* `anneal train --offload activations` (src/autograd/saved_offload.c, src/train/offload_act.c):
  * saved activations in a memory-mapped file between forward and backward give the
  * losses and the final parameters and optimizer state of a plain run bit for bit
- * (--recompute none and attn, --accum 2, --dtype bf16, with dropout, and together with
- * --offload optimizer), the activations at the allocator's peak are lower, nothing is
+ * (--recompute none and attn, --accum 2, --dtype bf16, with dropout, together with
+ * --offload optimizer, and on 2 ranks with ZeRO-2 under mpirun), the activations at the allocator's peak are lower, nothing is
  * left in the directory, an in-process run closes the file's descriptor, and an
  * unwritable --offload-dir, a file size limit (a full disk) and a bad list are clear
  * errors, not crashes.
  *
  * Model: GPT-2, 4 layers, 64 wide, vocabulary 512, batch 8 x 64 tokens (activations of
  * 128 KiB per (B, T, C) tensor, above the 64 KiB threshold). */
+#include "anneal/parallel.h"
 #include "anneal/train.h"
 #include "test.h"
 #include "train_util.h"
@@ -115,6 +116,31 @@ TEST(accum_bf16_and_optimizer_offload) {
     check_same("none_plain", "both");
 }
 
+/* 2 ranks (ZeRO-2, mpirun): offloaded on every rank, the 2-rank losses and parameters
+ * bit for bit. */
+TEST(two_ranks_zero2) {
+    if (!anneal_comm_mpi_available() || system("command -v mpirun >/dev/null 2>&1") != 0)
+        SKIP_PROMISED("mpirun or the build's MPI is missing (bootstrap installs OpenMPI)");
+    const char *bin = getenv("ANNEAL_BIN");
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "mpi_off" : "mpi_plain";
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd,
+                 "OMP_NUM_THREADS=1 mpirun -np 2 --allow-run-as-root --oversubscribe --timeout 300 -x OMP_NUM_THREADS "
+                 "--mca btl_vader_single_copy_mechanism none%s %s %s --zero 2 --recompute attn%s --out %s > %s.out 2>&1",
+                 anneal_test_sanitized() ? " -x ASAN_OPTIONS=detect_leaks=0" : "", bin, common,
+                 k ? " --offload activations" : "", wpath(name), wpath(name));
+        int rc = system(cmd);
+        char out[600];
+        snprintf(out, sizeof out, "%s.out", wpath(name));
+        if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
+        REQUIRE(rc == 0);
+    }
+    const char *o = tu_slurp(wpath("mpi_off.out"));
+    CHECK(strstr(o, "distributed: 2 ranks") && strstr(o, "activations offloaded:"), "%s", o);
+    check_same("mpi_plain", "mpi_off");
+}
+
 static int n_fds(void) {
     DIR *d = opendir("/proc/self/fd");
     if (!d) return -1;
@@ -189,6 +215,7 @@ int main(void) {
              cfg, steps);
     RUN(bit_identical_and_lower_peak);
     RUN(accum_bf16_and_optimizer_offload);
+    RUN(two_ranks_zero2);
     RUN(in_process_run_closes_the_file);
     RUN(errors_are_clear);
     if (anneal_test_failed == 0) tu_rmrf(work);
