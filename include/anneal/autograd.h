@@ -96,6 +96,46 @@ void anneal_set_grad_ready_hook(anneal_grad_ready_fn fn, void *user);
 /* Drops t's accumulated gradient (like PyTorch's zero_grad(set_to_none=True)). */
 void anneal_grad_clear(anneal_tensor *t);
 
+/* ---------------------------------------------------- saved-tensor hooks */
+
+/* Like PyTorch's torch.autograd.graph.saved_tensors_hooks: pack sees every tensor a
+ * node saves outside backward and outside a recompute region's forward (the detached
+ * alias the node holds; pack may retain it); before a node's backward runs, unpack is
+ * asked for each of its saved tensors and may set *use to a tensor to read instead
+ * (a reference handed to the node, released after its backward; same shape, strides
+ * and values). An unpack error fails that backward. */
+typedef void (*anneal_saved_pack_fn)(anneal_tensor *saved, void *user);
+typedef anneal_status (*anneal_saved_unpack_fn)(anneal_tensor *saved, anneal_tensor **use, void *user);
+/* Installs the pair for this thread (NULL, NULL: saved tensors are kept as they are). */
+void anneal_set_saved_tensor_hooks(anneal_saved_pack_fn pack, anneal_saved_unpack_fn unpack, void *user);
+
+/* Activation offload to the memory tier below (CPU runs; src/autograd/saved_offload.c):
+ * saved activations of at least min_bytes are written, a few nodes after they were
+ * saved, to an unlinked file in dir, and their storages evicted (live bytes drop; the
+ * storage reads from the file's mapping meanwhile); a node's backward gets a copy read
+ * back from the file, the next nodes' ranges read ahead. Values are untouched: losses
+ * and gradients are bit-identical. The file space is reused once the tensors are gone. */
+typedef struct anneal_act_offload anneal_act_offload;
+typedef struct anneal_act_offload_stats {
+    int64_t evicted_bytes;   /* bytes written to the file since creation */
+    int64_t restored_bytes;  /* bytes read back for backward since creation */
+    int64_t n_evicted, n_restored;
+    int64_t prefetched_bytes; /* file bytes announced for read-ahead (WILLNEED) */
+    int64_t hook_ns;          /* this thread's CPU time inside pack and unpack (writes, reads) */
+    int64_t file_bytes;      /* the file's size now (its largest use so far) */
+    int64_t resident_bytes;  /* activation bytes saved for backward still in memory when the
+                                last backward began */
+} anneal_act_offload_stats;
+/* A file in dir (must exist and be writable; ANNEAL_ERR_IO otherwise). min_bytes <= 0:
+ * 64 KiB. Not installed yet. */
+anneal_act_offload *anneal_act_offload_new(const char *dir, int64_t min_bytes);
+/* Installs (or, on NULL, removes) o's hooks on this thread. */
+void anneal_act_offload_install(anneal_act_offload *o);
+anneal_act_offload_stats anneal_act_offload_stats_get(const anneal_act_offload *o);
+/* Uninstalls, brings back into memory any evicted storage still alive, closes the
+ * file (already unlinked). */
+void anneal_act_offload_free(anneal_act_offload *o);
+
 /* ------------------------------------------------- recompute regions */
 
 /* A region computes one tensor from its inputs using public ops. */

@@ -297,6 +297,22 @@ int64_t anneal_pool_release(void);
  * anneal_node_release here when it records its first node (core knows no nodes). */
 void anneal_set_node_release_hook(void (*fn)(struct anneal_node *n));
 
+/* Storage eviction (activation offload, src/autograd/saved_offload.c): an activation
+ * storage's bytes move to memory the caller owns (a file mapping) and its block goes
+ * back to the allocator's cache, so live bytes drop while every tensor viewing the
+ * storage keeps working (reads and writes go to the new memory). */
+/* True for a CPU storage of the activations category that holds an allocator block. */
+bool anneal_storage_evictable(const anneal_storage *s);
+/* True once anneal_storage_evict moved s's bytes out (until anneal_storage_restore). */
+bool anneal_storage_evicted(const anneal_storage *s);
+/* ext (s->nbytes, already holding s's bytes, kept valid by the caller while s is
+ * evicted) becomes s->data; the block returns to the cache. ANNEAL_ERR_ARG when s
+ * is not evictable. */
+anneal_status anneal_storage_evict(anneal_storage *s, void *ext);
+/* Gives an evicted storage a block again, its bytes copied from the evicted memory
+ * (no-op for a storage that is not evicted); ANNEAL_ERR_OOM when no block is had. */
+anneal_status anneal_storage_restore(anneal_storage *s);
+
 /* ---------------------------------------------------------------- scopes */
 
 /* A scope owns the tensors created while it is the current one. Closing a scope

@@ -86,7 +86,8 @@ typedef struct anneal_train_config {
     char *grad_compress;      /* "none" (NULL) or "powersgd" (src/parallel/powersgd.c) */
     int64_t powersgd_rank;    /* PowerSGD approximation rank */
     int64_t powersgd_warmup_steps; /* uncompressed steps before PowerSGD starts */
-    char *offload;            /* "none" (NULL), "optimizer" (src/optim/offload.c) */
+    char *offload;            /* "none" (NULL), "optimizer" (src/optim/offload.c), "activations"
+                                 (src/autograd/saved_offload.c), or "optimizer,activations" */
     char *offload_dir;        /* where the offload file goes; NULL: the run directory */
     bool deterministic;       /* losses bit-identical for any world size (src/train/deterministic.c) */
     int64_t tp;               /* tensor parallelism: ranks per group sharing each layer (1: none; src/train/tp.c) */

@@ -140,7 +140,9 @@ anneal_tensor *anneal_checkpoint(anneal_region_fn fn, void *user, int n_in,
         xs[i] = anneal_detach(inputs[i]);
         if (xs[i] && inputs[i]->requires_grad) anneal_set_requires_grad(xs[i], true);
     }
+    anneal_saved_hooks_pause(true); /* the inner saves die with the region */
     anneal_tensor *out = fn(user, xs);
+    anneal_saved_hooks_pause(false);
     anneal_tensor **leaves = NULL;
     int n_leaves = 0;
     anneal_tensor *result = NULL;

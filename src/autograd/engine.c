@@ -177,6 +177,7 @@ static anneal_status run_node(anneal_node *node) {
                                  "by the first backward", node->name);
         tmp = anneal_scope_open();
         if (!tmp) s = anneal_last_status();
+        if (s == ANNEAL_OK) s = anneal_saved_unpack_all(node); /* saved-tensor hooks (node.c) */
         if (s == ANNEAL_OK) {
             anneal_no_grad_begin();
             int64_t span_t0 = anneal_span_begin(); /* the node's op spans nest inside */
@@ -288,7 +289,9 @@ anneal_status anneal_backward_internal(anneal_tensor *out, anneal_tensor *grad, 
     if (nested) g_nested++;
     anneal_trace_backward_enter(); /* op spans from here on count as backward */
     int64_t span_t0 = nested ? 0 : anneal_span_begin();
+    anneal_saved_hooks_pause(true); /* a recompute region's replay saves for itself */
     for (int64_t k = 0; k < nodes.n && s == ANNEAL_OK; k++) s = run_node(nodes.items[k]);
+    anneal_saved_hooks_pause(false);
     anneal_span_end(ANNEAL_SPAN_AUTOGRAD, "backward", span_t0, 0, 0);
     anneal_trace_backward_leave();
     if (nested) g_nested--;

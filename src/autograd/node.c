@@ -2,11 +2,16 @@
  * tensors it saves; reference counting that frees the graph when the last tensor
  * produced by it goes away. Grad mode (no-grad scopes) lives here too. */
 #include "anneal/autograd.h"
+#include "autograd_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static _Thread_local int g_no_grad_depth;
+static _Thread_local anneal_saved_pack_fn g_pack;
+static _Thread_local anneal_saved_unpack_fn g_unpack;
+static _Thread_local void *g_saved_user;
+static _Thread_local int g_saved_paused;
 static uint64_t g_next_seq = 1;
 
 bool anneal_grad_enabled(void) { return g_no_grad_depth == 0; }
@@ -110,7 +115,31 @@ int anneal_node_save(anneal_node *node, const anneal_tensor *t) {
     anneal_scope_leave();
     if (!a) return -1;
     node->saved[node->n_saved] = a;
+    if (g_pack && !g_saved_paused) g_pack(a, g_saved_user);
     return node->n_saved++;
+}
+
+void anneal_set_saved_tensor_hooks(anneal_saved_pack_fn pack, anneal_saved_unpack_fn unpack, void *user) {
+    g_pack = pack;
+    g_unpack = unpack;
+    g_saved_user = user;
+}
+
+void anneal_saved_hooks_pause(bool pause) {
+    g_saved_paused += pause ? 1 : (g_saved_paused > 0 ? -1 : 0);
+}
+
+anneal_status anneal_saved_unpack_all(anneal_node *node) {
+    for (int i = 0; g_unpack && i < node->n_saved; i++) {
+        anneal_tensor *use = NULL;
+        anneal_status s = g_unpack(node->saved[i], &use, g_saved_user);
+        if (s != ANNEAL_OK) return s;
+        if (use) {
+            anneal_release(node->saved[i]);
+            node->saved[i] = use;
+        }
+    }
+    return ANNEAL_OK;
 }
 
 bool anneal_node_input_needs_grad(const anneal_node *node, int i) {

@@ -170,6 +170,10 @@ void anneal_storage_retain(anneal_storage *s) {
 
 void anneal_storage_release(anneal_storage *s) {
     if (!s || --s->refcount > 0) return;
+    if (s->_class < 0) { /* evicted: its bytes left the allocator at eviction */
+        free(s);
+        return;
+    }
     device_pool *dp = &g_pool[s->device];
     pthread_mutex_lock(&dp->lock);
     dp->live -= (int64_t)s->nbytes;
@@ -253,4 +257,50 @@ anneal_memory_categories anneal_memory_categories_get(anneal_device d) {
     for (int c = 0; c < ANNEAL_MEM_CATEGORY_COUNT; c++) m.live[c] = dp->live_cat[c], m.at_peak[c] = dp->peak_cat[c], m.peak[c] = dp->max_cat[c];
     pthread_mutex_unlock(&dp->lock);
     return m;
+}
+
+/* ------------------------------------------------------------ eviction */
+
+bool anneal_storage_evictable(const anneal_storage *s) {
+    return s && s->device == ANNEAL_CPU && s->_class >= 0 && s->_category == ANNEAL_MEM_ACTIVATIONS && s->nbytes > 0;
+}
+
+bool anneal_storage_evicted(const anneal_storage *s) { return s && s->_class < 0; }
+
+anneal_status anneal_storage_evict(anneal_storage *s, void *ext) {
+    if (!anneal_storage_evictable(s) || !ext)
+        return anneal_set_error(ANNEAL_ERR_ARG, "anneal_storage_evict: not an activation storage on the CPU holding "
+                                "a block, or no memory to move it to");
+    /* the block goes to the cache under a record of its own; s keeps its identity */
+    anneal_storage *blk = malloc(sizeof *blk);
+    if (!blk) return anneal_set_error(ANNEAL_ERR_OOM, "out of memory evicting a storage");
+    device_pool *dp = &g_pool[s->device];
+    pthread_mutex_lock(&dp->lock);
+    *blk = *s;
+    blk->refcount = 0;
+    dp->live -= (int64_t)s->nbytes;
+    dp->live_cat[s->_category] -= (int64_t)s->nbytes;
+    blk->_next_free = dp->free_list[blk->_class];
+    dp->free_list[blk->_class] = blk;
+    dp->cached += (int64_t)blk->_block;
+    HOST_POISON(blk->device, blk->data, blk->_block);
+    s->data = ext;
+    s->_class = -1;
+    s->_block = 0;
+    pthread_mutex_unlock(&dp->lock);
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_storage_restore(anneal_storage *s) {
+    if (!anneal_storage_evicted(s)) return ANNEAL_OK;
+    anneal_mem_category mc = anneal_memory_category_set((anneal_mem_category)s->_category);
+    anneal_storage *blk = anneal_storage_new(s->device, s->nbytes);
+    anneal_memory_category_set(mc);
+    if (!blk) return anneal_last_status();
+    memcpy(blk->data, s->data, s->nbytes);
+    s->data = blk->data;
+    s->_block = blk->_block;
+    s->_class = blk->_class;
+    free(blk); /* its block now belongs to s, already counted live */
+    return ANNEAL_OK;
 }

@@ -4,6 +4,7 @@
  * validates a value the same way and names the flag in the error. */
 #include "anneal/parse.h"
 #include "anneal/train.h"
+#include "train_internal.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -121,9 +122,10 @@ static const option_def defs[] = {
      OFF(powersgd_rank), 1, 65536, 0, 0, NULL},
     {{"powersgd-warmup-steps", ANNEAL_OPT_INT, "PowerSGD: plain all-reduce for the first N steps (default 10)"},
      OFF(powersgd_warmup_steps), 0, BIG, 0, 0, NULL},
-    {{"offload", ANNEAL_OPT_STRING, "keep AdamW's state in a memory-mapped file (--offload-dir) stepped in chunks "
-      "instead of RAM: none or optimizer (default none)"}, OFF(offload), 0, 0, 0, 0, NULL},
-    {{"offload-dir", ANNEAL_OPT_STRING, "directory of the --offload file, on fast disk (default the run directory)"},
+    {{"offload", ANNEAL_OPT_STRING, "move state to memory-mapped files (--offload-dir) instead of RAM: none, optimizer "
+      "(AdamW's state, stepped in chunks), activations (saved for backward), or optimizer,activations (default none)"},
+     OFF(offload), 0, 0, 0, 0, NULL},
+    {{"offload-dir", ANNEAL_OPT_STRING, "directory of the --offload files, on fast disk (default the run directory)"},
      OFF(offload_dir), 0, 0, 0, 0, NULL},
     {{"deterministic", ANNEAL_OPT_ONOFF, "losses and parameters bit-identical whatever the number of ranks: a step is "
       "--accum micro-batches of --batch rows, rank r of W runs accum/W of them (a power of two), gradients and losses "
@@ -315,9 +317,9 @@ anneal_status anneal_train_config_set(anneal_train_config *c, const char *name, 
             if (inet_pton(AF_INET, value, &a) != 1)
                 return anneal_set_error(ANNEAL_ERR_ARG, "--metrics-addr %s: not an IPv4 address (default 127.0.0.1)", value);
         }
-        if (!strcmp(name, "offload") && strcmp(value, "none") && strcmp(value, "optimizer"))
-            return anneal_set_error(ANNEAL_ERR_ARG, "--offload: '%s' is not available (none, optimizer; offloading "
-                                    "activations is not built yet)", value);
+        if (!strcmp(name, "offload") && !anneal_train_offload_valid(value)) /* offload_act.c */
+            return anneal_set_error(ANNEAL_ERR_ARG, "--offload: '%s' is not available (none, optimizer, activations, "
+                                    "or a comma list: optimizer,activations)", value);
         if (!strcmp(name, "grad-compress") && strcmp(value, "none") && strcmp(value, "powersgd"))
             return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress: unknown compression '%s' (none, powersgd)", value);
         if (!strcmp(name, "dtype")) { /* stored by its canonical name: float32 -> fp32 */

@@ -512,6 +512,7 @@ anneal_status anneal_train_run_comm(const anneal_train_config *cfg, anneal_comm 
     fail = anneal_train_dist_agree(t, fail, "setup");
     if (fail == ANNEAL_OK) fail = anneal_train_dist_setup(t, &usage);
     if (fail == ANNEAL_OK) fail = anneal_train_dist_agree(t, anneal_train_setup_offload(t, &usage), "--offload");
+    if (fail == ANNEAL_OK) fail = anneal_train_dist_agree(t, anneal_train_setup_offload_act(t, &usage), "--offload");
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t->run_dir);
     if (fail != ANNEAL_OK) {
         res->usage_error = usage;

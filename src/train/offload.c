@@ -41,7 +41,7 @@ static anneal_status move_state(anneal_optimizer *plain, anneal_optimizer *off, 
 
 anneal_status anneal_train_setup_offload(trainer *t, bool *usage) {
     const anneal_train_config *c = &t->cfg;
-    if (!c->offload || !strcmp(c->offload, "none")) return ANNEAL_OK;
+    if (!anneal_train_offload_wants(c->offload, "optimizer")) return ANNEAL_OK; /* offload_act.c */
     if (c->zero > 0) {
         *usage = true;
         return anneal_set_error(ANNEAL_ERR_ARG, "--offload optimizer: not available with --zero %lld yet (the ZeRO "

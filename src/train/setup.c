@@ -540,8 +540,8 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
         return USAGE("--zero %lld with --device %s: ZeRO's sharded state is built for CPU runs only (not built for "
                      "other devices yet)", (long long)c->zero, c->device);
     if (t->device != ANNEAL_CPU && c->offload && strcmp(c->offload, "none"))
-        return USAGE("--offload %s with --device %s: the file-backed optimizer steps CPU parameters only (not built "
-                     "for other devices yet)", c->offload, c->device);
+        return USAGE("--offload %s with --device %s: the file tier is for CPU runs only (the GPU version, pinned "
+                     "host memory on a stream of its own, is not built yet)", c->offload, c->device);
     if (anneal_train_det_check(t) != ANNEAL_OK) return *usage = true, anneal_last_status(); /* --deterministic */
     size_t rows = (size_t)(t->local_batch * c->seq);
     /* the step's micro-batches each in a buffer of their own when they fit in 64 MiB, so
@@ -652,6 +652,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
 }
 
 void anneal_train_teardown(trainer *t) {
+    anneal_train_offload_act_free(t); /* first: it may bring tensors back before the model goes */
     if (t->ckpt) anneal_checkpointer_free(t->ckpt);
     anneal_optimizer_free(t->opt);
     anneal_model_free(t->model);

@@ -109,6 +109,7 @@ typedef struct trainer {
     struct train_profile *prof;      /* --profile: the window's spans (profile.c) */
     struct train_det *det;           /* --deterministic: the micro-batch tree (deterministic.c) */
     struct train_tp *tp;             /* --tp N > 1: the rank groups and shard splits (tp.c) */
+    anneal_act_offload *act_offload; /* --offload activations (offload_act.c) */
 } trainer;
 
 /* profile.c: --profile N --profile-steps K and --memory-report. before/after_step take
@@ -230,6 +231,16 @@ void anneal_train_dist_log_bytes(trainer *t, struct cJSON *o, bool summary);
 anneal_status anneal_train_setup_offload(trainer *t, bool *usage);
 /* The process's resident set size now (bytes; 0 when unknown). */
 int64_t anneal_train_rss_bytes(void);
+
+/* --- offload_act.c */
+/* --offload's value: a comma list of none, optimizer, activations; does it name what? */
+bool anneal_train_offload_valid(const char *list);
+bool anneal_train_offload_wants(const char *list, const char *what);
+/* --offload activations: saved activations to a file between forward and backward
+ * (src/autograd/saved_offload.c), installed on this thread. No collectives. */
+anneal_status anneal_train_setup_offload_act(trainer *t, bool *usage);
+/* Notes what went through the file (rank 0) and removes the offloader. */
+void anneal_train_offload_act_free(trainer *t);
 void anneal_train_dist_teardown(trainer *t);
 /* --- deterministic.c: --deterministic (losses bit-identical for any number of ranks) */
 /* The settings it refuses (device, ZeRO, compression, --accum vs the ranks); OK when off. */

@@ -2,8 +2,8 @@
  * state in a memory-mapped file gives the losses of the in-memory optimizer bit for bit,
  * a resume from a mid-run checkpoint continues bit for bit, the resident set during
  * the steps is lower by a good part of the state, the file is gone after the run, and
- * bad settings (a missing or non-directory --offload-dir, offloading activations, an
- * unknown value) end with clear errors.
+ * bad settings (a missing or non-directory --offload-dir, unknown values) end with
+ * clear errors (--offload activations: test_offload_activations.c).
  *
  * RSS check: a 4-layer, 384-wide GPT-2 with a 4096 vocabulary (8.7M parameters, 67 MiB
  * of AdamW state). Offloaded, the state is resident only for the chunk being stepped
@@ -134,10 +134,10 @@ TEST(bad_offload_settings) {
     CHECK(run("bad2", args) != 0, "a file as --offload-dir was accepted");
     o = tu_slurp(wpath("bad2.out"));
     CHECK(o && strstr(o, "a_file: not a directory"), "%s", o);
-    snprintf(args, sizeof args, "%s --offload activations --out %s", common, wpath("bad3"));
-    CHECK(run("bad3", args) != 0, "--offload activations was accepted");
+    snprintf(args, sizeof args, "%s --offload gradients --out %s", common, wpath("bad3"));
+    CHECK(run("bad3", args) != 0, "--offload gradients was accepted");
     o = tu_slurp(wpath("bad3.out"));
-    CHECK(o && strstr(o, "--offload: 'activations' is not available"), "%s", o);
+    CHECK(o && strstr(o, "--offload: 'gradients' is not available"), "%s", o);
     snprintf(args, sizeof args, "%s --offload everything --out %s", common, wpath("bad4"));
     CHECK(run("bad4", args) != 0, "--offload everything was accepted");
 }
