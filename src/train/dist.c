@@ -298,7 +298,8 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     dc.zero_stage = (int)t->cfg.zero;
     int *groups = t->cfg.zero == 3 ? anneal_zero3_groups(t->model) : NULL; /* buckets follow the blocks */
     dc.groups = groups;
-    t->ddp = t->cfg.zero != 3 || groups ? anneal_ddp_new(anneal_train_tp_dp_comm(t), t->model->params, dc) /* --tp: over the replicas */ : NULL;
+    /* --tp: the sync runs over the replicas (the ranks holding the same shards) */
+    t->ddp = t->cfg.zero != 3 || groups ? anneal_ddp_new(anneal_train_tp_dp_comm(t), t->model->params, dc) : NULL;
     free(groups);
     if (!t->ddp) st = restate(anneal_last_status(), "gradient sync: ");
     if (st == ANNEAL_OK && compressing(t)) st = make_powersgd(t);
