@@ -14,6 +14,7 @@
  * Every process runs in its own process group with a time limit and is killed (the
  * group) when it runs over. Needs mpirun: skipped with a message without it. */
 #include "test.h"
+#include "parallel/train_runs.h"
 #include "train/train_util.h"
 
 #include <errno.h>
@@ -25,43 +26,6 @@ static const char *bin;
 static char work[256];
 static char mpi_env[256];
 static char common[1024];
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* `sh -c cmd` in its own process group, output to out, at most RUN_TIMEOUT_S: the exit
- * code (128 + signal), -2 after killing the group on timeout. */
-static int sh_run(const char *cmd, const char *out) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) dup2(fd, 1), dup2(fd, 2), close(fd);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0) return -1;
-    double t0 = now_ms();
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            kill(-pid, SIGKILL);
-            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        }
-        if (r < 0 && errno != EINTR) return -1;
-        if (now_ms() - t0 > RUN_TIMEOUT_S * 1e3) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            printf("    TIMEOUT after %.0f s: %s\n", RUN_TIMEOUT_S, cmd);
-            return -2;
-        }
-        tu_sleep_ms(20);
-    }
-}
 
 static const char *wpath(const char *name) {
     static char buf[8][512];
@@ -87,7 +51,7 @@ static int train(int np, const char *run, const char *extra, bool expect_ok) {
     char cmd[4096], out[600];
     snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher(np), bin, common, extra, wpath(run));
     snprintf(out, sizeof out, "%s.out", wpath(run));
-    int rc = sh_run(cmd, out);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0 && expect_ok) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
     return rc;
 }
@@ -96,7 +60,7 @@ static int resume(int np, const char *run) {
     char cmd[4096], out[600];
     snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s", launcher(np), bin, wpath(run));
     snprintf(out, sizeof out, "%s.resume.out", wpath(run));
-    int rc = sh_run(cmd, out);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
     return rc;
 }
@@ -162,8 +126,7 @@ static void check_identical_n(const char *run, const char *ref, int steps) {
 
 static void check_identical(const char *run, const char *ref) { check_identical_n(run, ref, STEPS); }
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
+#define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* Synthetic tokens, 4 micro-batches of 2 rows per step, dropout 0.1, clipping at 1
  * (the norm starts above it): 1 process = mpirun -np 1 = -np 2 = -np 4. */

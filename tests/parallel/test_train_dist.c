@@ -30,6 +30,7 @@
  * (anneal_test_sanitized) only the DDP-vs-single, ZeRO, elastic and bad-launch tests
  * run, on 8 steps instead of 20: each sanitized rank is ~10x slower. */
 #include "test.h"
+#include "parallel/train_runs.h"
 #include "train/train_util.h"
 
 #include <dirent.h>
@@ -48,59 +49,6 @@ static char mpi[512];   /* "mpirun -np 2 ..." prefix */
 static char mpi_env[256]; /* its options for the ranks' environment */
 static char common[1024];
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Starts `sh -c cmd` in a new process group, output to out. */
-static pid_t sh_start(const char *cmd, const char *out) {
-    pid_t pid = fork();
-    if (pid != 0) return pid;
-    setpgid(0, 0);
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-    }
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-}
-
-/* Waits for pid at most timeout_s: its exit code (128 + signal), or -2 after killing
- * its whole process group on timeout. *secs (may be NULL): how long it took. */
-static int sh_wait(pid_t pid, double timeout_s, double *secs) {
-    double t0 = now_ms();
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            if (secs) *secs = (now_ms() - t0) / 1e3;
-            kill(-pid, SIGKILL); /* anything the job left behind in its group */
-            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        }
-        if (r < 0 && errno != EINTR) return -1;
-        if (now_ms() - t0 > timeout_s * 1e3) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            if (secs) *secs = (now_ms() - t0) / 1e3;
-            return -2;
-        }
-        tu_sleep_ms(20);
-    }
-}
-
-/* Runs cmd (shell syntax) with the time limit; prints the output when it fails. */
-static int sh_run(const char *cmd, const char *out, double timeout_s) {
-    pid_t pid = sh_start(cmd, out);
-    if (pid < 0) return -1;
-    int rc = sh_wait(pid, timeout_s, NULL);
-    if (rc == -2) printf("    TIMEOUT after %.0f s: %s\n", timeout_s, cmd);
-    return rc;
-}
-
 static void dump(const char *out) { printf("---- %s ----\n%s----\n", out, tu_slurp(out)); }
 
 /* path = work/name. */
@@ -118,7 +66,7 @@ static int train(const char *launcher, const char *run, const char *extra) {
     snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher, bin, common, extra, wpath(run));
     char out[600];
     snprintf(out, sizeof out, "%s.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) dump(out);
     return rc;
 }
@@ -129,7 +77,7 @@ static int resume(const char *launcher, const char *run, const char *extra) {
     snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s %s", launcher, bin, wpath(run), extra);
     char out[600];
     snprintf(out, sizeof out, "%s.resume.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) dump(out);
     return rc;
 }
@@ -152,35 +100,11 @@ static double loss_rel_diff(const double *a, const double *b, int from, int to) 
     return worst;
 }
 
-/* All parameters of the newest checkpoint of work/<run>, concatenated (malloc'd). */
-static float *params_of(const char *run, int64_t *n) {
-    char ck[1024];
-    *n = 0;
-    if (anneal_checkpoint_resolve(wpath(run), ck, sizeof ck) != ANNEAL_OK) return NULL;
-    anneal_model_config mc;
-    if (anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK) return NULL;
-    anneal_model *m = anneal_model_new(&mc, ANNEAL_CPU);
-    anneal_train_state st;
-    float *out = NULL;
-    if (m && anneal_checkpoint_load(ck, m, NULL, &st) == ANNEAL_OK) {
-        int64_t total = anneal_params_numel(m->params), k = 0;
-        out = malloc((size_t)total * sizeof *out);
-        for (int i = 0; out && i < m->params->n; i++) {
-            anneal_tensor *t = m->params->items[i].tensor;
-            memcpy(out + k, anneal_data(t), (size_t)anneal_numel(t) * sizeof *out);
-            k += anneal_numel(t);
-        }
-        *n = total;
-    }
-    anneal_model_free(m);
-    return out;
-}
-
 /* The newest checkpoints of two runs hold the same parameters within PARAM_L2_RTOL
  * (as a vector) and PARAM_ATOL (each element). */
 static void check_same_params(const char *run, const char *ref) {
     int64_t na, nb;
-    float *a = params_of(run, &na), *b = params_of(ref, &nb);
+    float *a = tr_ckpt_params(wpath(run), &na), *b = tr_ckpt_params(wpath(ref), &nb);
     CHECK(a && b && na == nb, "parameters of %s (%lld) and %s (%lld): %s", run, (long long)na, ref, (long long)nb,
           anneal_last_error());
     if (a && b && na == nb) {
@@ -213,9 +137,7 @@ static void check_same_losses(const char *run, const char *ref, int from, int to
     CHECK(d <= LOSS_RTOL, "losses of %s and %s differ by %.3g relative", run, ref, d);
 }
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-
-#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
+#define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* 2 ranks x B/2 = 1 rank x B: losses and parameters (the reference runs the others
  * compare with). */
@@ -249,8 +171,8 @@ TEST(default_threads_share_the_host) {
              "exec env -u OMP_NUM_THREADS mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none "
              "--mca btl_vader_single_copy_mechanism none%s %s train %s --out %s",
              anneal_test_sanitized() ? " -x ASAN_OPTIONS=detect_leaks=0" : "", bin, opts, wpath("threads"));
-    pid_t pid = sh_start(cmd, wpath("threads.out"));
-    int rc = sh_wait(pid, RUN_TIMEOUT_S, NULL);
+    pid_t pid = tr_sh_start(cmd, wpath("threads.out"));
+    int rc = tr_sh_wait(pid, RUN_TIMEOUT_S, NULL);
     const char *o = tu_slurp(wpath("threads.out"));
     CHECK(rc == 0, "exit %d: %s", rc, o);
     char expect[64];
@@ -347,17 +269,17 @@ TEST(rank_killed) {
     snprintf(cmd, sizeof cmd, "exec %s %s train %s --steps 3000 --ckpt-every 4 --out %s", mpi, bin, common,
              wpath("kill"));
     const char *out = wpath("kill.out");
-    pid_t pid = sh_start(cmd, out);
+    pid_t pid = tr_sh_start(cmd, out);
     REQUIRE(pid > 0);
     const char *log = wpath("kill/log.jsonl");
-    double t0 = now_ms();
-    while (tu_count_records(log, "step") < 10 && now_ms() - t0 < 60e3) tu_sleep_ms(20);
+    double t0 = tr_now_ms();
+    while (tu_count_records(log, "step") < 10 && tr_now_ms() - t0 < 60e3) tu_sleep_ms(20);
     pid_t victim = find_rank(pid, 1);
     CHECK(victim > 0, "rank 1 of mpirun %d not found", (int)pid);
     int at = tu_count_records(log, "step");
     if (victim > 0) kill(victim, SIGKILL);
     double secs = 0;
-    int rc = sh_wait(pid, 30.0, &secs);
+    int rc = tr_sh_wait(pid, 30.0, &secs);
     printf("    rank 1 killed after step %d: mpirun exited %d after %.1f s\n", at, rc, secs);
     CHECK(rc != 0 && rc != -2, "the job must end with an error, not %d (-2: hung)", rc);
     CHECK(secs < 20.0, "the job took %.1f s to end after the kill", secs);
@@ -365,7 +287,7 @@ TEST(rank_killed) {
     CHECK(strstr(o, "rank 1") != NULL && strstr(o, "signal 9") != NULL, "no message naming the dead rank: %s", o);
     /* the newest complete checkpoint loads; one process continues from it */
     int64_t n = 0;
-    float *p = params_of("kill", &n);
+    float *p = tr_ckpt_params(wpath("kill"), &n);
     CHECK(p && n > 0, "newest checkpoint of the killed run does not load: %s", anneal_last_error());
     anneal_clear_error();
     free(p);
@@ -393,15 +315,15 @@ TEST(signal_to_one_rank_stops_all) {
     if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "exec %s %s train %s --steps 3000 --out %s", mpi, bin, common, wpath("sig"));
-    pid_t pid = sh_start(cmd, wpath("sig.out"));
+    pid_t pid = tr_sh_start(cmd, wpath("sig.out"));
     REQUIRE(pid > 0);
-    double t0 = now_ms();
-    while (tu_count_records(wpath("sig/log.jsonl"), "step") < 5 && now_ms() - t0 < 60e3) tu_sleep_ms(20);
+    double t0 = tr_now_ms();
+    while (tu_count_records(wpath("sig/log.jsonl"), "step") < 5 && tr_now_ms() - t0 < 60e3) tu_sleep_ms(20);
     pid_t r1 = find_rank(pid, 1);
     CHECK(r1 > 0, "rank 1 not found");
     if (r1 > 0) kill(r1, SIGTERM);
     double secs = 0;
-    int rc = sh_wait(pid, 30.0, &secs);
+    int rc = tr_sh_wait(pid, 30.0, &secs);
     const char *o = tu_slurp(wpath("sig.out"));
     printf("    SIGTERM to rank 1: exit %d after %.1f s\n", rc, secs);
     CHECK(rc == 0, "exit %d: %s", rc, o);
@@ -421,9 +343,9 @@ static const char *bad_launch(const char *name, const char *rank0, const char *r
     snprintf(cmd, sizeof cmd,
              "exec mpirun --allow-run-as-root --oversubscribe %s -np 1 %s : -np 1 %s", mpi_env, rank0, rank1);
     const char *out = wpath(name);
-    double t0 = now_ms();
-    int rc = sh_run(cmd, out, 60.0);
-    printf("    %s: exit %d after %.1f s\n", name, rc, (now_ms() - t0) / 1e3);
+    double t0 = tr_now_ms();
+    int rc = tr_sh_run(cmd, out, 60.0);
+    printf("    %s: exit %d after %.1f s\n", name, rc, (tr_now_ms() - t0) / 1e3);
     CHECK(rc != 0 && rc != -2, "%s: the job must fail (not hang): exit %d", name, rc);
     return tu_slurp(out);
 }
@@ -459,7 +381,7 @@ TEST(bad_launches) {
 
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "exec %s %s train %s --batch 7 --out %s", mpi, bin, common, wpath("bad4"));
-    int rc = sh_run(cmd, wpath("batch.out"), 60.0);
+    int rc = tr_sh_run(cmd, wpath("batch.out"), 60.0);
     o = tu_slurp(wpath("batch.out"));
     CHECK(rc != 0 && rc != -2, "--batch 7 on 2 ranks: exit %d", rc);
     CHECK(strstr(o, "--batch 7 is not divisible by the 2 ranks") != NULL, "batch message: %s", o);
@@ -563,7 +485,7 @@ TEST(two_hosts_over_tcp) {
              "-np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca btl_tcp_if_include 10.231.7.0/24 "
              "--mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s --out %s'",
              hosts, agent, mpi_env, bin, common, wpath("hosts2"));
-    int rc = sh_run(cmd, wpath("hosts2.out"), RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, wpath("hosts2.out"), RUN_TIMEOUT_S);
     if (rc != 0) dump(wpath("hosts2.out"));
     /* pipeline parallelism over the same link: --pp 2, one stage per host */
     snprintf(cmd, sizeof cmd,
@@ -571,7 +493,7 @@ TEST(two_hosts_over_tcp) {
              "-np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca btl_tcp_if_include 10.231.7.0/24 "
              "--mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s --pp 2 --accum 2 --out %s'",
              hosts, agent, mpi_env, bin, common, wpath("hosts2pp"));
-    int rc_pp = sh_run(cmd, wpath("hosts2pp.out"), RUN_TIMEOUT_S);
+    int rc_pp = tr_sh_run(cmd, wpath("hosts2pp.out"), RUN_TIMEOUT_S);
     if (rc_pp != 0) dump(wpath("hosts2pp.out"));
     netns_cleanup();
     REQUIRE(rc == 0);

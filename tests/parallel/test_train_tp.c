@@ -17,6 +17,7 @@
  * all-reduce or a replicated gradient counted twice changes losses in the 2nd-4th
  * digit. */
 #include "test.h"
+#include "parallel/train_runs.h"
 #include "train/train_util.h"
 
 #include <dirent.h>
@@ -32,59 +33,6 @@ static char work[256];  /* scratch directory of this test run */
 static int steps = 20;  /* steps of the compared runs (fewer under ASan) */
 static char mpi_env[256]; /* its options for the ranks' environment */
 static char common[1024];
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Starts `sh -c cmd` in a new process group, output to out. */
-static pid_t sh_start(const char *cmd, const char *out) {
-    pid_t pid = fork();
-    if (pid != 0) return pid;
-    setpgid(0, 0);
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-    }
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-}
-
-/* Waits for pid at most timeout_s: its exit code (128 + signal), or -2 after killing
- * its whole process group on timeout. *secs (may be NULL): how long it took. */
-static int sh_wait(pid_t pid, double timeout_s, double *secs) {
-    double t0 = now_ms();
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            if (secs) *secs = (now_ms() - t0) / 1e3;
-            kill(-pid, SIGKILL); /* anything the job left behind in its group */
-            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        }
-        if (r < 0 && errno != EINTR) return -1;
-        if (now_ms() - t0 > timeout_s * 1e3) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            if (secs) *secs = (now_ms() - t0) / 1e3;
-            return -2;
-        }
-        tu_sleep_ms(20);
-    }
-}
-
-/* Runs cmd (shell syntax) with the time limit; prints the output when it fails. */
-static int sh_run(const char *cmd, const char *out, double timeout_s) {
-    pid_t pid = sh_start(cmd, out);
-    if (pid < 0) return -1;
-    int rc = sh_wait(pid, timeout_s, NULL);
-    if (rc == -2) printf("    TIMEOUT after %.0f s: %s\n", timeout_s, cmd);
-    return rc;
-}
 
 static void dump(const char *out) { printf("---- %s ----\n%s----\n", out, tu_slurp(out)); }
 
@@ -103,7 +51,7 @@ static int train(const char *launcher, const char *run, const char *extra) {
     snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher, bin, common, extra, wpath(run));
     char out[600];
     snprintf(out, sizeof out, "%s.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) dump(out);
     return rc;
 }
@@ -114,7 +62,7 @@ static int resume(const char *launcher, const char *run, const char *extra) {
     snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s %s", launcher, bin, wpath(run), extra);
     char out[600];
     snprintf(out, sizeof out, "%s.resume.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) dump(out);
     return rc;
 }
@@ -137,35 +85,11 @@ static double loss_rel_diff(const double *a, const double *b, int from, int to) 
     return worst;
 }
 
-/* All parameters of the newest checkpoint of work/<run>, concatenated (malloc'd). */
-static float *params_of(const char *run, int64_t *n) {
-    char ck[1024];
-    *n = 0;
-    if (anneal_checkpoint_resolve(wpath(run), ck, sizeof ck) != ANNEAL_OK) return NULL;
-    anneal_model_config mc;
-    if (anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK) return NULL;
-    anneal_model *m = anneal_model_new(&mc, ANNEAL_CPU);
-    anneal_train_state st;
-    float *out = NULL;
-    if (m && anneal_checkpoint_load(ck, m, NULL, &st) == ANNEAL_OK) {
-        int64_t total = anneal_params_numel(m->params), k = 0;
-        out = malloc((size_t)total * sizeof *out);
-        for (int i = 0; out && i < m->params->n; i++) {
-            anneal_tensor *t = m->params->items[i].tensor;
-            memcpy(out + k, anneal_data(t), (size_t)anneal_numel(t) * sizeof *out);
-            k += anneal_numel(t);
-        }
-        *n = total;
-    }
-    anneal_model_free(m);
-    return out;
-}
-
 /* The newest checkpoints of two runs hold the same parameters within PARAM_L2_RTOL
  * (as a vector) and PARAM_ATOL (each element). */
 static void check_same_params(const char *run, const char *ref) {
     int64_t na, nb;
-    float *a = params_of(run, &na), *b = params_of(ref, &nb);
+    float *a = tr_ckpt_params(wpath(run), &na), *b = tr_ckpt_params(wpath(ref), &nb);
     CHECK(a && b && na == nb, "parameters of %s (%lld) and %s (%lld): %s", run, (long long)na, ref, (long long)nb,
           anneal_last_error());
     if (a && b && na == nb) {
@@ -199,9 +123,7 @@ static void check_same_losses(const char *run, const char *ref, int from, int to
 }
 
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-
-#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
+#define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* "mpirun -np N ..." */
 static const char *mpi_np(int n) {
@@ -334,7 +256,7 @@ static void refused(const char *launcher, const char *run, const char *extra, co
     char cmd[4096], out[600];
     snprintf(cmd, sizeof cmd, "exec %s %s train %s %s --out %s", launcher, bin, common, extra, wpath(run));
     snprintf(out, sizeof out, "%s.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     const char *o = tu_slurp(out);
     CHECK(rc != 0 && rc != -2 && o && strstr(o, expect), "%s: exit %d, expected \"%s\" in: %s", run, rc, expect,
           o ? o : "");

@@ -31,6 +31,7 @@
  *
  * Needs mpirun (Debian openmpi-bin): skipped with a message without it. */
 #include "test.h"
+#include "parallel/train_runs.h"
 #include "train/train_util.h"
 
 #include <errno.h>
@@ -47,47 +48,6 @@ static char mpi_env[256];
 static char mpi2[512], mpi4[512];
 static char common[1024];
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Runs `sh -c cmd` in its own process group, output to out, at most timeout_s (the
- * group is killed after): the exit code, 128 + signal, or -2 on timeout. */
-static int sh_run(const char *cmd, const char *out, double timeout_s) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        setpgid(0, 0);
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    double t0 = now_ms();
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            kill(-pid, SIGKILL);
-            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        }
-        if (r < 0 && errno != EINTR) return -1;
-        if (now_ms() - t0 > timeout_s * 1e3) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            printf("    TIMEOUT after %.0f s: %s\n", timeout_s, cmd);
-            return -2;
-        }
-        tu_sleep_ms(20);
-    }
-}
-
 /* path = work/name. */
 static const char *wpath(const char *name) {
     static char buf[8][512];
@@ -103,7 +63,7 @@ static int train_args(const char *launcher, const char *run, const char *args) {
     char cmd[4096], out[600];
     snprintf(cmd, sizeof cmd, "exec %s %s train %s --out %s", launcher, bin, args, wpath(run));
     snprintf(out, sizeof out, "%s.out", wpath(run));
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
     return rc;
 }
@@ -120,7 +80,7 @@ static int resume(const char *launcher, const char *run, const char *extra, int 
     char cmd[4096], out[600];
     snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s %s", launcher, bin, wpath(run), extra);
     snprintf(out, sizeof out, "%s.resume%d.out", wpath(run), k);
-    int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
     return rc;
 }
@@ -132,35 +92,11 @@ static int losses_of(const char *run, double *l) {
     return tu_read_losses(p, l, NULL, 64);
 }
 
-/* All parameters of the newest checkpoint of work/<run>, concatenated (malloc'd). */
-static float *params_of(const char *run, int64_t *n) {
-    char ck[1024];
-    *n = 0;
-    if (anneal_checkpoint_resolve(wpath(run), ck, sizeof ck) != ANNEAL_OK) return NULL;
-    anneal_model_config mc;
-    if (anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK) return NULL;
-    anneal_model *m = anneal_model_new(&mc, ANNEAL_CPU);
-    anneal_train_state st;
-    float *out = NULL;
-    if (m && anneal_checkpoint_load(ck, m, NULL, &st) == ANNEAL_OK) {
-        int64_t total = anneal_params_numel(m->params), k = 0;
-        out = malloc((size_t)total * sizeof *out);
-        for (int i = 0; out && i < m->params->n; i++) {
-            anneal_tensor *t = m->params->items[i].tensor;
-            memcpy(out + k, anneal_data(t), (size_t)anneal_numel(t) * sizeof *out);
-            k += anneal_numel(t);
-        }
-        *n = total;
-    }
-    anneal_model_free(m);
-    return out;
-}
-
 /* The newest checkpoints of run and ref hold the same parameters within the
  * tolerances; exact: bit for bit. */
 static void check_same_params(const char *run, const char *ref, bool exact) {
     int64_t na, nb;
-    float *a = params_of(run, &na), *b = params_of(ref, &nb);
+    float *a = tr_ckpt_params(wpath(run), &na), *b = tr_ckpt_params(wpath(ref), &nb);
     CHECK(a && b && na == nb, "parameters of %s (%lld) and %s (%lld): %s", run, (long long)na, ref, (long long)nb,
           anneal_last_error());
     if (a && b && na == nb) {
@@ -198,9 +134,7 @@ static void check_same_losses(const char *run, const char *ref, bool exact) {
     CHECK(worst <= (exact ? 0.0 : LOSS_RTOL), "losses of %s and %s differ by %.3g relative", run, ref, worst);
 }
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-
-#define NEED_MPI() do { if (!have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
+#define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* One process (the reference), ZeRO-3 at 1, 2 and 4 ranks (and 4 with small buckets),
  * ZeRO-2 at 2 and 4. */
@@ -371,7 +305,7 @@ TEST(zero3_refused_settings) {
         char cmd[4096], out[600];
         snprintf(cmd, sizeof cmd, "exec %s train %s %s --out %s", bin, common, cases[i].extra, wpath(run));
         snprintf(out, sizeof out, "%s.out", wpath(run));
-        int rc = sh_run(cmd, out, RUN_TIMEOUT_S);
+        int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
         const char *o = tu_slurp(out);
         CHECK(rc != 0 && o && strstr(o, cases[i].expect), "%s: exit %d, want \"%s\": %s", cases[i].extra, rc,
               cases[i].expect, o ? o : "");

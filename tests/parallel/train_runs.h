@@ -1,0 +1,94 @@
+/* What the command-line tests of distributed training share (test_train_dist.c and the
+ * tests of each parallel layout): shell commands run with a time limit in their own
+ * process group, and the parameters of a run's newest checkpoint. Header-only, like
+ * train/train_util.h, which it builds on. */
+#ifndef ANNEAL_TESTS_TRAIN_RUNS_H
+#define ANNEAL_TESTS_TRAIN_RUNS_H
+
+#include "train/train_util.h"
+
+#include <errno.h>
+
+/* Monotonic milliseconds. */
+static inline double tr_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Starts `sh -c cmd` in a new process group, output to out (-1 when fork fails). */
+static inline pid_t tr_sh_start(const char *cmd, const char *out) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    setpgid(0, 0);
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+}
+
+/* Waits for pid at most timeout_s: its exit code (128 + signal), or -2 after killing
+ * its whole process group on timeout. *secs (may be NULL): how long it took. */
+static inline int tr_sh_wait(pid_t pid, double timeout_s, double *secs) {
+    double t0 = tr_now_ms();
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            if (secs) *secs = (tr_now_ms() - t0) / 1e3;
+            kill(-pid, SIGKILL); /* anything the job left behind in its group */
+            return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+        }
+        if (r < 0 && errno != EINTR) return -1;
+        if (tr_now_ms() - t0 > timeout_s * 1e3) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            if (secs) *secs = (tr_now_ms() - t0) / 1e3;
+            return -2;
+        }
+        tu_sleep_ms(20);
+    }
+}
+
+/* Runs cmd (shell syntax) with the time limit: as tr_sh_wait, saying so on a timeout. */
+static inline int tr_sh_run(const char *cmd, const char *out, double timeout_s) {
+    pid_t pid = tr_sh_start(cmd, out);
+    if (pid < 0) return -1;
+    int rc = tr_sh_wait(pid, timeout_s, NULL);
+    if (rc == -2) printf("    TIMEOUT after %.0f s: %s\n", timeout_s, cmd);
+    return rc;
+}
+
+/* All parameters of the newest checkpoint of run directory dir, concatenated in
+ * registration order (malloc'd, *n elements), or NULL. */
+static inline float *tr_ckpt_params(const char *dir, int64_t *n) {
+    char ck[1024];
+    *n = 0;
+    if (anneal_checkpoint_resolve(dir, ck, sizeof ck) != ANNEAL_OK) return NULL;
+    anneal_model_config mc;
+    if (anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK) return NULL;
+    anneal_model *m = anneal_model_new(&mc, ANNEAL_CPU);
+    anneal_train_state st;
+    float *out = NULL;
+    if (m && anneal_checkpoint_load(ck, m, NULL, &st) == ANNEAL_OK) {
+        int64_t total = anneal_params_numel(m->params), k = 0;
+        out = malloc((size_t)total * sizeof *out);
+        for (int i = 0; out && i < m->params->n; i++) {
+            anneal_tensor *t = m->params->items[i].tensor;
+            memcpy(out + k, anneal_data(t), (size_t)anneal_numel(t) * sizeof *out);
+            k += anneal_numel(t);
+        }
+        *n = total;
+    }
+    anneal_model_free(m);
+    return out;
+}
+
+/* True when mpirun is on the PATH. */
+static inline bool tr_have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+#endif
