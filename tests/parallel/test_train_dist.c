@@ -5,7 +5,9 @@
  * and broken jobs (a rank killed, ranks started with other settings or another build,
  * a rank without its data, a batch that does not split) end with clear messages
  * instead of hanging. A last test runs the two ranks in two network namespaces joined
- * by a veth pair, over TCP, like two hosts.
+ * by a veth pair, over TCP, like two hosts: data parallelism and each layout of the
+ * parallel stack (--pp 2, --tp 2, --zero 3, and --deterministic, bit-identical to one
+ * process).
  *
  * Every process is started in its own process group with a time limit, and killed
  * (the whole group) when it runs over: a hang fails the test, never the suite.
@@ -135,6 +137,24 @@ static void check_same_losses(const char *run, const char *ref, int from, int to
     printf("    %s vs %s: steps %d-%d, max relative loss difference %.3g (tolerance %.1g); loss %.5f -> %.5f\n", run,
            ref, from + 1, to, d, LOSS_RTOL, b[from], b[to - 1]);
     CHECK(d <= LOSS_RTOL, "losses of %s and %s differ by %.3g relative", run, ref, d);
+}
+
+/* Two runs' logged losses and newest checkpoints' parameters are the same bits. */
+static void check_bit_identical(const char *run, const char *ref) {
+    double a[64], b[64];
+    int ha = losses_of(run, a), hb = losses_of(ref, b);
+    CHECK(ha >= steps && ha == hb, "%s has %d steps, %s %d: want %d", run, ha, ref, hb, steps);
+    int same = 0;
+    for (int i = 0; i < ha && i < hb; i++) same += memcmp(&a[i], &b[i], sizeof a[i]) == 0;
+    int64_t na, nb;
+    float *pa = tr_ckpt_params(wpath(run), &na), *pb = tr_ckpt_params(wpath(ref), &nb);
+    bool params = pa && pb && na == nb && memcmp(pa, pb, (size_t)na * sizeof *pa) == 0;
+    printf("    %s vs %s: %d of %d losses and %s parameters bit-identical\n", run, ref, same, ha,
+           params ? "all" : "NOT all");
+    CHECK(same == ha, "%s and %s: only %d of %d losses are bit-identical", run, ref, same, ha);
+    CHECK(params, "parameters of %s and %s are not bit-identical", run, ref);
+    free(pa);
+    free(pb);
 }
 
 #define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
@@ -464,7 +484,9 @@ TEST(two_hosts_over_tcp) {
     }
     /* the rsh agent: "agent [-options] HOST COMMAND..." runs COMMAND in HOST's namespace
      * (with its own host name, so the two look like two machines to OpenMPI) */
-    const char *agent = wpath("rsh_agent.sh");
+    char agent[600], hosts[600]; /* wpath's buffers rotate: keep these two */
+    snprintf(agent, sizeof agent, "%s", wpath("rsh_agent.sh"));
+    snprintf(hosts, sizeof hosts, "%s", wpath("hostfile"));
     FILE *f = fopen(agent, "w");
     REQUIRE(f);
     fprintf(f, "#!/bin/sh\n"
@@ -474,37 +496,49 @@ TEST(two_hosts_over_tcp) {
                "exec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; $*\"\n");
     fclose(f);
     chmod(agent, 0755);
-    const char *hosts = wpath("hostfile");
     f = fopen(hosts, "w");
     REQUIRE(f);
     fprintf(f, "10.231.7.1 slots=1\n10.231.7.2 slots=1\n");
     fclose(f);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "exec ip netns exec anneal_h7a unshare --uts sh -c 'hostname anneal_h7a; exec mpirun --allow-run-as-root "
-             "-np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca btl_tcp_if_include 10.231.7.0/24 "
-             "--mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s --out %s'",
-             hosts, agent, mpi_env, bin, common, wpath("hosts2"));
-    int rc = tr_sh_run(cmd, wpath("hosts2.out"), RUN_TIMEOUT_S);
-    if (rc != 0) dump(wpath("hosts2.out"));
-    /* pipeline parallelism over the same link: --pp 2, one stage per host */
-    snprintf(cmd, sizeof cmd,
-             "exec ip netns exec anneal_h7a unshare --uts sh -c 'hostname anneal_h7a; exec mpirun --allow-run-as-root "
-             "-np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca btl_tcp_if_include 10.231.7.0/24 "
-             "--mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s --pp 2 --accum 2 --out %s'",
-             hosts, agent, mpi_env, bin, common, wpath("hosts2pp"));
-    int rc_pp = tr_sh_run(cmd, wpath("hosts2pp.out"), RUN_TIMEOUT_S);
-    if (rc_pp != 0) dump(wpath("hosts2pp.out"));
+    /* every layout over the same link, one rank per host: plain DDP, then the layouts
+     * of the parallel stack; each against its single-namespace reference */
+    static const struct {
+        const char *run, *flags, *ref, *ref_launcher, *ref_flags;
+        bool exact; /* bit-identical (--deterministic), else within the float tolerances */
+    } runs[] = {
+        {"hosts2", "", "ddp", NULL, NULL, false},
+        {"hosts2pp", "--pp 2 --accum 2", "single_accum2", "", "--accum 2", false},
+        {"hosts2tp", "--tp 2", "single", NULL, NULL, false},
+        {"hosts2z3", "--zero 3 --recompute block", "ddp", NULL, NULL, false},
+        {"hosts2det", "--deterministic --accum 2", "single_det", "", "--deterministic --accum 2", true},
+    };
+    int n = (int)(sizeof runs / sizeof runs[0]), rc[8];
+    char cmd[4096], out[600];
+    for (int i = 0; i < n; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "exec ip netns exec anneal_h7a unshare --uts sh -c 'hostname anneal_h7a; exec mpirun "
+                 "--allow-run-as-root -np 2 --hostfile %s --mca plm_rsh_agent %s --mca btl self,tcp --mca "
+                 "btl_tcp_if_include 10.231.7.0/24 --mca oob_tcp_if_include 10.231.7.0/24 %s -x PATH %s train %s %s "
+                 "--out %s'",
+                 hosts, agent, mpi_env, bin, common, runs[i].flags, wpath(runs[i].run));
+        snprintf(out, sizeof out, "%s.out", wpath(runs[i].run));
+        rc[i] = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+        if (rc[i] != 0) dump(out);
+    }
     netns_cleanup();
-    REQUIRE(rc == 0);
-    REQUIRE(rc_pp == 0);
-    REQUIRE(train("", "single_accum2", "--accum 2") == 0);
-    check_same_losses("hosts2pp", "single_accum2", 0, steps);
-    check_same_params("hosts2pp", "single_accum2");
     const char *o = tu_slurp(wpath("hosts2.out"));
     CHECK(strstr(o, "distributed: 2 ranks (mpi)") != NULL, "output: %s", o);
-    check_same_losses("hosts2", "ddp", 0, steps);
-    check_same_params("hosts2", "ddp");
+    for (int i = 0; i < n; i++) {
+        CHECK(rc[i] == 0, "%s (%s) over TCP exited with %d", runs[i].run, runs[i].flags, rc[i]);
+        if (rc[i] != 0) continue;
+        if (runs[i].ref_launcher) REQUIRE(train(runs[i].ref_launcher, runs[i].ref, runs[i].ref_flags) == 0);
+        if (runs[i].exact) {
+            check_bit_identical(runs[i].run, runs[i].ref);
+        } else {
+            check_same_losses(runs[i].run, runs[i].ref, 0, steps);
+            check_same_params(runs[i].run, runs[i].ref);
+        }
+    }
 }
 
 int main(void) {
