@@ -437,6 +437,25 @@ anneal_status anneal_device_synchronize(anneal_device d);
  * it once, on the first lookup of a device that has no table yet. */
 void anneal_backends_register_builtin(void);
 
+/* ------------------------------------------------- the CPU's kernel dispatch */
+
+/* One row of the CPU backend's dispatch report: a kernel family, the path its next call
+ * takes on this machine under the ISA limit in force, and why that one. */
+typedef struct anneal_cpu_kernel_info {
+    const char *family; /* "gemm f32", "gemm bf16", ... */
+    const char *path;   /* "portable", "avx2", "avx512", "avx512bf16", "avx512vnni" */
+    char why[200];
+} anneal_cpu_kernel_info;
+
+/* Fills rows[0 .. max) with the report (running no kernel); returns the number of rows
+ * there are (which may exceed max). */
+int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max);
+/* The ISA features the kernels look for, as "avx2 yes, fma yes, ..." into buf. */
+void anneal_cpu_features_line(char *buf, size_t n);
+/* The ISA limit in force: "best" when ANNEAL_ISA (or ANNEAL_CPU_ISA) is unset, else the
+ * level; NULL when the variable holds no level, with *error set to a message. */
+const char *anneal_cpu_isa_limit_name(const char **error);
+
 #ifdef __cplusplus
 }
 #endif

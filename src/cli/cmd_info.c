@@ -3,6 +3,7 @@
 #include "commands.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* The GPUs of the CUDA backend, one line each, or why there are none (this build has
  * no CUDA backend, no driver, no device): "gpus: none (<why>)". Never fails. */
@@ -27,17 +28,45 @@ static void print_gpus(void) {
     }
 }
 
+/* The CPU's model name from /proc/cpuinfo ("unknown" elsewhere). */
+static const char *cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return buf;
+    char l[512];
+    while (fgets(l, sizeof l, f)) {
+        const char *c = strchr(l, ':');
+        if (strncmp(l, "model name", 10) == 0 && c) {
+            snprintf(buf, n, "%s", c + 2);
+            buf[strcspn(buf, "\n")] = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
 int anneal_cmd_info(int argc, char **argv) {
     (void)argv;
     if (argc > 0) {
         fprintf(stderr, "anneal info: takes no arguments\n");
         return 2;
     }
-    __builtin_cpu_init();
+    const char *err = NULL, *limit = anneal_cpu_isa_limit_name(&err);
+    if (!limit) {
+        fprintf(stderr, "anneal info: %s\n", err);
+        return 2;
+    }
     printf("anneal %s\n", anneal_version());
-    printf("cpu: avx2 %s, avx512f %s, avx512bf16 %s\n", __builtin_cpu_supports("avx2") ? "yes" : "no",
-           __builtin_cpu_supports("avx512f") ? "yes" : "no",
-           __builtin_cpu_supports("avx512bf16") ? "yes" : "no");
+    char line[512], model[160];
+    anneal_cpu_features_line(line, sizeof line);
+    printf("cpu: %s\n", cpu_model(model, sizeof model));
+    printf("cpu features: %s\n", line);
+    printf("isa limit: %s%s\n", limit, strcmp(limit, "best") ? " (ANNEAL_ISA)" : " (ANNEAL_ISA unset)");
+    anneal_cpu_kernel_info rows[16];
+    int n = anneal_cpu_kernel_report(rows, 16);
+    printf("cpu kernels (the path each family takes here, and why):\n");
+    for (int i = 0; i < n && i < 16; i++) printf("  %-15s %-11s %s\n", rows[i].family, rows[i].path, rows[i].why);
     printf("threads: %d\n", anneal_get_num_threads());
     printf("backends: cpu%s\n", anneal_cuda_built() ? ", cuda" : "");
     print_gpus();

@@ -50,6 +50,11 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    const char *isa_error = NULL;
+    if (!anneal_cpu_isa_limit_name(&isa_error)) { /* a kernel would silently ignore it */
+        fprintf(stderr, "anneal: %s\n", isa_error);
+        return 2;
+    }
     if (!strcmp(cmd, "train")) return anneal_cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "info")) return anneal_cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "prepare")) return anneal_cmd_prepare(argc - 2, argv + 2);

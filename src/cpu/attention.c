@@ -220,12 +220,12 @@ AVX512_FN static float row_max_avx512(const float *x, int n) {
 static const attn_isa isa_avx512 = {gemm_avx512, exp_row_avx512, row_max_avx512};
 #endif
 
-/* The kernels for this CPU; ANNEAL_CPU_ISA=portable forces portable C. Records the path
- * for op (ANNEAL_CPU_OP_ATTN_*: anneal_cpu_path_note). */
+/* The kernels for this CPU: AVX-512 when it has it and the ISA limit allows
+ * (anneal_cpu_isa_limit), else portable C. Records the path for op
+ * (ANNEAL_CPU_OP_ATTN_*: anneal_cpu_path_note). */
 const anneal_attn_isa *anneal_attn_pick_isa(int op) {
 #if ATTN_HAVE_X86
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    if (!(env && strcmp(env, "portable") == 0) && anneal_cpu_has_avx512()) {
+    if (anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512()) {
         anneal_cpu_path_note(op, ANNEAL_CPU_PATH_AVX512);
         return &isa_avx512;
     }

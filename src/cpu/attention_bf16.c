@@ -25,8 +25,8 @@
  * (relative error <= u = 2^-8 each) dominate.
  *
  * Two implementations: attention_avx512bf16.c (VDPBF16PS on operands converted to bf16
- * once per task) when the CPU has AVX512-BF16 and ANNEAL_CPU_ISA (read at every call)
- * is not portable or avx2; otherwise the code below, which rounds the operands to bf16
+ * once per task) when the CPU has AVX512-BF16 and the ISA limit (anneal_cpu_isa_limit,
+ * read at every call) allows avx512bf16; otherwise the code below, which rounds the operands to bf16
  * (kept as f32) and runs the f32 tile kernels of attention.c (AVX-512 or portable). Both
  * round the same operands to the same values; they differ only in the order of the f32
  * sums inside a tile product (VDPBF16PS adds depth pairs), and in that VDPBF16PS treats
@@ -43,9 +43,7 @@ enum { BQ = ANNEAL_ATTN_BQ, BK = ANNEAL_ATTN_BK };
 
 /* True when the AVX512-BF16 kernels should run. */
 static bool use_avx512bf16(void) {
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    if (env && (strcmp(env, "portable") == 0 || strcmp(env, "avx2") == 0)) return false;
-    return anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
+    return anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
 }
 
 /* dst[j*ldd + c] = r(src[j*lds + c]) for j < n, c < D. */

@@ -5,6 +5,9 @@
 
 #include <cpuid.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Each answer is cached after the first call (a benign race: every thread computes the
  * same value). __builtin_cpu_supports checks both CPUID and the OS-enabled register
@@ -51,6 +54,62 @@ bool anneal_cpu_has_avx2(void) {
 bool anneal_cpu_has_avx512bf16(void) {
     static atomic_int cached = -1;
     return cached_feature(&cached, probe_avx512bf16);
+}
+
+/* ------------------------------------------------------- the ISA limit */
+
+static const char *const isa_levels[] = {"portable", "avx2", "avx512", "avx512bf16", "amx"};
+
+/* The variable in force and its value (ANNEAL_ISA wins over the older ANNEAL_CPU_ISA). */
+static const char *isa_env(const char **name) {
+    const char *v = getenv("ANNEAL_ISA");
+    *name = "ANNEAL_ISA";
+    if (!v || !*v) {
+        v = getenv("ANNEAL_CPU_ISA");
+        *name = "ANNEAL_CPU_ISA";
+    }
+    return v && *v ? v : NULL;
+}
+
+static int parse_level(const char *v) {
+    for (int i = 0; i < (int)(sizeof isa_levels / sizeof isa_levels[0]); i++)
+        if (strcmp(v, isa_levels[i]) == 0) return i;
+    return -1;
+}
+
+int anneal_cpu_isa_limit(void) {
+    const char *name, *v = isa_env(&name);
+    int l = v ? parse_level(v) : -1;
+    return l < 0 ? ANNEAL_ISA_BEST : l;
+}
+
+const char *anneal_cpu_isa_level_name(int level) {
+    return level >= 0 && level < ANNEAL_ISA_BEST ? isa_levels[level] : "best";
+}
+
+const char *anneal_cpu_isa_env_error(void) {
+    static _Thread_local char msg[256];
+    const char *name, *v = isa_env(&name);
+    if (!v || parse_level(v) >= 0) return NULL;
+    snprintf(msg, sizeof msg, "%s=%.64s: not an instruction-set level (portable, avx2, avx512, avx512bf16 or amx)",
+             name, v);
+    return msg;
+}
+
+static int probe_amx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    const unsigned need = (1u << 22) | (1u << 24) | (1u << 25); /* amx-bf16, amx-tile, amx-int8 */
+    if ((d & need) != need) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & (3u << 17)) == (3u << 17); /* XTILECFG, XTILEDATA enabled by the OS */
+}
+
+bool anneal_cpu_has_amx(void) {
+    static atomic_int cached = -1;
+    return cached_feature(&cached, probe_amx);
 }
 
 /* --------------------------------------------------------- paths taken */

@@ -267,6 +267,23 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a);
 /* True when the running CPU has AVX-512F (checked once). */
 bool anneal_cpu_has_avx512(void);
 
+/* The highest instruction-set level the kernels may use, from ANNEAL_ISA (or its older
+ * name ANNEAL_CPU_ISA) = portable|avx2|avx512|avx512bf16|amx, read at every call so tests
+ * can switch: a kernel family takes its best path at or below the limit that the CPU
+ * has. avx512 means AVX-512 F/BW/VL/DQ (and VNNI for int8), avx512bf16 adds VDPBF16PS;
+ * unset (or unparsable: anneal_cpu_isa_env_error says so) is ANNEAL_ISA_BEST. */
+enum { ANNEAL_ISA_PORTABLE = 0, ANNEAL_ISA_AVX2, ANNEAL_ISA_AVX512, ANNEAL_ISA_AVX512BF16, ANNEAL_ISA_AMX,
+       ANNEAL_ISA_BEST };
+int anneal_cpu_isa_limit(void);
+/* The level's name ("portable", ..., "amx", "best"). */
+const char *anneal_cpu_isa_level_name(int level);
+/* NULL when ANNEAL_ISA / ANNEAL_CPU_ISA are unset or valid; else a message naming the
+ * variable, its value and the accepted ones (the CLI refuses to start with it). */
+const char *anneal_cpu_isa_env_error(void);
+/* AMX tiles with BF16 and INT8 (CPUID leaf 7 EDX bits 24, 22, 25, and the OS enabling
+ * the tile state in XCR0 bits 17-18). No kernel uses them yet: reported by `anneal info`. */
+bool anneal_cpu_has_amx(void);
+
 /* Which ISA path each dispatching kernel family has run since the last reset, for tests
  * and reports (cpu_features.c): one bit per ISA, set with a relaxed atomic OR by the
  * dispatch (a load first, so a path already recorded costs one read per call). */

@@ -156,15 +156,11 @@ static bool isa_available(int isa) {
            (isa == ANNEAL_GEMM_ISA_AVX2 && anneal_cpu_has_avx2());
 }
 
-/* The ISA the CPU and the ANNEAL_CPU_ISA variable allow (the best one unless told
- * otherwise; a named ISA the CPU lacks falls back to the best available). */
+/* The best ISA the CPU has at or below the ISA limit (anneal_cpu_isa_limit). */
 static int gemm_isa_default(void) {
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    if (env && strcmp(env, "portable") == 0) return ANNEAL_GEMM_ISA_PORTABLE;
-    if (env && strcmp(env, "avx2") == 0 && isa_available(ANNEAL_GEMM_ISA_AVX2))
-        return ANNEAL_GEMM_ISA_AVX2;
-    if (anneal_cpu_has_avx512()) return ANNEAL_GEMM_ISA_AVX512;
-    if (anneal_cpu_has_avx2()) return ANNEAL_GEMM_ISA_AVX2;
+    const int limit = anneal_cpu_isa_limit();
+    if (limit >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512()) return ANNEAL_GEMM_ISA_AVX512;
+    if (limit >= ANNEAL_ISA_AVX2 && anneal_cpu_has_avx2()) return ANNEAL_GEMM_ISA_AVX2;
     return ANNEAL_GEMM_ISA_PORTABLE;
 }
 
@@ -189,8 +185,9 @@ static const anneal_gemm_isa *gemm_select(int compute, int *round) {
     *round = compute == ANNEAL_BF16  ? ANNEAL_GEMM_ROUND_BF16
              : compute == ANNEAL_F16 ? ANNEAL_GEMM_ROUND_F16
                                      : ANNEAL_GEMM_ROUND_NONE;
-    if (*round == ANNEAL_GEMM_ROUND_BF16 && isa == &anneal_gemm_isa_avx512 &&
-        anneal_cpu_has_avx512bf16() && atomic_load_explicit(&bf16_kernel_allowed, memory_order_relaxed))
+    if (*round == ANNEAL_GEMM_ROUND_BF16 && isa == &anneal_gemm_isa_avx512 && anneal_cpu_has_avx512bf16() &&
+        anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 &&
+        atomic_load_explicit(&bf16_kernel_allowed, memory_order_relaxed))
         return &anneal_gemm_isa_avx512bf16;
     return isa;
 }

@@ -47,11 +47,9 @@ int anneal_cpu_gemm_s8_set_isa(int isa) {
 int anneal_cpu_gemm_s8_isa(void) {
     int f = atomic_load_explicit(&forced_isa, memory_order_relaxed);
     if (f != ANNEAL_GEMM_S8_AUTO) return f;
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    if (env && strcmp(env, "portable") == 0) return ANNEAL_GEMM_S8_PORTABLE;
-    bool avx2_only = env && strcmp(env, "avx2") == 0;
-    if (!avx2_only && anneal_cpu_has_avx512vnni()) return ANNEAL_GEMM_S8_AVX512VNNI;
-    if (anneal_cpu_has_avx2()) return ANNEAL_GEMM_S8_AVX2;
+    const int limit = anneal_cpu_isa_limit();
+    if (limit >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512vnni()) return ANNEAL_GEMM_S8_AVX512VNNI;
+    if (limit >= ANNEAL_ISA_AVX2 && anneal_cpu_has_avx2()) return ANNEAL_GEMM_S8_AVX2;
     return ANNEAL_GEMM_S8_PORTABLE;
 }
 

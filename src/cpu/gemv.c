@@ -403,8 +403,8 @@ GEMV_AVX2 static void item_out_in8_bf16(const anneal_gemv_weight *w, const float
 enum { GEMV_SCALAR, GEMV_AVX2_PATH, GEMV_AVX512_PATH };
 
 /* The path this call takes: the best the CPU has (AVX-512 F/BW/VL, else AVX2 + FMA,
- * else scalar), or the one ANNEAL_CPU_ISA=portable|avx2 asks for (read at every call,
- * so tests can compare the paths; all three give the same bits on x86). */
+ * else scalar), or the best at or below the ISA limit (anneal_cpu_isa_limit: (read at every call,
+ * so tests can compare the paths); all three give the same bits on x86. */
 static int gemv_path(void) {
 #ifdef GEMV_X86
     static int best = -1;
@@ -413,9 +413,9 @@ static int gemv_path(void) {
                    ? GEMV_AVX512_PATH
                : anneal_cpu_has_avx2() && __builtin_cpu_supports("fma") ? GEMV_AVX2_PATH
                                                                           : GEMV_SCALAR;
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    if (env && strcmp(env, "portable") == 0) return GEMV_SCALAR;
-    if (env && strcmp(env, "avx2") == 0 && best >= GEMV_AVX2_PATH) return GEMV_AVX2_PATH;
+    const int limit = anneal_cpu_isa_limit();
+    if (limit < ANNEAL_ISA_AVX2) return GEMV_SCALAR;
+    if (limit < ANNEAL_ISA_AVX512 && best >= GEMV_AVX2_PATH) return GEMV_AVX2_PATH;
     return best;
 #else
     return GEMV_SCALAR;

@@ -123,9 +123,8 @@ WO_TARGET static void wo_rows_avx512(const anneal_cpu_qmatmul_args *a, int64_t m
  * per 4 rows of x. */
 static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
     /* AVX-512 F/BW/VL (the VNNI probe checks them; VNNI itself is not used here) unless
-     * ANNEAL_CPU_ISA=portable */
-    const char *env = getenv("ANNEAL_CPU_ISA");
-    const bool v = anneal_cpu_has_avx512vnni() && !(env && strcmp(env, "portable") == 0);
+     * the ISA limit is below avx512 */
+    const bool v = anneal_cpu_has_avx512vnni() && anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512;
     const int64_t nb = (a->N + 15) / 16;
 #pragma omp parallel for schedule(static) if (a->N * a->K > 65536)
     for (int64_t b = 0; b < nb; b++) {

@@ -182,6 +182,22 @@ TEST(info_and_help) {
     /* GPUs are listed, or the reason there are none (not built, no driver, no device) */
     CHECK(strstr(buf, "gpus: ") != NULL && (strstr(buf, "gpus: none (") || strstr(buf, "gpu 0: ")),
           "info lacks its gpus part: %s", buf);
+    /* the CPU kernel table: every family with its path and reason; ANNEAL_ISA caps the
+     * paths, and a value that is no level stops every command with a message */
+    CHECK(strstr(buf, "cpu kernels") && strstr(buf, "gemm f32") && strstr(buf, "attention bf16") &&
+              strstr(buf, "isa limit: best"),
+          "info lacks its kernel table: %s", buf);
+    setenv("ANNEAL_ISA", "portable", 1);
+    CHECK_TRUE(run("info", buf, sizeof buf) == 0);
+    CHECK(strstr(buf, "isa limit: portable") && strstr(buf, "gemm f32        portable") &&
+              strstr(buf, "gemv (decode)   portable"),
+          "ANNEAL_ISA=portable is not what info reports: %s", buf);
+    setenv("ANNEAL_ISA", "avx9", 1);
+    CHECK(run("info", buf, sizeof buf) == 2 && strstr(buf, "ANNEAL_ISA=avx9: not an instruction-set level"),
+          "a bad ANNEAL_ISA: %s", buf);
+    CHECK(run("train --synthetic --steps 1", buf, sizeof buf) == 2 && strstr(buf, "ANNEAL_ISA=avx9"),
+          "train with a bad ANNEAL_ISA: %s", buf);
+    unsetenv("ANNEAL_ISA");
     CHECK_TRUE(run("train --help", buf, sizeof buf) == 0);
     const char *flags[] = {"--model", "--config", "--init", "--data", "--batch", "--seq", "--accum", "--steps",
                            "--tokens", "--lr", "--min-lr", "--warmup", "--schedule", "--weight-decay", "--beta1",

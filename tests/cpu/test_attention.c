@@ -789,9 +789,9 @@ TEST(bf16_against_rounded_reference) {
 }
 
 /* The fallback (bf16-rounded operands on the f32 tiles: AVX-512 ones with
- * ANNEAL_CPU_ISA=avx2, portable C with portable) meets the same bounds. */
+ * ANNEAL_ISA=avx512, portable C with portable) meets the same bounds. */
 TEST(bf16_fallback_against_rounded_reference) {
-    static const char *isas[] = {"avx2", "portable"};
+    static const char *isas[] = {"avx512", "portable"};
     for (int t = 0; t < 2; t++)
         for (size_t i = 0; i < NB16; i += (1 + t) * case_step()) /* portable: every other case */
             if (check_bf16_case(&bf16_cases[i], isas[t], FA, FR, GA, GR)) return;
@@ -809,7 +809,7 @@ TEST(bf16_fast_path_matches_fallback) {
     if (!anneal_cpu_has_avx512bf16())
         SKIP("this CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo): the fast path cannot run, "
              "both sides would be the fallback");
-    static const char *isas[] = {"avx2", "portable"};
+    static const char *isas[] = {"avx512", "portable"};
     double worst = 0;
     for (size_t i = 0; i < NB16; i += case_step())
         for (int t = 0; t < 2; t++) {
@@ -881,7 +881,7 @@ TEST(bf16_versus_f32_and_f16_is_f32) {
 /* bf16 results are bit-identical across runs and 1, 2, 3 threads, on both kernels. */
 TEST(bf16_determinism) {
     static const attn_case c = {2, 3, 130, 130, 64, true, 0, LAYOUT_QKV, 0, 0};
-    static const char *isas[] = {NULL, "avx2"};
+    static const char *isas[] = {NULL, "avx512"};
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         attn_out r0 = {0};
@@ -929,7 +929,7 @@ static const attn_case gqa_cases[] = {
 
 /* The f32 kernel with grouped heads against the double reference: causal and not,
  * Tq != Tk, strided views, on the AVX-512 tiles (where the CPU has them) and portable C
- * (the f32 attention has no AVX2 flavour: ANNEAL_CPU_ISA=avx2 runs the AVX-512 tiles). */
+ * (the f32 attention has no AVX2 flavour: below avx512 it is portable C). */
 TEST(gqa_against_reference) {
     static const char *isas[] = {NULL, "portable"};
     for (int t = 0; t < 2; t++) {
@@ -944,7 +944,7 @@ TEST(gqa_against_reference) {
  * the bf16 tests below (derived there; a dk or dv bound sums its group's terms): the
  * AVX512-BF16 kernel (where the CPU has it), and the fallback on AVX-512 and portable tiles. */
 TEST(gqa_bf16_against_rounded_reference) {
-    static const char *isas[] = {NULL, "avx2", "portable"};
+    static const char *isas[] = {NULL, "avx512", "portable"};
     for (int t = 0; t < 3; t++)
         for (size_t i = 0; i < NGQA; i += case_step())
             if (check_bf16_case(&gqa_cases[i], isas[t], FA, FR, GA, GR)) return;
@@ -963,7 +963,7 @@ TEST(gqa_equals_repeated_heads) {
     };
     static const struct { int compute; const char *isa; } runs[] = {
         {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
-        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+        {ANNEAL_BF16, "avx512"}, {ANNEAL_BF16, "portable"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
             const attn_case *c = &cases[ci];
@@ -1014,7 +1014,7 @@ TEST(gqa_hkv_equal_h_is_multi_head) {
     c1.Hkv = c0.H;
     static const struct { int compute; const char *isa; } runs[] = {
         {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
-        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+        {ANNEAL_BF16, "avx512"}, {ANNEAL_BF16, "portable"}};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         attn_out a, b;
         run_case(&c0, runs[r].compute, runs[r].isa, &a);
@@ -1049,7 +1049,7 @@ TEST(gqa_determinism) {
     };
     static const struct { int compute; const char *isa; } runs[] = {
         {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
-        {ANNEAL_BF16, "avx2"}, {ANNEAL_BF16, "portable"}};
+        {ANNEAL_BF16, "avx512"}, {ANNEAL_BF16, "portable"}};
     const int saved = omp_get_max_threads();
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {

@@ -8,12 +8,14 @@
  *      naming them, so a CI machine without, say, AVX512-BF16 shows that those kernels
  *      went untested there.
  * The record is anneal_cpu_path_note's (src/cpu/cpu_features.c), set by the dispatch. */
+#include "anneal/backend.h"
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
 #include "test.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static const unsigned ISAS[4] = {ANNEAL_CPU_PATH_PORTABLE, ANNEAL_CPU_PATH_AVX2, ANNEAL_CPU_PATH_AVX512,
                                  ANNEAL_CPU_PATH_AVX512BF16};
@@ -90,7 +92,7 @@ TEST(kernel_paths_of_this_cpu) {
             }
     anneal_cpu_gemm_allow_bf16_kernel(true);
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
-    static const char *attn_env[3] = {"portable", "avx2", NULL}; /* avx2: the bf16 fallback on AVX-512 tiles */
+    static const char *attn_env[3] = {"portable", "avx512", NULL}; /* avx512: the bf16 fallback on AVX-512 tiles */
     for (int i = 0; i < 3; i++) {
         if (attn_env[i]) setenv("ANNEAL_CPU_ISA", attn_env[i], 1);
         else unsetenv("ANNEAL_CPU_ISA");
@@ -120,7 +122,66 @@ TEST(kernel_paths_of_this_cpu) {
     if (lacking) SKIP("this CPU lacks %s: those kernel paths cannot run here", l);
 }
 
+/* The ISA level of one path bit. */
+static int path_level(unsigned bit) {
+    return bit == ANNEAL_CPU_PATH_PORTABLE ? ANNEAL_ISA_PORTABLE
+           : bit == ANNEAL_CPU_PATH_AVX2   ? ANNEAL_ISA_AVX2
+           : bit == ANNEAL_CPU_PATH_AVX512 ? ANNEAL_ISA_AVX512
+                                           : ANNEAL_ISA_AVX512BF16;
+}
+
+/* Under every ANNEAL_ISA level: no kernel runs a path above the level, each family runs
+ * the best path at or below it that the CPU has, and `anneal info`'s report
+ * (anneal_cpu_kernel_report) names the path that then runs. */
+TEST(isa_limit_and_report) {
+    static const char *levels[] = {"portable", "avx2", "avx512", "avx512bf16", "amx", NULL};
+    static const char *families[ANNEAL_CPU_OP_COUNT] = {"gemm f32", "gemm bf16", "gemm f16", "attention f32",
+                                                        "attention bf16"};
+    const unsigned has = cpu_isas();
+    for (int li = 0; li < 6; li++) {
+        if (levels[li]) setenv("ANNEAL_ISA", levels[li], 1);
+        else unsetenv("ANNEAL_ISA");
+        const int limit = anneal_cpu_isa_limit();
+        CHECK(levels[li] ? !strcmp(anneal_cpu_isa_level_name(limit), levels[li]) : limit == ANNEAL_ISA_BEST,
+              "ANNEAL_ISA=%s read as %s", levels[li] ? levels[li] : "(unset)", anneal_cpu_isa_level_name(limit));
+        anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+        anneal_cpu_kernel_info rows[16];
+        int n = anneal_cpu_kernel_report(rows, 16);
+        anneal_cpu_paths_reset();
+        run_ops(true, true);
+        for (int op = 0; op < ANNEAL_CPU_OP_COUNT; op++) {
+            const unsigned ran = anneal_cpu_paths_taken(op);
+            unsigned allowed = 0;
+            for (int i = 0; i < 4; i++)
+                if (path_level(ISAS[i]) <= limit) allowed |= ISAS[i];
+            const unsigned want = best_path(op, has & allowed);
+            char r[96], w[96];
+            names(ran, r, sizeof r);
+            names(want, w, sizeof w);
+            CHECK(ran == want, "ANNEAL_ISA=%s, %s: ran %s, the best path at or below the limit is %s",
+                  levels[li] ? levels[li] : "(unset)", families[op], r, w);
+            const char *said = NULL;
+            for (int i = 0; i < n && i < 16; i++)
+                if (!strcmp(rows[i].family, families[op])) said = rows[i].path;
+            CHECK(said && !strcmp(said, r), "ANNEAL_ISA=%s, %s: the report says %s, %s ran",
+                  levels[li] ? levels[li] : "(unset)", families[op], said ? said : "nothing", r);
+        }
+        if (!levels[li])
+            for (int i = 0; i < n && i < 16; i++) printf("  %-15s %-11s %s\n", rows[i].family, rows[i].path, rows[i].why);
+    }
+    setenv("ANNEAL_ISA", "avx3", 1);
+    CHECK(anneal_cpu_isa_env_error() != NULL && strstr(anneal_cpu_isa_env_error(), "ANNEAL_ISA=avx3"),
+          "an unknown level is reported: %s", anneal_cpu_isa_env_error() ? anneal_cpu_isa_env_error() : "(nothing)");
+    unsetenv("ANNEAL_ISA");
+    setenv("ANNEAL_CPU_ISA", "portable", 1); /* the older name still works */
+    CHECK(anneal_cpu_isa_limit() == ANNEAL_ISA_PORTABLE, "ANNEAL_CPU_ISA=portable read as %d", anneal_cpu_isa_limit());
+    unsetenv("ANNEAL_CPU_ISA");
+    CHECK(anneal_cpu_isa_env_error() == NULL, "no variable, no error");
+    anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+}
+
 int main(void) {
+    RUN(isa_limit_and_report);
     RUN(kernel_paths_of_this_cpu);
     return anneal_test_summary();
 }

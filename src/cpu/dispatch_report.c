@@ -1,0 +1,111 @@
+/* The CPU backend's dispatch, explained: for each kernel family the path the next call
+ * takes on this CPU under the ISA limit (ANNEAL_ISA), and the reason, for `anneal info`
+ * and the training log's start record. It asks the same selectors the kernels ask, so
+ * the report cannot disagree with what runs. */
+#include "anneal/backend.h"
+#include "anneal/core.h"
+#include "anneal/decode_kernels.h"
+#include "cpu/attention_internal.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/gemm_int8_internal.h"
+#include "cpu/gemm_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Why a path of `level` (needing CPU feature `feature`, present or not) is not taken:
+ * the CPU lacks it, or the ISA limit is below it. Empty when it is taken. */
+static const char *blocked(int level, bool present, const char *feature, char *buf, size_t n) {
+    if (!present) snprintf(buf, n, "no %s on this CPU", feature);
+    else if (anneal_cpu_isa_limit() < level)
+        snprintf(buf, n, "%s held back by ANNEAL_ISA=%s", feature, anneal_cpu_isa_level_name(anneal_cpu_isa_limit()));
+    else buf[0] = 0;
+    return buf;
+}
+
+static void row(anneal_cpu_kernel_info *rows, int max, int *k, const char *family, const char *path,
+                const char *fmt, const char *a, const char *b) {
+    if (*k < max) {
+        rows[*k].family = family;
+        rows[*k].path = path;
+        snprintf(rows[*k].why, sizeof rows[*k].why, fmt, a, b);
+    }
+    (*k)++;
+}
+
+int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
+    char b1[96], b2[96];
+    int k = 0;
+    const bool amx = anneal_cpu_has_amx();
+    const char *amx_note = amx ? "; this CPU has AMX, which no kernel uses yet" : "";
+    /* f32 GEMM: AVX-512F > AVX2+FMA+F16C > portable */
+    const char *f32 = anneal_cpu_sgemm_isa_name();
+    const char *why512 = blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1);
+    if (!strcmp(f32, "avx512")) row(rows, max, &k, "gemm f32", f32, "AVX-512F FMA micro-kernel%s%s", "", "");
+    else if (!strcmp(f32, "avx2"))
+        row(rows, max, &k, "gemm f32", f32, "AVX2+FMA micro-kernel (%s)%s", why512, "");
+    else
+        row(rows, max, &k, "gemm f32", f32, "compiler-vectorised C (%s; %s)", why512,
+            blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA+F16C", b2, sizeof b2));
+    /* bf16 GEMM: VDPBF16PS, or the f32 kernel on operands rounded to bf16 while packing */
+    const char *bf = anneal_cpu_gemm_kernel_name(ANNEAL_BF16);
+    if (!strcmp(bf, "avx512bf16")) row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel%s%s", amx_note, "");
+    else
+        row(rows, max, &k, "gemm bf16", bf, "the f32 kernel on operands rounded to bf16 while packing (%s)%s",
+            blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b1,
+                    sizeof b1), amx_note);
+    row(rows, max, &k, "gemm f16", anneal_cpu_gemm_kernel_name(ANNEAL_F16),
+        "the f32 kernel on operands rounded to f16 while packing (no AVX512-FP16 kernel)%s%s", "", "");
+    /* int8 GEMM */
+    int s8 = anneal_cpu_gemm_s8_isa();
+    const char *s8n = anneal_cpu_gemm_s8_isa_name(s8);
+    if (s8 == ANNEAL_GEMM_S8_AVX512VNNI) row(rows, max, &k, "gemm int8", s8n, "VPDPBUSD micro-kernel%s%s", amx_note, "");
+    else
+        row(rows, max, &k, "gemm int8", s8n, "%s (%s)", s8 == ANNEAL_GEMM_S8_AVX2 ? "AVX2 VPMADDWD kernel" : "C",
+            s8 == ANNEAL_GEMM_S8_AVX2 ? blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512vnni(), "AVX512-VNNI", b1, sizeof b1)
+                                      : blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2", b1, sizeof b1));
+    /* decode GEMV */
+    const char *gv = anneal_gemv_path_name();
+    if (!strcmp(gv, "avx512")) row(rows, max, &k, "gemv (decode)", gv, "AVX-512 rows, weights streamed once%s%s", "", "");
+    else if (!strcmp(gv, "avx2"))
+        row(rows, max, &k, "gemv (decode)", gv, "AVX2+FMA rows, weights streamed once (%s)%s",
+            blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512", b1, sizeof b1), "");
+    else
+        row(rows, max, &k, "gemv (decode)", gv, "C rows (%s)%s",
+            blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA", b1, sizeof b1), "");
+    /* attention: AVX-512 tile kernels, else portable C (there is no AVX2 attention kernel) */
+    bool a512 = anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512();
+    row(rows, max, &k, "attention f32", a512 ? "avx512" : "portable", "%s%s",
+        a512 ? "AVX-512 tile kernels" : "compiler-vectorised C tiles: there is no AVX2 attention kernel; ",
+        a512 ? "" : blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1));
+    bool abf = anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() &&
+               anneal_cpu_has_avx512bf16();
+    row(rows, max, &k, "attention bf16", abf ? "avx512bf16" : a512 ? "avx512" : "portable", "%s%s",
+        abf ? "VDPBF16PS tile products" : "operands rounded to bf16, the f32 tile kernels; ",
+        abf ? "" : blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(),
+                           "AVX512-BF16", b2, sizeof b2));
+    return k;
+}
+
+void anneal_cpu_features_line(char *buf, size_t n) {
+    __builtin_cpu_init();
+    snprintf(buf, n,
+             "avx2 %s, fma %s, avx512f %s, avx512bw %s, avx512vl %s, avx512vnni %s, avx512bf16 %s, avx512fp16 %s, "
+             "amx-bf16/int8 %s",
+             __builtin_cpu_supports("avx2") ? "yes" : "no", __builtin_cpu_supports("fma") ? "yes" : "no",
+             __builtin_cpu_supports("avx512f") ? "yes" : "no", __builtin_cpu_supports("avx512bw") ? "yes" : "no",
+             __builtin_cpu_supports("avx512vl") ? "yes" : "no", anneal_cpu_has_avx512vnni() ? "yes" : "no",
+             anneal_cpu_has_avx512bf16() ? "yes" : "no",
+#if defined(__GNUC__) && __GNUC__ >= 12
+             __builtin_cpu_supports("avx512fp16") ? "yes" : "no",
+#else
+             "?",
+#endif
+             anneal_cpu_has_amx() ? "yes" : "no");
+}
+
+const char *anneal_cpu_isa_limit_name(const char **error) {
+    const char *e = anneal_cpu_isa_env_error();
+    if (error) *error = e;
+    return e ? NULL : anneal_cpu_isa_level_name(anneal_cpu_isa_limit());
+}
