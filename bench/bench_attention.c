@@ -1,8 +1,8 @@
 /* Throughput of the CPU flash attention kernels on GPT-2-like shapes (default B=8, H=12,
  * T=256, D=64, causal, q/k/v interleaved in a (B, T, 3C) buffer) at f32 and bf16 compute
  * precision (bf16: tile products on bf16 operands with f32 accumulation; the AVX512-BF16
- * kernel where the CPU has it, else the rounded-operand fallback; ANNEAL_CPU_ISA=avx2 or
- * portable forces the fallback).
+ * kernel where the CPU has it, else the rounded-operand fallback; ANNEAL_ISA=avx512, avx2
+ * or portable forces the fallback on those tiles).
  * FLOPs count only the visible (causal) score pairs: forward 4*D per pair
  * (QK^T, PV), backward 10*D per pair (QK^T recompute, dO V^T, P^T dO, dS K, dS^T Q).
  * Each figure is the median of the timed runs, in two clocks: wall time, and thread time

@@ -24,10 +24,10 @@
  * lse = -inf, and zero gradients. If per-thread scratch cannot be allocated the
  * affected outputs are filled with NaN (errors propagate like NaN; nothing aborts).
  *
- * ISA: the small GEMMs and the exponentials have an AVX-512 intrinsics path (chosen at
- * run time with anneal_cpu_has_avx512) and a portable C path (auto-vectorised, cloned
- * per ISA by ANNEAL_VEC_CLONES). ANNEAL_CPU_ISA=portable in the environment, read at
- * every call, forces the portable path (the tests use it).
+ * ISA: the small GEMMs and the exponentials have AVX-512 and AVX2 + FMA intrinsics
+ * paths (attention_avx2.c; chosen at run time) and a portable C path (auto-vectorised,
+ * cloned per ISA by ANNEAL_VEC_CLONES). ANNEAL_ISA (anneal_cpu_isa_limit), read at every
+ * call, caps the choice (the tests use it).
  *
  * Precision: this file is the f32 attention (f32 operands and accumulation), used for
  * compute = ANNEAL_F32 and ANNEAL_F16 alike (f16 attention would bring no speed: f16
@@ -221,13 +221,17 @@ static const attn_isa isa_avx512 = {gemm_avx512, exp_row_avx512, row_max_avx512}
 #endif
 
 /* The kernels for this CPU: AVX-512 when it has it and the ISA limit allows
- * (anneal_cpu_isa_limit), else portable C. Records the path for op
+ * (anneal_cpu_isa_limit), else AVX2 + FMA (attention_avx2.c) likewise, else portable C. Records the path for op
  * (ANNEAL_CPU_OP_ATTN_*: anneal_cpu_path_note). */
 const anneal_attn_isa *anneal_attn_pick_isa(int op) {
 #if ATTN_HAVE_X86
     if (anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512()) {
         anneal_cpu_path_note(op, ANNEAL_CPU_PATH_AVX512);
         return &isa_avx512;
+    }
+    if (anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX2 && anneal_cpu_has_avx2()) {
+        anneal_cpu_path_note(op, ANNEAL_CPU_PATH_AVX2);
+        return &anneal_attn_isa_avx2;
     }
 #endif
     anneal_cpu_path_note(op, ANNEAL_CPU_PATH_PORTABLE);

@@ -27,10 +27,14 @@ typedef struct anneal_attn_isa {
     anneal_attn_max_fn row_max;
 } anneal_attn_isa;
 
-/* The f32 tile kernels for this CPU: AVX-512 when available, portable C when not or
- * when ANNEAL_CPU_ISA=portable (read at every call); the choice is recorded as a path of
- * op (ANNEAL_CPU_OP_ATTN_F32 or _BF16; -1: not recorded). */
+/* The f32 tile kernels for this CPU: AVX-512, else AVX2 + FMA, else portable C, the best
+ * at or below the ISA limit (anneal_cpu_isa_limit, read at every call); the choice is
+ * recorded as a path of op (ANNEAL_CPU_OP_ATTN_F32 or _BF16; -1: not recorded). */
 const anneal_attn_isa *anneal_attn_pick_isa(int op);
+#if defined(__x86_64__) || defined(__i386__)
+/* The AVX2 + FMA tile kernels (attention_avx2.c); only when anneal_cpu_has_avx2(). */
+extern const anneal_attn_isa anneal_attn_isa_avx2;
+#endif
 
 /* This thread's attention workspace of at least nfloats 4-byte words, 64-byte aligned,
  * kept between calls (freed when the thread ends); NULL when out of memory. One buffer

@@ -266,6 +266,8 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a);
 
 /* True when the running CPU has AVX-512F (checked once). */
 bool anneal_cpu_has_avx512(void);
+/* True with AVX2, FMA and F16C (checked once). */
+bool anneal_cpu_has_avx2(void);
 
 /* The highest instruction-set level the kernels may use, from ANNEAL_ISA (or its older
  * name ANNEAL_CPU_ISA) = portable|avx2|avx512|avx512bf16|amx, read at every call so tests

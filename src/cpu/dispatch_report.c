@@ -73,17 +73,24 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     else
         row(rows, max, &k, "gemv (decode)", gv, "C rows (%s)%s",
             blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA", b1, sizeof b1), "");
-    /* attention: AVX-512 tile kernels, else portable C (there is no AVX2 attention kernel) */
-    bool a512 = anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512();
-    row(rows, max, &k, "attention f32", a512 ? "avx512" : "portable", "%s%s",
-        a512 ? "AVX-512 tile kernels" : "compiler-vectorised C tiles: there is no AVX2 attention kernel; ",
-        a512 ? "" : blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1));
-    bool abf = anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() &&
-               anneal_cpu_has_avx512bf16();
-    row(rows, max, &k, "attention bf16", abf ? "avx512bf16" : a512 ? "avx512" : "portable", "%s%s",
-        abf ? "VDPBF16PS tile products" : "operands rounded to bf16, the f32 tile kernels; ",
-        abf ? "" : blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(),
-                           "AVX512-BF16", b2, sizeof b2));
+    /* attention: AVX-512 tile kernels, else AVX2 + FMA ones, else portable C */
+    const int limit = anneal_cpu_isa_limit();
+    const bool a512 = limit >= ANNEAL_ISA_AVX512 && anneal_cpu_has_avx512();
+    const bool a2 = !a512 && limit >= ANNEAL_ISA_AVX2 && anneal_cpu_has_avx2();
+    const char *attn = a512 ? "avx512" : a2 ? "avx2" : "portable";
+    if (a512) row(rows, max, &k, "attention f32", attn, "AVX-512 tile kernels%s%s", "", "");
+    else if (a2)
+        row(rows, max, &k, "attention f32", attn, "AVX2+FMA tile kernels (%s)%s",
+            blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1), "");
+    else
+        row(rows, max, &k, "attention f32", attn, "compiler-vectorised C tiles (%s)%s",
+            blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA", b1, sizeof b1), "");
+    const bool abf = limit >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
+    if (abf) row(rows, max, &k, "attention bf16", "avx512bf16", "VDPBF16PS tile products%s%s", "", "");
+    else
+        row(rows, max, &k, "attention bf16", attn, "operands rounded to bf16 on the f32 tile kernels (%s)%s",
+            blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b2,
+                    sizeof b2), "");
     return k;
 }
 

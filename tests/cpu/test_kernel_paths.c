@@ -54,8 +54,9 @@ static unsigned op_paths(int op) {
     case ANNEAL_CPU_OP_GEMM_F16: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512;
     case ANNEAL_CPU_OP_GEMM_BF16:
         return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
-    case ANNEAL_CPU_OP_ATTN_F32: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX512;
-    default: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
+    case ANNEAL_CPU_OP_ATTN_F32: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512;
+    default:
+        return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
     }
 }
 
@@ -92,8 +93,9 @@ TEST(kernel_paths_of_this_cpu) {
             }
     anneal_cpu_gemm_allow_bf16_kernel(true);
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
-    static const char *attn_env[3] = {"portable", "avx512", NULL}; /* avx512: the bf16 fallback on AVX-512 tiles */
-    for (int i = 0; i < 3; i++) {
+    /* avx2 / avx512: the bf16 fallback on AVX2 / AVX-512 tiles */
+    static const char *attn_env[4] = {"portable", "avx2", "avx512", NULL};
+    for (int i = 0; i < 4; i++) {
         if (attn_env[i]) setenv("ANNEAL_CPU_ISA", attn_env[i], 1);
         else unsetenv("ANNEAL_CPU_ISA");
         run_ops(false, true);
