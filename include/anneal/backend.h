@@ -450,6 +450,8 @@ typedef struct anneal_cpu_kernel_info {
 /* Fills rows[0 .. max) with the report (running no kernel); returns the number of rows
  * there are (which may exceed max). */
 int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max);
+/* The CPU's model name from /proc/cpuinfo ("unknown" where there is none) into buf. */
+const char *anneal_cpu_model_name(char *buf, size_t n);
 /* The ISA features the kernels look for, as "avx2 yes, fma yes, ..." into buf. */
 void anneal_cpu_features_line(char *buf, size_t n);
 /* The ISA limit in force: "best" when ANNEAL_ISA (or ANNEAL_CPU_ISA) is unset, else the

@@ -28,24 +28,6 @@ static void print_gpus(void) {
     }
 }
 
-/* The CPU's model name from /proc/cpuinfo ("unknown" elsewhere). */
-static const char *cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return buf;
-    char l[512];
-    while (fgets(l, sizeof l, f)) {
-        const char *c = strchr(l, ':');
-        if (strncmp(l, "model name", 10) == 0 && c) {
-            snprintf(buf, n, "%s", c + 2);
-            buf[strcspn(buf, "\n")] = 0;
-            break;
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
 int anneal_cmd_info(int argc, char **argv) {
     (void)argv;
     if (argc > 0) {
@@ -60,7 +42,7 @@ int anneal_cmd_info(int argc, char **argv) {
     printf("anneal %s\n", anneal_version());
     char line[512], model[160];
     anneal_cpu_features_line(line, sizeof line);
-    printf("cpu: %s\n", cpu_model(model, sizeof model));
+    printf("cpu: %s\n", anneal_cpu_model_name(model, sizeof model));
     printf("cpu features: %s\n", line);
     printf("isa limit: %s%s\n", limit, strcmp(limit, "best") ? " (ANNEAL_ISA)" : " (ANNEAL_ISA unset)");
     anneal_cpu_kernel_info rows[16];

@@ -94,6 +94,23 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     return k;
 }
 
+const char *anneal_cpu_model_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return buf;
+    char l[512];
+    while (fgets(l, sizeof l, f)) {
+        const char *c = strchr(l, ':');
+        if (strncmp(l, "model name", 10) == 0 && c) {
+            snprintf(buf, n, "%s", c[1] == ' ' ? c + 2 : c + 1);
+            buf[strcspn(buf, "\n")] = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
 void anneal_cpu_features_line(char *buf, size_t n) {
     __builtin_cpu_init();
     snprintf(buf, n,

@@ -58,6 +58,17 @@ void anneal_train_log_start(trainer *t) {
     cJSON_AddStringToObject(o, "peak_source", t->peak_source);
     cJSON_AddStringToObject(o, "device", t->cfg.device ? t->cfg.device : "cpu"); /* --device as given */
     cJSON_AddNumberToObject(o, "threads", anneal_get_num_threads());
+    /* the CPU and the kernel path of each family (anneal info's table), so a log says
+     * what ran where */
+    char cpu_model[160];
+    cJSON *cpu = cJSON_AddObjectToObject(o, "cpu");
+    cJSON_AddStringToObject(cpu, "model", anneal_cpu_model_name(cpu_model, sizeof cpu_model));
+    const char *isa_limit = anneal_cpu_isa_limit_name(NULL);
+    cJSON_AddStringToObject(cpu, "isa_limit", isa_limit ? isa_limit : "?");
+    anneal_cpu_kernel_info kernels[16];
+    int nk = anneal_cpu_kernel_report(kernels, 16);
+    cJSON *kj = cJSON_AddObjectToObject(cpu, "kernels");
+    for (int i = 0; i < nk && i < 16; i++) cJSON_AddStringToObject(kj, kernels[i].family, kernels[i].path);
     cJSON_AddStringToObject(o, "dtype", anneal_precision_name(t->dtype));
     if (t->use_scaler) cJSON_AddNumberToObject(o, "loss_scale", (double)t->scaler.scale);
     else cJSON_AddNullToObject(o, "loss_scale");

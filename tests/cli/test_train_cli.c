@@ -68,6 +68,14 @@ TEST(synthetic_training_loss_falls) {
             const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "ms", "tokens"};
             for (int k = 0; k < 8; k++) CHECK(cJSON_IsNumber(cJSON_GetObjectItem(o, keys[k])), "step lacks %s", keys[k]);
             steps++;
+        } else if (ty && !strcmp(ty, "start")) {
+            /* the CPU and the kernel path of each family, as anneal info reports them */
+            cJSON *cpu = cJSON_GetObjectItem(o, "cpu"), *k = cJSON_GetObjectItem(cpu, "kernels");
+            const char *gemm = cJSON_GetStringValue(cJSON_GetObjectItem(k, "gemm f32"));
+            CHECK(cJSON_GetStringValue(cJSON_GetObjectItem(cpu, "model")) && gemm &&
+                      cJSON_GetStringValue(cJSON_GetObjectItem(k, "attention bf16")) &&
+                      !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cpu, "isa_limit")), "best"),
+                  "start record's cpu: %s", line);
         } else if (ty && !strcmp(ty, "eval")) {
             CHECK_TRUE(cJSON_IsNumber(cJSON_GetObjectItem(o, "step")) && cJSON_IsNumber(cJSON_GetObjectItem(o, "val_loss")));
             evals++;
