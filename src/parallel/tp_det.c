@@ -9,10 +9,13 @@
  * layout: the chunk's columns (or rows) of the weight and of the activations are
  * copied into contiguous tensors first. What a single GEMM summed across chunks:
  *
- * - the row-parallel forward, y = sum_j x_j W_j: one (rows, out) partial per chunk;
- *   the ranks all-gather their partials (G/N each, instead of Megatron's one
- *   all-reduce of the sum: G/N x the bytes) and every rank adds the G of them in the
- *   fixed pairwise tree of anneal_det_combine_blocks, as one process does locally;
+ * - the row-parallel forward, y = sum_j x_j W_j: one (rows, out) partial per chunk,
+ *   added in the fixed pairwise tree of anneal_det_combine_blocks over the G chunks:
+ *   one process locally; under N ranks with G/N a power of two each rank sums its
+ *   complete subtree and the N sums go through anneal_det_allreduce (a butterfly for
+ *   N = 2^k: log2 N exchanges of one partial, about Megatron's all-reduce), otherwise
+ *   the ranks all-gather their G/N partials each (G/N x the bytes) and every rank adds
+ *   the G of them;
  * - the column-parallel backward, dX = sum_j dY_j W_j^T (Megatron's f): the same, per
  *   chunk partials gathered and tree-summed, so dX is replicated over the group.
  *
@@ -98,9 +101,18 @@ static void weight_dims(const anneal_tensor *w, const det_params *p, int64_t *ou
 }
 
 /* blocks: this rank's `chunks` partials of n floats; the tree sum of all G of the
- * group's partials (gathered in rank order: rank r holds chunks r G/N ..) into out. */
+ * group's partials (rank r holds chunks r G/N ..) into out. When G/N is a power of two
+ * the rank's partials are one complete subtree: summed here, then the N sums combined
+ * by anneal_det_allreduce in the tree over them (the same additions as the tree over
+ * the G leaves, det_reduce.c); otherwise every partial is all-gathered. */
 static anneal_status gather_tree(const det_params *p, float *blocks, int64_t n, float *out, const char *name) {
     int size = group_size(p), G = p->chunks * size;
+    if ((p->chunks & (p->chunks - 1)) == 0) {
+        anneal_det_combine_blocks(blocks, p->chunks, n);
+        anneal_status st = size > 1 ? anneal_det_allreduce(p->c, blocks, n) : ANNEAL_OK;
+        if (st == ANNEAL_OK) memcpy(out, blocks, (size_t)n * sizeof(float));
+        return st;
+    }
     float *all = blocks;
     if (size > 1) {
         all = malloc((size_t)G * (size_t)n * sizeof(float));

@@ -1,7 +1,7 @@
 /* --deterministic's chunked tensor-parallel projections (src/parallel/tp_det.c):
  * anneal_tp_det_col (a packed [q | k | v] column-parallel projection with bias) and
  * anneal_tp_det_row (a row-parallel one, both weight layouts) on this rank's shard of
- * G = 4 chunks, against
+ * G = 4 (or 6) chunks, against
  * - the same op over the whole tensors in one process (group NULL, all G chunks): the
  *   output, the input gradient and the weight and bias gradients' slices BIT-identical
  *   (what makes --tp runs equal the one-process run);
@@ -17,7 +17,6 @@
 
 #define ATOL 1e-5
 #define RTOL 1e-4
-#define G 4
 
 static bool close_all(const char *what, const anneal_tensor *a, const anneal_tensor *b) {
     if (!a || !b || anneal_numel(a) != anneal_numel(b)) {
@@ -60,8 +59,10 @@ static anneal_tensor *leaf(anneal_tensor *t) {
 }
 
 /* x (R, K) through a [q | k | v] projection (K, 3F) + bias, F = G chunks of 3 columns:
- * the shard's op vs the whole op (bits) vs the plain dense (tolerance). */
-TEST(column_parallel_packed) {
+ * the shard's op vs the whole op (bits) vs the plain dense (tolerance). G 4 at 2
+ * ranks: dx's partials summed per rank (a subtree), then the butterfly; G 6: 3 per
+ * rank, every partial gathered. */
+static void check_col(int G) {
     int w = dt_world();
     int64_t R = 7, K = 10, F = 3 * G;
     anneal_scope *sc = anneal_scope_open();
@@ -90,14 +91,18 @@ TEST(column_parallel_packed) {
     ok = same_bits("dx", xs->grad, x1->grad) && ok;
     ok = same_bits("dW shard", ws->grad, slice(w1->grad, 1, 3)) && ok;
     ok = same_bits("db shard", bs->grad, slice(b1->grad, 0, 3)) && ok;
-    CHECK(dt_all(ok), "the chunked column-parallel projection (see above)");
+    CHECK(dt_all(ok), "the chunked column-parallel projection, %d chunks (see above)", G);
     anneal_scope_close(sc);
 }
 
+TEST(column_parallel_packed) { check_col(4); }
+TEST(column_parallel_packed_6_chunks) { check_col(6); }
+
 /* x (R, K) through a row-parallel projection, K = G chunks of 5 inputs, in the given
  * layout: the shard's op (this rank's input columns) vs the whole op (bits) vs the
- * plain dense (tolerance). */
-static void check_row(anneal_weight_layout layout) {
+ * plain dense (tolerance). G 4 at 2 ranks: each rank's 2 chunks are a subtree (summed,
+ * then the butterfly); G 6: 3 each, every partial gathered. */
+static void check_row(anneal_weight_layout layout, int G) {
     int w = dt_world();
     int64_t R = 6, K = 5 * G, N = 9;
     bool io = layout == ANNEAL_WEIGHT_IN_OUT;
@@ -125,8 +130,8 @@ static void check_row(anneal_weight_layout layout) {
     anneal_scope_close(sc);
 }
 
-TEST(row_parallel_in_out) { check_row(ANNEAL_WEIGHT_IN_OUT); }
-TEST(row_parallel_out_in) { check_row(ANNEAL_WEIGHT_OUT_IN); }
+TEST(row_parallel_in_out) { check_row(ANNEAL_WEIGHT_IN_OUT, 4); }
+TEST(row_parallel_out_in_6_chunks) { check_row(ANNEAL_WEIGHT_OUT_IN, 6); }
 
 /* A weight whose split dimension does not cut into the chunks: a shape error naming the op. */
 TEST(chunks_must_divide) {
@@ -144,8 +149,9 @@ TEST(chunks_must_divide) {
 
 static void run_all(void) {
     RUN(column_parallel_packed);
+    RUN(column_parallel_packed_6_chunks);
     RUN(row_parallel_in_out);
-    RUN(row_parallel_out_in);
+    RUN(row_parallel_out_in_6_chunks);
     RUN(chunks_must_divide);
 }
 
