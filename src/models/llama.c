@@ -269,8 +269,9 @@ static anneal_tensor *as_heads(anneal_tensor *t, int64_t H, int64_t D) {
 }
 
 /* The layer under --deterministic (ctx.deterministic, any tp_size): every projection
- * through ctx.tp's det_col / det_row, this rank's query heads (and key/value heads) as
- * the chunks (parallel's tp_det.c): one process and every --tp layout, the same bits.
+ * through ctx.tp's det_col / det_row, this rank's query heads (key/value heads; in the
+ * MLP gcd(n_ff, n_head) parts) as the chunks (parallel's tp_det.c): one process and
+ * every --tp layout, the same bits.
  * det_attn_core: q/k/v and attention (c = the block; ANNEAL_RECOMPUTE_ATTN's region). */
 static anneal_tensor *det_attn_core(void *c, anneal_tensor *const *in) {
     const anneal_llama_block *b = c;
@@ -285,19 +286,31 @@ static anneal_tensor *det_attn_core(void *c, anneal_tensor *const *in) {
     return o ? anneal_reshape(anneal_transpose(o, 1, 2), 3, (int64_t[]){o->shape[0], o->shape[2], Hq * D}) : NULL;
 }
 
+/* The MLP's chunks on this rank: gcd(n_ff, n_head) canonical ones (the trainer checks
+ * that --tp divides them). */
+static int mlp_chunks(const anneal_model_config *c) {
+    int a = c->n_ff, b = c->n_head;
+    while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a / (c->tp_size > 1 ? c->tp_size : 1);
+}
+
 static anneal_tensor *block_forward_det(const anneal_llama_block *b, anneal_tensor *x) {
     const anneal_nn_ctx *ctx = &b->model->base.ctx;
     const anneal_nn_attention *at = &b->attn;
-    int Hq = at->n_head;
+    int Hq = at->n_head, F = mlp_chunks(&b->model->base.cfg);
     anneal_tensor *h = anneal_nn_rms_norm_forward(&b->input_layernorm, x);
     anneal_tensor *o = b->model->base.cfg.recompute == ANNEAL_RECOMPUTE_ATTN
                            ? anneal_checkpoint(det_attn_core, (void *)b, 1, &h) : det_attn_core((void *)b, &h);
     o = ctx->tp->det_row(ctx->tp->user, o, at->out.weight, at->out.layout, Hq, ctx->compute);
     x = anneal_add(x, plus_bias(o, &at->out));
     h = anneal_nn_rms_norm_forward(&b->post_attention_layernorm, x);
-    anneal_tensor *up = det_col(ctx, &b->mlp.up, h, Hq);
-    h = anneal_mul(anneal_silu(det_col(ctx, &b->mlp.gate, h, Hq)), up);
-    h = ctx->tp->det_row(ctx->tp->user, h, b->mlp.down.weight, b->mlp.down.layout, Hq, ctx->compute);
+    anneal_tensor *up = det_col(ctx, &b->mlp.up, h, F);
+    h = anneal_mul(anneal_silu(det_col(ctx, &b->mlp.gate, h, F)), up);
+    h = ctx->tp->det_row(ctx->tp->user, h, b->mlp.down.weight, b->mlp.down.layout, F, ctx->compute);
     return anneal_add(x, plus_bias(h, &b->mlp.down));
 }
 

@@ -29,11 +29,17 @@ anneal_status anneal_train_tp_det_setup(trainer *t, bool *usage) {
     /* other architectures, LoRA adapters and int8 layers keep their plain blocks (none
      * of them runs with --tp) */
     if ((!gpt2 && !llama) || c->lora_rank > 0 || m->params->quant != ANNEAL_QUANT_NONE) return ANNEAL_OK;
-    int H = m->cfg.n_head;
-    if (llama && (H <= 0 || m->cfg.n_ff % H)) {
+    /* Llama's MLP in gcd(n_ff, n_head) chunks (llama.c): --tp must divide them */
+    int a = m->cfg.n_ff, b = m->cfg.n_head, tp = c->tp > 1 ? (int)c->tp : 1;
+    while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    if (llama && a % tp) {
         *usage = true;
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: the MLP width n_ff %d is not divisible by n_head %d "
-                                "(the chunks every layout sums in the same order are the heads)", m->cfg.n_ff, H);
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --tp %d: the MLP is summed in gcd(n_ff %d, n_head "
+                                "%d) = %d canonical chunks, which --tp must divide", tp, m->cfg.n_ff, m->cfg.n_head, a);
     }
     if (!m->ctx.tp) m->ctx.tp = anneal_tp_nn_single(); /* --tp: tp.c's make_shards puts the group's table */
     m->ctx.deterministic = true;
