@@ -59,6 +59,7 @@ typedef struct anneal_model_config {
     /* Tensor parallelism (set by the trainer, never saved): the model holds rank tp_rank's
      * 1/tp_size of the attention heads and MLP width and runs with ctx.tp; 0 or 1: whole. */
     int tp_size, tp_rank;
+    bool tp_vocab_whole; /* keep the vocabulary whole on every rank even when tp_size divides it */
 } anneal_model_config;
 
 typedef struct anneal_model anneal_model;

@@ -30,6 +30,14 @@ typedef struct anneal_nn_tp {
     anneal_tensor *(*vocab_loss)(void *user, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
                                  int32_t ignore_index);
     void *user;
+    /* ctx.deterministic (parallel's tp_det.c): a column-parallel projection (outputs in
+     * `parts` segments of `chunks` chunks each on this rank) and a row-parallel one
+     * (inputs in `chunks` chunks) computed per chunk, the cross-chunk sums in one fixed
+     * tree over the group; they replace copy_in / reduce_out. NULL: not available. */
+    anneal_tensor *(*det_col)(void *user, anneal_tensor *x, anneal_tensor *w, anneal_tensor *b,
+                              anneal_weight_layout layout, int parts, int chunks, anneal_dtype compute);
+    anneal_tensor *(*det_row)(void *user, anneal_tensor *x, anneal_tensor *w, anneal_weight_layout layout, int chunks,
+                              anneal_dtype compute);
 } anneal_nn_tp;
 
 typedef struct anneal_nn_ctx {
@@ -37,6 +45,7 @@ typedef struct anneal_nn_ctx {
     bool training;        /* dropout on */
     anneal_dtype kv_dtype; /* storage of the KV caches the model makes: ANNEAL_F32 (0), ANNEAL_BF16 or ANNEAL_I8 */
     const anneal_nn_tp *tp; /* tensor parallelism of a model made with cfg.tp_size > 1 (NULL: none) */
+    bool deterministic;     /* --deterministic: the blocks' projections through tp->det_col/det_row (any tp_size) */
 } anneal_nn_ctx;
 
 /* One trainable tensor with its hierarchical name ("transformer.h.0.ln_1.weight"). */

@@ -362,6 +362,19 @@ anneal_tensor *anneal_tp_reduce_out(anneal_comm *c, anneal_tensor *x);
 anneal_tensor *anneal_tp_vocab_embedding(anneal_comm *c, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
 anneal_tensor *anneal_tp_vocab_cross_entropy(anneal_comm *c, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
                                              int32_t ignore_index);
+/* --deterministic (tp_det.c): a column-parallel projection x W + b whose outputs (in
+ * `parts` segments, [q | k | v]: 3) this rank holds `chunks` of the group's canonical
+ * chunks of, and a row-parallel one x W over this rank's `chunks` input chunks, every
+ * GEMM per chunk; what a GEMM sums across chunks (the row-parallel forward, the
+ * column-parallel input gradient) is all-gathered per chunk and added in one fixed
+ * tree: the same bits on every layout of the G chunks. c NULL: one process (all G).
+ * Collective over c. f32 CPU tensors. */
+anneal_tensor *anneal_tp_det_col(anneal_comm *c, anneal_tensor *x, anneal_tensor *w, anneal_tensor *b,
+                                 anneal_weight_layout layout, int parts, int chunks, anneal_dtype compute);
+anneal_tensor *anneal_tp_det_row(anneal_comm *c, anneal_tensor *x, anneal_tensor *w, anneal_weight_layout layout,
+                                 int chunks, anneal_dtype compute);
+/* The table of a single-process --deterministic run: rank 0 of 1, det_col/det_row only. */
+const anneal_nn_tp *anneal_tp_nn_single(void);
 /* The group a tensor-parallel model runs with: ctx.tp = anneal_tp_nn(tp). group is not
  * owned (free it after the tp). */
 typedef struct anneal_tp anneal_tp;

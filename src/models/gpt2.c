@@ -86,7 +86,9 @@ static const anneal_model_ops gpt2_ops;
 
 /* Tensor parallelism splits the vocabulary too (the token embedding's rows, the lm
  * head's columns) when it divides evenly; otherwise both stay whole on every rank. */
-static bool vocab_parallel(const anneal_model_config *c) { return c->tp_size > 1 && c->vocab_size % c->tp_size == 0; }
+static bool vocab_parallel(const anneal_model_config *c) {
+    return c->tp_size > 1 && !c->tp_vocab_whole && c->vocab_size % c->tp_size == 0;
+}
 
 /* Registers every parameter in Hugging Face's order: wte, wpe, each block (ln_1,
  * attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; weight then bias), ln_f. */
@@ -194,10 +196,45 @@ static anneal_tensor *row_parallel(const anneal_nn_dense *d, const anneal_nn_ctx
     return d->bias ? anneal_add(y, d->bias) : y;
 }
 
+/* y + the layer's bias (if any). */
+static anneal_tensor *plus_bias(anneal_tensor *y, const anneal_nn_dense *d) { return d->bias ? anneal_add(y, d->bias) : y; }
+
+/* The block under --deterministic (ctx.deterministic, any tp_size): every projection
+ * through ctx.tp's det_col / det_row in this rank's heads as chunks (parallel's
+ * tp_det.c), so one process and every --tp layout give the same bits. det_attn_core:
+ * the qkv projection and attention (ctx = the block; ANNEAL_RECOMPUTE_ATTN's region). */
+static anneal_tensor *det_attn_core(void *ctx, anneal_tensor *const *in) {
+    const anneal_gpt2_block *b = ctx;
+    const anneal_nn_ctx *c = &b->model->base.ctx;
+    const anneal_nn_dense *qkv = &b->attn.qkv;
+    int H = b->attn.n_head;
+    anneal_attention_opts ao = {.causal = true, .compute = c->compute};
+    return anneal_attention_packed(c->tp->det_col(c->tp->user, in[0], qkv->weight, qkv->bias, qkv->layout, 3, H,
+                                                  c->compute), H, H, &ao);
+}
+
+static anneal_tensor *block_forward_det(const anneal_gpt2_block *b, anneal_tensor *x) {
+    const anneal_model *m = &b->model->base;
+    const anneal_nn_ctx *ctx = &m->ctx;
+    const anneal_nn_tp *tp = ctx->tp;
+    const anneal_nn_dense *out = &b->attn.out, *fc = &b->mlp.fc, *proj = &b->mlp.proj;
+    int H = b->attn.n_head;
+    anneal_tensor *h = anneal_nn_layer_norm_forward(&b->ln_1, x);
+    h = m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(det_attn_core, (void *)b, 1, &h)
+                                                  : det_attn_core((void *)b, &h);
+    h = tp->det_row(tp->user, h, out->weight, out->layout, H, ctx->compute);
+    anneal_tensor *s, *a = anneal_dropout(plus_bias(h, out), m->cfg.dropout, ctx->training);
+    h = anneal_gelu(tp->det_col(tp->user, anneal_nn_add_layer_norm(&b->ln_2, x, a, &s), fc->weight, fc->bias,
+                                fc->layout, 1, H, ctx->compute), true);
+    h = tp->det_row(tp->user, h, proj->weight, proj->layout, H, ctx->compute);
+    return anneal_add(s, anneal_dropout(plus_bias(h, proj), m->cfg.dropout, ctx->training));
+}
+
 anneal_tensor *anneal_gpt2_block_forward(const anneal_gpt2_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
     if (!b) return NULL;
     const anneal_model *m = &b->model->base;
     const anneal_nn_ctx *ctx = &m->ctx;
+    if (!kv && ctx->deterministic && ctx->tp && ctx->tp->det_row) return block_forward_det(b, x);
     float p = m->cfg.dropout;
     bool train = ctx->training;
     /* tensor parallelism: f before the column-parallel c_attn / c_fc, g after the

@@ -123,7 +123,9 @@ static const anneal_model_ops llama_ops;
 
 /* Tensor parallelism splits the vocabulary too (embedding rows, lm head columns) when
  * it divides evenly; otherwise both stay whole on every rank. */
-static bool vocab_parallel(const anneal_model_config *c) { return c->tp_size > 1 && c->vocab_size % c->tp_size == 0; }
+static bool vocab_parallel(const anneal_model_config *c) {
+    return c->tp_size > 1 && !c->tp_vocab_whole && c->vocab_size % c->tp_size == 0;
+}
 
 static void llama_free(anneal_llama *m) {
     if (!m) return;
@@ -252,9 +254,70 @@ static anneal_tensor *block_forward_tp(const anneal_llama_block *b, anneal_tenso
     return anneal_add(x, row_parallel(&b->mlp.down, ctx, g));
 }
 
+/* y + the layer's bias (if any). */
+static anneal_tensor *plus_bias(anneal_tensor *y, const anneal_nn_dense *d) { return d->bias ? anneal_add(y, d->bias) : y; }
+
+/* ctx.tp's deterministic column-parallel projection of h through d (chunks: heads). */
+static anneal_tensor *det_col(const anneal_nn_ctx *ctx, const anneal_nn_dense *d, anneal_tensor *h, int chunks) {
+    return ctx->tp->det_col(ctx->tp->user, h, d->weight, d->bias, d->layout, 1, chunks, ctx->compute);
+}
+
+/* (B, T, H*D) as (B, H, T, D) heads. */
+static anneal_tensor *as_heads(anneal_tensor *t, int64_t H, int64_t D) {
+    if (!t) return NULL;
+    return anneal_transpose(anneal_reshape(t, 4, (int64_t[]){t->shape[0], t->shape[1], H, D}), 1, 2);
+}
+
+/* The layer under --deterministic (ctx.deterministic, any tp_size): every projection
+ * through ctx.tp's det_col / det_row, this rank's query heads (key/value heads; in the
+ * MLP gcd(n_ff, n_head) parts) as the chunks (parallel's tp_det.c): one process and
+ * every --tp layout, the same bits.
+ * det_attn_core: q/k/v and attention (c = the block; ANNEAL_RECOMPUTE_ATTN's region). */
+static anneal_tensor *det_attn_core(void *c, anneal_tensor *const *in) {
+    const anneal_llama_block *b = c;
+    const anneal_nn_ctx *ctx = &b->model->base.ctx;
+    const anneal_nn_attention *at = &b->attn;
+    int Hq = at->n_head, Hkv = at->n_kv_head;
+    int64_t D = at->head_dim;
+    anneal_attention_opts ao = {.causal = true, .compute = ctx->compute, .rope = at->has_rope ? &at->rope : NULL};
+    anneal_tensor *o = anneal_attention_ex(as_heads(det_col(ctx, &at->q, in[0], Hq), Hq, D),
+                                           as_heads(det_col(ctx, &at->k, in[0], Hkv), Hkv, D),
+                                           as_heads(det_col(ctx, &at->v, in[0], Hkv), Hkv, D), &ao);
+    return o ? anneal_reshape(anneal_transpose(o, 1, 2), 3, (int64_t[]){o->shape[0], o->shape[2], Hq * D}) : NULL;
+}
+
+/* The MLP's chunks on this rank: gcd(n_ff, n_head) canonical ones (the trainer checks
+ * that --tp divides them). */
+static int mlp_chunks(const anneal_model_config *c) {
+    int a = c->n_ff, b = c->n_head;
+    while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a / (c->tp_size > 1 ? c->tp_size : 1);
+}
+
+static anneal_tensor *block_forward_det(const anneal_llama_block *b, anneal_tensor *x) {
+    const anneal_nn_ctx *ctx = &b->model->base.ctx;
+    const anneal_nn_attention *at = &b->attn;
+    int Hq = at->n_head, F = mlp_chunks(&b->model->base.cfg);
+    anneal_tensor *h = anneal_nn_rms_norm_forward(&b->input_layernorm, x);
+    anneal_tensor *o = b->model->base.cfg.recompute == ANNEAL_RECOMPUTE_ATTN
+                           ? anneal_checkpoint(det_attn_core, (void *)b, 1, &h) : det_attn_core((void *)b, &h);
+    o = ctx->tp->det_row(ctx->tp->user, o, at->out.weight, at->out.layout, Hq, ctx->compute);
+    x = anneal_add(x, plus_bias(o, &at->out));
+    h = anneal_nn_rms_norm_forward(&b->post_attention_layernorm, x);
+    anneal_tensor *up = det_col(ctx, &b->mlp.up, h, F);
+    h = anneal_mul(anneal_silu(det_col(ctx, &b->mlp.gate, h, F)), up);
+    h = ctx->tp->det_row(ctx->tp->user, h, b->mlp.down.weight, b->mlp.down.layout, F, ctx->compute);
+    return anneal_add(x, plus_bias(h, &b->mlp.down));
+}
+
 static anneal_tensor *block_forward(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
     const anneal_model *m = &b->model->base;
     const anneal_nn_ctx *ctx = &m->ctx;
+    if (!kv && ctx->deterministic && ctx->tp && ctx->tp->det_row) return block_forward_det(b, x);
     if (m->cfg.tp_size > 1) return block_forward_tp(b, x, kv);
     /* attention: RMSNorm -> q, k, v (+ RoPE) -> causal GQA attention -> o_proj -> residual */
     anneal_tensor *h = anneal_nn_rms_norm_forward(&b->input_layernorm, x);

@@ -25,6 +25,7 @@
  * columns. */
 #include "anneal/custom_op.h"
 #include "anneal/parallel.h"
+#include "tp_det.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -279,7 +280,8 @@ anneal_tp *anneal_tp_new(anneal_comm *group) {
     tp->c = group;
     tp->nn = (anneal_nn_tp){.rank = anneal_comm_rank(group), .size = anneal_comm_size(group), .copy_in = nn_copy_in,
                             .reduce_out = nn_reduce_out, .vocab_embed = nn_vocab_embed,
-                            .vocab_loss = nn_vocab_loss, .user = group};
+                            .vocab_loss = nn_vocab_loss, .user = group, .det_col = anneal_tp_det_nn_col,
+                            .det_row = anneal_tp_det_nn_row};
     return tp;
 }
 

@@ -21,6 +21,10 @@
  * then see the same bits on every layout: the stage-0 sync's norm is computed like
  * the single process's (src/parallel/ddp.c, full_norm).
  *
+ * With --tp, W counts the data-parallel replicas (t->data_world; a tensor-parallel
+ * group's ranks run the same micro-batches) and the blocks run their projections in
+ * canonical chunks on every layout (tp_det.c).
+ *
  * Not covered: ZeRO 1/2 (the norm is summed per shard, whose bounds move with W),
  * PowerSGD (a lossy, W-dependent approximation), devices other than the CPU (their
  * kernels' bit-identity across layouts is not established), and evaluation (each
@@ -46,7 +50,7 @@ struct train_det {
 };
 
 /* Micro-batches per rank. */
-static int64_t local_count(const trainer *t) { return t->cfg.accum / (t->world > 0 ? t->world : 1); }
+static int64_t local_count(const trainer *t) { return t->cfg.accum / (t->data_world > 0 ? t->data_world : 1); }
 
 int64_t anneal_train_det_rows(const trainer *t) {
     return t->cfg.deterministic ? t->local_batch * local_count(t) : t->local_batch;
@@ -71,16 +75,16 @@ anneal_status anneal_train_det_check(trainer *t) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --grad-compress %s: the compressed gradient is "
                                                 "an approximation that depends on the number of ranks; use "
                                                 "--grad-compress none", c->grad_compress);
-    if (c->accum % t->world != 0)
+    if (c->accum % t->data_world != 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld is not divisible by the %d ranks "
                                                 "(with --deterministic, --accum counts the step's micro-batches over "
-                                                "all ranks, each of --batch rows)", (long long)c->accum, t->world);
-    int64_t ml = c->accum / t->world;
-    if (t->world > 1 && (ml & (ml - 1)) != 0)
+                                                "all ranks, each of --batch rows)", (long long)c->accum, t->data_world);
+    int64_t ml = c->accum / t->data_world;
+    if (t->data_world > 1 && (ml & (ml - 1)) != 0)
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld over %d ranks gives %lld micro-batches "
                                                 "per rank, which must be a power of two (each rank's share is one "
                                                 "complete subtree of the fixed summation tree)",
-                                (long long)c->accum, t->world, (long long)ml);
+                                (long long)c->accum, t->data_world, (long long)ml);
     return ANNEAL_OK;
 }
 
@@ -149,8 +153,8 @@ void anneal_train_det_print_header(trainer *t) {
                          "%lld-%lld), gradients and losses summed in one fixed binary tree: bit-identical for any number "
                          "of ranks at the same --threads per rank (%d here)",
                          (long long)c->accum, c->accum > 1 ? "es" : "", (long long)t->local_batch, (long long)ml,
-                         t->world, t->world > 1 ? "s" : "", (long long)(t->rank * ml),
-                         (long long)(t->rank * ml + ml - 1), anneal_get_num_threads());
+                         t->data_world, t->data_world > 1 ? "s" : "", (long long)(t->data_rank * ml),
+                         (long long)(t->data_rank * ml + ml - 1), anneal_get_num_threads());
 }
 
 /* True on every rank when any rank's flag is set (anneal_train_dist_any's sum; dist.c
@@ -221,7 +225,7 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     struct train_det *d = NULL;
     anneal_status st = get_state(t, &d);
     if (st != ANNEAL_OK) return st;
-    int64_t M = c->accum, ml = local_count(t), first = (int64_t)t->rank * ml;
+    int64_t M = c->accum, ml = local_count(t), first = (int64_t)t->data_rank * ml;
     int64_t B = t->local_batch, T = c->seq, shape[2] = {B, T};
     int shift = 40 - ceil_log2(M);
     anneal_model_set_training(t->model, true);
@@ -272,7 +276,8 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     if ((st = finish_grads(t, d)) != ANNEAL_OK) return st;
     /* the loss: the rank's subtree, then the tree over the ranks' subtrees, over M */
     double loss = anneal_det_sum_f64(d->losses, ml);
-    if (t->comm && t->world > 1 && (st = anneal_det_allreduce_f64(t->comm, &loss)) != ANNEAL_OK) return st;
+    anneal_comm *dc = anneal_train_tp_dp_comm(t); /* the replicas (--tp: a group's ranks share micro-batches) */
+    if (dc && t->data_world > 1 && (st = anneal_det_allreduce_f64(dc, &loss)) != ANNEAL_OK) return st;
     *loss_out = loss / (double)M;
     /* the sync (anneal_ddp_finish in the optimizer phase) combines the ranks' subtrees */
     if (t->ddp) st = anneal_ddp_begin_backward(t->ddp, true);

@@ -59,8 +59,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
     if (c->zero > 2)
         return USAGE("--tp %d with --zero %lld: ZeRO-3's per-block gathering does not know the shards yet; use --zero 0, "
                      "1 or 2", n, (long long)c->zero);
-    if (c->deterministic)
-        return USAGE("--tp %d with --deterministic: the row-parallel sums are not in the fixed tree yet", n);
     if (c->lora_rank > 0) return USAGE("--tp %d with --lora-rank: not built (LoRA adapters are not sharded)", n);
     if (c->sample_every > 0)
         return USAGE("--tp %d with --sample-every: samples are rank 0's alone and a tensor-parallel model needs its "
@@ -128,6 +126,7 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
     anneal_model_config cfg = whole->cfg;
     cfg.tp_size = p->size;
     cfg.tp_rank = p->rank;
+    cfg.tp_vocab_whole = t->cfg.deterministic; /* the lm head and loss whole on every rank (tp_det.c) */
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
     anneal_model *m = anneal_model_new(&cfg, t->device);
     anneal_memory_category_set(mc);
@@ -151,7 +150,10 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
 }
 
 anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
-    if (!t->tp) return ANNEAL_OK;
+    if (!t->tp || t->cfg.deterministic) { /* --deterministic: the chunked projections (tp_det.c) */
+        anneal_status ds = anneal_train_tp_det_setup(t, usage);
+        if (ds != ANNEAL_OK || !t->tp) return ds;
+    }
     anneal_model *whole = t->model;
     anneal_optimizer *wopt = t->opt;
     if (strcmp(whole->cfg.arch, "gpt2") && strcmp(whole->cfg.arch, "llama"))
@@ -177,7 +179,8 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
                              "%s", cf->n_head / n, cf->n_head, (cf->n_ff ? cf->n_ff : 4 * cf->n_embd) / n,
                              cf->n_ff ? cf->n_ff : 4 * cf->n_embd,
                              cf->vocab_size % n ? "whole on every rank (not divisible by --tp)"
-                                                : "split (token embedding rows, lm head columns)");
+                             : cf->tp_vocab_whole ? "whole on every rank (--deterministic)"
+                                                  : "split (token embedding rows, lm head columns)");
     return st;
 }
 
@@ -210,7 +213,10 @@ anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) 
      * from .grad (ZeRO 0), or from this rank's ZeRO shard, then over the replicas */
     double sq[2] = {0, 0};
     anneal_status st = ANNEAL_OK;
-    if (t->cfg.zero > 0) {
+    if (t->cfg.deterministic) { /* the one process's sums over whole gradients (tp_det.c) */
+        st = anneal_train_tp_det_sumsq(t, p->tp_comm, p->split, &sq[0]);
+        if (st != ANNEAL_OK) return st;
+    } else if (t->cfg.zero > 0) {
         int np = 0;
         const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
         const float *g = anneal_ddp_shard_grad(t->ddp);
@@ -229,7 +235,7 @@ anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) 
     }
     /* the shards summed over the group; the replicated ones (the same on every rank of
      * the group) counted once */
-    if (st == ANNEAL_OK) st = sum_over(p->tp_comm, sq, 1);
+    if (st == ANNEAL_OK && !t->cfg.deterministic) st = sum_over(p->tp_comm, sq, 1);
     if (st != ANNEAL_OK) return st;
     float norm = (float)sqrt(sq[0] + sq[1]);
     if (norm_out) *norm_out = norm;

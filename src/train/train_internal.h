@@ -307,6 +307,12 @@ anneal_comm *anneal_train_tp_dp_comm(const trainer *t);
 /* The global gradient norm (shards summed over the group, replicated ones once) and the
  * clipping of t->ddp's gradients to max_norm (0: none); after anneal_ddp_finish. */
 anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out);
+/* --- tp_det.c: --deterministic's chunked blocks (any --tp) and the one process's norm */
+/* Gives t->model the chunked blocks (ctx.deterministic; one process: the single table). */
+anneal_status anneal_train_tp_det_setup(trainer *t, bool *usage);
+/* The gradients' squares summed as one process does (sharded ones gathered whole over
+ * group, split per parameter), in registration order. Collective over group. */
+anneal_status anneal_train_tp_det_sumsq(trainer *t, anneal_comm *group, const anneal_tp_split *split, double *total);
 /* Brackets a checkpoint snapshot (collective over rank 0's group): rank 0's t->model
  * and t->opt become the gathered whole ones until end. */
 anneal_status anneal_train_tp_ckpt_begin(trainer *t);

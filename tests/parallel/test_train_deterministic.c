@@ -5,7 +5,8 @@
  * bytes; with dropout on and clipping active, on synthetic tokens and on token shards
  * through the loader (shuffled). A run stopped at step 10 on 4 ranks and resumed on 2
  * ends with the bits of the straight run; 3 and 6 ranks over 6 micro-batches give the
- * one-process bits too. Settings it cannot honour are refused with a
+ * one-process bits too; so do --tp 2 (2 ranks) and --tp 2 x dp 2 (4 ranks) on GPT-2
+ * and Llama tiny. Settings it cannot honour are refused with a
  * message that says why, before a run directory is made.
  *
  * Without --deterministic the same layouts differ (printed, not asserted: DDP's
@@ -218,6 +219,35 @@ TEST(three_and_six_ranks) {
     check_identical_n("t6", "t1", 6);
 }
 
+/* --tp 2 on 2 ranks and --tp 2 x dp 2 on 4 (the blocks' projections in canonical
+ * chunks, src/parallel/tp_det.c): GPT-2 tiny (dropout on, vocabulary 512 kept whole
+ * under --deterministic) and Llama tiny (GQA 4/2: one key/value head per rank) give the
+ * one-process bits; a tp 2 x dp 2 run stopped at step 10 and resumed on tp 2 x dp 1
+ * too. */
+TEST(tensor_parallel_bit_identical) {
+    NEED_MPI();
+    REQUIRE(train(0, "tp_ref", "", true) == 0);
+    REQUIRE(train(2, "tp2", "--tp 2", true) == 0);
+    REQUIRE(train(4, "tp2dp2", "--tp 2", true) == 0);
+    check_identical("tp2", "tp_ref");
+    check_identical("tp2dp2", "tp_ref");
+    const char *o = tu_slurp(wpath("tp2dp2.out"));
+    CHECK(strstr(o, "vocabulary whole on every rank (--deterministic)") != NULL &&
+              strstr(o, "deterministic: 4 micro-batches of 2 rows per step, 2 on each of 2 ranks") != NULL,
+          "start lines: %s", o);
+    REQUIRE(train(4, "tpr", "--tp 2 --stop-at 10", true) == 0);
+    REQUIRE(resume(2, "tpr") == 0);
+    check_identical("tpr", "tp_ref");
+    const char *llama = "--model llama-tiny --dropout 0";
+    char extra[256];
+    REQUIRE(train(0, "tpl_ref", llama, true) == 0);
+    snprintf(extra, sizeof extra, "%s --tp 2", llama);
+    REQUIRE(train(2, "tpl2", extra, true) == 0);
+    REQUIRE(train(4, "tpl2dp2", extra, true) == 0);
+    check_identical("tpl2", "tpl_ref");
+    check_identical("tpl2dp2", "tpl_ref");
+}
+
 /* A refused combination: the run fails with msg in its output and makes no run
  * directory. */
 static void refused(int np, const char *run, const char *extra, const char *msg) {
@@ -270,6 +300,7 @@ int main(void) {
     RUN(bit_identical_on_shards);
     RUN(resume_on_another_world_size);
     RUN(three_and_six_ranks);
+    RUN(tensor_parallel_bit_identical);
     RUN(refusals);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
