@@ -63,10 +63,6 @@ anneal_status anneal_train_det_check(trainer *t) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --pp %lld: the pipeline's micro-batch schedule and "
                                                 "its data groups are not ordered by the fixed tree yet; use --pp 1",
                                 (long long)c->pp);
-    if (c->zero > 0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --zero %lld: ZeRO sums the gradient norm per "
-                                                "shard, and the shards' bounds depend on the number of ranks; use "
-                                                "--zero 0", (long long)c->zero);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --grad-compress %s: the compressed gradient is "
                                                 "an approximation that depends on the number of ranks; use "
