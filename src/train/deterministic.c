@@ -205,11 +205,11 @@ void anneal_train_det_print_header(trainer *t) {
     if (!c->deterministic) return;
     int64_t ml = local_count(t);
     anneal_progress_note(t->prog,
-                         "deterministic: %lld micro-batch%s of %lld rows per step, %lld on each of %d rank%s (this one: "
+                         "deterministic: %lld micro-batch%s of %lld rows per step, %lld on each of %d %s%s (this one: "
                          "%lld-%lld), gradients and losses summed in one fixed binary tree: bit-identical for any number "
                          "of ranks at the same --threads per rank (%d here)",
                          (long long)c->accum, c->accum > 1 ? "es" : "", (long long)t->local_batch, (long long)ml,
-                         t->data_world, t->data_world > 1 ? "s" : "", (long long)(t->data_rank * ml),
+                         t->data_world, t->pp ? "data-parallel replica" : "rank", t->data_world > 1 ? "s" : "", (long long)(t->data_rank * ml),
                          (long long)(t->data_rank * ml + ml - 1), anneal_get_num_threads());
 }
 
