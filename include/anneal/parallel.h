@@ -194,6 +194,9 @@ anneal_tensor *anneal_ddp_param_shard(const anneal_ddp *d);
  * registration order (stage 0's arithmetic, the same for any world size) instead of the
  * per-rank shard sums. */
 anneal_status anneal_ddp_set_full_norm(anneal_ddp *d);
+/* After a synchronised step under anneal_ddp_set_full_norm: each parameter's sum of
+ * squares (registration order of d's parameters), else NULL. */
+const double *anneal_ddp_full_norm_sums(const anneal_ddp *d);
 
 /* ------------------------------------------------ ZeRO-3 (zero3.c) */
 

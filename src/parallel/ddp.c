@@ -842,3 +842,7 @@ anneal_status anneal_ddp_set_full_norm(anneal_ddp *d) {
     d->param_ss = calloc((size_t)(d->n > 0 ? d->n : 1), sizeof *d->param_ss);
     return d->param_ss ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
 }
+
+const double *anneal_ddp_full_norm_sums(const anneal_ddp *d) {
+    return d && d->param_ss && d->hook && d->synced ? d->param_ss : NULL;
+}

@@ -67,10 +67,6 @@ anneal_status anneal_train_det_check(trainer *t) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --device %s: CPU runs only (that the device's "
                                                 "kernels give the same bits on every layout is not established)",
                                 c->device ? c->device : "?");
-    if (c->pp > 1 && c->zero > 0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --pp %lld and --zero %lld: the stage's sharded "
-                                                "gradient norm is not summed per parameter yet; use --zero 0 with --pp",
-                                (long long)c->pp, (long long)c->zero);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --grad-compress %s: the compressed gradient is "
                                                 "an approximation that depends on the number of ranks; use "

@@ -433,6 +433,10 @@ static anneal_status shard_sums(trainer *t, const anneal_backend *be, anneal_ten
     int np = 0, nv = pp->view.n;
     const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
     anneal_tensor *g = anneal_ddp_shard_grad_tensor(t->ddp);
+    const double *full = anneal_ddp_full_norm_sums(t->ddp); /* --deterministic: per parameter, whole */
+    for (int j = 0; full && j < nv; j++)
+        if (pp->owner[pp->view_of[j]] == pp->stage) ((double *)anneal_data(acc))[pp->view_of[j]] = full[j];
+    if (full) return ANNEAL_OK;
     anneal_scope *s = anneal_scope_open();
     int64_t len = np > 0 ? np : 1;
     anneal_tensor *part = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);

@@ -227,15 +227,20 @@ TEST(zero_1_2_3) {
     }
 }
 
-/* --pp 2 on 2 ranks and --pp 2 x 2 replicas on 4: GPT-2's tied wte (embedding on the
- * first stage, head on the last) and dropout in every block, the one-process bits; an
- * untied llama-tiny likewise. */
+/* --pp 2 on 2 ranks and --pp 2 x 2 replicas on 4 (also with --zero 1 and 2 over the
+ * data groups): GPT-2's tied wte (embedding on the first stage, head on the last) and
+ * dropout in every block, the one-process bits; an untied llama-tiny likewise. */
 TEST(pipeline_and_pipeline_x_data) {
     NEED_MPI();
     REQUIRE(train(2, "p2", "--pp 2", true) == 0);
     REQUIRE(train(4, "p22", "--pp 2", true) == 0);
     check_identical("p2", "d1");
     check_identical("p22", "d1");
+    /* ZeRO 1 and 2 over the pipeline's data groups */
+    REQUIRE(train(4, "pz1", "--pp 2 --zero 1", true) == 0);
+    REQUIRE(train(4, "pz2", "--pp 2 --zero 2", true) == 0);
+    check_identical("pz1", "d1");
+    check_identical("pz2", "d1");
     const char *o = tu_slurp(wpath("p22.out"));
     CHECK(strstr(o, "2 on each of 2 data-parallel replicas") != NULL, "start line: %s", o);
     REQUIRE(train(0, "l1", "--model llama-tiny --dropout 0 --steps 6", true) == 0);
@@ -289,7 +294,6 @@ static void refused(int np, const char *run, const char *extra, const char *msg)
 
 TEST(refusals) {
     NEED_MPI();
-    refused(2, "bad_ppzero", "--pp 2 --zero 1", "--deterministic with --pp 2 and --zero 1: the stage's sharded");
     refused(4, "bad_ppdiv", "--pp 2 --accum 3", "--accum 3 is not divisible by the 2 data-parallel replicas");
     refused(2, "bad_psgd", "--grad-compress powersgd",
             "--deterministic with --grad-compress powersgd: the compressed gradient is an approximation");
