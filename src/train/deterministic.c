@@ -9,7 +9,9 @@
  * n * rows * W + r * rows + b) turns into exactly those micro-batches, and its cursor
  * moves by M x --batch rows per step on any layout (so resuming on another W works).
  * Dropout of micro-batch j draws from (seed, (step + 1) * 2^40 + j * 2^40 / 2^ceil(log2 M)),
- * a function of (step, j) only.
+ * a function of (step, j) only; before block l the block hook moves it to sub-range l + 1
+ * of that range (det_block_hook), so a block's masks do not depend on the blocks before
+ * it on the rank (pipeline stages).
  *
  * The sum. Each micro-batch's loss is scaled by 1/M before its backward (as --accum
  * does), its gradient is flattened out of .grad and pushed into a pairwise-summation
@@ -21,12 +23,24 @@
  * then see the same bits on every layout: the stage-0 sync's norm is computed like
  * the single process's (src/parallel/ddp.c, full_norm).
  *
- * Not covered: ZeRO 1/2 (the norm is summed per shard, whose bounds move with W),
+ * ZeRO 1-3: the same hook leaves each whole combined bucket on every rank, which keeps
+ * its chunk, and the norm is summed per parameter over whole gradients
+ * (anneal_ddp_set_full_norm), not per shard (whose bounds move with W).
+ *
+ * --pp N x D replicas (pipeline.c calls the anneal_train_det_pp_* functions below): a
+ * replica runs M/D micro-batches; each stage pushes its parameters' gradient into its
+ * tree after each micro-batch's backward (in order 0, 1, ...); the tied embedding's head
+ * half goes from the last stage to the first after each micro-batch and is added there
+ * as one process adds it (then the first stage's sum is broadcast back at the step's
+ * end); the loss is the last stage's tree; the data group's sync uses the same hook.
+ *
+ * Not covered: --tp (tp.c refuses it),
  * PowerSGD (a lossy, W-dependent approximation), devices other than the CPU (their
  * kernels' bit-identity across layouts is not established), and evaluation (each
  * rank's share of the val batches depends on W). Cost: no overlap of communication
  * with backward, W x the gradient received per rank, a copy of the gradient and up to
- * log2(M/W) partial sums per rank. */
+ * log2(M/W) partial sums per rank; with ZeRO, full-size gradients on every rank; with
+ * --pp and a tied embedding, V x C floats sent per micro-batch. */
 #include "train_internal.h"
 
 #include "anneal/trace.h"

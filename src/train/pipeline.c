@@ -30,7 +30,8 @@
  *
  * Not done: the fp16 loss scaler, PowerSGD, --offload and
  * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
- * that differ from a single process's (the same distribution, other masks). */
+ * that differ from a single process's (the same distribution, other masks), except under
+ * --deterministic (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
 #include "train_internal.h"
