@@ -206,8 +206,9 @@ int64_t anneal_train_det_memory_bytes(const trainer *t) {
     const struct train_det *d = t->det;
     if (!d) return 0;
     int64_t rows = t->local_batch * t->cfg.seq * local_count(t);
+    int64_t tied = d->tied_buf ? anneal_numel(d->ps->items[d->pp.tied].tensor) * (int64_t)sizeof(float) : 0;
     return anneal_det_tree_memory_bytes(d->tree) + d->numel * (int64_t)sizeof(float) +
-           anneal_det_sync_memory_bytes(d->sync) + 2 * rows * (int64_t)sizeof(int32_t);
+           anneal_det_sync_memory_bytes(d->sync) + 2 * rows * (int64_t)sizeof(int32_t) + tied;
 }
 
 void anneal_train_det_print_header(trainer *t) {
