@@ -189,6 +189,14 @@ void anneal_ddp_set_state_bytes(anneal_ddp *d, int64_t bytes);
 void anneal_ddp_set_param_shard(anneal_ddp *d, anneal_tensor *shard, anneal_status (*gather)(void *user), void *user);
 /* The stage-3 parameter shard, or NULL. */
 anneal_tensor *anneal_ddp_param_shard(const anneal_ddp *d);
+/* Stages 1-3 under a comm hook that leaves each whole agreed bucket on every rank
+ * (anneal_det_sync): the clipping norm is each parameter's sum of squares added in
+ * registration order (stage 0's arithmetic, the same for any world size) instead of the
+ * per-rank shard sums. */
+anneal_status anneal_ddp_set_full_norm(anneal_ddp *d);
+/* After a synchronised step under anneal_ddp_set_full_norm: each parameter's sum of
+ * squares (registration order of d's parameters), else NULL. */
+const double *anneal_ddp_full_norm_sums(const anneal_ddp *d);
 
 /* ------------------------------------------------ ZeRO-3 (zero3.c) */
 
@@ -338,9 +346,10 @@ double anneal_det_sum_f64(const double *x, int64_t n);
 anneal_status anneal_det_allreduce(anneal_comm *c, float *buf, int64_t n);
 /* The same for one double. */
 anneal_status anneal_det_allreduce_f64(anneal_comm *c, double *x);
-/* The comm hook of a stage-0 sync d that combines each bucket with anneal_det_allreduce
- * (the tree sum, not the mean: scale before). ZeRO stages are refused (their gradient
- * norm is summed per shard). Free it before d. */
+/* The comm hook of a sync d that combines each bucket with anneal_det_allreduce (the
+ * tree sum, not the mean: scale before). ZeRO stages 1-3: every rank gets the whole
+ * combined bucket and keeps its chunk, and the norm is summed per parameter
+ * (anneal_ddp_set_full_norm). Free it before d. */
 typedef struct anneal_det_sync anneal_det_sync;
 anneal_det_sync *anneal_det_sync_new(anneal_ddp *d);
 void anneal_det_sync_free(anneal_det_sync *s);

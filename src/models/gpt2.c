@@ -427,7 +427,7 @@ static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, an
     }
     for (int l = first; l < last; l++)
         x = cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, &m->blocks[l], 1, &x)
-                                                     : anneal_gpt2_block_forward(&m->blocks[l], x, NULL);
+                                                     : hooked_block(&m->blocks[l], x, NULL);
     if (last < cfg->n_layer) return x;
     anneal_tensor *h = anneal_nn_layer_norm_forward(&m->ln_f, x);
     return anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, mm->ctx.compute);

@@ -101,6 +101,7 @@ struct anneal_ddp {
     anneal_tensor *param_shard; /* stage 3: the parameters' shard (zero3.c), not owned */
     anneal_status (*param_gather)(void *user); /* stage 3: anneal_ddp_gather_params */
     void *param_gather_user;
+    double *param_ss;     /* anneal_ddp_set_full_norm: each parameter's sum of squares from the agreed buckets */
     /* ANNEAL_DDP_PROGRESS=thread: a thread tests the in-flight requests during backward
      * instead of the hook; every MPI call between begin_backward and finish happens
      * under mu (so MPI_THREAD_SERIALIZED is enough). */
@@ -116,6 +117,7 @@ anneal_ddp_config anneal_ddp_defaults(void) {
 }
 
 static void stop_thread(anneal_ddp *d);
+static anneal_status sums_of_squares(const anneal_ddp *d, int n, const anneal_tensor *const *ts, double *out);
 
 static int cmp_ptr(const void *a, const void *b) {
     uintptr_t x = (uintptr_t)((const ptr_index *)a)->t, y = (uintptr_t)((const ptr_index *)b)->t;
@@ -238,6 +240,7 @@ void anneal_ddp_free(anneal_ddp *d) {
     free(d->ready);
     free(d->lookup);
     free(d->pieces);
+    free(d->param_ss);
     free(d);
 }
 
@@ -412,6 +415,15 @@ static anneal_status complete(anneal_ddp *d, int k) {
     /* with a hook the whole agreed bucket is in buf: the rank's chunk starts at rank * chunk */
     const anneal_tensor *from = d->hook ? b->buf : b->recv;
     int64_t from_off = d->hook ? (int64_t)anneal_comm_rank(d->c) * b->chunk : 0;
+    /* anneal_ddp_set_full_norm: the whole agreed bucket is here, so each parameter's sum
+     * of squares is taken from its whole gradient (the same on every rank) */
+    for (int p = b->lo; d->param_ss && d->hook && p <= b->hi; p++) {
+        const anneal_tensor *t = d->ps->items[p].tensor;
+        anneal_tensor *v = view(b->buf, d->offset[p] - b->start, t->ndim, t->shape);
+        anneal_status s = v ? sums_of_squares(d, 1, (const anneal_tensor *const *)&v, &d->param_ss[p]) : anneal_last_status();
+        anneal_release(v);
+        if (s != ANNEAL_OK) return s;
+    }
     if (b->shard_len > 0) {
         anneal_status s = copy_release(d, flat(d->shard_grad, b->shard_off, b->shard_len),
                                        flat(from, from_off, b->shard_len));
@@ -655,7 +667,13 @@ anneal_status anneal_ddp_clip_grad_norm(anneal_ddp *d, float max_norm, float *no
     if (!(max_norm >= 0) && !(max_norm <= 0))
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_clip_grad_norm: invalid max_norm %g", (double)max_norm);
     float norm = 0;
-    if ((s = d->cfg.zero_stage == 0 ? full_norm(d, &norm) : shard_norm(d, &norm)) != ANNEAL_OK) return s;
+    if (d->cfg.zero_stage > 0 && d->param_ss && d->hook) { /* anneal_ddp_set_full_norm: full_norm's order */
+        double total = 0;
+        for (int i = 0; i < d->n; i++) total += d->param_ss[i];
+        norm = (float)sqrt(total);
+    } else if ((s = d->cfg.zero_stage == 0 ? full_norm(d, &norm) : shard_norm(d, &norm)) != ANNEAL_OK) {
+        return s;
+    }
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm) || !(max_norm > 0)) return ANNEAL_OK;
     float coef = max_norm / (norm + 1e-6f);
@@ -814,3 +832,17 @@ void anneal_ddp_set_param_shard(anneal_ddp *d, anneal_tensor *shard, anneal_stat
 }
 
 anneal_tensor *anneal_ddp_param_shard(const anneal_ddp *d) { return d ? d->param_shard : NULL; }
+
+/* Stages 1-3 with a comm hook that leaves the whole agreed bucket on every rank: the
+ * norm is then each parameter's sum of squares (taken in complete) added in
+ * registration order, full_norm's arithmetic, instead of the shards' sums. */
+anneal_status anneal_ddp_set_full_norm(anneal_ddp *d) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_set_full_norm: NULL sync");
+    if (d->cfg.zero_stage == 0 || d->param_ss) return ANNEAL_OK; /* stage 0: full_norm already */
+    d->param_ss = calloc((size_t)(d->n > 0 ? d->n : 1), sizeof *d->param_ss);
+    return d->param_ss ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
+}
+
+const double *anneal_ddp_full_norm_sums(const anneal_ddp *d) {
+    return d && d->param_ss && d->hook && d->synced ? d->param_ss : NULL;
+}

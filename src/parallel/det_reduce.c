@@ -242,11 +242,9 @@ anneal_det_sync *anneal_det_sync_new(anneal_ddp *d) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_det_sync_new: NULL sync");
         return NULL;
     }
-    if (anneal_ddp_stage(d) != 0) {
-        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "deterministic gradient sync: ZeRO stage %d shards the gradient "
-                                                 "norm by rank (only stage 0 is deterministic)", anneal_ddp_stage(d));
-        return NULL;
-    }
+    /* ZeRO 1-3: the hook leaves the whole combined bucket on every rank (the rank keeps
+     * its chunk), so the norm can be summed per parameter, as at stage 0 */
+    if (anneal_ddp_set_full_norm(d) != ANNEAL_OK) return NULL;
     anneal_det_sync *s = calloc(1, sizeof *s);
     if (!s) {
         anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the deterministic gradient sync");

@@ -9,7 +9,9 @@
  * n * rows * W + r * rows + b) turns into exactly those micro-batches, and its cursor
  * moves by M x --batch rows per step on any layout (so resuming on another W works).
  * Dropout of micro-batch j draws from (seed, (step + 1) * 2^40 + j * 2^40 / 2^ceil(log2 M)),
- * a function of (step, j) only.
+ * a function of (step, j) only; before block l the block hook moves it to sub-range l + 1
+ * of that range (det_block_hook), so a block's masks do not depend on the blocks before
+ * it on the rank (pipeline stages).
  *
  * The sum. Each micro-batch's loss is scaled by 1/M before its backward (as --accum
  * does), its gradient is flattened out of .grad and pushed into a pairwise-summation
@@ -25,12 +27,24 @@
  * group's ranks run the same micro-batches) and the blocks run their projections in
  * canonical chunks on every layout (tp_det.c).
  *
- * Not covered: ZeRO 1/2 (the norm is summed per shard, whose bounds move with W),
+ * ZeRO 1-3: the same hook leaves each whole combined bucket on every rank, which keeps
+ * its chunk, and the norm is summed per parameter over whole gradients
+ * (anneal_ddp_set_full_norm), not per shard (whose bounds move with W).
+ *
+ * --pp N x D replicas (pipeline.c calls the anneal_train_det_pp_* functions below): a
+ * replica runs M/D micro-batches; each stage pushes its parameters' gradient into its
+ * tree after each micro-batch's backward (in order 0, 1, ...); the tied embedding's head
+ * half goes from the last stage to the first after each micro-batch and is added there
+ * as one process adds it (then the first stage's sum is broadcast back at the step's
+ * end); the loss is the last stage's tree; the data group's sync uses the same hook.
+ *
+ * Not covered:
  * PowerSGD (a lossy, W-dependent approximation), devices other than the CPU (their
  * kernels' bit-identity across layouts is not established), and evaluation (each
  * rank's share of the val batches depends on W). Cost: no overlap of communication
  * with backward, W x the gradient received per rank, a copy of the gradient and up to
- * log2(M/W) partial sums per rank. */
+ * log2(M/W) partial sums per rank; with ZeRO, full-size gradients on every rank; with
+ * --pp and a tied embedding, V x C floats sent per micro-batch. */
 #include "train_internal.h"
 
 #include "anneal/trace.h"
@@ -40,6 +54,14 @@
 #include <string.h>
 
 struct train_det {
+    anneal_params *ps;     /* the parameters summed: the model's, or (--pp) the stage's */
+    anneal_train_det_pp pp; /* --pp: the stage (pp.n == 0: no pipeline) */
+    float *tied_buf;       /* --pp, first stage: the head's half of the tied gradient */
+    int64_t tied_off;      /* --pp: the tied parameter's offset in flat */
+    anneal_block_hook_fn prev_hook; /* the model's block hook before ours (ZeRO-3's), chained */
+    void *prev_user;
+    bool hooked, active;   /* our block hook installed; reseeding (inside a step's micro-batches) */
+    int shift, sub_shift;  /* generator offset bits of a micro-batch and of a block in it */
     anneal_det_tree *tree; /* the rank's micro-batch gradients */
     anneal_det_sync *sync; /* the sync's comm hook (W > 1) */
     float *flat;           /* one gradient, all parameters concatenated */
@@ -49,7 +71,7 @@ struct train_det {
     int64_t numel;
 };
 
-/* Micro-batches per rank. */
+/* Micro-batches per rank (per replica of the data group with --pp). */
 static int64_t local_count(const trainer *t) { return t->cfg.accum / (t->data_world > 0 ? t->data_world : 1); }
 
 int64_t anneal_train_det_rows(const trainer *t) {
@@ -63,41 +85,51 @@ anneal_status anneal_train_det_check(trainer *t) {
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --device %s: CPU runs only (that the device's "
                                                 "kernels give the same bits on every layout is not established)",
                                 c->device ? c->device : "?");
-    if (c->pp > 1)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --pp %lld: the pipeline's micro-batch schedule and "
-                                                "its data groups are not ordered by the fixed tree yet; use --pp 1",
-                                (long long)c->pp);
-    if (c->zero > 0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --zero %lld: ZeRO sums the gradient norm per "
-                                                "shard, and the shards' bounds depend on the number of ranks; use "
-                                                "--zero 0", (long long)c->zero);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic with --grad-compress %s: the compressed gradient is "
                                                 "an approximation that depends on the number of ranks; use "
                                                 "--grad-compress none", c->grad_compress);
-    if (c->accum % t->data_world != 0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld is not divisible by the %d ranks "
+    /* the ranks that split the micro-batches: all of them, or with --pp / --tp the replicas */
+    int w = t->data_world > 0 ? t->data_world : 1;
+    const char *who = c->pp > 1 || c->tp > 1 ? "data-parallel replicas" : "ranks";
+    if (c->accum % w != 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld is not divisible by the %d %s "
                                                 "(with --deterministic, --accum counts the step's micro-batches over "
-                                                "all ranks, each of --batch rows)", (long long)c->accum, t->data_world);
-    int64_t ml = c->accum / t->data_world;
-    if (t->data_world > 1 && (ml & (ml - 1)) != 0)
-        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld over %d ranks gives %lld micro-batches "
-                                                "per rank, which must be a power of two (each rank's share is one "
+                                                "all ranks, each of --batch rows)", (long long)c->accum, w, who);
+    int64_t ml = c->accum / w;
+    if (w > 1 && (ml & (ml - 1)) != 0)
+        return anneal_set_error(ANNEAL_ERR_ARG, "--deterministic: --accum %lld over %d %s gives %lld micro-batches "
+                                                "per %s, which must be a power of two (each share is one "
                                                 "complete subtree of the fixed summation tree)",
-                                (long long)c->accum, t->data_world, (long long)ml);
+                                (long long)c->accum, w, who, (long long)ml, c->pp > 1 || c->tp > 1 ? "replica" : "rank");
     return ANNEAL_OK;
 }
 
-/* The state, made on first use (the model exists by then). */
-static anneal_status get_state(trainer *t, struct train_det **out) {
+/* ceil(log2 m) for m >= 1. */
+static int ceil_log2(int64_t m) {
+    int k = 0;
+    while (((int64_t)1 << k) < m) k++;
+    return k;
+}
+
+/* The state, made on first use (the model exists by then; pp: the stage, or NULL). */
+static anneal_status get_state_pp(trainer *t, const anneal_train_det_pp *pp, struct train_det **out) {
     if (t->det) {
         *out = t->det;
         return ANNEAL_OK;
     }
     struct train_det *d = calloc(1, sizeof *d);
     int64_t ml = local_count(t), rows = t->local_batch * t->cfg.seq * ml;
-    anneal_params *ps = t->model->params;
+    anneal_params *ps = pp && pp->n > 1 ? pp->view : t->model->params;
     if (d) {
+        d->ps = ps;
+        if (pp) d->pp = *pp;
+        d->pp.tied = pp && pp->n > 1 && pp->embed ? pp->tied : -1;
+        d->shift = 40 - ceil_log2(t->cfg.accum);
+        d->sub_shift = d->shift - ceil_log2((int64_t)t->mcfg.n_layer + 1);
+        for (int p = 0; p < d->pp.tied; p++) d->tied_off += anneal_numel(ps->items[p].tensor);
+        if (d->pp.tied >= 0 && d->pp.stage == 0)
+            d->tied_buf = malloc((size_t)anneal_numel(ps->items[d->pp.tied].tensor) * sizeof(float));
         d->numel = anneal_params_numel(ps);
         d->tree = anneal_det_tree_new(d->numel);
         d->flat = malloc((size_t)(d->numel > 0 ? d->numel : 1) * sizeof *d->flat);
@@ -107,10 +139,43 @@ static anneal_status get_state(trainer *t, struct train_det **out) {
         d->losses = calloc((size_t)ml, sizeof *d->losses);
     }
     t->det = d;
-    if (!d || !d->tree || !d->flat || !d->seen || !d->ids || !d->tg || !d->losses)
+    if (!d || !d->tree || !d->flat || !d->seen || !d->ids || !d->tg || !d->losses ||
+        (d->pp.tied >= 0 && d->pp.stage == 0 && !d->tied_buf))
         return anneal_set_error(ANNEAL_ERR_OOM, "--deterministic: out of memory for the gradient tree");
     *out = d;
     return ANNEAL_OK;
+}
+
+static anneal_status get_state(trainer *t, struct train_det **out) { return get_state_pp(t, NULL, out); }
+
+/* The model's block hook while a step's micro-batches run: before block l the generator
+ * goes to sub-range l + 1 of the micro-batch's range (slot 0 is the embedding's), found
+ * from the current offset (a micro-batch's range is 2^shift aligned), so dropout in a
+ * block does not depend on which blocks ran before it on this rank (--pp stages), and a
+ * recompute replay (which restores the generator of the block's start) draws the same.
+ * Then the hook it replaced (ZeRO-3's gathering). */
+static anneal_status det_block_hook(void *user, int layer, bool before) {
+    trainer *t = user;
+    struct train_det *d = t->det;
+    if (before && d->active) {
+        anneal_rng_state r = anneal_rng_get();
+        uint64_t mask = ((uint64_t)1 << d->shift) - 1;
+        r.offset = (r.offset & ~mask) + ((uint64_t)(layer + 1) << d->sub_shift);
+        anneal_rng_set(r);
+    }
+    return d->prev_hook ? d->prev_hook(d->prev_user, layer, before) : ANNEAL_OK;
+}
+
+/* Installs det_block_hook in front of the model's (at the first step: ZeRO-3 installs
+ * its own during setup, after the state is made). */
+static void hook_blocks(trainer *t, struct train_det *d) {
+    anneal_model *m = t->model;
+    if (d->hooked) return;
+    d->prev_hook = m->block_hook;
+    d->prev_user = m->block_hook_user;
+    m->block_hook = det_block_hook;
+    m->block_hook_user = t;
+    d->hooked = true;
 }
 
 anneal_status anneal_train_det_attach(trainer *t) {
@@ -125,7 +190,12 @@ anneal_status anneal_train_det_attach(trainer *t) {
 void anneal_train_det_free(trainer *t) {
     struct train_det *d = t->det;
     if (!d) return;
+    if (d->hooked && t->model && t->model->block_hook == det_block_hook) { /* the hook it replaced, back */
+        t->model->block_hook = d->prev_hook;
+        t->model->block_hook_user = d->prev_user;
+    }
     anneal_det_sync_free(d->sync);
+    free(d->tied_buf);
     anneal_det_tree_free(d->tree);
     free(d->flat);
     free(d->seen);
@@ -140,8 +210,9 @@ int64_t anneal_train_det_memory_bytes(const trainer *t) {
     const struct train_det *d = t->det;
     if (!d) return 0;
     int64_t rows = t->local_batch * t->cfg.seq * local_count(t);
+    int64_t tied = d->tied_buf ? anneal_numel(d->ps->items[d->pp.tied].tensor) * (int64_t)sizeof(float) : 0;
     return anneal_det_tree_memory_bytes(d->tree) + d->numel * (int64_t)sizeof(float) +
-           anneal_det_sync_memory_bytes(d->sync) + 2 * rows * (int64_t)sizeof(int32_t);
+           anneal_det_sync_memory_bytes(d->sync) + 2 * rows * (int64_t)sizeof(int32_t) + tied;
 }
 
 void anneal_train_det_print_header(trainer *t) {
@@ -149,11 +220,11 @@ void anneal_train_det_print_header(trainer *t) {
     if (!c->deterministic) return;
     int64_t ml = local_count(t);
     anneal_progress_note(t->prog,
-                         "deterministic: %lld micro-batch%s of %lld rows per step, %lld on each of %d rank%s (this one: "
+                         "deterministic: %lld micro-batch%s of %lld rows per step, %lld on each of %d %s%s (this one: "
                          "%lld-%lld), gradients and losses summed in one fixed binary tree: bit-identical for any number "
                          "of ranks at the same --threads per rank (%d here)",
                          (long long)c->accum, c->accum > 1 ? "es" : "", (long long)t->local_batch, (long long)ml,
-                         t->data_world, t->data_world > 1 ? "s" : "", (long long)(t->data_rank * ml),
+                         t->data_world, t->pp || c->tp > 1 ? "data-parallel replica" : "rank", t->data_world > 1 ? "s" : "", (long long)(t->data_rank * ml),
                          (long long)(t->data_rank * ml + ml - 1), anneal_get_num_threads());
 }
 
@@ -167,16 +238,9 @@ static anneal_status any_rank(trainer *t, bool *flag) {
     return st;
 }
 
-/* ceil(log2 m) for m >= 1. */
-static int ceil_log2(int64_t m) {
-    int k = 0;
-    while (((int64_t)1 << k) < m) k++;
-    return k;
-}
-
 /* The micro-batch's gradient (in .grad) into the tree; .grad is cleared for the next. */
-static anneal_status push_grads(trainer *t, struct train_det *d) {
-    anneal_params *ps = t->model->params;
+static anneal_status push_grads(struct train_det *d) {
+    anneal_params *ps = d->ps;
     int64_t off = 0;
     for (int p = 0; p < ps->n; p++) {
         const anneal_tensor *x = ps->items[p].tensor, *g = x->grad;
@@ -193,13 +257,13 @@ static anneal_status push_grads(trainer *t, struct train_det *d) {
         off += n;
     }
     anneal_params_zero_grad(ps);
-    return anneal_det_tree_push(d->tree, d->flat);
+    return ANNEAL_OK;
 }
 
 /* The tree sum into .grad of every parameter that got a gradient. */
-static anneal_status finish_grads(trainer *t, struct train_det *d) {
+static anneal_status finish_grads(struct train_det *d) {
     anneal_status st = anneal_det_tree_finish(d->tree, d->flat);
-    anneal_params *ps = t->model->params;
+    anneal_params *ps = d->ps;
     int64_t off = 0;
     for (int p = 0; p < ps->n && st == ANNEAL_OK; p++) {
         anneal_tensor *x = ps->items[p].tensor;
@@ -227,7 +291,8 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     if (st != ANNEAL_OK) return st;
     int64_t M = c->accum, ml = local_count(t), first = (int64_t)t->data_rank * ml;
     int64_t B = t->local_batch, T = c->seq, shape[2] = {B, T};
-    int shift = 40 - ceil_log2(M);
+    int shift = d->shift;
+    hook_blocks(t, d);
     anneal_model_set_training(t->model, true);
     anneal_params_zero_grad(t->model->params);
     memset(d->seen, 0, (size_t)t->model->params->n * sizeof *d->seen);
@@ -236,6 +301,7 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     st = anneal_train_source_next(&t->train, d->ids, d->tg); /* the rank's micro-batches of the step */
     anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
     bool abandoned = false;
+    d->active = true;
     for (int64_t i = 0; i < ml && st == ANNEAL_OK; i++) {
         if (i > 0) { /* a stop request between micro-batches abandons the step, as in loop.c */
             bool stop = anneal_train_stop_requested(NULL);
@@ -263,9 +329,11 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
         if (st == ANNEAL_OK) st = anneal_to_f32_buffer(loss, &lv);
         d->losses[i] = (double)lv;
         anneal_scope_close(s);
-        if (st == ANNEAL_OK) st = push_grads(t, d);
+        if (st == ANNEAL_OK) st = push_grads(d);
+        if (st == ANNEAL_OK) st = anneal_det_tree_push(d->tree, d->flat);
     }
     /* the generator as the next step sets it: the same on every layout */
+    d->active = false;
     anneal_rng_set((anneal_rng_state){(uint64_t)c->seed, (uint64_t)(step + 2) << 40});
     if (abandoned || st != ANNEAL_OK) {
         float scratch;
@@ -273,7 +341,7 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
         anneal_params_zero_grad(t->model->params);
         return abandoned ? ANNEAL_ERR_INTERRUPTED : st;
     }
-    if ((st = finish_grads(t, d)) != ANNEAL_OK) return st;
+    if ((st = finish_grads(d)) != ANNEAL_OK) return st;
     /* the loss: the rank's subtree, then the tree over the ranks' subtrees, over M */
     double loss = anneal_det_sum_f64(d->losses, ml);
     anneal_comm *dc = anneal_train_tp_dp_comm(t); /* the replicas (--tp: a group's ranks share micro-batches) */
@@ -281,5 +349,92 @@ anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *l
     *loss_out = loss / (double)M;
     /* the sync (anneal_ddp_finish in the optimizer phase) combines the ranks' subtrees */
     if (t->ddp) st = anneal_ddp_begin_backward(t->ddp, true);
+    return st;
+}
+
+/* ------------------------------------------------------------------ --pp */
+
+#define TIED_TAG 31101 /* the head's half of the tied gradient, last stage -> first (embed group) */
+
+anneal_status anneal_train_det_pp_attach(trainer *t, const anneal_train_det_pp *pp) {
+    if (!t->cfg.deterministic) return ANNEAL_OK;
+    struct train_det *d = NULL;
+    anneal_status st = get_state_pp(t, pp, &d);
+    if (st != ANNEAL_OK || !t->ddp || d->sync) return st;
+    d->sync = anneal_det_sync_new(t->ddp); /* the data group's sync over the stage's parameters */
+    return d->sync ? ANNEAL_OK : anneal_last_status();
+}
+
+anneal_status anneal_train_det_pp_forward(trainer *t, int64_t step, int k, int32_t **ids, int32_t **tg) {
+    struct train_det *d = t->det;
+    const anneal_train_config *c = &t->cfg;
+    anneal_status st = ANNEAL_OK;
+    if (!d) return anneal_set_error(ANNEAL_ERR_STATE, "--deterministic --pp: no state (attach not called)");
+    if (k == 0) { /* the replica's micro-batches of the step, as the single process reads its own */
+        hook_blocks(t, d);
+        memset(d->seen, 0, (size_t)d->ps->n * sizeof *d->seen);
+        int64_t span_t0 = anneal_span_begin();
+        st = anneal_train_source_next(&t->train, d->ids, d->tg);
+        anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
+        d->active = true;
+    }
+    /* micro-batch j's generator, as anneal_train_det_micro_batches sets it */
+    uint64_t j = (uint64_t)((int64_t)t->data_rank * local_count(t) + k);
+    anneal_rng_set((anneal_rng_state){(uint64_t)c->seed, ((uint64_t)(step + 1) << 40) + (j << d->shift)});
+    int64_t bt = t->local_batch * c->seq;
+    *ids = d->ids + k * bt;
+    *tg = d->tg + k * bt;
+    return st;
+}
+
+anneal_status anneal_train_det_pp_push(trainer *t, int k) {
+    (void)k; /* pushed in micro-batch order: every stage runs its backwards 0, 1, ... */
+    struct train_det *d = t->det;
+    anneal_status st = push_grads(d);
+    if (st == ANNEAL_OK && d->pp.tied >= 0) {
+        int64_t n = anneal_numel(d->ps->items[d->pp.tied].tensor);
+        float *g = d->flat + d->tied_off;
+        if (d->pp.stage == d->pp.n - 1) {
+            /* blocking: the first stage receives after its backward of this micro-batch,
+             * which needs nothing more from this stage (the input gradient went before) */
+            st = anneal_comm_send(d->pp.embed, g, n, ANNEAL_F32, 0, TIED_TAG);
+            memset(g, 0, (size_t)n * sizeof(float)); /* the first stage's tree holds the tied sum */
+        } else {
+            st = anneal_comm_recv(d->pp.embed, d->tied_buf, n, ANNEAL_F32, 1, TIED_TAG);
+            /* one process: the head's gradient lands in .grad first and the embedding's is
+             * added to it (one f32 add per element: accumulate_leaf) */
+            for (int64_t i = 0; i < n && st == ANNEAL_OK; i++) g[i] = d->tied_buf[i] + g[i];
+            d->seen[d->pp.tied] = true;
+        }
+    }
+    if (st == ANNEAL_OK) st = anneal_det_tree_push(d->tree, d->flat);
+    return st;
+}
+
+anneal_status anneal_train_det_pp_finish(trainer *t, int64_t step, double *loss) {
+    struct train_det *d = t->det;
+    const anneal_train_config *c = &t->cfg;
+    int64_t ml = local_count(t);
+    d->active = false;
+    anneal_rng_set((anneal_rng_state){(uint64_t)c->seed, (uint64_t)(step + 2) << 40});
+    anneal_status st = finish_grads(d);
+    if (st == ANNEAL_OK && d->pp.tied >= 0) { /* the first stage's tree sum, bit for bit, on the last */
+        anneal_tensor *x = d->ps->items[d->pp.tied].tensor;
+        if (!x->grad || x->grad->dtype != ANNEAL_F32 || !anneal_is_contiguous(x->grad))
+            st = anneal_set_error(ANNEAL_ERR_STATE, "--deterministic --pp: the tied '%s' has no f32 gradient",
+                                  d->ps->items[d->pp.tied].name);
+        else st = anneal_comm_broadcast(d->pp.embed, anneal_data(x->grad), anneal_numel(x), ANNEAL_F32, 0);
+    }
+    /* the loss: the last stage's micro-batch losses in the replica's subtree, sent down the
+     * pipeline as bits, then the tree over the replicas' subtrees, over M */
+    double sum = 0;
+    if (d->pp.stage == d->pp.n - 1) {
+        for (int64_t k = 0; k < ml; k++) d->losses[k] = (double)t->host_losses[k];
+        sum = anneal_det_sum_f64(d->losses, ml);
+    }
+    if (st == ANNEAL_OK) st = anneal_comm_broadcast(d->pp.pipe, &sum, 8, ANNEAL_U8, d->pp.n - 1);
+    if (st == ANNEAL_OK && d->pp.data && anneal_comm_size(d->pp.data) > 1) st = anneal_det_allreduce_f64(d->pp.data, &sum);
+    *loss = sum / (double)c->accum;
+    if (st == ANNEAL_OK && t->ddp) st = anneal_ddp_begin_backward(t->ddp, true); /* the sync combines the replicas' */
     return st;
 }

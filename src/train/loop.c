@@ -61,7 +61,7 @@ static anneal_status det_step(trainer *t, int64_t step, step_out *o) {
 
 static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
     const anneal_train_config *c = &t->cfg;
-    if (c->deterministic) return det_step(t, step, o);
+    if (c->deterministic && !t->pp) return det_step(t, step, o); /* --pp: pipeline.c calls deterministic.c */
     anneal_rng_state rs = {(uint64_t)c->seed, (uint64_t)(step + 1) << 40};
     anneal_rng_set(rs);
     anneal_model_set_training(t->model, true);

@@ -30,7 +30,8 @@
  *
  * Not done: the fp16 loss scaler, PowerSGD, --offload and
  * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
- * that differ from a single process's (the same distribution, other masks). */
+ * that differ from a single process's (the same distribution, other masks), except under
+ * --deterministic (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
 #include "train_internal.h"
@@ -70,6 +71,7 @@ struct train_pp {
     bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
                                       * sync, without overlap, reads .grad in anneal_ddp_finish) */
     double *view_ss, *view_ss_all;   /* ZeRO 1-2: per view parameter, this rank's and every replica's shard sums */
+    int64_t step;                    /* the step being run (--deterministic: the micro-batches' generators) */
 };
 
 /* Stage of blocks of rank p in N over L blocks: [p L / N, (p + 1) L / N). */
@@ -300,6 +302,13 @@ anneal_status anneal_train_pp_optimizer(trainer *t) {
         if (!t->ddp) st = restate(anneal_last_status(), "gradient sync of the stage: ");
         if (st == ANNEAL_OK && dc.zero_stage > 0) st = fatal(t, make_zero_optimizer(t));
     }
+    if (st == ANNEAL_OK && t->cfg.deterministic) { /* the stage's tree and the data group's ordered combine */
+        anneal_train_det_pp dp = {.stage = pp->stage, .n = pp->n, .pipe = pp->pipe, .data = pp->data,
+                                  .embed = pp->embed, .view = &pp->view, .tied = -1};
+        for (int j = 0; j < pp->view.n; j++)
+            if (pp->tied[pp->view_of[j]]) dp.tied = j;
+        st = anneal_train_det_pp_attach(t, &dp);
+    }
     /* every replica starts from replica 0's weights (as DDP starts from rank 0's) */
     if (st == ANNEAL_OK && t->ddp && (st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK)
         st = restate(st, "broadcast of the parameters: ");
@@ -325,12 +334,14 @@ static anneal_status forward(trainer *t, int k, bool inject) {
     if (!pp->scopes[k]) return anneal_last_status();
     anneal_scope_enter(pp->scopes[k]);
     int64_t span_t0 = anneal_span_begin();
-    anneal_status st = anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
+    int32_t *h_ids = t->host_ids, *h_tg = t->host_tg; /* --deterministic: micro-batch k of the step's rows */
+    anneal_status st = c->deterministic ? anneal_train_det_pp_forward(t, pp->step, k, &h_ids, &h_tg)
+                                        : anneal_train_source_next(&t->train, t->host_ids, t->host_tg);
     anneal_span_end(ANNEAL_SPAN_LOADER, "next batch", span_t0, 0, 0);
     anneal_tensor *in = NULL, *tg = NULL;
     bool last = pp->stage == pp->n - 1;
-    if (st == ANNEAL_OK && pp->stage == 0) in = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_ids);
-    if (st == ANNEAL_OK && last) tg = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_tg);
+    if (st == ANNEAL_OK && pp->stage == 0) in = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, h_ids);
+    if (st == ANNEAL_OK && last) tg = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, h_tg);
     if (st == ANNEAL_OK && pp->stage > 0) {
         in = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, 3, shape);
         st = in ? recv_idle(pp, anneal_data(in), pp->stage - 1, ACT_TAG(k)) : anneal_last_status();
@@ -369,8 +380,9 @@ static anneal_status backward(trainer *t, int k) {
     int64_t shape[3] = {t->local_batch, c->seq, t->mcfg.n_embd};
     anneal_scope_enter(pp->scopes[k]);
     anneal_status st = ANNEAL_OK;
-    /* distributed over the data group: gradients are communicated on the last micro-batch */
-    if (t->ddp) st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1);
+    /* distributed over the data group: gradients are communicated on the last micro-batch
+     * (--deterministic: after the step's tree, anneal_train_det_pp_finish) */
+    if (t->ddp && !c->deterministic) st = anneal_ddp_begin_backward(t->ddp, k == c->accum - 1);
     int64_t span_t0 = anneal_span_begin();
     if (st == ANNEAL_OK && pp->stage == pp->n - 1) {
         st = anneal_backward(pp->out[k]);
@@ -389,6 +401,7 @@ static anneal_status backward(trainer *t, int k) {
             st = anneal_comm_send_start(pp->pipe, buf, pp->act, ANNEAL_F32, pp->stage - 1, GRAD_TAG(k),
                                         &pp->reqs[pp->n_reqs++]);
     }
+    if (st == ANNEAL_OK && c->deterministic) st = anneal_train_det_pp_push(t, k); /* into the stage's tree */
     anneal_scope_leave();
     anneal_scope_free(pp->scopes[k]);
     pp->scopes[k] = NULL;
@@ -421,6 +434,10 @@ static anneal_status shard_sums(trainer *t, const anneal_backend *be, anneal_ten
     int np = 0, nv = pp->view.n;
     const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(t->ddp, &np);
     anneal_tensor *g = anneal_ddp_shard_grad_tensor(t->ddp);
+    const double *full = anneal_ddp_full_norm_sums(t->ddp); /* --deterministic: per parameter, whole */
+    for (int j = 0; full && j < nv; j++)
+        if (pp->owner[pp->view_of[j]] == pp->stage) ((double *)anneal_data(acc))[pp->view_of[j]] = full[j];
+    if (full) return ANNEAL_OK;
     anneal_scope *s = anneal_scope_open();
     int64_t len = np > 0 ? np : 1;
     anneal_tensor *part = anneal_empty_on(ANNEAL_CPU, ANNEAL_F64, 1, &len);
@@ -488,10 +505,11 @@ static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) 
 
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
                                    bool *skipped) {
-    (void)step;
     struct train_pp *pp = t->pp;
     const anneal_train_config *c = &t->cfg;
-    int M = (int)c->accum, N = pp->n, p = pp->stage;
+    /* --deterministic: the replica's accum / replicas micro-batches of --batch rows */
+    int M = (int)(c->deterministic ? c->accum / pp->replicas : c->accum), N = pp->n, p = pp->stage;
+    pp->step = step;
     int warm = N - p - 1 < M ? N - p - 1 : M;
     double t0 = now_ms();
     pp->idle_ms = 0;
@@ -517,12 +535,17 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     pp->n_reqs = 0;
     if (st != ANNEAL_OK) return st;
     int64_t span_t0 = anneal_span_begin(); /* gradient sync, norm, clipping, update */
+    double mean = 0;
+    if (c->deterministic) { /* the trees, the tied copy, the loss in the tree's order (deterministic.c) */
+        if ((st = anneal_train_det_pp_finish(t, step, &mean)) != ANNEAL_OK) return st;
+        if (t->ddp && (st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
+        goto update;
+    }
     if (pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
     if (t->ddp && (st = anneal_ddp_finish(t->ddp)) != ANNEAL_OK) return st;
     if (!pp->tied_before_sync && (st = sum_tied(t)) != ANNEAL_OK) return st;
     /* the loss: the last stage's mean of its micro-batches (in double, in order, as one
      * process sums them), sent to the whole pipeline; then the mean over replicas */
-    double mean = 0;
     if (p == N - 1) {
         for (int k = 0; k < M; k++) mean += (double)t->host_losses[k];
         mean /= (double)M;
@@ -533,6 +556,7 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
         if ((st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_MEAN)) != ANNEAL_OK) return st;
         mean = v;
     }
+update:
     *loss = mean;
     if ((st = norm_and_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, norm)) != ANNEAL_OK) return st;
     *skipped = !isfinite(mean) || !isfinite(*norm);

@@ -260,6 +260,26 @@ int64_t anneal_train_det_memory_bytes(const trainer *t);
  * loss of the step's M micro-batches (the same bits on every rank and layout). */
 anneal_status anneal_train_det_micro_batches(trainer *t, int64_t step, double *loss);
 void anneal_train_det_free(trainer *t);
+/* --pp under --deterministic: what deterministic.c needs of a pipeline rank (pipeline.c
+ * fills it and calls the four functions below; deterministic.c does not call pipeline.c). */
+typedef struct anneal_train_det_pp {
+    int stage, n;               /* this rank's stage of n */
+    anneal_comm *pipe, *data, *embed; /* pipeline, data and tied-embedding groups (embed: NULL if none) */
+    anneal_params *view;        /* the stage's parameters (owned and tied) */
+    int tied;                   /* view index of the tied embedding (-1: none) */
+} anneal_train_det_pp;
+/* The stage's tree (over the view) and, with replicas, the data group sync's hook. */
+anneal_status anneal_train_det_pp_attach(trainer *t, const anneal_train_det_pp *pp);
+/* Micro-batch k (of the replica's accum/replicas) of the step: its rows (*ids, *tg point
+ * into the step's, read at k == 0) and its dropout generator. */
+anneal_status anneal_train_det_pp_forward(trainer *t, int64_t step, int k, int32_t **ids, int32_t **tg);
+/* After micro-batch k's backward on the stage: the tied embedding's head half goes from
+ * the last stage to the first, which adds it as one process does; the stage's gradient
+ * into its tree. */
+anneal_status anneal_train_det_pp_push(trainer *t, int k);
+/* The step's end: the trees into .grad, the tied gradient copied to the last stage, the
+ * sync armed; *loss from the last stage's losses (host_losses) in the tree's order. */
+anneal_status anneal_train_det_pp_finish(trainer *t, int64_t step, double *loss);
 
 /* --- pipeline.c: --pp N (1F1B pipeline stages x data-parallel replicas) */
 /* Setup, before the batch split: checks --pp against the world and --accum, sets

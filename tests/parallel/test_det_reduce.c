@@ -137,7 +137,8 @@ TEST(allreduce_across_ranks) {
 /* The comm hook on a tiny GPT-2: M micro-batches of 24/M rows, each rank the tree of its
  * M/W micro-batch gradients in .grad, anneal_ddp_finish with the hook: every rank holds
  * the one-process tree over all 8 micro-batch gradients, bit for bit (bucket sizes
- * from one per parameter to one for all). ZeRO stages are refused. */
+ * from one per parameter to one for all). ZeRO 1 and 2: each rank's shard is its chunk
+ * of that tree and the clipping norm is the one-process norm, bit for bit. */
 TEST(ddp_hook_on_model_gradients) {
     dm_batch(42);
     const int m = leaves_for_world(), rows = DM_B / m, per = m / dt_world();
@@ -186,14 +187,48 @@ TEST(ddp_hook_on_model_gradients) {
         anneal_det_sync_free(s);
         anneal_ddp_free(d);
     }
-    anneal_ddp_config z = anneal_ddp_defaults();
-    z.zero_stage = 1;
-    anneal_ddp *dz = anneal_ddp_new(g_comm, ref->params, z);
-    REQUIRE(dz);
-    anneal_det_sync *sz = anneal_det_sync_new(dz);
-    CHECK(!sz && strstr(anneal_last_error(), "ZeRO stage 1"), "ZeRO-1 accepted: %s", anneal_last_error());
-    anneal_clear_error();
-    anneal_ddp_free(dz);
+    /* ZeRO 1 and 2: every rank's shard is its chunk of the one-process tree, and the
+     * clipping norm is the one-process norm of that tree (per-parameter sums) */
+    float want = 0;
+    int64_t *poff = malloc((size_t)ref->params->n * sizeof *poff);
+    REQUIRE(poff);
+    for (int i = 0, o = 0; i < ref->params->n; o += (int)anneal_numel(ref->params->items[i].tensor), i++) {
+        poff[i] = o;
+        memcpy(anneal_data(ref->params->items[i].tensor->grad), full + o,
+               (size_t)anneal_numel(ref->params->items[i].tensor) * 4);
+    }
+    REQUIRE(anneal_grad_norm(ref->params, &want) == ANNEAL_OK);
+    for (int stage = 1; stage <= 2; stage++) {
+        anneal_ddp_config z = anneal_ddp_defaults();
+        z.zero_stage = stage;
+        z.bucket_bytes = 4096;
+        anneal_ddp *dz = anneal_ddp_new(g_comm, ref->params, z);
+        anneal_det_sync *sz = dz ? anneal_det_sync_new(dz) : NULL;
+        REQUIRE(dz && sz);
+        anneal_params_zero_grad(ref->params); /* a backward makes every .grad (stage 2 frees them) */
+        REQUIRE(!isnan(dm_backward(ref, 0, rows)));
+        for (int i = 0; i < ref->params->n; i++) {
+            anneal_tensor *p = ref->params->items[i].tensor;
+            REQUIRE(p->grad);
+            memcpy(anneal_data(p->grad), block + poff[i], (size_t)anneal_numel(p) * 4);
+        }
+        bool ok = anneal_ddp_begin_backward(dz, true) == ANNEAL_OK && anneal_ddp_finish(dz) == ANNEAL_OK;
+        CHECK(ok, "ZeRO-%d sync: %s", stage, anneal_last_error());
+        int np = 0;
+        const anneal_ddp_piece *pc = anneal_ddp_shard_pieces(dz, &np);
+        const float *sh = anneal_ddp_shard_grad(dz);
+        bool same = true;
+        for (int k = 0; k < np && ok; k++)
+            same &= memcmp(sh + pc[k].shard_offset, full + poff[pc[k].param] + pc[k].offset, (size_t)pc[k].len * 4) == 0;
+        CHECK(dt_all(same), "ZeRO-%d, world %d: a shard is not the one-process tree's chunk", stage, dt_world());
+        float norm = -1;
+        CHECK(anneal_ddp_clip_grad_norm(dz, 0.0f, &norm) == ANNEAL_OK, "%s", anneal_last_error());
+        CHECK(dt_all(memcmp(&norm, &want, sizeof norm) == 0), "ZeRO-%d, world %d: norm %.9g, one process %.9g", stage,
+              dt_world(), (double)norm, (double)want);
+        anneal_det_sync_free(sz);
+        anneal_ddp_free(dz);
+    }
+    free(poff);
     anneal_det_tree_free(t);
     free(full);
     free(block);

@@ -5,8 +5,10 @@
  * bytes; with dropout on and clipping active, on synthetic tokens and on token shards
  * through the loader (shuffled). A run stopped at step 10 on 4 ranks and resumed on 2
  * ends with the bits of the straight run; 3 and 6 ranks over 6 micro-batches give the
- * one-process bits too; so do --tp 2 (2 ranks) and --tp 2 x dp 2 (4 ranks) on GPT-2
- * and Llama tiny. Settings it cannot honour are refused with a
+ * one-process bits too; so do --zero 1/2/3 on 2 and 4 ranks, --pp 2 on 2 ranks and
+ * --pp 2 x 2 replicas on 4 (GPT-2's tied embedding; llama-tiny), --tp 2 (2 ranks) and
+ * --tp 2 x dp 2 (4 ranks) on GPT-2 and Llama tiny, and resumes between those layouts
+ * and one process. Settings it cannot honour are refused with a
  * message that says why, before a run directory is made.
  *
  * Without --deterministic the same layouts differ (printed, not asserted: DDP's
@@ -57,14 +59,17 @@ static int train(int np, const char *run, const char *extra, bool expect_ok) {
     return rc;
 }
 
-static int resume(int np, const char *run) {
+/* `launcher train --resume work/<run> <extra>`: the exit code (output in <run>.resume.out). */
+static int resume_ex(int np, const char *run, const char *extra) {
     char cmd[4096], out[600];
-    snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s", launcher(np), bin, wpath(run));
+    snprintf(cmd, sizeof cmd, "exec %s %s train --resume %s %s", launcher(np), bin, wpath(run), extra);
     snprintf(out, sizeof out, "%s.resume.out", wpath(run));
     int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
     if (rc != 0) printf("---- %s ----\n%s----\n", out, tu_slurp(out));
     return rc;
 }
+
+static int resume(int np, const char *run) { return resume_ex(np, run, ""); }
 
 /* The step records' field key of a run, by step (NAN where missing): the highest step. */
 static int field_of(const char *run, const char *key, double *v) {
@@ -208,6 +213,58 @@ TEST(resume_on_another_world_size) {
     check_identical("r42", "d1");
 }
 
+/* ZeRO 1, 2 and 3 (3 with --recompute block) on 2 and 4 ranks: every rank gets the
+ * whole tree-summed gradient and keeps its chunk, the norm adds per-parameter sums of
+ * squares in one process's order: the one-process bits (d1, without recompute). */
+TEST(zero_1_2_3) {
+    NEED_MPI();
+    static const struct { int np; const char *run, *flags; } runs[] = {
+        {2, "z1_2", "--zero 1"}, {4, "z1_4", "--zero 1"}, {2, "z2_2", "--zero 2"},
+        {4, "z2_4", "--zero 2"}, {2, "z3_2", "--zero 3 --recompute block"}, {4, "z3_4", "--zero 3 --recompute block"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        REQUIRE(train(runs[i].np, runs[i].run, runs[i].flags, true) == 0);
+        check_identical(runs[i].run, "d1");
+    }
+}
+
+/* --pp 2 on 2 ranks and --pp 2 x 2 replicas on 4 (also with --zero 1 and 2 over the
+ * data groups): GPT-2's tied wte (embedding on the first stage, head on the last) and
+ * dropout in every block, the one-process bits; an untied llama-tiny likewise. */
+TEST(pipeline_and_pipeline_x_data) {
+    NEED_MPI();
+    REQUIRE(train(2, "p2", "--pp 2", true) == 0);
+    REQUIRE(train(4, "p22", "--pp 2", true) == 0);
+    check_identical("p2", "d1");
+    check_identical("p22", "d1");
+    /* ZeRO 1 and 2 over the pipeline's data groups */
+    REQUIRE(train(4, "pz1", "--pp 2 --zero 1", true) == 0);
+    REQUIRE(train(4, "pz2", "--pp 2 --zero 2", true) == 0);
+    check_identical("pz1", "d1");
+    check_identical("pz2", "d1");
+    const char *o = tu_slurp(wpath("p22.out"));
+    CHECK(strstr(o, "2 on each of 2 data-parallel replicas") != NULL, "start line: %s", o);
+    REQUIRE(train(0, "l1", "--model llama-tiny --dropout 0 --steps 6", true) == 0);
+    REQUIRE(train(4, "l22", "--model llama-tiny --dropout 0 --steps 6 --pp 2", true) == 0);
+    check_identical_n("l22", "l1", 6);
+}
+
+/* Saved by one layout, resumed by another: --pp 2 on 2 ranks then one process,
+ * --zero 2 on 4 ranks then one process, one process then --pp 2 x 2: the straight
+ * run's bits. */
+TEST(resume_across_layouts) {
+    NEED_MPI();
+    REQUIRE(train(2, "rp", "--pp 2 --stop-at 10", true) == 0);
+    REQUIRE(resume_ex(0, "rp", "--pp 1") == 0);
+    check_identical("rp", "d1");
+    REQUIRE(train(4, "rz", "--zero 2 --stop-at 10", true) == 0);
+    REQUIRE(resume_ex(0, "rz", "--zero 0") == 0);
+    check_identical("rz", "d1");
+    REQUIRE(train(0, "r1", "--stop-at 10", true) == 0);
+    REQUIRE(resume_ex(4, "r1", "--pp 2") == 0);
+    check_identical("r1", "d1");
+}
+
 /* W need not be a power of two when M / W is: M = 6 over 3 and 6 ranks (blocks of 2
  * and 1) gives the one-process bits (the tree over 6 leaves: ((x0+x1)+(x2+x3)) + (x4+x5)). */
 TEST(three_and_six_ranks) {
@@ -267,7 +324,7 @@ static void refused(int np, const char *run, const char *extra, const char *msg)
 
 TEST(refusals) {
     NEED_MPI();
-    refused(2, "bad_zero", "--zero 1", "--deterministic with --zero 1: ZeRO sums the gradient norm per shard");
+    refused(4, "bad_ppdiv", "--pp 2 --accum 3", "--accum 3 is not divisible by the 2 data-parallel replicas");
     refused(2, "bad_psgd", "--grad-compress powersgd",
             "--deterministic with --grad-compress powersgd: the compressed gradient is an approximation");
     refused(4, "bad_div", "--accum 2", "--deterministic: --accum 2 is not divisible by the 4 ranks");
@@ -299,6 +356,9 @@ int main(void) {
     RUN(bit_identical_for_1_2_4_ranks);
     RUN(bit_identical_on_shards);
     RUN(resume_on_another_world_size);
+    RUN(zero_1_2_3);
+    RUN(pipeline_and_pipeline_x_data);
+    RUN(resume_across_layouts);
     RUN(three_and_six_ranks);
     RUN(tensor_parallel_bit_identical);
     RUN(refusals);
