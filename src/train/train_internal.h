@@ -312,5 +312,9 @@ anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out);
 anneal_status anneal_train_tp_ckpt_begin(trainer *t);
 void anneal_train_tp_ckpt_end(trainer *t);
 void anneal_train_tp_teardown(trainer *t);
+/* --tp with --pp (pipeline.c): the split dimension of model parameter i (-1:
+ * replicated, and always without --tp) and the tensor-parallel group (NULL without). */
+int anneal_train_tp_split_dim(const trainer *t, int i);
+anneal_comm *anneal_train_tp_group(const trainer *t);
 
 #endif
