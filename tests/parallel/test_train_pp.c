@@ -32,6 +32,7 @@
 #include "parallel/train_runs.h"
 #include "train/train_util.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 
 #define LOSS_RTOL 1e-6
@@ -151,6 +152,82 @@ static void check_bubble(const char *run, double ideal) {
            n ? sum / n : NAN, ideal);
 }
 
+/* Elements of the parameters rank (tp rank tpr of stage `stage` of `n`) holds by the
+ * layout's rule, counted from parameter names (not from the trainer's ownership table):
+ * block l's parameters in stage floor(l n / L)'s blocks, the token (and GPT-2's position)
+ * embedding on stage 0, the final norm and head on stage n-1, GPT-2's tied wte on both;
+ * sizes of a model made with the tensor-parallel shard config when tp > 1. */
+static int64_t stage_numel(const char *preset, int tp, int tpr, int stage, int n) {
+    anneal_model_config cfg;
+    if (!anneal_model_preset(preset, &cfg)) return -1;
+    if (tp > 1) cfg.tp_size = tp, cfg.tp_rank = tpr;
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m) return -1;
+    int L = cfg.n_layer, first = stage * L / n, last = (stage + 1) * L / n;
+    int64_t sum = 0;
+    for (int i = 0; i < m->params->n; i++) {
+        const char *name = m->params->items[i].name;
+        int l = -1;
+        bool mine;
+        if (sscanf(name, "transformer.h.%d.", &l) == 1 || sscanf(name, "model.layers.%d.", &l) == 1)
+            mine = l >= first && l < last;
+        else if (strstr(name, "wte")) mine = stage == 0 || stage == n - 1;
+        else if (strstr(name, "wpe") || strstr(name, "embed_tokens")) mine = stage == 0;
+        else mine = stage == n - 1; /* ln_f, model.norm, lm_head */
+        if (mine) sum += anneal_numel(m->params->items[i].tensor);
+    }
+    anneal_model_free(m);
+    return sum;
+}
+
+/* The last "memory" record of run's log: rank r's MiB of parameters, gradients and
+ * optimizer state (false when absent). */
+static bool logged_memory(const char *run, int r, double mib[3]) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    bool got = false;
+    char line[16384];
+    static const char *const keys[] = {"param_mib", "grad_mib", "optim_mib"};
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory")) {
+            const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+            got = e != NULL;
+            for (int k = 0; k < 3 && got; k++) {
+                const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, keys[k]);
+                got = cJSON_IsNumber(v);
+                if (got) mib[k] = v->valuedouble;
+            }
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+    return got;
+}
+
+/* Each rank's reported steady-state memory (the last record: the peak over the steps)
+ * is its stage's parameters x 4 bytes (f32), gradients x 4 and AdamW's two moments x 8
+ * (dp 1: no sync buckets; with replicas only the parameters are checked); and a stage
+ * holds less than the whole model. */
+static void check_memory(const char *run, const char *preset, int tp, int pp, int world, bool all3) {
+    int64_t whole = stage_numel(preset, 1, 0, 0, 1);
+    for (int r = 0; r < world; r++) {
+        double mib[3] = {NAN, NAN, NAN};
+        int64_t n = stage_numel(preset, tp, r % tp, r / tp % pp, pp);
+        CHECK(logged_memory(run, r, mib), "%s: no memory record for rank %d", run, r);
+        double want[3] = {n * 4.0 / 1048576.0, n * 4.0 / 1048576.0, n * 8.0 / 1048576.0};
+        printf("    %s rank %d: parameters %.6f MiB (formula %.6f), gradients %.6f (%.6f), optimizer %.6f (%.6f); "
+               "%.0f%% of the whole model's parameters\n", run, r, mib[0], want[0], mib[1], want[1], mib[2], want[2],
+               100.0 * (double)n / (double)whole);
+        for (int k = 0; k < (all3 ? 3 : 1); k++)
+            CHECK(fabs(mib[k] - want[k]) <= 1e-6 * want[k], "%s rank %d: memory category %d is %.6f MiB, the formula "
+                  "%.6f", run, r, k, mib[k], want[k]);
+        CHECK(n < whole, "%s rank %d holds %lld of the model's %lld parameters", run, r, (long long)n, (long long)whole);
+    }
+}
+
 #define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* pp 2 at 2 ranks = 1 process with the same --accum (GPT-2: tolerance, first step exact). */
@@ -171,6 +248,7 @@ TEST(pp2_matches_single_process) {
     CHECK(strstr(o, "rank 0: stage 0 (blocks 0-0, embedding), replica 0") != NULL, "layout: %s", o);
     CHECK(strstr(o, "rank 1: stage 1 (blocks 1-1, final norm + head), replica 0") != NULL, "layout: %s", o);
     check_bubble("pp2", 1.0 / 5.0);
+    check_memory("pp2", "tiny", 1, 2, 2, true);
     CHECK(strstr(o, "pipeline bubble: ") != NULL && strstr(o, "ideal (N-1)/(M+N-1) = 0.200)") != NULL,
           "the summary's bubble line: %s", o);
     /* the layout is stored with the checkpoint (its trainer config) */
@@ -237,6 +315,66 @@ TEST(pp2_dp2_matches_single_process) {
     CHECK(strstr(o, "rank 3: stage 1 (blocks 1-1, final norm + head), replica 1") != NULL, "layout: %s", o);
     CHECK(strstr(o, "per-rank batch 4 (global 8)") != NULL, "each replica gets half of the batch: %s", o);
     check_bubble("pp2dp2", 1.0 / 5.0);
+    check_memory("pp2dp2", "tiny", 1, 2, 4, false);
+}
+
+/* --tp 2 x --pp 2 at 4 ranks (ranks 0-1 stage 0, 2-3 stage 1; tensor-parallel pairs of
+ * consecutive ranks) = one process within float tolerance (the row-parallel sums and
+ * the tied wte's sum reorder float additions; the first step is no longer exact: the
+ * tensor-parallel all-reduces add partial products in another order); the layout
+ * printed and stored; each rank holds its stage's tensor-parallel shard only. */
+TEST(tp2_pp2_matches_single_process) {
+    NEED_MPI();
+    REQUIRE(train(mpi4, "tp2pp2", "--tp 2 --pp 2") == 0);
+    check_same_losses("tp2pp2", "single", steps, false);
+    check_same_params("tp2pp2", "single", false);
+    const char *o = tu_slurp(wpath("tp2pp2.out"));
+    CHECK(strstr(o, "parallel layout: 4 ranks = tensor-parallel 2 x pipeline 2 x data-parallel 1") != NULL,
+          "layout: %s", o);
+    CHECK(strstr(o, "rank 1: stage 0 (blocks 0-0, embedding), tp rank 1, replica 0") != NULL, "layout: %s", o);
+    CHECK(strstr(o, "rank 2: stage 1 (blocks 1-1, final norm + head), tp rank 0, replica 0") != NULL, "layout: %s", o);
+    CHECK(strstr(o, "vocabulary split") != NULL, "the vocabulary is split over the tensor-parallel pairs: %s", o);
+    check_bubble("tp2pp2", 1.0 / 5.0);
+    check_memory("tp2pp2", "tiny", 2, 2, 4, true);
+    char ck[1024];
+    REQUIRE(anneal_checkpoint_resolve(wpath("tp2pp2"), ck, sizeof ck) == ANNEAL_OK);
+    anneal_model_config mc;
+    char *json = NULL;
+    REQUIRE(anneal_checkpoint_read_config(ck, &mc, &json) == ANNEAL_OK);
+    CHECK(json && strstr(json, "\"pp\":2") && strstr(json, "\"tp\":2"), "the checkpoint's config: %s",
+          json ? json : "(none)");
+    free(json);
+}
+
+/* Llama tiny (untied head, GQA) at --tp 2 x --pp 2 = one process (float tolerance). */
+TEST(llama_tp2_pp2_matches_single_process) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    if (access(wpath("llama_single"), F_OK) != 0) /* pp2_untied_model_is_bit_identical made it */
+        REQUIRE(train("", "llama_single", "--model llama-tiny") == 0);
+    REQUIRE(train(mpi4, "llama_tp2pp2", "--model llama-tiny --tp 2 --pp 2") == 0);
+    check_same_losses("llama_tp2pp2", "llama_single", steps, false);
+    check_same_params("llama_tp2pp2", "llama_single", false);
+    check_memory("llama_tp2pp2", "llama-tiny", 2, 2, 4, true);
+}
+
+/* Stopped at half under --tp 2 --pp 2, resumed on one process; and one process's
+ * checkpoint resumed under --tp 2 --pp 2: both continue the single-process run. */
+TEST(resume_tp2_pp2_and_one_process) {
+    NEED_MPI();
+    char stop[64];
+    snprintf(stop, sizeof stop, "--tp 2 --pp 2 --stop-at %d", steps / 2);
+    REQUIRE(train(mpi4, "rtp1", stop) == 0);
+    REQUIRE(resume("", "rtp1", "--tp 1 --pp 1") == 0);
+    check_same_losses("rtp1", "single", steps, false);
+    check_same_params("rtp1", "single", false);
+    snprintf(stop, sizeof stop, "--stop-at %d", steps / 2);
+    REQUIRE(train("", "r1tp", stop) == 0);
+    REQUIRE(resume(mpi4, "r1tp", "--tp 2 --pp 2") == 0);
+    check_same_losses("r1tp", "single", steps, false);
+    check_same_params("r1tp", "single", false);
+    CHECK(strstr(tu_slurp(wpath("r1tp.resume.out")), "tensor-parallel 2 x pipeline 2") != NULL,
+          "the resume runs tp x pp");
 }
 
 /* pp 2 x dp 2 with the stage's optimizer state (and, ZeRO 2, gradients) sharded over
@@ -300,6 +438,7 @@ TEST(bad_layouts) {
     refused(mpi2, "bad_accum", "--pp 2 --accum 1", "--accum 1 is below --pp 2");
     refused(mpi4, "bad_blocks", "--pp 4", "--pp 4: more pipeline stages than the model's 2 blocks");
     refused(mpi2, "bad_fp16", "--pp 2 --dtype fp16", "--pp 2: not available with the fp16 loss scaler");
+    refused(mpi2, "bad_tppp", "--tp 2 --pp 2", "--tp 2 x --pp 2 = 4 does not divide the 2 ranks of the job");
 }
 
 int main(void) {
@@ -330,6 +469,9 @@ int main(void) {
     RUN(pp3_pp4_middle_stages_are_bit_identical);
     RUN(pp2_dp2_matches_single_process);
     RUN(pp2_dp2_zero_matches_single_process);
+    RUN(tp2_pp2_matches_single_process);
+    RUN(llama_tp2_pp2_matches_single_process);
+    RUN(resume_tp2_pp2_and_one_process);
     RUN(resume_between_layouts);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
