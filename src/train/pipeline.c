@@ -3,18 +3,21 @@
  * forwards, then one forward and one backward in turn, then the remaining backwards),
  * activations sent forward and their gradients backward point to point.
  *
- * Layout: world W = N x D. Rank r is stage r % N of data-parallel replica r / N; the
- * pipeline group of a replica is its N ranks, the data group of a stage its D ranks
+ * Layout: world W = T x N x D (T = --tp, 1 without). Rank r is tensor-parallel index
+ * r % T of stage r / T % N of data-parallel replica r / (T N) (Megatron's order: a
+ * tensor-parallel group is T consecutive ranks, tp.c's group); the pipeline group of a
+ * replica and tp index is its N ranks, the data group of a stage and tp index its D ranks
  * (gradients of the stage's parameters are averaged over it by DDP, or sharded over it
  * with --zero 1-2: optimizer state and the averaged gradients of the stage), and the
  * first and last stage form the tied-embedding group when the model shares one tensor
  * between the embedding and the head (GPT-2's wte): their two gradients are summed
  * there (Megatron's embedding group), so the two copies stay identical.
  *
- * What a rank owns: every rank builds the whole model (the non-owned parameters are not
- * freed: memory is not saved on parameters yet), but only its stage's parameters get
- * gradients, optimizer state and updates (the optimizer runs over a view holding only
- * them, so AdamW never decays a parameter it does not own). The global gradient norm is
+ * What a rank owns: setup builds, initialises or loads the whole model as one process
+ * (with --tp: its tensor-parallel shard model, tp.c), then the storage of every
+ * parameter the stage does not use is dropped (the tensors stay, empty); only the
+ * stage's parameters get gradients, optimizer state and updates (the optimizer runs
+ * over a view holding only them, so AdamW never decays a parameter it does not own). The global gradient norm is
  * the sum of every parameter's sum of squares in registration order (each counted once,
  * a tied one by its first stage), the single-process order; clipping scales owned
  * gradients by the same coefficient on every rank.
@@ -23,13 +26,17 @@
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
  *
  * Layout independence: evaluation, samples and checkpoints first make every rank's
- * whole model current (each parameter broadcast from its owning stage over the pipeline
- * group); the checkpoint's optimizer state is gathered on rank 0 into a full,
- * single-process optimizer for the snapshot, so a run saved with --pp 2 resumes with
- * --pp 1 (or any other layout) and the other way round.
+ * whole model current (the dropped parameters get storage again until the next step or
+ * the checkpoint's end, each parameter broadcast from its owning stage over the pipeline
+ * group); with --tp, the activations go between ranks of the same tp index, sharded
+ * parameters' squares are summed over the tp group for the norm. The checkpoint's
+ * optimizer state is gathered on rank 0 into a full, single-process optimizer for the
+ * snapshot (with --tp, stage 0's shards then go through tp.c's gathering to rank 0), so
+ * a run saved with --pp 2 resumes with --pp 1 (or any other layout) and the other way.
  *
- * Not done: the fp16 loss scaler, PowerSGD, --offload and
- * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
+ * Not done: a resume reads the whole checkpoint on every rank before the drop (the
+ * setup's peak); the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * --pp; dropout masks are drawn from per-rank generator positions
  * that differ from a single process's (the same distribution, other masks). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
