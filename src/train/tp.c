@@ -323,6 +323,8 @@ void anneal_train_tp_teardown(trainer *t) {
     t->tp = NULL;
 }
 
+/* For pipeline.c's gradient norm: which dimension parameter i of the shard model is
+ * split along (-1: replicated on every rank of the group), and the group. */
 int anneal_train_tp_split_dim(const trainer *t, int i) {
     return t->tp && t->tp->split && i >= 0 && i < t->tp->n_split ? t->tp->split[i].dim : -1;
 }

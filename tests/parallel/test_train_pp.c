@@ -207,6 +207,32 @@ static bool logged_memory(const char *run, int r, double mib[3]) {
     return got;
 }
 
+/* The val loss of run's last "eval" record (NAN when none). */
+static double last_val_loss(const char *run) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    double v = NAN;
+    char line[16384];
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        const cJSON *vl = cJSON_GetObjectItemCaseSensitive(o, "val_loss");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "eval") && cJSON_IsNumber(vl)) v = vl->valuedouble;
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+    return v;
+}
+
+/* The final evaluation (which gives the dropped parameters storage again and gathers
+ * them from their stages) gives one process's val loss within LOSS_RTOL. */
+static void check_val_loss(const char *run, const char *ref) {
+    double a = last_val_loss(run), b = last_val_loss(ref);
+    printf("    %s vs %s: val loss %.9g vs %.9g\n", run, ref, a, b);
+    CHECK(fabs(a - b) <= LOSS_RTOL * fabs(b), "%s: val loss %.9g, %s %.9g", run, a, ref, b);
+}
+
 /* Each rank's reported steady-state memory (the last record: the peak over the steps)
  * is its stage's parameters x 4 bytes (f32), gradients x 4 and AdamW's two moments x 8
  * (dp 1: no sync buckets; with replicas only the parameters are checked); and a stage
@@ -249,6 +275,7 @@ TEST(pp2_matches_single_process) {
     CHECK(strstr(o, "rank 1: stage 1 (blocks 1-1, final norm + head), replica 0") != NULL, "layout: %s", o);
     check_bubble("pp2", 1.0 / 5.0);
     check_memory("pp2", "tiny", 1, 2, 2, true);
+    check_val_loss("pp2", "single");
     CHECK(strstr(o, "pipeline bubble: ") != NULL && strstr(o, "ideal (N-1)/(M+N-1) = 0.200)") != NULL,
           "the summary's bubble line: %s", o);
     /* the layout is stored with the checkpoint (its trainer config) */
@@ -336,6 +363,7 @@ TEST(tp2_pp2_matches_single_process) {
     CHECK(strstr(o, "vocabulary split") != NULL, "the vocabulary is split over the tensor-parallel pairs: %s", o);
     check_bubble("tp2pp2", 1.0 / 5.0);
     check_memory("tp2pp2", "tiny", 2, 2, 4, true);
+    check_val_loss("tp2pp2", "single");
     char ck[1024];
     REQUIRE(anneal_checkpoint_resolve(wpath("tp2pp2"), ck, sizeof ck) == ANNEAL_OK);
     anneal_model_config mc;
@@ -385,6 +413,71 @@ TEST(tp2_pp2_dp2_zero_matches_single_process) {
           "layout: %s", o);
     CHECK(strstr(o, "rank 5: stage 0 (blocks 0-0, embedding), tp rank 1, replica 1") != NULL, "layout: %s", o);
     check_memory("tpppz1", "tiny", 2, 2, 8, false);
+}
+
+/* Every "text" ("sample") or "val_loss" ("eval") of run's log, joined with '|'. */
+static void log_values(const char *run, const char *type, char *out, size_t n) {
+    char path[600], line[16384];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    size_t k = 0;
+    out[0] = '\0';
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, type) && k + 64 < n) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, strcmp(type, "sample") ? "val_loss" : "text");
+            if (cJSON_IsString(v)) k += (size_t)snprintf(out + k, n - k, "%.*s|", (int)(n - k - 2), v->valuestring);
+            else if (cJSON_IsNumber(v)) k += (size_t)snprintf(out + k, n - k, "%.17g|", v->valuedouble);
+            if (k >= n) k = n - 1;
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+}
+
+/* Real text with a tokenizer, llama-tiny (bit-identical through the pipeline):
+ * evaluations, samples (every rank gives its dropped parameters storage again and
+ * gathers them, rank 0 generates) and checkpoints every 5 steps in the middle of a --pp 2
+ * run leave training on its course, and give the very values of one process: the same
+ * losses, sample texts and parameters (==); the val losses within LOSS_RTOL (the
+ * distributed mean over ranks goes through an f32 all-reduce, which rounds the double
+ * mean of the batches: 1 f32 ulp, seen at step 10). */
+TEST(pp2_eval_samples_checkpoints) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    TU_DIR_AND_DATA(dir, data, "pp_data");
+    char extra[2048];
+    snprintf(extra, sizeof extra, "--data %s --model llama-tiny --eval-every 5 --eval-batches 2 --sample-every 5 "
+             "--sample-tokens 8 --ckpt-every 5", data);
+    int rc[2];
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], out[600];
+        snprintf(cmd, sizeof cmd, "exec %s %s train %s %s%s --out %s", k ? mpi2 : "", bin, common + strlen("--synthetic "),
+                 extra, k ? " --pp 2" : "", wpath(k ? "text_pp2" : "text1"));
+        snprintf(out, sizeof out, "%s.out", wpath(k ? "text_pp2" : "text1"));
+        rc[k] = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+        if (rc[k] != 0) dump(out);
+    }
+    tu_rmrf(dir);
+    REQUIRE(rc[0] == 0 && rc[1] == 0);
+    check_same_losses("text_pp2", "text1", steps, true);
+    check_same_params("text_pp2", "text1", true);
+    static char a[8192], b[8192];
+    log_values("text_pp2", "sample", a, sizeof a);
+    log_values("text1", "sample", b, sizeof b);
+    printf("    sample records: %s\n", a);
+    CHECK(a[0] && !strcmp(a, b), "samples of --pp 2: %s; one process: %s", a, b);
+    log_values("text_pp2", "eval", a, sizeof a);
+    log_values("text1", "eval", b, sizeof b);
+    printf("    eval records: %s (one process: %s)\n", a, b);
+    int n = 0;
+    for (char *p = a, *q = b; *p && *q; n++) {
+        double x = strtod(p, &p), y = strtod(q, &q);
+        CHECK(fabs(x - y) <= LOSS_RTOL * fabs(y), "evaluation %d: val loss %.17g, one process %.17g", n + 1, x, y);
+        p += *p == '|', q += *q == '|';
+    }
+    CHECK(n == steps / 5, "%d evaluations, want %d", n, steps / 5);
 }
 
 /* Stopped at half under --tp 2 --pp 2, resumed on one process; and one process's
@@ -503,6 +596,7 @@ int main(void) {
     RUN(tp2_pp2_dp2_zero_matches_single_process);
     RUN(resume_tp2_pp2_and_one_process);
     RUN(resume_between_layouts);
+    RUN(pp2_eval_samples_checkpoints);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
