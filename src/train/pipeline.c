@@ -17,10 +17,11 @@
  * (with --tp: its tensor-parallel shard model, tp.c), then the storage of every
  * parameter the stage does not use is dropped (the tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
- * over a view holding only them, so AdamW never decays a parameter it does not own). The global gradient norm is
- * the sum of every parameter's sum of squares in registration order (each counted once,
- * a tied one by its first stage), the single-process order; clipping scales owned
- * gradients by the same coefficient on every rank.
+ * over a view holding only them, so AdamW never decays a parameter it does not own).
+ * The global gradient norm is the sum of every parameter's sum of squares in
+ * registration order (each counted once, a tied one by its first stage), the
+ * single-process order; clipping scales owned gradients by the same coefficient on
+ * every rank.
  *
  * Data: every pipeline rank of a replica reads the same batches (the first stage needs
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
@@ -234,8 +235,8 @@ static anneal_status build(trainer *t) {
     pp->scopes = calloc((size_t)M, sizeof *pp->scopes);
     pp->in = calloc((size_t)M, sizeof *pp->in);
     pp->out = calloc((size_t)M, sizeof *pp->out);
-    if (!pp->owner || !pp->tied || !pp->view_of || !pp->view.items || !pp->ss || !pp->ss_all || !pp->ss_tp || !pp->send_act ||
-        !pp->send_grad || !pp->reqs || !pp->scopes || !pp->in || !pp->out)
+    if (!pp->owner || !pp->tied || !pp->view_of || !pp->view.items || !pp->ss || !pp->ss_all || !pp->ss_tp ||
+        !pp->send_act || !pp->send_grad || !pp->reqs || !pp->scopes || !pp->in || !pp->out)
         return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
     pp->view.device = ps->device;
     for (int i = 0; i < n; i++) {
