@@ -7,7 +7,8 @@ the same machine and the same synthetic tokens.
                              [--seq 128] [--accum 4] [--steps 4] [--threads 1] [--json FILE]
 
 Layouts: data parallel (ZeRO 0), ZeRO-2, ZeRO-3 (with --recompute block, as it needs),
-tensor parallel 2 x data 2, pipeline 2 x data 2, pipeline 4, tensor 4. Each run is
+tensor parallel 2 x data 2, pipeline 2 x data 2, pipeline 4, tensor 4, tensor 2 x
+pipeline 2. Each run is
 `mpirun -np N --oversubscribe` with --threads per rank; the figures are the median
 tokens/s of the steps after the first (the log's step records), the per-rank parameter,
 gradient and optimizer MiB of the run's "memory" record (the largest rank), and the peak
@@ -32,6 +33,7 @@ LAYOUTS = [
     ("pp 2 x dp 2", ["--pp", "2"]),
     ("pp 4", ["--pp", "4"]),
     ("tp 4", ["--tp", "4"]),
+    ("tp 2 x pp 2", ["--tp", "2", "--pp", "2"]),
 ]
 
 

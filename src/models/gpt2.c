@@ -422,7 +422,11 @@ static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, an
             return NULL;
         }
         anneal_tensor *pos = anneal_arange(mm->device, 0, in->shape[1]);
-        x = anneal_add(anneal_nn_embedding_forward(&m->wte, in), anneal_nn_embedding_forward(&m->wpe, pos));
+        const anneal_nn_tp *tp = mm->ctx.tp; /* --tp with --pp: hidden()'s vocabulary-parallel lookup */
+        anneal_tensor *tok = !vocab_parallel(cfg) ? anneal_nn_embedding_forward(&m->wte, in)
+                             : tp ? tp->vocab_embed(tp->user, m->wte.weight, in, cfg->tp_rank * m->wte.weight->shape[0])
+                                  : NULL;
+        x = anneal_add(tok, anneal_nn_embedding_forward(&m->wpe, pos));
         x = anneal_dropout(x, cfg->dropout, mm->ctx.training);
     }
     for (int l = first; l < last; l++)
@@ -430,6 +434,12 @@ static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, an
                                                      : hooked_block(&m->blocks[l], x, NULL);
     if (last < cfg->n_layer) return x;
     anneal_tensor *h = anneal_nn_layer_norm_forward(&m->ln_f, x);
+    if (vocab_parallel(cfg) && mm->ctx.tp) { /* --tp with --pp: as anneal_gpt2_loss */
+        const anneal_nn_tp *tp = mm->ctx.tp;
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = mm->ctx.compute};
+        anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), m->wte.weight, NULL, &o);
+        return tp->vocab_loss(tp->user, logits, targets, cfg->tp_rank * m->wte.weight->shape[0], -100);
+    }
     return anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, mm->ctx.compute);
 }
 

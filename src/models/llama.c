@@ -490,13 +490,21 @@ static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, an
             anneal_set_error(ANNEAL_ERR_SHAPE, "llama: stage ids must be (B, T <= n_ctx %d)", cfg->n_ctx);
             return NULL;
         }
-        x = anneal_nn_embedding_forward(&m->embed, in);
+        const anneal_nn_tp *tp = mm->ctx.tp; /* --tp with --pp: hidden()'s vocabulary-parallel lookup */
+        x = !vocab_parallel(cfg) ? anneal_nn_embedding_forward(&m->embed, in)
+            : tp ? tp->vocab_embed(tp->user, m->embed.weight, in, cfg->tp_rank * m->embed.weight->shape[0]) : NULL;
     }
     for (int l = first; l < last; l++)
         x = cfg->recompute == ANNEAL_RECOMPUTE_BLOCK ? anneal_checkpoint(block_region, &m->blocks[l], 1, &x)
                                                      : hooked_block(&m->blocks[l], x, NULL);
     if (last < cfg->n_layer) return x;
     anneal_tensor *h = anneal_nn_rms_norm_forward(&m->norm, x);
+    if (vocab_parallel(cfg) && mm->ctx.tp) { /* --tp with --pp: as op_loss */
+        const anneal_nn_tp *tp = mm->ctx.tp;
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = mm->ctx.compute};
+        anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), head_weight(m), NULL, &o);
+        return tp->vocab_loss(tp->user, logits, targets, cfg->tp_rank * head_weight(m)->shape[0], -100);
+    }
     return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
 }
 

@@ -72,7 +72,7 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         o->loss_scale = 0;
         o->lr = anneal_schedule_lr(&t->sch, step);
         anneal_status ps = anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
-        if (t->ddp) anneal_train_dist_note_memory(t);
+        anneal_train_dist_note_memory(t); /* the stage's steady state, at every replica count */
         return ps;
     }
     bool ddp = anneal_train_dist_active(t);

@@ -3,35 +3,43 @@
  * forwards, then one forward and one backward in turn, then the remaining backwards),
  * activations sent forward and their gradients backward point to point.
  *
- * Layout: world W = N x D. Rank r is stage r % N of data-parallel replica r / N; the
- * pipeline group of a replica is its N ranks, the data group of a stage its D ranks
+ * Layout: world W = T x N x D (T = --tp, 1 without). Rank r is tensor-parallel index
+ * r % T of stage r / T % N of data-parallel replica r / (T N) (Megatron's order: a
+ * tensor-parallel group is T consecutive ranks, tp.c's group); the pipeline group of a
+ * replica and tp index is its N ranks, the data group of a stage and tp index its D ranks
  * (gradients of the stage's parameters are averaged over it by DDP, or sharded over it
  * with --zero 1-2: optimizer state and the averaged gradients of the stage), and the
  * first and last stage form the tied-embedding group when the model shares one tensor
  * between the embedding and the head (GPT-2's wte): their two gradients are summed
  * there (Megatron's embedding group), so the two copies stay identical.
  *
- * What a rank owns: every rank builds the whole model (the non-owned parameters are not
- * freed: memory is not saved on parameters yet), but only its stage's parameters get
- * gradients, optimizer state and updates (the optimizer runs over a view holding only
- * them, so AdamW never decays a parameter it does not own). The global gradient norm is
- * the sum of every parameter's sum of squares in registration order (each counted once,
- * a tied one by its first stage), the single-process order; clipping scales owned
- * gradients by the same coefficient on every rank.
+ * What a rank owns: setup builds, initialises or loads the whole model as one process
+ * (with --tp: its tensor-parallel shard model, tp.c), then the storage of every
+ * parameter the stage does not use is dropped (the tensors stay, empty); only the
+ * stage's parameters get gradients, optimizer state and updates (the optimizer runs
+ * over a view holding only them, so AdamW never decays a parameter it does not own).
+ * The global gradient norm is the sum of every parameter's sum of squares in
+ * registration order (each counted once, a tied one by its first stage), the
+ * single-process order; clipping scales owned gradients by the same coefficient on
+ * every rank.
  *
  * Data: every pipeline rank of a replica reads the same batches (the first stage needs
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
  *
  * Layout independence: evaluation, samples and checkpoints first make every rank's
- * whole model current (each parameter broadcast from its owning stage over the pipeline
- * group); the checkpoint's optimizer state is gathered on rank 0 into a full,
- * single-process optimizer for the snapshot, so a run saved with --pp 2 resumes with
- * --pp 1 (or any other layout) and the other way round.
+ * whole model current (the dropped parameters get storage again until the next step or
+ * the checkpoint's end, each parameter broadcast from its owning stage over the pipeline
+ * group); with --tp, the activations go between ranks of the same tp index, sharded
+ * parameters' squares are summed over the tp group for the norm. The checkpoint's
+ * optimizer state is gathered on rank 0 into a full, single-process optimizer for the
+ * snapshot (with --tp, stage 0's shards then go through tp.c's gathering to rank 0), so
+ * a run saved with --pp 2 resumes with --pp 1 (or any other layout) and the other way.
  *
- * Not done: the fp16 loss scaler, PowerSGD, --offload and
- * LoRA are refused with --pp; dropout masks are drawn from per-rank generator positions
- * that differ from a single process's (the same distribution, other masks), except under
- * --deterministic (deterministic.c: bit-identical to one process). */
+ * Not done: a resume reads the whole checkpoint on every rank before the drop (the
+ * setup's peak); the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * --pp; dropout masks are drawn from per-rank generator positions that differ from a
+ * single process's (the same distribution, other masks), except under --deterministic
+ * (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
 #include "train_internal.h"
@@ -50,6 +58,8 @@
 
 struct train_pp {
     int n, stage, replicas, replica; /* N stages, this rank's stage, D replicas, this rank's replica */
+    int tp, tp_rank;                 /* --tp T: the tensor-parallel group's size (1 without), this rank's index */
+    bool whole;                      /* the non-owned parameters hold storage (eval, samples, a checkpoint) */
     int first, last;                 /* this stage's blocks [first, last) */
     anneal_comm *pipe, *data, *embed; /* pipeline group, data group, tied-embedding group (or NULL) */
     anneal_params view;              /* the owned parameters (aliases of the model's; not freed here) */
@@ -63,6 +73,7 @@ struct train_pp {
     anneal_scope **scopes;           /* per micro-batch: its graph, from its forward to its backward */
     anneal_tensor **in, **out;       /* per micro-batch: the stage's input leaf (stage > 0), output */
     double *ss, *ss_all;             /* sums of squares: this stage's, every stage's (n params each) */
+    double *ss_tp;                   /* --tp: this stage's sums of every rank of the group (n x T) */
     double idle_ms, step_ms;         /* the last step: time waiting for peers, and in all */
     double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
     double bubble_sum;               /* bubble_mean summed over this run's steps */
@@ -97,6 +108,11 @@ anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
     t->data_rank = t->rank;
     t->data_world = t->world;
     if (c->pp <= 1) return ANNEAL_OK;
+    long long tp = c->tp > 1 ? (long long)c->tp : 1, g = tp * (long long)c->pp;
+    if (tp > 1 && t->world % g != 0)
+        return USAGE("--tp %lld x --pp %lld = %lld does not divide the %d rank%s of the job: the ranks are tensor-"
+                     "parallel groups times pipeline stages times data-parallel replicas (start a multiple of %lld "
+                     "ranks)", tp, (long long)c->pp, g, t->world, t->world == 1 ? "" : "s", g);
     if (t->world % c->pp != 0)
         return USAGE("--pp %lld does not divide the %d rank%s of the job: the ranks are --pp pipeline stages times "
                      "data-parallel replicas (start a multiple of %lld ranks, e.g. mpirun -np %lld, or give a --pp "
@@ -106,8 +122,8 @@ anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
         return USAGE("--accum %lld is below --pp %lld: 1F1B needs at least one micro-batch per stage in flight "
                      "(give --accum >= %lld; the bubble is (N-1)/(M+N-1) of a step)",
                      (long long)c->accum, (long long)c->pp, (long long)c->pp);
-    t->data_world = t->world / (int)c->pp;
-    t->data_rank = t->rank / (int)c->pp;
+    t->data_world = t->world / (int)g;
+    t->data_rank = t->rank / (int)g;
     return ANNEAL_OK;
 }
 
@@ -186,16 +202,22 @@ static anneal_status build(trainer *t) {
     if (!pp) return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
     t->pp = pp;
     pp->n = (int)c->pp;
-    pp->stage = t->rank % pp->n;
-    pp->replicas = t->world / pp->n;
-    pp->replica = t->rank / pp->n;
+    pp->tp = c->tp > 1 ? (int)c->tp : 1;
+    /* Megatron's order: tensor-parallel index innermost, then the stage, then the replica */
+    pp->tp_rank = t->rank % pp->tp;
+    pp->stage = t->rank / pp->tp % pp->n;
+    pp->replicas = t->world / (pp->n * pp->tp);
+    pp->replica = t->rank / (pp->n * pp->tp);
     int L = t->mcfg.n_layer;
     stage_blocks(pp->stage, pp->n, L, &pp->first, &pp->last);
-    /* every rank calls every split, in the same order */
-    pp->pipe = anneal_comm_split(t->comm, pp->replica, pp->stage);
-    pp->data = anneal_comm_split(t->comm, pp->stage, pp->replica);
+    /* every rank calls every split, in the same order; a pipeline (and the tied group)
+     * joins the stages of one replica and tensor-parallel index, a data group the
+     * replicas of one stage and index */
+    int line = pp->replica * pp->tp + pp->tp_rank;
+    pp->pipe = anneal_comm_split(t->comm, line, pp->stage);
+    pp->data = anneal_comm_split(t->comm, pp->stage * pp->tp + pp->tp_rank, pp->replica);
     bool end = pp->stage == 0 || pp->stage == pp->n - 1;
-    anneal_comm *e = anneal_comm_split(t->comm, end ? pp->replica : t->world + t->rank, pp->stage);
+    anneal_comm *e = anneal_comm_split(t->comm, end ? line : t->world + t->rank, pp->stage);
     if (!pp->pipe || !pp->data || !e) return restate(anneal_last_status(), "pipeline groups: ");
     if (end) pp->embed = e;
     else anneal_comm_free(e);
@@ -207,6 +229,7 @@ static anneal_status build(trainer *t) {
     pp->view.items = calloc((size_t)n, sizeof *pp->view.items);
     pp->ss = calloc((size_t)n, sizeof *pp->ss);
     pp->ss_all = calloc((size_t)n * (size_t)pp->n, sizeof *pp->ss_all);
+    pp->ss_tp = calloc((size_t)n * (size_t)pp->tp, sizeof *pp->ss_tp);
     pp->act = t->local_batch * c->seq * t->mcfg.n_embd;
     pp->send_act = malloc((size_t)M * (size_t)pp->act * sizeof(float));
     pp->send_grad = malloc((size_t)M * (size_t)pp->act * sizeof(float));
@@ -214,8 +237,8 @@ static anneal_status build(trainer *t) {
     pp->scopes = calloc((size_t)M, sizeof *pp->scopes);
     pp->in = calloc((size_t)M, sizeof *pp->in);
     pp->out = calloc((size_t)M, sizeof *pp->out);
-    if (!pp->owner || !pp->tied || !pp->view_of || !pp->view.items || !pp->ss || !pp->ss_all || !pp->send_act ||
-        !pp->send_grad || !pp->reqs || !pp->scopes || !pp->in || !pp->out)
+    if (!pp->owner || !pp->tied || !pp->view_of || !pp->view.items || !pp->ss || !pp->ss_all || !pp->ss_tp ||
+        !pp->send_act || !pp->send_grad || !pp->reqs || !pp->scopes || !pp->in || !pp->out)
         return anneal_set_error(ANNEAL_ERR_OOM, "pipeline: out of memory");
     pp->view.device = ps->device;
     for (int i = 0; i < n; i++) {
@@ -233,6 +256,43 @@ static anneal_status build(trainer *t) {
         }
     }
     return ANNEAL_OK;
+}
+
+/* Whether this stage holds model parameter i: it owns it, or (tied) shares it. */
+static bool holds(const struct train_pp *pp, int i) {
+    return pp->owner[i] == pp->stage || (pp->tied[i] && pp->stage == pp->n - 1);
+}
+
+/* Drops the storage of the parameters this stage does not hold: from here on the rank
+ * keeps its stage's parameters only (the tensors stay, empty, so the model's pointers
+ * and the checkpoint's names do not change). */
+static void release_others(trainer *t) {
+    struct train_pp *pp = t->pp;
+    anneal_params *ps = t->model->params;
+    for (int i = 0; i < ps->n; i++)
+        if (!holds(pp, i)) anneal_tensor_set_storage(ps->items[i].tensor, NULL, 0);
+    pp->whole = false;
+}
+
+/* Gives every parameter the stage does not hold fresh storage (values: see
+ * anneal_train_pp_sync_params), charged to the parameters in the memory breakdown. */
+static anneal_status hold_whole(trainer *t) {
+    struct train_pp *pp = t->pp;
+    if (pp->whole) return ANNEAL_OK;
+    anneal_params *ps = t->model->params;
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    anneal_scope *s = anneal_scope_open();
+    anneal_status st = ANNEAL_OK;
+    for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
+        anneal_tensor *x = ps->items[i].tensor;
+        if (x->storage) continue;
+        anneal_tensor *buf = anneal_empty_on(x->device, x->dtype, x->ndim, x->shape);
+        st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
+    }
+    anneal_scope_close(s);
+    anneal_memory_category_set(mc);
+    pp->whole = st == ANNEAL_OK;
+    return st;
 }
 
 /* --zero 1-2: the stage optimizer replaced by one sharded over the data group (t->ddp),
@@ -312,6 +372,8 @@ anneal_status anneal_train_pp_optimizer(trainer *t) {
     /* every replica starts from replica 0's weights (as DDP starts from rank 0's) */
     if (st == ANNEAL_OK && t->ddp && (st = anneal_ddp_broadcast_params(t->ddp)) != ANNEAL_OK)
         st = restate(st, "broadcast of the parameters: ");
+    /* initialised (or loaded) whole as one process would: now only the stage's part stays */
+    if (st == ANNEAL_OK) release_others(t);
     return fatal(t, st);
 }
 
@@ -486,6 +548,16 @@ static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) 
     if (st == ANNEAL_OK) memcpy(pp->ss, anneal_data(acc), (size_t)n * sizeof(double));
     anneal_scope_close(s);
     if (st != ANNEAL_OK) return st;
+    if (pp->tp > 1) { /* --tp: a sharded parameter's squares summed over the group in rank order; a
+                       * replicated one (the same gradient on every rank of the group) counted once */
+        st = anneal_comm_all_gather(anneal_train_tp_group(t), pp->ss, pp->ss_tp, (int64_t)n * 8, ANNEAL_U8);
+        for (int i = 0; i < n && st == ANNEAL_OK; i++) {
+            if (anneal_train_tp_split_dim(t, i) < 0) continue;
+            pp->ss[i] = 0;
+            for (int r = 0; r < pp->tp; r++) pp->ss[i] += pp->ss_tp[(size_t)r * (size_t)n + (size_t)i];
+        }
+        if (st != ANNEAL_OK) return st;
+    }
     st = anneal_comm_all_gather(pp->pipe, pp->ss, pp->ss_all, (int64_t)n * 8, ANNEAL_U8);
     if (st != ANNEAL_OK) return st;
     double total = 0;
@@ -511,6 +583,7 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     int M = (int)(c->deterministic ? c->accum / pp->replicas : c->accum), N = pp->n, p = pp->stage;
     pp->step = step;
     int warm = N - p - 1 < M ? N - p - 1 : M;
+    if (pp->whole) release_others(t); /* after an evaluation or a sample: the stage's part again */
     double t0 = now_ms();
     pp->idle_ms = 0;
     pp->n_reqs = 0;
@@ -584,9 +657,11 @@ anneal_status anneal_train_pp_sync_params(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp) return ANNEAL_OK;
     anneal_params *ps = t->model->params;
+    anneal_status st = hold_whole(t);
+    if (st != ANNEAL_OK) return restate(st, "pipeline: storage for the whole model: "); /* (peers wait: fatal) */
     for (int i = 0; i < ps->n; i++) {
         anneal_tensor *x = ps->items[i].tensor;
-        anneal_status st = anneal_comm_broadcast(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, pp->owner[i]);
+        st = anneal_comm_broadcast(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, pp->owner[i]);
         if (st != ANNEAL_OK) return restate(st, "pipeline: gathering the parameters: ");
     }
     return ANNEAL_OK;
@@ -639,7 +714,9 @@ anneal_status anneal_train_pp_ckpt_begin(trainer *t) {
         pp->stage_opt = t->opt;
         t->opt = full;
     }
-    return ANNEAL_OK;
+    /* --tp: stage 0 of replica 0 (ranks 0..T-1) now holds each tensor-parallel shard of
+     * the whole model and its full optimizer; tp.c gathers them into rank 0's whole one */
+    return anneal_train_tp_ckpt_begin(t);
 }
 
 anneal_status anneal_train_pp_ckpt_end(trainer *t) {
@@ -649,6 +726,7 @@ anneal_status anneal_train_pp_ckpt_end(trainer *t) {
         t->opt = pp->stage_opt;
         pp->stage_opt = NULL;
     }
+    if (pp) release_others(t); /* the stage's parameters only, again */
     if (pp && t->ddp && anneal_ddp_stage(t->ddp) > 0) return anneal_optimizer_scatter_state(t->opt);
     return ANNEAL_OK;
 }
@@ -656,15 +734,21 @@ anneal_status anneal_train_pp_ckpt_end(trainer *t) {
 void anneal_train_pp_print_header(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp) return;
-    int L = t->mcfg.n_layer;
+    int L = t->mcfg.n_layer, T = pp->tp;
+    anneal_progress_note(t->prog, "parallel layout: %d ranks = tensor-parallel %d x pipeline %d x data-parallel %d "
+                         "(rank = (replica x %d + stage) x %d + tp rank: tensor-parallel groups of consecutive ranks)",
+                         t->world, T, pp->n, pp->replicas, pp->n, T);
     anneal_progress_note(t->prog, "pipeline: %d stages x %d data-parallel replica%s, %lld micro-batches per step "
                          "scheduled 1F1B, ideal bubble (N-1)/(M+N-1) = %.3f", pp->n, pp->replicas,
                          pp->replicas > 1 ? "s" : "", (long long)t->cfg.accum, ideal_bubble(t));
     for (int r = 0; r < t->world; r++) {
-        int p = r % pp->n, a, b;
+        int p = r / T % pp->n, a, b;
+        char tpr[32] = "";
+        if (T > 1) snprintf(tpr, sizeof tpr, ", tp rank %d", r % T);
         stage_blocks(p, pp->n, L, &a, &b);
-        anneal_progress_note(t->prog, "  rank %d: stage %d (blocks %d-%d%s%s), replica %d", r, p, a, b - 1,
-                             p == 0 ? ", embedding" : "", p == pp->n - 1 ? ", final norm + head" : "", r / pp->n);
+        anneal_progress_note(t->prog, "  rank %d: stage %d (blocks %d-%d%s%s)%s, replica %d", r, p, a, b - 1,
+                             p == 0 ? ", embedding" : "", p == pp->n - 1 ? ", final norm + head" : "", tpr,
+                             r / (T * pp->n));
     }
 }
 
@@ -687,8 +771,11 @@ void anneal_train_pp_note_summary(trainer *t) {
 void anneal_train_pp_memory(trainer *t, double out[3]) {
     struct train_pp *pp = t->pp;
     if (!pp) return;
-    int64_t owned = anneal_params_numel(&pp->view);
-    out[0] = (double)anneal_params_numel(t->model->params) * sizeof(float); /* not freed yet (see the top) */
+    int64_t owned = anneal_params_numel(&pp->view), held = 0;
+    anneal_params *ps = t->model->params;
+    for (int i = 0; i < ps->n; i++) /* what holds storage now: the stage's parameters between steps */
+        if (ps->items[i].tensor->storage) held += anneal_numel(ps->items[i].tensor);
+    out[0] = (double)held * sizeof(float);
     if (!t->ddp) out[1] = (double)owned * sizeof(float);
     out[2] = (double)owned * 2.0 * sizeof(float);
     if (t->ddp && anneal_ddp_stage(t->ddp) > 0) out[2] = (double)anneal_ddp_shard_numel(t->ddp) * 2.0 * sizeof(float);
@@ -713,6 +800,7 @@ void anneal_train_pp_teardown(trainer *t) {
     free(pp->tied);
     free(pp->ss);
     free(pp->ss_all);
+    free(pp->ss_tp);
     free(pp->view_ss);
     free(pp->view_ss_all);
     free(pp->send_act);

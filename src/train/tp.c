@@ -55,7 +55,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
         return USAGE("--tp %d does not divide the %d ranks: the world is --tp ranks per tensor-parallel group times "
                      "the data-parallel replicas (start a multiple of %d ranks%s)", n, t->world, n,
                      c->resume ? "; a resume keeps the run's --tp unless given: --tp 1 resumes on one process" : "");
-    if (c->pp > 1) return USAGE("--tp %d with --pp %lld: tensor and pipeline parallelism do not compose yet", n, (long long)c->pp);
     if (c->zero > 2)
         return USAGE("--tp %d with --zero %lld: ZeRO-3's per-block gathering does not know the shards yet; use --zero 0, "
                      "1 or 2", n, (long long)c->zero);
@@ -78,15 +77,17 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
     t->tp = p;
     p->size = n;
     p->rank = t->rank % n;
-    p->dp_size = t->world / n;
-    p->dp_rank = t->rank / n;
-    p->tp_comm = anneal_comm_split(t->comm, p->dp_rank, t->rank);
-    p->dp_comm = p->tp_comm ? anneal_comm_split(t->comm, p->rank, t->rank) : NULL;
+    int grp = n * (c->pp > 1 ? (int)c->pp : 1); /* --pp: a group per stage, stages next (pipeline.c) */
+    p->dp_size = t->world / grp;
+    p->dp_rank = t->rank / grp;
+    p->tp_comm = anneal_comm_split(t->comm, t->rank / n, t->rank);
+    p->dp_comm = p->tp_comm ? anneal_comm_split(t->comm, t->rank % grp, t->rank) : NULL;
     if (!p->tp_comm || !p->dp_comm || !(p->tp = anneal_tp_new(p->tp_comm))) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s", anneal_last_error());
         return anneal_set_error(ANNEAL_ERR_STATE, "--tp %d: cannot make the rank groups: %s", n, msg);
     }
+    if (c->pp > 1) return ANNEAL_OK; /* the layout: pipeline.c prints tp x pp x dp */
     /* the layout, printed by rank 0 */
     char g0[96], d0[96];
     group_text(g0, sizeof g0, 0, n, 1);
@@ -246,7 +247,7 @@ anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) 
 
 anneal_status anneal_train_tp_ckpt_begin(trainer *t) {
     struct train_tp *p = t->tp;
-    if (!p || p->dp_rank != 0) return ANNEAL_OK; /* rank 0's group gathers; rank 0 writes */
+    if (!p || t->rank >= p->size) return ANNEAL_OK; /* rank 0's group gathers; rank 0 writes */
     anneal_model_config cfg = t->model->cfg;
     cfg.tp_size = cfg.tp_rank = 0;
     anneal_params *ps = t->model->params;
@@ -327,3 +328,11 @@ void anneal_train_tp_teardown(trainer *t) {
     free(p);
     t->tp = NULL;
 }
+
+/* For pipeline.c's gradient norm: which dimension parameter i of the shard model is
+ * split along (-1: replicated on every rank of the group), and the group. */
+int anneal_train_tp_split_dim(const trainer *t, int i) {
+    return t->tp && t->tp->split && i >= 0 && i < t->tp->n_split ? t->tp->split[i].dim : -1;
+}
+
+anneal_comm *anneal_train_tp_group(const trainer *t) { return t->tp ? t->tp->tp_comm : NULL; }

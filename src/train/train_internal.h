@@ -338,5 +338,9 @@ anneal_status anneal_train_tp_det_sumsq(trainer *t, anneal_comm *group, const an
 anneal_status anneal_train_tp_ckpt_begin(trainer *t);
 void anneal_train_tp_ckpt_end(trainer *t);
 void anneal_train_tp_teardown(trainer *t);
+/* --tp with --pp (pipeline.c): the split dimension of model parameter i (-1:
+ * replicated, and always without --tp) and the tensor-parallel group (NULL without). */
+int anneal_train_tp_split_dim(const trainer *t, int i);
+anneal_comm *anneal_train_tp_group(const trainer *t);
 
 #endif
