@@ -6,8 +6,8 @@
  * through the loader (shuffled). A run stopped at step 10 on 4 ranks and resumed on 2
  * ends with the bits of the straight run; 3 and 6 ranks over 6 micro-batches give the
  * one-process bits too; so do --zero 1/2/3 on 2 and 4 ranks, --pp 2 on 2 ranks and
- * --pp 2 x 2 replicas on 4 (GPT-2's tied embedding; llama-tiny), --tp 2 (2 ranks) and
- * --tp 2 x dp 2 (4 ranks) on GPT-2 and Llama tiny, and resumes between those layouts
+ * --pp 2 x 2 replicas on 4 (GPT-2's tied embedding; llama-tiny), --tp 2 (2 ranks),
+ * --tp 2 x dp 2 (4 ranks) on GPT-2 and Llama tiny, --tp 2 x --pp 2 (4 ranks), and resumes between those layouts
  * and one process. Settings it cannot honour are refused with a
  * message that says why, before a run directory is made.
  *
@@ -242,6 +242,9 @@ TEST(pipeline_and_pipeline_x_data) {
     REQUIRE(train(4, "pz2", "--pp 2 --zero 2", true) == 0);
     check_identical("pz1", "d1");
     check_identical("pz2", "d1");
+    /* the three axes at once: tensor- x pipeline-parallel, 4 ranks */
+    REQUIRE(train(4, "tp22", "--tp 2 --pp 2", true) == 0);
+    check_identical("tp22", "d1");
     const char *o = tu_slurp(wpath("p22.out"));
     CHECK(strstr(o, "2 on each of 2 data-parallel replicas") != NULL, "start line: %s", o);
     REQUIRE(train(0, "l1", "--model llama-tiny --dropout 0 --steps 6", true) == 0);
@@ -290,7 +293,7 @@ TEST(tensor_parallel_bit_identical) {
     check_identical("tp2dp2", "tp_ref");
     const char *o = tu_slurp(wpath("tp2dp2.out"));
     CHECK(strstr(o, "vocabulary whole on every rank (--deterministic)") != NULL &&
-              strstr(o, "deterministic: 4 micro-batches of 2 rows per step, 2 on each of 2 ranks") != NULL,
+              strstr(o, "deterministic: 4 micro-batches of 2 rows per step, 2 on each of 2 data-parallel replicas") != NULL,
           "start lines: %s", o);
     REQUIRE(train(4, "tpr", "--tp 2 --stop-at 10", true) == 0);
     REQUIRE(resume(2, "tpr") == 0);
