@@ -38,11 +38,12 @@
  * as one process adds it (then the first stage's sum is broadcast back at the step's
  * end); the loss is the last stage's tree; the data group's sync uses the same hook.
  *
- * Not covered:
- * PowerSGD (a lossy, W-dependent approximation), devices other than the CPU (their
- * kernels' bit-identity across layouts is not established), and evaluation (each
- * rank's share of the val batches depends on W). Cost: no overlap of communication
- * with backward, W x the gradient received per rank, a copy of the gradient and up to
+ * Evaluation: every rank reads and evaluates the whole val batches one process does
+ * (setup.c opens the val source unsplit; evaluate.c skips the mean over ranks).
+ *
+ * Not covered: PowerSGD (a lossy, W-dependent approximation) and devices other than
+ * the CPU (their kernels' bit-identity across layouts is not established). Cost: no overlap of communication
+ * with backward, W x the evaluation work, W x the gradient received per rank, a copy of the gradient and up to
  * log2(M/W) partial sums per rank; with ZeRO, full-size gradients on every rank; with
  * --pp and a tied embedding, V x C floats sent per micro-batch. */
 #include "train_internal.h"

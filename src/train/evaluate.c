@@ -22,10 +22,13 @@ anneal_status anneal_train_evaluate(trainer *t, double *val_loss) {
     anneal_loader_cursor zero = {0, 0, 0};
     anneal_status st = anneal_train_pp_sync_params(t); /* --pp: every rank runs the whole model */
     if (st == ANNEAL_OK) st = anneal_train_source_set_cursor(&t->val, zero);
-    /* distributed: this rank's share of each batch */
+    /* distributed: this rank's share of each batch (--deterministic: all of it) */
     if (st == ANNEAL_OK)
         st = anneal_model_evaluate(t->model, t->local_batch, t->cfg.seq, t->eval_batches, next_val, t, val_loss, NULL);
-    if (st == ANNEAL_OK) st = anneal_train_dist_mean(t, val_loss); /* equal shares: the mean of the ranks' means */
+    /* equal shares: the mean of the ranks' means; --deterministic: every rank evaluated
+     * the whole batches one process evaluates (W x the work), so its value is already
+     * the one-process bits */
+    if (st == ANNEAL_OK && !t->cfg.deterministic) st = anneal_train_dist_mean(t, val_loss);
     return st;
 }
 

@@ -252,7 +252,9 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     anneal_train_config *c = &t->cfg;
     if (c->synthetic) {
         anneal_train_source_open_synthetic(&t->train, anneal_train_det_rows(t), c->seq, (uint64_t)c->seed, 0, synth_vocab, t->data_rank, t->data_world);
-        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab, t->data_rank, t->data_world);
+        /* --deterministic: every rank reads the whole val batches one process reads */
+        anneal_train_source_open_synthetic(&t->val, t->local_batch, c->seq, (uint64_t)c->seed, 1, synth_vocab,
+                                           c->deterministic ? 0 : t->data_rank, c->deterministic ? 1 : t->data_world);
         t->has_val = true;
         return ANNEAL_OK;
     }
@@ -274,7 +276,8 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     t->data_fingerprint = anneal_loader_fingerprint(t->train.loader);
     if (has_split(c->data, "val") && c->eval_batches > 0) {
         if (anneal_train_source_open_loader(&t->val, c->data, "val", t->local_batch, c->seq, (uint64_t)c->seed, false, false,
-                                     t->data_rank, t->data_world) != ANNEAL_OK) {
+                                            c->deterministic ? 0 : t->data_rank, c->deterministic ? 1 : t->data_world) !=
+            ANNEAL_OK) {
             if (anneal_last_status() != ANNEAL_ERR_ARG) return prefix_error("--data (val split): ");
             /* printed once the settings are known good (a bad --seq is told first) */
             snprintf(t->val_note, sizeof t->val_note, "note: val split unusable (%s): no evaluation", anneal_last_error());
@@ -624,7 +627,8 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     /* evaluation size: at most one pass over the val split */
     t->eval_batches = c->eval_batches;
     if (t->has_val && !c->synthetic) {
-        uint64_t w = anneal_train_source_windows(&t->val), per = (uint64_t)(t->local_batch * t->world);
+        uint64_t w = anneal_train_source_windows(&t->val),
+                 per = (uint64_t)(t->local_batch * (c->deterministic ? 1 : t->world));
         int64_t cap = (int64_t)(w / per > 0 ? w / per : 1);
         if (t->eval_batches > cap) t->eval_batches = cap;
     }

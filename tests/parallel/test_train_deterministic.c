@@ -79,6 +79,23 @@ static int field_of(const char *run, const char *key, double *v) {
     return tu_read_steps(p, key, NAN, v, NULL, NULL, 64);
 }
 
+/* The val losses of a run's eval records, in order, as logged (up to 16); their count. */
+static int val_losses(const char *run, char v[16][64]) {
+    char p[600], line[8192];
+    snprintf(p, sizeof p, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(p, "r");
+    int n = 0;
+    while (f && n < 16 && fgets(line, sizeof line, f)) {
+        const char *k = strstr(line, "\"val_loss\":");
+        if (!strstr(line, "\"type\":\"eval\"") || !k) continue;
+        k += strlen("\"val_loss\":");
+        size_t len = strcspn(k, ",}");
+        snprintf(v[n++], 64, "%.*s", (int)(len < 63 ? len : 63), k);
+    }
+    if (f) fclose(f);
+    return n;
+}
+
 /* Bytes of a file of the newest checkpoint of a run (malloc'd; NULL if missing). */
 static char *ckpt_file(const char *run, const char *name, size_t *n) {
     char ck[1024], p[1200];
@@ -119,6 +136,13 @@ static void check_identical_n(const char *run, const char *ref, int steps) {
     printf("    %s vs %s: %d/%d losses bit-identical (f64), %d/%d as f32, %d/%d gradient norms; loss %.6f -> %.6f\n",
            run, ref, same, steps, same_f32, steps, same_norm, steps, b[0], b[steps - 1]);
     CHECK(same == steps && same_f32 == steps && same_norm == steps, "%s and %s: losses or norms differ", run, ref);
+    /* the evaluations: every rank evaluates the whole val batches, so the same bits */
+    char va[16][64], vb[16][64];
+    int ea = val_losses(run, va), eb = val_losses(ref, vb), esame = 0;
+    for (int i = 0; i < ea && i < eb; i++) esame += strcmp(va[i], vb[i]) == 0;
+    printf("    %s vs %s: %d/%d val losses identical%s%s\n", run, ref, esame, eb, eb ? ", last " : "", eb ? vb[eb - 1] : "");
+    CHECK(ea == eb && esame == eb, "%s and %s: val losses differ (%d and %d evaluations, %d the same)", run, ref, ea, eb,
+          esame);
     const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
     for (int k = 0; k < 2; k++) {
         size_t n1, n2;
@@ -354,7 +378,8 @@ int main(void) {
     snprintf(mpi_env, sizeof mpi_env, "--bind-to none -x OMP_NUM_THREADS=1 --mca btl_vader_single_copy_mechanism none");
     snprintf(common, sizeof common,
              "--synthetic --model tiny --batch 2 --accum 4 --seq 32 --steps %d --threads 1 --dropout 0.1 --lr 3e-3 "
-             "--warmup 2 --clip 1 --eval-batches 0 --ckpt-every 0 --peak-gflops 10 --log-every 100 --deterministic",
+             "--warmup 2 --clip 1 --eval-batches 2 --eval-every 10 --ckpt-every 0 --peak-gflops 10 --log-every 100 "
+             "--deterministic",
              STEPS);
     RUN(bit_identical_for_1_2_4_ranks);
     RUN(bit_identical_on_shards);
