@@ -3,7 +3,8 @@
  * (same calls, world size 1), and data-parallel gradient synchronisation: buckets of
  * gradients hung on the autograd engine's grad-ready hook, all-reduced (DDP) or
  * reduce-scattered to their owner rank (ZeRO), overlapping the rest of backward.
- * The NCCL communicator of the CUDA backend will implement the same interface. */
+ * The NCCL communicator (anneal_comm_nccl_new) implements the same calls for buffers in
+ * GPU memory. */
 #ifndef ANNEAL_PARALLEL_H
 #define ANNEAL_PARALLEL_H
 
@@ -28,6 +29,21 @@ typedef enum anneal_reduce_op { ANNEAL_REDUCE_SUM, ANNEAL_REDUCE_MEAN } anneal_r
 anneal_comm *anneal_comm_init(void);
 /* Leaves the job (MPI_Finalize when MPI was used) and frees c. */
 void anneal_comm_free(anneal_comm *c);
+
+/* True when this build has the NCCL communicator (CUDA builds where CMake found NCCL). */
+bool anneal_comm_nccl_available(void);
+/* A communicator over NCCL on CUDA device `device` with host's ranks and size: every
+ * rank of host must call it (rank 0's ncclUniqueId is broadcast over host). Its
+ * collectives take buffers in GPU memory and run on its own stream: blocking calls wait
+ * for it, _start calls return a request whose wait synchronises an event. Sums and
+ * means are NCCL's (ncclSum, ncclAvg; bf16 reduced as NCCL reduces it); send/receive
+ * ignore tags (pairs match in call order). NULL + error (NCCL's or CUDA's message) on
+ * failure, or when the build has no NCCL. Free it before host. Never run yet: written
+ * and compiled without a GPU. */
+anneal_comm *anneal_comm_nccl_new(anneal_comm *host, int device);
+/* The bootstrap alone: rank 0 of host makes an ncclUniqueId, every rank receives its n
+ * bytes in id (n must be sizeof(ncclUniqueId), 128). Runs without a GPU. */
+anneal_status anneal_comm_nccl_bootstrap_id(anneal_comm *host, void *id, size_t n);
 int anneal_comm_rank(const anneal_comm *c);
 int anneal_comm_size(const anneal_comm *c);
 /* Rank among the processes on this host (for thread pinning / GPU choice). */

@@ -65,6 +65,12 @@ anneal_comm *anneal_comm_init(void) {
 /* Leaves the job and frees c. */
 void anneal_comm_free(anneal_comm *c) {
     if (!c) return;
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) {
+        anneal_comm_nccl_free(c);
+        return;
+    }
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) {
         anneal_comm_mpi_free(c);
@@ -81,14 +87,11 @@ int anneal_comm_rank(const anneal_comm *c) { return c ? c->rank : 0; }
 int anneal_comm_size(const anneal_comm *c) { return c ? c->size : 1; }
 int anneal_comm_local_rank(const anneal_comm *c) { return c ? c->local_rank : 0; }
 int anneal_comm_local_size(const anneal_comm *c) { return c && c->local_size > 0 ? c->local_size : 1; }
-const char *anneal_comm_backend(const anneal_comm *c) { return c && c->mpi ? "mpi" : "single"; }
+const char *anneal_comm_backend(const anneal_comm *c) { return c && c->nccl ? "nccl" : c && c->mpi ? "mpi" : "single"; }
 
 /* Common checks; `reduce` restricts dtypes to f32/bf16. MPI counts are ints: the
  * elements moved by one call (count * size for the gathered side) must fit. */
-anneal_device anneal_comm_device(const anneal_comm *c) {
-    (void)c;
-    return ANNEAL_CPU;
-}
+anneal_device anneal_comm_device(const anneal_comm *c) { return c && c->nccl ? ANNEAL_CUDA : ANNEAL_CPU; }
 
 static anneal_status check_args(const anneal_comm *c, const char *what, const void *a, const void *b,
                                 int64_t count, anneal_dtype dt, bool reduce) {
@@ -124,6 +127,9 @@ static anneal_status allreduce(anneal_comm *c, void *buf, int64_t count, anneal_
                                anneal_reduce_op op, anneal_comm_request **req) {
     anneal_status s = check_args(c, "anneal_comm_allreduce", buf, buf, count, dt, true);
     if (s != ANNEAL_OK) return s;
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_allreduce(c, buf, count, dt, op, req);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_allreduce(c, buf, count, dt, op, req);
 #endif
@@ -145,6 +151,9 @@ static anneal_status reduce_scatter(anneal_comm *c, const void *send, void *recv
                                     anneal_dtype dt, anneal_reduce_op op, anneal_comm_request **req) {
     anneal_status s = check_args(c, "anneal_comm_reduce_scatter", send, recv, count, dt, true);
     if (s != ANNEAL_OK) return s;
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_reduce_scatter(c, send, recv, count, dt, op, req);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_reduce_scatter(c, send, recv, count, dt, op, req);
 #endif
@@ -168,6 +177,9 @@ static anneal_status all_gather(anneal_comm *c, const void *send, void *recv, in
                                 anneal_dtype dt, anneal_comm_request **req) {
     anneal_status s = check_args(c, "anneal_comm_all_gather", send, recv, count, dt, false);
     if (s != ANNEAL_OK) return s;
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_all_gather(c, send, recv, count, dt, req);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_all_gather(c, send, recv, count, dt, req);
 #endif
@@ -193,6 +205,9 @@ anneal_status anneal_comm_broadcast(anneal_comm *c, void *buf, int64_t count, an
     if (root < 0 || root >= c->size)
         return anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_broadcast: root %d outside a world of %d", root,
                                 c->size);
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_broadcast(c, buf, count, dt, root);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_broadcast(c, buf, count, dt, root);
 #endif
@@ -201,6 +216,9 @@ anneal_status anneal_comm_broadcast(anneal_comm *c, void *buf, int64_t count, an
 
 anneal_status anneal_comm_barrier(anneal_comm *c) {
     if (!c) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_barrier: NULL communicator");
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_barrier(c);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_barrier(c);
 #endif
@@ -217,6 +235,9 @@ anneal_comm *anneal_comm_split(anneal_comm *c, int color, int key) {
         anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_split: negative color %d", color);
         return NULL;
     }
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_split(c, color, key);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_split(c, color, key);
 #endif
@@ -240,6 +261,9 @@ static anneal_status p2p(anneal_comm *c, void *buf, int64_t count, anneal_dtype 
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: peer %d is not another rank of a world of %d (this is rank %d)",
                                 what, peer, c->size, c->rank);
     if (tag < 0 || tag >= 32768) return anneal_set_error(ANNEAL_ERR_ARG, "%s: tag %d outside [0, 32768)", what, tag);
+#ifdef ANNEAL_HAVE_NCCL
+    if (c->nccl) return anneal_comm_nccl_p2p(c, buf, count, dt, peer, send, req); /* NCCL has no tags: in order */
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c->mpi) return anneal_comm_mpi_p2p(c, buf, count, dt, peer, tag, send, req);
 #endif
@@ -271,6 +295,9 @@ anneal_status anneal_comm_recv_start(anneal_comm *c, void *buf, int64_t count, a
 anneal_status anneal_comm_wait(anneal_comm_request *req) {
     if (!req) return ANNEAL_OK;
     anneal_status s = ANNEAL_OK;
+#ifdef ANNEAL_HAVE_NCCL
+    if (req->c->nccl && !req->done) s = anneal_comm_nccl_wait(req);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (req->c->mpi && !req->done) s = anneal_comm_mpi_wait(req);
 #endif
@@ -284,6 +311,9 @@ anneal_status anneal_comm_wait(anneal_comm_request *req) {
 /* *done = transport finished; drives MPI progress. */
 anneal_status anneal_comm_test(anneal_comm_request *req, bool *done) {
     if (!req || !done) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_comm_test: NULL argument");
+#ifdef ANNEAL_HAVE_NCCL
+    if (req->c->nccl && !req->done) return anneal_comm_nccl_test(req, done);
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (req->c->mpi && !req->done) return anneal_comm_mpi_test(req, done);
 #endif
@@ -296,6 +326,9 @@ void anneal_comm_abort(anneal_comm *c, int code, const char *msg) {
     fprintf(stderr, "anneal: rank %d: %s\n", c ? c->rank : 0, msg ? msg : "aborting");
     fflush(stderr);
     fflush(stdout);
+#ifdef ANNEAL_HAVE_NCCL
+    if (c && c->nccl) anneal_comm_nccl_abort(c); /* then exit: the host communicator's job ends */
+#endif
 #ifdef ANNEAL_HAVE_MPI
     if (c && c->mpi) anneal_comm_mpi_abort(c, code);
 #endif

@@ -12,6 +12,10 @@
 
 struct anneal_comm {
     bool mpi;              /* false: the single-process stand-in */
+    bool nccl;             /* GPU buffers through NCCL (comm_nccl.c) */
+    int device;            /* NCCL: the CUDA device */
+    void *nccl_comm;       /* NCCL: the ncclComm_t */
+    void *stream;          /* NCCL: the cudaStream_t its calls queue on */
     int rank, size, local_rank, local_size;
     bool threads_ok;       /* MPI calls may come from a second thread, one at a time
                             * (ANNEAL_DDP_PROGRESS=thread asked for it at init) */
@@ -38,6 +42,7 @@ struct anneal_comm_request {
     void *out;            /* user result buffer */
     int64_t count;        /* elements of out */
     float *tmp_in, *tmp_out; /* f32 staging of a bf16 reduction (owned) */
+    void *event;          /* NCCL: the cudaEvent_t recorded after the call */
 };
 
 /* The device whose memory c's collectives read and write: host memory, the CPU's, for
@@ -56,6 +61,25 @@ anneal_comm_request *anneal_comm_request_new(anneal_comm *c);
 /* bf16 (count) -> f32, and f32 -> bf16 (divided by div first when div != 1). */
 void anneal_comm_bf16_to_f32(const uint16_t *in, float *out, int64_t count);
 void anneal_comm_f32_to_bf16(const float *in, uint16_t *out, int64_t count, float div);
+
+#ifdef ANNEAL_HAVE_NCCL
+/* comm_nccl.c: the NCCL implementation (arguments already checked by comm.c). */
+void anneal_comm_nccl_free(anneal_comm *c);
+anneal_status anneal_comm_nccl_allreduce(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt,
+                                         anneal_reduce_op op, anneal_comm_request **req);
+anneal_status anneal_comm_nccl_reduce_scatter(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                              anneal_dtype dt, anneal_reduce_op op, anneal_comm_request **req);
+anneal_status anneal_comm_nccl_all_gather(anneal_comm *c, const void *send, void *recv, int64_t count,
+                                          anneal_dtype dt, anneal_comm_request **req);
+anneal_status anneal_comm_nccl_broadcast(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int root);
+anneal_status anneal_comm_nccl_barrier(anneal_comm *c);
+anneal_status anneal_comm_nccl_p2p(anneal_comm *c, void *buf, int64_t count, anneal_dtype dt, int peer, bool send,
+                                   anneal_comm_request **req);
+anneal_comm *anneal_comm_nccl_split(anneal_comm *c, int color, int key);
+anneal_status anneal_comm_nccl_wait(anneal_comm_request *r);
+anneal_status anneal_comm_nccl_test(anneal_comm_request *r, bool *done);
+void anneal_comm_nccl_abort(anneal_comm *c);
+#endif
 
 #ifdef ANNEAL_HAVE_MPI
 anneal_comm *anneal_comm_mpi_init(void);
