@@ -57,3 +57,48 @@ AVX2_TARGET void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, i
         if (m < m1) tile(m, 1, n, n1, K, A, lda, B, ldb, C, ldc);
     }
 }
+
+/* ------------------------------------------------ few rows, fused epilogue */
+
+/* Rows of A by B rows n .. n + 3 (clamped; R = 1 or 2 rows of A), 32 values of K per
+ * step with the sign trick (see anneal_qrows_s8_avx2), into y with the epilogue. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qrows_tile(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         int R, int64_t n, int64_t n1) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)31;
+    const int8_t *b[4];
+    for (int j = 0; j < 4; j++) b[j] = q->w + (n + j < n1 ? n + j : n1 - 1) * K;
+    const int8_t *a[2] = {q->xq + m * K, q->xq + (m + R - 1) * K};
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[2][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kfull; k += 32) {
+        __m256i av[2];
+        for (int i = 0; i < R; i++) av[i] = _mm256_loadu_si256((const __m256i *)(a[i] + k));
+        for (int j = 0; j < 4; j++) {
+            const __m256i bv = _mm256_loadu_si256((const __m256i *)(b[j] + k));
+            const __m256i ub = _mm256_sign_epi8(bv, bv); /* |b| as u8 (-128 -> 128) */
+            for (int i = 0; i < R; i++) {
+                const __m256i p = _mm256_maddubs_epi16(ub, _mm256_sign_epi8(av[i], bv));
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, ones));
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4 && n + j < n1; j++) {
+            int32_t s = hsum8(acc[i][j]);
+            for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
+            const int64_t mm = m + i, nn = n + j;
+            q->y[mm * q->N + nn] = (float)s * (q->sx[mm] * q->wscale[nn]) + (q->bias ? q->bias[nn] : 0.0f);
+        }
+}
+
+/* See gemm_int8_internal.h. */
+AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int64_t ne = n + 4 < n1 ? n + 4 : n1;
+        int64_t m = 0;
+        for (; m + 2 <= q->M; m += 2) qrows_tile(q, m, 2, n, ne);
+        if (m < q->M) qrows_tile(q, m, 1, n, ne);
+    }
+}

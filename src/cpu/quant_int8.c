@@ -11,7 +11,9 @@
  *   stream the int8 weight once, 4 rows of x per pass (AVX-512 or portable C); more
  *   rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
  * - dynamic: each row of x quantized with its own scale (per token), the exact int8
- *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b.
+ *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; up to QROWS_MAX rows on AVX2, one
+ *   fused pass (gemm_int8_avx2.c's anneal_qrows_s8_avx2) with the same int32 sums and
+ *   the same epilogue, so the same bits.
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "cpu_kernels.h"
@@ -139,6 +141,10 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
 
 /* ---------------------------------------------------------------- driver */
 
+/* Rows of x up to which dynamic and static products take the fused few-rows kernel on
+ * AVX2 (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the GEMM. */
+enum { QROWS_MAX = 32 };
+
 int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     const int64_t M = a->M, N = a->N, K = a->K;
     if (M <= 0 || N <= 0) return 0;
@@ -173,10 +179,12 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         free(xr);
         return 0;
     }
+    /* few rows on AVX2 (decode, serving steps): the fused pass, no int32 workspace */
+    const bool rows = M <= QROWS_MAX && anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
     int8_t *xq = malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
-    int32_t *acc = malloc((size_t)(M * N) * sizeof *acc);
-    if (!xq || !sx || !acc) {
+    int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
+    if (!xq || !sx || (!rows && !acc)) {
         free(xq), free(sx), free(acc);
         return -1;
     }
@@ -185,6 +193,15 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     } else {
         anneal_cpu_quantize_s8_fixed(M * K, a->x, a->act_scale, xq);
         for (int64_t m = 0; m < M; m++) sx[m] = a->act_scale;
+    }
+    if (rows) {
+        anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = a->w, .wscale = a->wscale,
+                                  .bias = a->bias, .y = a->y};
+        const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
+#pragma omp parallel for schedule(static) if (N * K * M > 65536)
+        for (int64_t b = 0; b < nb; b++) anneal_qrows_s8_avx2(&q, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+        free(xq), free(sx);
+        return 0;
     }
     anneal_cpu_gemm_s8(M, N, K, xq, K, a->w, K, acc, N);
 #pragma omp parallel for schedule(static) if (M * N > 65536)
