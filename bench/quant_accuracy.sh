@@ -47,10 +47,14 @@ row() { # name quantize-flags eval-dtype
   read -r L P _ <<< "$(ev ckpt "$q" "$3")"
   printf "%-34s %10.5f %10.4f %+8.3f%%\n" "$1 (eval $3)" "$L" "$P" "$(python3 -c "print(100*($P/$P_BF16-1))")"
 }
+# the lm head is int8 unless --head f32 (anneal quantize's default since the int8 head)
 row weight-only "--mode weight-only" fp32
+row weight-only-f32-head "--mode weight-only --head f32" fp32
 row weight-only-bf16 "--mode weight-only" bf16
 row weight-only-g32 "--mode weight-only --group 32" fp32
 row weight-only-g128 "--mode weight-only --group 128" fp32
 row dynamic "--mode dynamic" fp32
+row dynamic-f32-head "--mode dynamic --head f32" fp32
+row dynamic-bf16 "--mode dynamic" bf16
 row static-minmax "--mode static --calib-data $WORK/data --calib-batches 16 --batch $BATCH --seq $SEQ" fp32
 row static-p99.99 "--mode static --calib-data $WORK/data --calib-batches 16 --batch $BATCH --seq $SEQ --calib-method percentile --percentile 99.99" fp32

@@ -6,7 +6,9 @@
  * in scalar code. */
 #include "gemm_int8_internal.h"
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2_TARGET __attribute__((target("avx2")))
 
@@ -100,5 +102,41 @@ AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0,
         int64_t m = 0;
         for (; m + 2 <= q->M; m += 2) qrows_tile(q, m, 2, n, ne);
         if (m < q->M) qrows_tile(q, m, 1, n, ne);
+    }
+}
+
+/* See gemm_int8_internal.h. */
+AVX2_TARGET void anneal_quantize_row_s8_avx2(int64_t K, const float *x, float fixed, int8_t *q, float *scale) {
+    float s = fixed;
+    if (!(fixed > 0.0f)) { /* dynamic: max(amax / 127, FLT_EPSILON), NaNs skipped as fmaxf does */
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask), mx);
+        float t[8], amax = 0.0f;
+        _mm256_storeu_ps(t, mx);
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, t[i]);
+        for (; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+        s = fmaxf(amax / 127.0f, FLT_EPSILON);
+        *scale = s;
+    }
+    /* nearbyint(x / s) clamped to [-127, 127]: IEEE division and the current rounding
+     * mode, as the scalar quantizer */
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k + 8 * i), vs), _MM_FROUND_CUR_DIRECTION);
+            v[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(b, order));
+    }
+    for (; k < K; k++) {
+        float r = nearbyintf(x[k] / s);
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[k] = (int8_t)r;
     }
 }

@@ -39,6 +39,12 @@ typedef struct anneal_qrows_s8_args {
  * GEMM then the epilogue). Tiles of 2 rows of xq by 4 rows of w, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
 
+/* One row of K activations to int8 as anneal_cpu_quantize_s8 (fixed <= 0: dynamic,
+ * *scale = max(amax / 127, FLT_EPSILON)) or anneal_cpu_quantize_s8_fixed (fixed > 0:
+ * that scale, *scale untouched), with the same bits: IEEE x / scale, rounded in the
+ * current mode (nearbyint), clamped to [-127, 127]. AVX2. */
+void anneal_quantize_row_s8_avx2(int64_t K, const float *x, float fixed, int8_t *q, float *scale);
+
 /* True with AVX-512 F/BW/VL and VNNI (cpu_features.c). */
 bool anneal_cpu_has_avx512vnni(void);
 

@@ -188,7 +188,13 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         free(xq), free(sx), free(acc);
         return -1;
     }
-    if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
+    if (rows) { /* the activations row by row in AVX2 (the same bits as below) */
+        for (int64_t m = 0; m < M; m++) {
+            sx[m] = a->act_scale;
+            anneal_quantize_row_s8_avx2(K, a->x + m * K, a->mode == ANNEAL_CPU_QUANT_DYNAMIC ? 0.0f : a->act_scale,
+                                        xq + m * K, &sx[m]);
+        }
+    } else if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
         anneal_cpu_quantize_s8(M, K, 0, a->x, xq, sx);
     } else {
         anneal_cpu_quantize_s8_fixed(M * K, a->x, a->act_scale, xq);
