@@ -261,6 +261,11 @@ anneal_status anneal_nn_quant_head_attach(anneal_params *ps, anneal_quant_mode m
                                           anneal_tensor *scale);
 /* Logits h (..., C) -> (..., vocab) through ps->head (which must be set). */
 anneal_tensor *anneal_nn_quant_head_forward(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h);
+/* The mean cross-entropy (anneal_cross_entropy's) of the logits of h (..., C) through
+ * ps->head against targets (...), in chunks of 256 rows so that no (rows, vocab) logits
+ * are made at once; a 0-dim f32 tensor, no autograd (inference only). */
+anneal_tensor *anneal_nn_quant_head_loss(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h,
+                                         anneal_tensor *targets, int32_t ignore_index);
 /* "weight-only", "dynamic", "static" (NULL otherwise); the parser (false if unknown). */
 const char *anneal_quant_mode_name(anneal_quant_mode mode);
 bool anneal_quant_mode_parse(const char *name, anneal_quant_mode *out);

@@ -297,7 +297,7 @@ anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tenso
         anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), m->wte.weight, NULL, &o);
         return tp->vocab_loss(tp->user, logits, targets, m->base.cfg.tp_rank * m->wte.weight->shape[0], -100);
     }
-    if (m && m->base.params->head) return anneal_cross_entropy(lm_head(m, h), targets, -100); /* int8 head */
+    if (m && m->base.params->head) return anneal_nn_quant_head_loss(m->base.params, &m->base.ctx, h, targets, -100);
     return m ? anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, m->base.ctx.compute) : NULL;
 }
 

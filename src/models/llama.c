@@ -337,7 +337,7 @@ static anneal_tensor *op_loss(anneal_model *mm, anneal_tensor *ids, anneal_tenso
         anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), head_weight(m), NULL, &o);
         return tp->vocab_loss(tp->user, logits, targets, mm->cfg.tp_rank * head_weight(m)->shape[0], -100);
     }
-    if (mm->params->head) return anneal_cross_entropy(lm_head(m, h), targets, -100); /* int8 head */
+    if (mm->params->head) return anneal_nn_quant_head_loss(mm->params, &mm->ctx, h, targets, -100); /* int8 head */
     return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
 }
 

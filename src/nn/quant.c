@@ -291,3 +291,43 @@ anneal_tensor *anneal_nn_quant_head_forward(const anneal_params *ps, const annea
     anneal_qmatmul_desc qd = {.mode = q->mode, .compute = ctx && ctx->compute == ANNEAL_BF16 ? ANNEAL_BF16 : ANNEAL_F32};
     return anneal_qlinear(h, q->weight, q->scale, NULL, &qd);
 }
+
+anneal_tensor *anneal_nn_quant_head_loss(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h,
+                                         anneal_tensor *targets, int32_t ignore_index) {
+    enum { CHUNK = 256 }; /* rows of logits made at a time: 256 x vocab f32 */
+    if (!h || !targets) return NULL;
+    const int64_t C = h->ndim > 0 ? h->shape[h->ndim - 1] : 0, rows = anneal_numel(targets);
+    if (C <= 0 || rows * C != anneal_numel(h)) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant lm head loss: %lld targets for hidden states of %lld values",
+                         (long long)rows, (long long)anneal_numel(h));
+        return NULL;
+    }
+    float *t = malloc((size_t)(rows ? rows : 1) * sizeof *t);
+    if (!t) {
+        anneal_set_error(ANNEAL_ERR_OOM, "nn quant lm head loss: out of memory");
+        return NULL;
+    }
+    if (anneal_to_f32_buffer(targets, t) != ANNEAL_OK) {
+        free(t);
+        return NULL;
+    }
+    anneal_tensor *h2 = anneal_reshape(anneal_contiguous(h), 2, (int64_t[]){rows, C});
+    anneal_tensor *t1 = anneal_reshape(anneal_contiguous(targets), 1, (int64_t[]){rows});
+    double sum = 0.0;
+    int64_t count = 0;
+    bool ok = h2 && t1;
+    for (int64_t r0 = 0; ok && r0 < rows; r0 += CHUNK) {
+        const int64_t n = rows - r0 < CHUNK ? rows - r0 : CHUNK;
+        int64_t valid = 0;
+        for (int64_t i = r0; i < r0 + n; i++) valid += t[i] != (float)ignore_index;
+        if (!valid) continue;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *l = anneal_cross_entropy(anneal_nn_quant_head_forward(ps, ctx, anneal_narrow(h2, 0, r0, n)),
+                                                anneal_narrow(t1, 0, r0, n), ignore_index);
+        if (l) sum += (double)anneal_item(l) * (double)valid, count += valid;
+        ok = l != NULL;
+        anneal_scope_close(sc);
+    }
+    free(t);
+    return ok ? anneal_scalar(count ? (float)(sum / (double)count) : 0.0f) : NULL;
+}
