@@ -2,7 +2,8 @@
  * validating the record and every tensor before the model is built: the unquantized
  * tensors go through the architecture's hf_import (the quantized layers' f32 weights
  * are handed over as zeros, since the int8 weights replace them), then each listed
- * dense layer gets its int8 weight and scales (anneal_nn_quant_attach). */
+ * dense layer gets its int8 weight and scales (anneal_nn_quant_attach), and, in a
+ * format_version 2 directory, the lm head its int8 weight (anneal_nn_quant_head_attach). */
 #include "anneal/io.h"
 #include "checkpoint_internal.h"
 
