@@ -103,7 +103,7 @@ def run_anneal(a, model_dir):
            "--json"]
     r = subprocess.run(cmd, check=True, capture_output=True, text=True)
     j = json.loads(r.stdout.strip().splitlines()[-1])
-    w = f"int8 {a.quant}, {a.dtype}" if a.quant != "none" else a.dtype
+    w = f"int8 {a.quant}, {a.head} head, {a.dtype}" if a.quant != "none" else a.dtype
     return {"engine": f"anneal ({w}, {a.kv_dtype} KV)", "prompt_tok_s": j["prompt_tok_s"],
             "decode_tok_s": j["decode_tok_s"], "ms_per_step": j["decode_ms_per_step"],
             "peak_rss_mib": j["peak_rss_mib"], "gb_s": j["gb_s"], "bandwidth_gb_s": j["bandwidth_gb_s"]}
@@ -147,6 +147,8 @@ def main():
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16", "int8"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--no-transformers", action="store_true", help="skip the transformers row (minutes on 2 cores)")
+    ap.add_argument("--head", default="int8", choices=["int8", "f32"], help="--head of anneal quantize (with --quant)")
     ap.add_argument("--worker", choices=["hf", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--hf", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
@@ -167,10 +169,10 @@ def main():
         mine = hf
         if a.quant != "none":
             mine = os.path.join(d, "q")
-            subprocess.run([a.bin, "quantize", "--model", hf, "--out", mine, "--mode", a.quant],
+            subprocess.run([a.bin, "quantize", "--model", hf, "--out", mine, "--mode", a.quant, "--head", a.head],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows.append(run_anneal(a, mine))
-        r, err = run_worker(a, "hf", hf=hf)
+        r, err = (None, "--no-transformers") if a.no_transformers else run_worker(a, "hf", hf=hf)
         if r:
             rows.append(r)
         else:

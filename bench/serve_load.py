@@ -19,6 +19,7 @@ Extra flags for the server go after --: ... -- --threads 2 --kv-dtype bf16
 Prints a report and, with --json FILE, writes the figures."""
 import argparse
 import json
+import os
 import random
 import re
 import signal
@@ -36,6 +37,13 @@ def pct(xs, p):
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def cpu_s(pid):
+    """User + system CPU seconds process pid has used (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid):
@@ -218,8 +226,15 @@ def main():
         out["load_again"] = load(s.base, args.streams, min(args.seconds, 10), args.max_tokens)
         out["malformed_again"] = malformed(s.base, args.malformed, args.max_body)
         out["rss_mib_after_repeat"] = rss_mib(s.proc.pid)
+        c0 = cpu_s(s.proc.pid)
         one = load(s.base, 1, args.compare_seconds, args.max_tokens)
+        c1 = cpu_s(s.proc.pid)
         sixteen = load(s.base, 16, args.compare_seconds, args.max_tokens)
+        c2 = cpu_s(s.proc.pid)
+        # tokens per CPU-second of the server: on a loaded machine, the work a token costs
+        out["one_stream_tokens_per_cpu_s"] = one["tokens"] / (c1 - c0) if c1 > c0 else float("nan")
+        out["sixteen_streams_tokens_per_cpu_s"] = sixteen["tokens"] / (c2 - c1) if c2 > c1 else float("nan")
+        out["server_cpu_cores_busy"] = [(c1 - c0) / one["seconds"], (c2 - c1) / sixteen["seconds"]]
         out["one_stream_tokens_per_s"] = one["tokens_per_s"]
         out["sixteen_streams_tokens_per_s"] = sixteen["tokens_per_s"]
         out["sixteen_vs_one"] = sixteen["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] else float("nan")
@@ -237,6 +252,9 @@ def main():
           f"{out['rss_mib_after_malformed']:.1f}, after a repeat of both {out['rss_mib_after_repeat']:.1f}")
     print(f"aggregate tokens/s: 1 stream {out['one_stream_tokens_per_s']:.1f}, 16 streams "
           f"{out['sixteen_streams_tokens_per_s']:.1f}: {out['sixteen_vs_one']:.2f}x (goal >= 6x)")
+    print(f"per server CPU-second: 1 stream {out['one_stream_tokens_per_cpu_s']:.1f} tokens, 16 streams "
+          f"{out['sixteen_streams_tokens_per_cpu_s']:.1f} tokens; server cores busy "
+          f"{out['server_cpu_cores_busy'][0]:.2f} / {out['server_cpu_cores_busy'][1]:.2f} of {os.cpu_count()}")
     print(f"alive after: {out['alive_after']}; exit code on SIGTERM: {out['exit_code_on_sigterm']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -302,6 +302,12 @@ anneal_tensor *anneal_model_forward_cached_last(anneal_model *m, anneal_kv_cache
  * reads the stored dtype. ANNEAL_ERR_ARG otherwise. */
 anneal_status anneal_model_set_kv_dtype(anneal_model *m, anneal_dtype kv_dtype);
 
+/* Quantizes m's lm head to int8 per row (anneal_nn_quantize_head on "lm_head.weight",
+ * else the tied embedding "transformer.wte.weight" / "model.embed_tokens.weight"), after
+ * anneal_nn_quantize: logits, the loss and the decode engine then read the int8 head
+ * (src/models/head_quant.c). ANNEAL_ERR_UNSUPPORTED when no head weight is found. */
+anneal_status anneal_model_quantize_head(anneal_model *m);
+
 /* ------------------------------------------- slots (continuous batching)
  *
  * A cache made by anneal_model_kv_cache_new(m, slots, max_len) ("batch" = slots) holds

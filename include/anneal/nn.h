@@ -87,6 +87,7 @@ typedef struct anneal_params {
     anneal_params_lora lora;
     anneal_quant_mode quant;   /* ANNEAL_QUANT_NONE, or how the set's dense layers were quantized */
     int64_t quant_group;       /* weight-only group size (0: per output channel) */
+    struct anneal_nn_quant *head; /* the lm head's int8 weight (anneal_nn_quantize_head), or NULL */
 } anneal_params;
 
 /* Empty parameter set whose parameters live on the CPU (NULL + error on OOM). */
@@ -257,6 +258,23 @@ anneal_status anneal_nn_quantize(anneal_params *ps, anneal_quant_mode mode, int6
  * every dtype and shape checked (errors name the layer). Releases the f32 weight. */
 anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd, anneal_quant_mode mode,
                                      int64_t group, anneal_tensor *weight, anneal_tensor *scale, float act_scale);
+/* The lm head (w: (vocab, C) f32, the head's weight or the tied embedding, which stays
+ * f32 for the lookup) quantized per row to int8 and kept as ps->head, after
+ * anneal_nn_quantize: weight-only products for a weight-only set, per-token dynamic
+ * ones for a dynamic or static set (no input scale is calibrated for the head).
+ * ANNEAL_ERR_STATE when ps is not quantized or its head is already. */
+anneal_status anneal_nn_quantize_head(anneal_params *ps, anneal_tensor *w);
+/* The reader's path: the head's int8 weight (vocab, C) and scales (vocab) f32 (each
+ * checked), with mode WEIGHT_ONLY or DYNAMIC. */
+anneal_status anneal_nn_quant_head_attach(anneal_params *ps, anneal_quant_mode mode, anneal_tensor *weight,
+                                          anneal_tensor *scale);
+/* Logits h (..., C) -> (..., vocab) through ps->head (which must be set). */
+anneal_tensor *anneal_nn_quant_head_forward(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h);
+/* The mean cross-entropy (anneal_cross_entropy's) of the logits of h (..., C) through
+ * ps->head against targets (...), in chunks of 256 rows so that no (rows, vocab) logits
+ * are made at once; a 0-dim f32 tensor, no autograd (inference only). */
+anneal_tensor *anneal_nn_quant_head_loss(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h,
+                                         anneal_tensor *targets, int32_t ignore_index);
 /* "weight-only", "dynamic", "static" (NULL otherwise); the parser (false if unknown). */
 const char *anneal_quant_mode_name(anneal_quant_mode mode);
 bool anneal_quant_mode_parse(const char *name, anneal_quant_mode *out);

@@ -44,7 +44,7 @@ static int cmp_double(const void *a, const void *b) {
 /* Bytes of the weight matrices one decode step streams: every 2-D parameter but the
  * position embedding (one row read) and an untied token embedding (rows read), at 2
  * bytes under bf16 compute or for bf16 weights, else 4; an int8 layer at 1 byte per
- * weight plus its f32 scales. */
+ * weight plus its f32 scales (an int8 lm head too, in place of the f32 table). */
 static int64_t weight_bytes(const anneal_model *m) {
     bool tied = anneal_params_find(m->params, "lm_head.weight") == NULL;
     int64_t total = 0;
@@ -52,6 +52,9 @@ static int64_t weight_bytes(const anneal_model *m) {
         const anneal_param *p = &m->params->items[i];
         if (p->tensor->ndim != 2 || strstr(p->name, "wpe")) continue;
         if (!tied && strstr(p->name, "embed_tokens")) continue;
+        if (m->params->head && (!strcmp(p->name, "lm_head.weight") || (tied && strstr(p->name, "wte")) ||
+                                (tied && strstr(p->name, "embed_tokens"))))
+            continue; /* the int8 head is read instead (below); the f32 table only for its rows */
         if (p->tensor->strides[0] == 0 && p->tensor->strides[1] == 0) continue; /* an int8 layer's zero view */
         int64_t es = p->tensor->dtype == ANNEAL_BF16 || m->ctx.compute == ANNEAL_BF16 ? 2 : 4;
         total += anneal_numel(p->tensor) * es;
@@ -61,6 +64,7 @@ static int64_t weight_bytes(const anneal_model *m) {
         const anneal_nn_quant *q = m->params->dense[i].quant;
         if (q && q->active && q->weight && q->scale) total += anneal_numel(q->weight) + 4 * anneal_numel(q->scale);
     }
+    if (m->params->head) total += anneal_numel(m->params->head->weight) + 4 * anneal_numel(m->params->head->scale);
     return total;
 }
 

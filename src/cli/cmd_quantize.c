@@ -73,7 +73,7 @@ static char *ckpt_tokenizer(const char *arg) {
 }
 
 int anneal_cmd_quantize(int argc, char **argv) {
-    const char *ckpt = NULL, *model_arg = NULL, *out = NULL, *mode_s = NULL, *calib = NULL, *method_s = "minmax";
+    const char *ckpt = NULL, *model_arg = NULL, *out = NULL, *mode_s = NULL, *calib = NULL, *method_s = "minmax", *head_s = "int8";
     int64_t group = 0, calib_batches = 8, batch = 8, seq = 0, threads = 0;
     double pct = 99.99;
     bool help = false;
@@ -89,6 +89,7 @@ int anneal_cmd_quantize(int argc, char **argv) {
         {"percentile", ARG_FLOAT, "static, percentile: the percentile of |x| taken as the range (default 99.99)", &pct, 0},
         {"batch", ARG_INT, "static: sequences per calibration batch (default 8)", &batch, 0},
         {"seq", ARG_INT, "static: tokens per calibration sequence (default min(n_ctx, 256))", &seq, 0},
+        {"head", ARG_STRING, "the lm head: int8 (per row; dynamic products unless --mode weight-only) or f32 (default int8)", &head_s, 0},
         {"threads", ARG_INT, "CPU threads (default: all cores)", &threads, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
@@ -118,6 +119,7 @@ int anneal_cmd_quantize(int argc, char **argv) {
     if (calib_batches < 1 || calib_batches > (1 << 20)) return USAGE_ERR("--calib-batches: %lld is out of range", (long long)calib_batches);
     if (batch < 1 || batch > (1 << 16)) return USAGE_ERR("--batch: %lld is out of range", (long long)batch);
     if (!(pct > 0.0 && pct <= 100.0)) return USAGE_ERR("--percentile: %g is not in (0, 100]", pct);
+    if (strcmp(head_s, "int8") && strcmp(head_s, "f32")) return USAGE_ERR("--head: '%s' is not int8 or f32", head_s);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads: %lld is out of range", (long long)threads);
     if (threads > 0) anneal_set_num_threads((int)threads);
 
@@ -147,7 +149,8 @@ int anneal_cmd_quantize(int argc, char **argv) {
         }
         if (calibrate(m, calib, calib_batches, batch, seq, method, pct)) goto done;
     }
-    if (anneal_nn_quantize(m->params, mode, group) != ANNEAL_OK) {
+    if (anneal_nn_quantize(m->params, mode, group) != ANNEAL_OK ||
+        (!strcmp(head_s, "int8") && anneal_model_quantize_head(m) != ANNEAL_OK)) {
         fprintf(stderr, "anneal quantize: %s\n", anneal_last_error());
         goto done;
     }
@@ -157,8 +160,8 @@ int anneal_cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "anneal quantize: --out %s: %s\n", out, anneal_last_error());
         goto done;
     }
-    fprintf(stderr, "anneal quantize: wrote %s (%s%s)\n", out, mode_s,
-            group ? (group == 32 ? ", group 32" : group == 64 ? ", group 64" : ", group 128") : "");
+    fprintf(stderr, "anneal quantize: wrote %s (%s%s, lm head %s)\n", out, mode_s,
+            group ? (group == 32 ? ", group 32" : group == 64 ? ", group 64" : ", group 128") : "", head_s);
     rc = 0;
 done:
     anneal_tokenizer_free(tok);

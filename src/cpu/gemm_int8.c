@@ -2,7 +2,7 @@
  * the quantized activations (M x K) and B the quantized weight in (out, in) layout
  * (N x K). Exact: every path gives the int32 sum of a reference loop (the tests compare
  * bit for bit). Runtime dispatch: AVX-512 VNNI (gemm_int8_avx512vnni.c), AVX2
- * (gemm_int8_avx2.c), portable C here; ANNEAL_CPU_ISA=portable|avx2 (read at every
+ * (gemm_int8_avx2.c), portable C here; ANNEAL_ISA=portable|avx2 (read at every
  * call) or anneal_cpu_gemm_s8_set_isa forces a lower one. AMX-INT8 is not implemented.
  * Threads take blocks of 4 rows of B (N), so each weight row is read from memory once
  * per call and every A row is reused from cache: the decode case (M = 1) streams the

@@ -6,7 +6,9 @@
  * in scalar code. */
 #include "gemm_int8_internal.h"
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2_TARGET __attribute__((target("avx2")))
 
@@ -55,5 +57,86 @@ AVX2_TARGET void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, i
         int64_t m = m0;
         for (; m + 2 <= m1; m += 2) tile(m, 2, n, n1, K, A, lda, B, ldb, C, ldc);
         if (m < m1) tile(m, 1, n, n1, K, A, lda, B, ldb, C, ldc);
+    }
+}
+
+/* ------------------------------------------------ few rows, fused epilogue */
+
+/* Rows of A by B rows n .. n + 3 (clamped; R = 1 or 2 rows of A), 32 values of K per
+ * step with the sign trick (see anneal_qrows_s8_avx2), into y with the epilogue. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qrows_tile(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         int R, int64_t n, int64_t n1) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)31;
+    const int8_t *b[4];
+    for (int j = 0; j < 4; j++) b[j] = q->w + (n + j < n1 ? n + j : n1 - 1) * K;
+    const int8_t *a[2] = {q->xq + m * K, q->xq + (m + R - 1) * K};
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[2][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kfull; k += 32) {
+        __m256i av[2];
+        for (int i = 0; i < R; i++) av[i] = _mm256_loadu_si256((const __m256i *)(a[i] + k));
+        for (int j = 0; j < 4; j++) {
+            const __m256i bv = _mm256_loadu_si256((const __m256i *)(b[j] + k));
+            const __m256i ub = _mm256_sign_epi8(bv, bv); /* |b| as u8 (-128 -> 128) */
+            for (int i = 0; i < R; i++) {
+                const __m256i p = _mm256_maddubs_epi16(ub, _mm256_sign_epi8(av[i], bv));
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, ones));
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4 && n + j < n1; j++) {
+            int32_t s = hsum8(acc[i][j]);
+            for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
+            const int64_t mm = m + i, nn = n + j;
+            q->y[mm * q->N + nn] = (float)s * (q->sx[mm] * q->wscale[nn]) + (q->bias ? q->bias[nn] : 0.0f);
+        }
+}
+
+/* See gemm_int8_internal.h. */
+AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int64_t ne = n + 4 < n1 ? n + 4 : n1;
+        int64_t m = 0;
+        for (; m + 2 <= q->M; m += 2) qrows_tile(q, m, 2, n, ne);
+        if (m < q->M) qrows_tile(q, m, 1, n, ne);
+    }
+}
+
+/* See gemm_int8_internal.h. */
+AVX2_TARGET void anneal_quantize_row_s8_avx2(int64_t K, const float *x, float fixed, int8_t *q, float *scale) {
+    float s = fixed;
+    if (!(fixed > 0.0f)) { /* dynamic: max(amax / 127, FLT_EPSILON), NaNs skipped as fmaxf does */
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask), mx);
+        float t[8], amax = 0.0f;
+        _mm256_storeu_ps(t, mx);
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, t[i]);
+        for (; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+        s = fmaxf(amax / 127.0f, FLT_EPSILON);
+        *scale = s;
+    }
+    /* nearbyint(x / s) clamped to [-127, 127]: IEEE division and the current rounding
+     * mode, as the scalar quantizer */
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k + 8 * i), vs), _MM_FROUND_CUR_DIRECTION);
+            v[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(b, order));
+    }
+    for (; k < K; k++) {
+        float r = nearbyintf(x[k] / s);
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[k] = (int8_t)r;
     }
 }

@@ -21,6 +21,30 @@ void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t
 void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
                                int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 
+/* The few-rows quantized product with its epilogue fused (decode: one pass over the
+ * weight, no int32 workspace): y[m, n] = (float)(sum_k xq[m, k] w[n, k]) * (sx[m] *
+ * wscale[n]) + bias[n], for every m < M and n in [n0, n1). */
+typedef struct anneal_qrows_s8_args {
+    int64_t M, N, K;
+    const int8_t *xq;     /* M x K, every value in [-127, 127] (the quantizer's range) */
+    const float *sx;      /* M */
+    const int8_t *w;      /* N x K, any int8 */
+    const float *wscale;  /* N */
+    const float *bias;    /* N or NULL */
+    float *y;             /* M x N */
+} anneal_qrows_s8_args;
+/* AVX2: vpmaddubsw on |w| (u8) and xq with w's sign (vpsignb), then vpmaddwd by ones:
+ * the int16 pair sums are at most 2 * 128 * 127 = 32512 in magnitude because xq never
+ * holds -128, so nothing saturates and the int32 sums are exact (the same bits as the
+ * GEMM then the epilogue). Tiles of 2 rows of xq by 4 rows of w, 32 values of K a step. */
+void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
+
+/* One row of K activations to int8 as anneal_cpu_quantize_s8 (fixed <= 0: dynamic,
+ * *scale = max(amax / 127, FLT_EPSILON)) or anneal_cpu_quantize_s8_fixed (fixed > 0:
+ * that scale, *scale untouched), with the same bits: IEEE x / scale, rounded in the
+ * current mode (nearbyint), clamped to [-127, 127]. AVX2. */
+void anneal_quantize_row_s8_avx2(int64_t K, const float *x, float fixed, int8_t *q, float *scale);
+
 /* True with AVX-512 F/BW/VL and VNNI (cpu_features.c). */
 bool anneal_cpu_has_avx512vnni(void);
 

@@ -8,10 +8,12 @@
  * The product y (M x N) = x (M x K) W^T + b with W int8 (N x K) and its scales:
  * - weight-only: W dequantized on the fly, f32 accumulation (x rounded to bf16 first
  *   at compute bf16; int8 values are exact in bf16). Up to 7 rows (decode, batch 1)
- *   stream the int8 weight once, 4 rows of x per pass (AVX-512 or portable C); more
- *   rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
+ *   stream the int8 weight once, 4 rows of x per pass (AVX-512, AVX2 + FMA or
+ *   portable C); more rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
  * - dynamic: each row of x quantized with its own scale (per token), the exact int8
- *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b.
+ *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; up to QROWS_MAX rows on AVX2, one
+ *   fused pass (gemm_int8_avx2.c's anneal_qrows_s8_avx2) with the same int32 sums and
+ *   the same epilogue, so the same bits.
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "cpu_kernels.h"
@@ -119,24 +121,91 @@ WO_TARGET static void wo_rows_avx512(const anneal_cpu_qmatmul_args *a, int64_t m
     for (int64_t m = m0; m < a->M; m++) wo_rows_mr(a, m, n0, n1, 1);
 }
 
+#define WO_AVX2 __attribute__((target("avx2,fma")))
+
+/* The first `left` (< 8) int8 weights at w widened to f32 (the others zero, not read). */
+WO_AVX2 static inline __m256 wo_w8_tail(const int8_t *w, int64_t left) {
+    int8_t t[8] = {0};
+    memcpy(t, w, (size_t)left);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)t)));
+}
+
+/* The first `left` (< 8) floats at x (the others zero, not read). */
+WO_AVX2 static inline __m256 wo_x8_tail(const float *x, int64_t left) {
+    float t[8] = {0};
+    memcpy(t, x, (size_t)left * sizeof *t);
+    return _mm256_loadu_ps(t);
+}
+
+/* wo_rows_mr in AVX2 + FMA: 8 lanes, the weights widened with vpmovsxbd. */
+WO_AVX2 static inline __attribute__((always_inline)) void wo_rows_mr8(const anneal_cpu_qmatmul_args *a, int64_t m0,
+                                                                     int64_t n0, int64_t n1, const int MR) {
+    const int64_t K = a->K, g = a->group > 0 ? a->group : K, ng = K / g;
+    const float *x[4];
+    for (int i = 0; i < MR; i++) x[i] = a->x + (m0 + i < a->M ? m0 + i : a->M - 1) * K;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *w = a->w + n * K;
+        __m256 acc[4];
+        for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < ng; j++) {
+            __m256 s[4];
+            for (int i = 0; i < MR; i++) s[i] = _mm256_setzero_ps();
+            const int64_t end = (j + 1) * g;
+            int64_t k = j * g;
+            for (; k + 8 <= end; k += 8) {
+                const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + k))));
+                for (int i = 0; i < MR; i++) s[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k), wv, s[i]);
+            }
+            if (k < end) {
+                const __m256 wv = wo_w8_tail(w + k, end - k);
+                for (int i = 0; i < MR; i++) s[i] = _mm256_fmadd_ps(wo_x8_tail(x[i] + k, end - k), wv, s[i]);
+            }
+            const __m256 sc = _mm256_set1_ps(a->wscale[n * ng + j]);
+            for (int i = 0; i < MR; i++) acc[i] = _mm256_fmadd_ps(s[i], sc, acc[i]);
+        }
+        for (int i = 0; i < MR && m0 + i < a->M; i++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            a->y[(m0 + i) * a->N + n] = _mm_cvtss_f32(h) + (a->bias ? a->bias[n] : 0.0f);
+        }
+    }
+}
+
+/* Rows [m0, m0 + 4) of x in AVX2 (fewer at the end: one at a time). */
+WO_AVX2 static void wo_rows_avx2(const anneal_cpu_qmatmul_args *a, int64_t m0, int64_t n0, int64_t n1) {
+    if (a->M - m0 >= 4) {
+        wo_rows_mr8(a, m0, n0, n1, 4);
+        return;
+    }
+    for (int64_t m = m0; m < a->M; m++) wo_rows_mr8(a, m, n0, n1, 1);
+}
+
 /* The few-rows weight-only product: threads split N, each streams its weight rows once
  * per 4 rows of x. */
 static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
     /* AVX-512 F/BW/VL (the VNNI probe checks them; VNNI itself is not used here) unless
      * the ISA limit is below avx512 */
     const bool v = anneal_cpu_has_avx512vnni() && anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512;
+    /* AVX2 + FMA otherwise (Zen 3 and other CPUs without AVX-512) unless the limit is portable */
+    const bool v2 = !v && anneal_cpu_has_avx2() && anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX2;
     const int64_t nb = (a->N + 15) / 16;
 #pragma omp parallel for schedule(static) if (a->N * a->K > 65536)
     for (int64_t b = 0; b < nb; b++) {
         const int64_t n0 = b * 16, n1 = n0 + 16 < a->N ? n0 + 16 : a->N;
         for (int64_t m0 = 0; m0 < a->M; m0 += 4) {
             if (v) wo_rows_avx512(a, m0, n0, n1);
+            else if (v2) wo_rows_avx2(a, m0, n0, n1);
             else wo_rows_portable(a, m0, n0, n1);
         }
     }
 }
 
 /* ---------------------------------------------------------------- driver */
+
+/* Rows of x up to which dynamic and static products take the fused few-rows kernel on
+ * AVX2 (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the GEMM. */
+enum { QROWS_MAX = 32 };
 
 int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     const int64_t M = a->M, N = a->N, K = a->K;
@@ -172,18 +241,35 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         free(xr);
         return 0;
     }
+    /* few rows on AVX2 (decode, serving steps): the fused pass, no int32 workspace */
+    const bool rows = M <= QROWS_MAX && anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
     int8_t *xq = malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
-    int32_t *acc = malloc((size_t)(M * N) * sizeof *acc);
-    if (!xq || !sx || !acc) {
+    int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
+    if (!xq || !sx || (!rows && !acc)) {
         free(xq), free(sx), free(acc);
         return -1;
     }
-    if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
+    if (rows) { /* the activations row by row in AVX2 (the same bits as below) */
+        for (int64_t m = 0; m < M; m++) {
+            sx[m] = a->act_scale;
+            anneal_quantize_row_s8_avx2(K, a->x + m * K, a->mode == ANNEAL_CPU_QUANT_DYNAMIC ? 0.0f : a->act_scale,
+                                        xq + m * K, &sx[m]);
+        }
+    } else if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
         anneal_cpu_quantize_s8(M, K, 0, a->x, xq, sx);
     } else {
         anneal_cpu_quantize_s8_fixed(M * K, a->x, a->act_scale, xq);
         for (int64_t m = 0; m < M; m++) sx[m] = a->act_scale;
+    }
+    if (rows) {
+        anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = a->w, .wscale = a->wscale,
+                                  .bias = a->bias, .y = a->y};
+        const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
+#pragma omp parallel for schedule(static) if (N * K * M > 65536)
+        for (int64_t b = 0; b < nb; b++) anneal_qrows_s8_avx2(&q, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+        free(xq), free(sx);
+        return 0;
     }
     anneal_cpu_gemm_s8(M, N, K, xq, K, a->w, K, acc, N);
 #pragma omp parallel for schedule(static) if (M * N > 65536)

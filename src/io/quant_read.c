@@ -2,7 +2,8 @@
  * validating the record and every tensor before the model is built: the unquantized
  * tensors go through the architecture's hf_import (the quantized layers' f32 weights
  * are handed over as zeros, since the int8 weights replace them), then each listed
- * dense layer gets its int8 weight and scales (anneal_nn_quant_attach). */
+ * dense layer gets its int8 weight and scales (anneal_nn_quant_attach), and, in a
+ * format_version 2 directory, the lm head its int8 weight (anneal_nn_quant_head_attach). */
 #include "anneal/io.h"
 #include "checkpoint_internal.h"
 
@@ -67,6 +68,8 @@ typedef struct record {
     anneal_quant_mode mode;
     int64_t group;
     const cJSON *modules;
+    bool head;                  /* format_version 2: an int8 lm head */
+    anneal_quant_mode head_mode;
 } record;
 
 /* Checks quantization_config of config j (cfgp names it in errors) into *r. */
@@ -79,8 +82,8 @@ static anneal_status parse_record(const char *cfgp, const cJSON *j, record *r) {
                                 cfgp, cJSON_IsString(m) ? "\"" : "", cJSON_IsString(m) ? m->valuestring : "(missing)",
                                 cJSON_IsString(m) ? "\"" : "", ANNEAL_QUANT_METHOD);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, "format_version");
-    if (!cJSON_IsNumber(v) || v->valuedouble != 1)
-        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: quantization_config.format_version must be 1", cfgp);
+    if (!cJSON_IsNumber(v) || (v->valuedouble != 1 && v->valuedouble != 2))
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: quantization_config.format_version must be 1 or 2", cfgp);
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "bits");
     if (!cJSON_IsNumber(b) || b->valuedouble != 8)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: quantization_config.bits must be 8", cfgp);
@@ -95,6 +98,17 @@ static anneal_status parse_record(const char *cfgp, const cJSON *j, record *r) {
     if (r->group && r->mode != ANNEAL_QUANT_WEIGHT_ONLY)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: quantization_config.group_size %lld with mode %s (groups are for weight-only)",
                                 cfgp, (long long)r->group, md->valuestring);
+    /* version 2: "lm_head" names the int8 head's products (weight-only with a weight-only
+     * record, else dynamic); version 1 has a float head and no such key */
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(q, "lm_head");
+    r->head = v->valuedouble == 2;
+    if (!r->head && h) return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: quantization_config.lm_head needs format_version 2", cfgp);
+    if (r->head) {
+        const anneal_quant_mode want = r->mode == ANNEAL_QUANT_WEIGHT_ONLY ? ANNEAL_QUANT_WEIGHT_ONLY : ANNEAL_QUANT_DYNAMIC;
+        if (!cJSON_IsString(h) || !anneal_quant_mode_parse(h->valuestring, &r->head_mode) || r->head_mode != want)
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: quantization_config.lm_head must be \"%s\" with mode %s (format_version 2)",
+                                    cfgp, anneal_quant_mode_name(want), md->valuestring);
+    }
     r->modules = cJSON_GetObjectItemCaseSensitive(q, "modules");
     if (!cJSON_IsArray(r->modules) || cJSON_GetArraySize(r->modules) == 0)
         return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: quantization_config.modules must be a non-empty array", cfgp);
@@ -112,6 +126,7 @@ typedef struct qsource {
     const anneal_safetensors *st;
     const anneal_params *ps;
     const bool *listed; /* per dense layer of ps */
+    bool head;          /* lm_head.qweight / weight_scale are the int8 head's */
     const char **names;
     char **owned;       /* the "<prefix>.weight" names made here */
     int n_owned;
@@ -160,16 +175,18 @@ static void qsource_free(qsource *s) {
     free(s->names);
 }
 
-/* True for a listed layer's qweight, weight_scale or input_scale. */
+/* True for a listed layer's qweight, weight_scale or input_scale, and the int8 head's. */
 static bool is_quant_tensor(const qsource *s, const char *name) {
     return listed_layer(s, name, ".qweight") >= 0 || listed_layer(s, name, ".weight_scale") >= 0 ||
-           listed_layer(s, name, ".input_scale") >= 0;
+           listed_layer(s, name, ".input_scale") >= 0 ||
+           (s->head && (!strcmp(name, "lm_head.qweight") || !strcmp(name, "lm_head.weight_scale")));
 }
 
 /* The source hf_import reads: the file's float tensors and, for each listed layer, its
  * "<prefix>.weight"; refuses a listed layer whose float weight is stored too. */
-static anneal_status qsource_init(qsource *s, const anneal_safetensors *st, const anneal_params *ps, const bool *listed) {
-    *s = (qsource){.st = st, .ps = ps, .listed = listed};
+static anneal_status qsource_init(qsource *s, const anneal_safetensors *st, const anneal_params *ps, const bool *listed,
+                                  bool head) {
+    *s = (qsource){.st = st, .ps = ps, .listed = listed, .head = head};
     s->names = calloc((size_t)(st->n_entries + ps->n_dense + 1), sizeof *s->names);
     s->owned = calloc((size_t)(ps->n_dense + 1), sizeof *s->owned);
     if (!s->names || !s->owned) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", st->path);
@@ -291,6 +308,33 @@ static anneal_status attach_all(const anneal_safetensors *st, const record *r, a
     return ANNEAL_OK;
 }
 
+/* The int8 head's tensors (version 2): lm_head.qweight I8 (vocab, C) and
+ * lm_head.weight_scale F32 (vocab); a version 1 file must have neither. */
+static anneal_status check_head(const anneal_safetensors *st, const record *r, const anneal_model *m) {
+    char name[64];
+    if (!r->head) {
+        if (anneal_safetensors_find(st, "lm_head.qweight") || anneal_safetensors_find(st, "lm_head.weight_scale"))
+            return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: lm_head.qweight is stored, but format_version 1 has a float head",
+                                    st->path);
+        return ANNEAL_OK;
+    }
+    int64_t ws[2] = {m->cfg.vocab_size, m->cfg.n_embd}, ss[1] = {m->cfg.vocab_size};
+    if (!want_entry(st, "lm_head", ".qweight", ANNEAL_I8, 2, ws, name, sizeof name) ||
+        !want_entry(st, "lm_head", ".weight_scale", ANNEAL_F32, 1, ss, name, sizeof name))
+        return anneal_last_status();
+    return ANNEAL_OK;
+}
+
+/* Loads and attaches the int8 head (checked by check_head). */
+static anneal_status attach_head(const anneal_safetensors *st, const record *r, anneal_params *ps) {
+    anneal_scope *sc = anneal_scope_open();
+    anneal_tensor *w = anneal_safetensors_load(st, "lm_head.qweight", ANNEAL_I8);
+    anneal_tensor *s = w ? anneal_safetensors_load(st, "lm_head.weight_scale", ANNEAL_F32) : NULL;
+    anneal_status rs = s ? anneal_nn_quant_head_attach(ps, r->head_mode, w, s) : anneal_last_status();
+    anneal_scope_close(sc);
+    return rs;
+}
+
 anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_model **out) {
     if (!path || !out) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_quant_load: NULL argument");
     *out = NULL;
@@ -313,9 +357,11 @@ anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_mode
         r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     if (r == ANNEAL_OK) r = mark_listed(cfgp, &rec, m->params, listed);
     if (r == ANNEAL_OK) r = check_tensors(st, &rec, m->params, listed);
-    if (r == ANNEAL_OK) r = qsource_init(&src, st, m->params, listed);
+    if (r == ANNEAL_OK) r = check_head(st, &rec, m);
+    if (r == ANNEAL_OK) r = qsource_init(&src, st, m->params, listed, rec.head);
     if (r == ANNEAL_OK) r = anneal_model_hf_import(m, &src.src);
     if (r == ANNEAL_OK) r = attach_all(st, &rec, m->params, listed);
+    if (r == ANNEAL_OK && rec.head) r = attach_head(st, &rec, m->params);
     qsource_free(&src);
     free(listed);
     anneal_safetensors_close(st);

@@ -2,7 +2,8 @@
  * config.json (the architecture's config_to_hf plus a "quantization_config" record),
  * model.safetensors (every tensor hf_export puts, f32, except each quantized layer's
  * weight, replaced by "<prefix>.qweight" I8 (out, in), "<prefix>.weight_scale" F32 and,
- * static, "<prefix>.input_scale" F32 (1)), and the tokenizer's files. Written whole into
+ * static, "<prefix>.input_scale" F32 (1); an int8 lm head as "lm_head.qweight" and
+ * "lm_head.weight_scale", format_version 2), and the tokenizer's files. Written whole into
  * "<dir>.tmp.<pid>", fsync'ed and renamed: a failure leaves nothing that looks complete. */
 #include "anneal/fs.h"
 #include "anneal/io.h"
@@ -114,6 +115,10 @@ static anneal_status add_quantized(qsink *s, cJSON *modules) {
         }
         cJSON_AddItemToArray(modules, cJSON_CreateString(pd->prefix));
     }
+    if (ps->head) { /* the int8 lm head (format_version 2) */
+        anneal_status r = add_entry(s, "lm_head.qweight", ps->head->weight);
+        return r == ANNEAL_OK ? add_entry(s, "lm_head.weight_scale", ps->head->scale) : r;
+    }
     return ANNEAL_OK;
 }
 
@@ -131,7 +136,7 @@ static anneal_status write_config(const char *dir, const anneal_model *m, const 
     const anneal_params *ps = m->params;
     cJSON *q = cJSON_AddObjectToObject(j, "quantization_config");
     cJSON_AddStringToObject(q, "quant_method", ANNEAL_QUANT_METHOD);
-    cJSON_AddNumberToObject(q, "format_version", 1);
+    cJSON_AddNumberToObject(q, "format_version", ps->head ? 2 : 1);
     cJSON_AddStringToObject(q, "mode", anneal_quant_mode_name(ps->quant));
     cJSON_AddNumberToObject(q, "bits", 8);
     cJSON_AddBoolToObject(q, "symmetric", true);
@@ -146,6 +151,7 @@ static anneal_status write_config(const char *dir, const anneal_model *m, const 
         cJSON_AddNumberToObject(c, "batches", o->calib_batches);
     }
     cJSON_AddItemToObject(q, "modules", modules);
+    if (ps->head) cJSON_AddStringToObject(q, "lm_head", anneal_quant_mode_name(ps->head->mode));
     char *out = cJSON_Print(j);
     cJSON_Delete(j);
     if (!out) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", dir);

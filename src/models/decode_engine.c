@@ -135,7 +135,7 @@ static bool plan_step(engine *e, anneal_model *m) {
     bool (*fill)(anneal_model *, anneal_decode_plan *) = plan_fn(m);
     memset(&e->plan, 0, sizeof e->plan);
     e->plan.blocks = e->blocks;
-    if (!fill || !fill(m, &e->plan)) return false;
+    if (!fill || !fill(m, &e->plan) || !anneal_decode_head(m->params, &e->plan.head)) return false;
     if (m->ctx.compute == ANNEAL_F16) return false; /* f16 products: the tensor path */
     if (m->ctx.compute != ANNEAL_BF16) return true;
     anneal_decode_plan *p = &e->plan;

@@ -38,6 +38,11 @@ typedef struct anneal_decode_plan {
  * (a LoRA adapter, a dtype other than f32 / bf16, a non-contiguous weight). */
 bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w);
 
+/* The int8 lm head of ps (ps->head, anneal_model_quantize_head) into w in place of the
+ * f32 head the plan named (same in/out); true with w unchanged when the head is not
+ * quantized, false when the engine cannot read the int8 one. */
+bool anneal_decode_head(const anneal_params *ps, anneal_gemv_weight *w);
+
 /* Fill p (blocks: n_layer entries allocated by the caller) for the engine; false (no
  * error recorded) when the model has something the engine does not run. */
 bool anneal_gpt2_decode_plan(anneal_model *m, anneal_decode_plan *p);

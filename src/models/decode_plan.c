@@ -25,3 +25,15 @@ bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w) {
                               .out_in = d->layout == ANNEAL_WEIGHT_OUT_IN, .in = d->in, .out = d->out, .bias = bias};
     return true;
 }
+
+bool anneal_decode_head(const anneal_params *ps, anneal_gemv_weight *w) {
+    const anneal_nn_quant *q = ps ? ps->head : NULL;
+    if (!q) return true;
+    if (!q->active || q->weight->dtype != ANNEAL_I8 || q->scale->dtype != ANNEAL_F32 || q->weight->ndim != 2 ||
+        !anneal_is_contiguous(q->weight) || !anneal_is_contiguous(q->scale) || q->weight->device != ANNEAL_CPU ||
+        q->weight->shape[0] != w->out || q->weight->shape[1] != w->in)
+        return false;
+    *w = (anneal_gemv_weight){.w = anneal_data(q->weight), .dtype = ANNEAL_I8, .out_in = true, .in = w->in,
+                              .out = w->out, .qmode = q->mode, .qcompute = ANNEAL_F32, .qscale = anneal_data(q->scale)};
+    return true;
+}

@@ -314,6 +314,7 @@ static anneal_tensor *lm_head(anneal_gpt2 *m, anneal_tensor *h) {
                          "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
         return NULL;
     }
+    if (m->base.params->head) return anneal_nn_quant_head_forward(m->base.params, &m->base.ctx, h); /* int8 head */
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
     return anneal_dense(h, m->wte.weight, NULL, &o);
 }
@@ -333,6 +334,7 @@ anneal_tensor *anneal_gpt2_loss(anneal_gpt2 *m, anneal_tensor *ids, anneal_tenso
         anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), m->wte.weight, NULL, &o);
         return tp->vocab_loss(tp->user, logits, targets, m->base.cfg.tp_rank * m->wte.weight->shape[0], -100);
     }
+    if (m && m->base.params->head) return anneal_nn_quant_head_loss(m->base.params, &m->base.ctx, h, targets, -100);
     return m ? anneal_linear_cross_entropy_ex(h, m->wte.weight, targets, -100, m->base.ctx.compute) : NULL;
 }
 

@@ -378,6 +378,7 @@ static anneal_tensor *lm_head(anneal_llama *m, anneal_tensor *h) {
                          "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
         return NULL;
     }
+    if (m->base.params->head) return anneal_nn_quant_head_forward(m->base.params, &m->base.ctx, h); /* int8 head */
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
     return anneal_dense(h, head_weight(m), NULL, &o);
 }
@@ -399,6 +400,7 @@ static anneal_tensor *op_loss(anneal_model *mm, anneal_tensor *ids, anneal_tenso
         anneal_tensor *logits = anneal_dense(tp->copy_in(tp->user, h), head_weight(m), NULL, &o);
         return tp->vocab_loss(tp->user, logits, targets, mm->cfg.tp_rank * head_weight(m)->shape[0], -100);
     }
+    if (mm->params->head) return anneal_nn_quant_head_loss(mm->params, &mm->ctx, h, targets, -100); /* int8 head */
     return anneal_linear_cross_entropy_ex(h, head_weight(m), targets, -100, mm->ctx.compute);
 }
 

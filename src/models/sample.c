@@ -100,16 +100,21 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
     const double target_u = uniform(cfg->seed, position);
     if (!top_k && !nucleus) { /* the whole distribution: no ordering needed, walk the ids */
         double total = 0.0, cum = 0.0;
-        for (int64_t i = 0; i < V; i++)
-            if (valid(logits[i])) total += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+        double *w = malloc((size_t)V * sizeof *w); /* each weight computed once (NULL: twice) */
+        for (int64_t i = 0; i < V; i++) {
+            double e = valid(logits[i]) ? exp(((double)clamp_inf(logits[i]) - lmax) * inv_t) : 0.0;
+            if (w) w[i] = e;
+            if (valid(logits[i])) total += e;
+        }
         double target = target_u * total;
         int32_t last = 0;
         for (int64_t i = 0; i < V; i++) {
             if (!valid(logits[i])) continue;
             last = (int32_t)i;
-            cum += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
-            if (target < cum) return last;
+            cum += w ? w[i] : exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+            if (target < cum) break;
         }
+        free(w);
         return last;
     }
     cand *c = malloc((size_t)V * sizeof *c);

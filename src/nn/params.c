@@ -43,6 +43,7 @@ void anneal_params_free(anneal_params *ps) {
         free(ps->dense[i].quant);
     }
     free(ps->dense);
+    free(ps->head);
     free(ps->lora.targets);
     free(ps);
 }

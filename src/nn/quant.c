@@ -238,3 +238,96 @@ anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn
     anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
     return NULL;
 }
+
+anneal_status anneal_nn_quant_head_attach(anneal_params *ps, anneal_quant_mode mode, anneal_tensor *weight,
+                                          anneal_tensor *scale) {
+    if (!ps || !weight || !scale) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quant_head_attach: NULL argument");
+    if (ps->head) return anneal_set_error(ANNEAL_ERR_STATE, "nn quant lm head: quantized already");
+    if (mode != ANNEAL_QUANT_WEIGHT_ONLY && mode != ANNEAL_QUANT_DYNAMIC)
+        return anneal_set_error(ANNEAL_ERR_ARG, "nn quant lm head: mode %s (weight-only or dynamic)",
+                                anneal_quant_mode_name(mode) ? anneal_quant_mode_name(mode) : "?");
+    if (weight->dtype != ANNEAL_I8 || weight->ndim != 2 || weight->shape[0] <= 0 || weight->shape[1] <= 0)
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant lm head: the weight must be int8 (vocab, C), not %s with %d dims",
+                                anneal_dtype_name(weight->dtype), weight->ndim);
+    if (scale->dtype != ANNEAL_F32 || scale->ndim != 1 || scale->shape[0] != weight->shape[0])
+        return anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant lm head: the scales must be f32 (%lld)",
+                                (long long)weight->shape[0]);
+    anneal_nn_quant *q = calloc(1, sizeof *q);
+    if (!q) return anneal_set_error(ANNEAL_ERR_OOM, "nn quant lm head: out of memory");
+    if (!anneal_keep(weight, ps->scope) || !anneal_keep(scale, ps->scope)) {
+        free(q);
+        return anneal_last_status();
+    }
+    *q = (anneal_nn_quant){.active = true, .mode = mode, .weight = weight, .scale = scale};
+    ps->head = q;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_nn_quantize_head(anneal_params *ps, anneal_tensor *w) {
+    if (!ps || !w) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quantize_head: NULL argument");
+    if (ps->quant == ANNEAL_QUANT_NONE)
+        return anneal_set_error(ANNEAL_ERR_STATE, "quantize lm head: quantize the dense layers first");
+    if (ps->head) return anneal_set_error(ANNEAL_ERR_STATE, "quantize lm head: quantized already");
+    if (w->dtype != ANNEAL_F32 || w->ndim != 2)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "quantize lm head: the weight is %s with %d dims, not f32 (vocab, C)",
+                                anneal_dtype_name(w->dtype), w->ndim);
+    anneal_scope *tmp = anneal_scope_open();
+    anneal_tensor *scale = NULL;
+    anneal_tensor *q = anneal_quantize_s8(anneal_contiguous(w), 0, &scale);
+    anneal_status s = q ? anneal_nn_quant_head_attach(ps, ps->quant == ANNEAL_QUANT_WEIGHT_ONLY ? ANNEAL_QUANT_WEIGHT_ONLY
+                                                                                              : ANNEAL_QUANT_DYNAMIC,
+                                                      q, scale)
+                        : anneal_last_status();
+    anneal_scope_close(tmp);
+    return s;
+}
+
+anneal_tensor *anneal_nn_quant_head_forward(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h) {
+    if (!ps || !ps->head) {
+        anneal_set_error(ANNEAL_ERR_STATE, "nn quant lm head: the head is not quantized");
+        return NULL;
+    }
+    const anneal_nn_quant *q = ps->head;
+    anneal_qmatmul_desc qd = {.mode = q->mode, .compute = ctx && ctx->compute == ANNEAL_BF16 ? ANNEAL_BF16 : ANNEAL_F32};
+    return anneal_qlinear(h, q->weight, q->scale, NULL, &qd);
+}
+
+anneal_tensor *anneal_nn_quant_head_loss(const anneal_params *ps, const anneal_nn_ctx *ctx, anneal_tensor *h,
+                                         anneal_tensor *targets, int32_t ignore_index) {
+    enum { CHUNK = 256 }; /* rows of logits made at a time: 256 x vocab f32 */
+    if (!h || !targets) return NULL;
+    const int64_t C = h->ndim > 0 ? h->shape[h->ndim - 1] : 0, rows = anneal_numel(targets);
+    if (C <= 0 || rows * C != anneal_numel(h)) {
+        anneal_set_error(ANNEAL_ERR_SHAPE, "nn quant lm head loss: %lld targets for hidden states of %lld values",
+                         (long long)rows, (long long)anneal_numel(h));
+        return NULL;
+    }
+    float *t = malloc((size_t)(rows ? rows : 1) * sizeof *t);
+    if (!t) {
+        anneal_set_error(ANNEAL_ERR_OOM, "nn quant lm head loss: out of memory");
+        return NULL;
+    }
+    if (anneal_to_f32_buffer(targets, t) != ANNEAL_OK) {
+        free(t);
+        return NULL;
+    }
+    anneal_tensor *h2 = anneal_reshape(anneal_contiguous(h), 2, (int64_t[]){rows, C});
+    anneal_tensor *t1 = anneal_reshape(anneal_contiguous(targets), 1, (int64_t[]){rows});
+    double sum = 0.0;
+    int64_t count = 0;
+    bool ok = h2 && t1;
+    for (int64_t r0 = 0; ok && r0 < rows; r0 += CHUNK) {
+        const int64_t n = rows - r0 < CHUNK ? rows - r0 : CHUNK;
+        int64_t valid = 0;
+        for (int64_t i = r0; i < r0 + n; i++) valid += t[i] != (float)ignore_index;
+        if (!valid) continue;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *l = anneal_cross_entropy(anneal_nn_quant_head_forward(ps, ctx, anneal_narrow(h2, 0, r0, n)),
+                                                anneal_narrow(t1, 0, r0, n), ignore_index);
+        if (l) sum += (double)anneal_item(l) * (double)valid, count += valid;
+        ok = l != NULL;
+        anneal_scope_close(sc);
+    }
+    free(t);
+    return ok ? anneal_scalar(count ? (float)(sum / (double)count) : 0.0f) : NULL;
+}

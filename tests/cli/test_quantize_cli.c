@@ -1,6 +1,7 @@
 /* `anneal quantize` end to end through the built binary (ANNEAL_BIN): bad flags name the
  * flag; a preset quantized in every mode (static calibrated on token shards) is read by
- * `anneal eval --ckpt Q` and `--model Q` with a loss near the float model's; `anneal
+ * `anneal eval --ckpt Q` and `--model Q` with a loss near the float model's (the lm head
+ * int8, format_version 2, unless --head f32); `anneal
  * train --init Q` is refused with a message; the quantized directory is refused as an
  * --out that is not empty. */
 #include "anneal/anneal.h"
@@ -57,6 +58,7 @@ TEST(bad_flags_name_the_flag) {
         {"quantize --model tiny --out q --mode static --calib-data d --percentile 0", "--percentile", 2},
         {"quantize --model tiny --out q --mode static --calib-data d --calib-batches 0", "--calib-batches", 2},
         {"quantize --ckpt /nonexistent/run --out q --mode dynamic", "--ckpt", 1},
+        {"quantize --model tiny --out q --mode dynamic --head bf16", "--head", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(cases[i].args);
@@ -120,8 +122,9 @@ TEST(quantized_presets_evaluate_and_refuse_training) {
     double want = eval_loss("model", f32, data);
     REQUIRE(isfinite(want));
     static const char *modes[][2] = {{"weight-only", ""}, {"weight-only", "--group 32"}, {"dynamic", ""},
-                                     {"static", "--calib-method minmax"}, {"static", "--calib-method percentile --percentile 99.9"}};
-    for (int i = 0; i < 5; i++) {
+                                     {"static", "--calib-method minmax"}, {"static", "--calib-method percentile --percentile 99.9"},
+                                     {"dynamic", "--head f32"}, {"weight-only", "--head f32"}};
+    for (int i = 0; i < 7; i++) {
         snprintf(q, sizeof q, "%s/q%d", tmpdir, i);
         bool st = !strcmp(modes[i][0], "static");
         snprintf(args, sizeof args, "quantize --model '%s' --out '%s' --mode %s %s %s%s%s --batch 4 --seq 32 --calib-batches 3",
@@ -134,6 +137,16 @@ TEST(quantized_presets_evaluate_and_refuse_training) {
         CHECK(a == b, "--ckpt %.9g vs --model %.9g", a, b);
         /* random weights: the loss is ~ln(512); int8 moves it by far less than 1% */
         CHECK(fabs(a - want) < 0.01 * want, "%s: loss %.6g vs f32 %.6g", modes[i][0], a, want);
+        /* the lm head: int8 (format_version 2) unless --head f32 (version 1) */
+        snprintf(p, sizeof p, "%s/config.json", q);
+        FILE *cf = fopen(p, "r");
+        size_t n = cf ? fread(out, 1, sizeof out - 1, cf) : 0;
+        out[n] = '\0';
+        if (cf) fclose(cf);
+        bool f32_head = strstr(modes[i][1], "--head f32") != NULL;
+        CHECK(strstr(out, f32_head ? "\"format_version\":\t1" : "\"format_version\":\t2") &&
+                  (strstr(out, "\"lm_head\":") != NULL) == !f32_head,
+              "%s %s: config.json's version / lm_head", modes[i][0], modes[i][1]);
     }
     /* training from a quantized directory is refused, naming why */
     snprintf(q, sizeof q, "%s/q2", tmpdir);

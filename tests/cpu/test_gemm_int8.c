@@ -6,6 +6,7 @@
  * static) against the formulas it promises. */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/gemm_internal.h"
 #include "test.h"
 
 #include <math.h>
@@ -144,8 +145,9 @@ static void check_weight_only(int64_t M, int64_t N, int64_t K, int64_t group, in
 TEST(weight_only_product_few_and_many_rows) {
     static const int64_t cases[][4] = {{1, 37, 96, 0}, {1, 40, 128, 32}, {3, 17, 256, 64}, {5, 9, 130, 0},
                                        {8, 21, 128, 128}, {19, 33, 64, 32}, {1, 768, 768, 0}};
-    for (int isa = 0; isa < 2; isa++) {
-        if (isa) setenv("ANNEAL_CPU_ISA", "portable", 1);
+    for (int isa = 0; isa < 3; isa++) { /* the best path, portable, AVX2 + FMA (where the CPU has it) */
+        if (isa == 2 && !anneal_cpu_has_avx2()) continue;
+        if (isa) setenv("ANNEAL_CPU_ISA", isa == 1 ? "portable" : "avx2", 1);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             check_weight_only(cases[i][0], cases[i][1], cases[i][2], cases[i][3], ANNEAL_F32);
             check_weight_only(cases[i][0], cases[i][1], cases[i][2], cases[i][3], ANNEAL_BF16);
@@ -192,10 +194,57 @@ TEST(dynamic_and_static_products_follow_their_formula) {
     CHECK(qb[0] == 127 && qb[1] == -127 && qb[2] == 50, "clamp: %d %d %d", qb[0], qb[1], qb[2]);
 }
 
+/* The few-rows fused pass of dynamic products (AVX2: up to 32 rows, vpmaddubsw on |w| and
+ * the sign-moved activations) against acc * (sx * sw) + b bit for bit: rows 1 to 33 (33
+ * takes the GEMM), K below, at and past the 32-value step with tails, weights of -128
+ * and +127 extremes against activations quantized to +-127 (the largest int16 pair sums
+ * the kernel can make), on AVX2 forced (skipped without it) and on the default path. */
+TEST(few_rows_dynamic_product_is_exact_at_extremes) {
+    static const int64_t shapes[][3] = {{1, 50, 768}, {2, 9, 32}, {3, 17, 77}, {4, 64, 31}, {16, 21, 200},
+                                        {17, 5, 96}, {32, 13, 65}, {33, 7, 64}};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0 && !anneal_cpu_has_avx2()) {
+            printf("  SKIP avx2 forced: the CPU has no AVX2\n");
+            continue;
+        }
+        if (pass == 0) setenv("ANNEAL_CPU_ISA", "avx2", 1);
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            for (int kind = 0; kind < 3; kind++) {
+                const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+                float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4), *b = malloc((size_t)N * 4);
+                float *sw = malloc((size_t)N * 4), *sx = malloc((size_t)M * 4);
+                int8_t *w = malloc((size_t)(N * K)), *xq = malloc((size_t)(M * K));
+                int32_t *acc = malloc((size_t)(M * N) * 4);
+                REQUIRE(x && y && b && sw && sx && w && xq && acc);
+                /* kind 1: every weight -128 and x at +-amax (q = +-127); kind 2: alternating
+                 * 127 / -128 weights and x of alternating sign */
+                for (int64_t i = 0; i < M * K; i++)
+                    x[i] = kind == 0 ? randf() : kind == 1 ? (i % 3 ? 1.0f : -1.0f) : (i % 2 ? -2.0f : 2.0f);
+                fill_s8(w, N * K, kind);
+                for (int64_t i = 0; i < N; i++) b[i] = randf(), sw[i] = 0.001f * (float)(i + 1);
+                anneal_cpu_qmatmul_args a = {.mode = ANNEAL_CPU_QUANT_DYNAMIC, .M = M, .N = N, .K = K, .x = x, .w = w,
+                                             .wscale = sw, .bias = kind == 1 ? NULL : b, .y = y};
+                REQUIRE(anneal_cpu_qmatmul(&a) == 0);
+                anneal_cpu_quantize_s8(M, K, 0, x, xq, sx);
+                reference(M, N, K, xq, K, w, K, acc, N);
+                int bad = 0;
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t n = 0; n < N; n++)
+                        bad += y[m * N + n] != (float)acc[m * N + n] * (sx[m] * sw[n]) + (kind == 1 ? 0.0f : b[n]);
+                CHECK(bad == 0, "%s M %lld N %lld K %lld kind %d: %d elements differ", pass ? "default" : "avx2",
+                      (long long)M, (long long)N, (long long)K, kind, bad);
+                free(x), free(y), free(b), free(sw), free(sx), free(w), free(xq), free(acc);
+            }
+        }
+        unsetenv("ANNEAL_CPU_ISA");
+    }
+}
+
 int main(void) {
     RUN(gemm_s8_is_exact_on_every_path);
     RUN(gemm_s8_default_is_the_best_path_and_env_forces_lower_ones);
     RUN(weight_only_product_few_and_many_rows);
     RUN(dynamic_and_static_products_follow_their_formula);
+    RUN(few_rows_dynamic_product_is_exact_at_extremes);
     return anneal_test_summary();
 }
