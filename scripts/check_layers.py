@@ -64,6 +64,7 @@ ALLOWED_CYCLES = {
     ("cpu/attention_avx512bf16.c.o", "cpu/attention_bf16.c.o"),
     ("cpu/gemm_avx2.c.o", "cpu/gemm_precision.c.o"),  # operand rounding used while packing
     ("parallel/comm.c.o", "parallel/comm_mpi.c.o"),  # the dispatcher and its MPI implementation
+    ("parallel/comm.c.o", "parallel/comm_nccl.c.o"),  # the dispatcher and its NCCL implementation
 }
 
 # The functions whose trailing underscore says they write their first argument in place.
