@@ -1,11 +1,13 @@
 /* Machine figures for the run summary and MFU: the peak FMA rate and the peak bf16
  * dot-product rate (measured, since the nominal clock of a shared or throttled CPU says
  * little) and the peak RSS. */
+#include "anneal/backend.h"
 #include "anneal/obs.h"
 
 #include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -127,12 +129,23 @@ static double measure(int kind, int threads, double seconds) {
     return best;
 }
 
-/* The FMA kernel this CPU runs best (2 AVX-512, 1 AVX2, 0 scalar) and its name. */
+/* The ISA cap the kernels obey (ANNEAL_ISA, anneal_cpu_isa_limit_name): 0 portable,
+ * 1 avx2, 2 avx512, 3 avx512bf16, 4 none; the peak is the ceiling of what may run. */
+static int isa_cap(void) {
+    static const char *levels[] = {"portable", "avx2", "avx512", "avx512bf16"};
+    const char *n = anneal_cpu_isa_limit_name(NULL);
+    for (int i = 0; n && i < 4; i++)
+        if (!strcmp(n, levels[i])) return i;
+    return 4;
+}
+
+/* The FMA kernel this CPU runs best under the cap (2 AVX-512, 1 AVX2, 0 scalar) and its name. */
 static int fma_kind(const char **isa) {
     __builtin_cpu_init();
-    int kind = __builtin_cpu_supports("avx512f") ? 2
-               : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
-                                                                                   : 0;
+    const int cap = isa_cap();
+    int kind = __builtin_cpu_supports("avx512f") && cap >= 2                                   ? 2
+               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cap >= 1 ? 1
+                                                                                             : 0;
     if (isa) *isa = kind == 2 ? "avx512 fma" : kind == 1 ? "avx2 fma" : "scalar";
     return kind;
 }
@@ -146,8 +159,8 @@ double anneal_peak_gflops_measure(int threads, double seconds, const char **isa)
 double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
                                         const char **isa) {
     __builtin_cpu_init();
-    if (dt == ANNEAL_BF16 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bf16")) {
+    if (dt == ANNEAL_BF16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+        isa_cap() >= 3) {
         if (isa) *isa = "avx512bf16 dot-product";
         return measure(3, threads, seconds);
     }

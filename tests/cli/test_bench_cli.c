@@ -51,6 +51,9 @@ TEST(bench_peak_reports_both_dtypes) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' bench peak --seconds 0.05 --threads 1", bin);
     CHECK(sh(cmd, buf, sizeof buf) == 0 && !strncmp(buf, "peak fp32 ", 10) && strstr(buf, " GFLOP/s ("), "%s", buf);
+    /* the ceiling of what may run: under ANNEAL_ISA=portable the scalar kernel, for bf16 too */
+    snprintf(cmd, sizeof cmd, "ANNEAL_ISA=portable '%s' bench peak --dtype bf16 --seconds 0.05 --threads 1", bin);
+    CHECK(sh(cmd, buf, sizeof buf) == 0 && strstr(buf, "scalar") != NULL, "ANNEAL_ISA=portable: %s", buf);
 }
 
 TEST(bench_bad_flags_are_usage_errors) {
