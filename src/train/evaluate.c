@@ -20,8 +20,8 @@ anneal_status anneal_train_evaluate(trainer *t, double *val_loss) {
     /* every evaluation reads the same batches: the val split from its beginning
      * (synthetic: the val stream from batch 0) */
     anneal_loader_cursor zero = {0, 0, 0};
-    anneal_status st = anneal_train_pp_sync_params(t); /* --pp: every rank runs the whole model */
-    if (st == ANNEAL_OK) st = anneal_train_source_set_cursor(&t->val, zero);
+    anneal_status st = anneal_train_source_set_cursor(&t->val, zero);
+    if (st == ANNEAL_OK && t->pp) return anneal_train_pp_evaluate(t, val_loss); /* --pp: through the stages */
     /* distributed: this rank's share of each batch (--deterministic: all of it) */
     if (st == ANNEAL_OK)
         st = anneal_model_evaluate(t->model, t->local_batch, t->cfg.seq, t->eval_batches, next_val, t, val_loss, NULL);

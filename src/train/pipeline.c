@@ -26,7 +26,10 @@
  * Data: every pipeline rank of a replica reads the same batches (the first stage needs
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
  *
- * Layout independence: evaluation, samples and checkpoints first make every rank's
+ * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
+ * blocks on every val batch and the last stage's loss is broadcast.
+ *
+ * Layout independence: samples and checkpoints first make every rank's
  * whole model current (the dropped parameters get storage again until the next step or
  * the checkpoint's end, each parameter broadcast from its owning stage over the pipeline
  * group); with --tp, the activations go between ranks of the same tp index, sharded
@@ -664,6 +667,61 @@ anneal_status anneal_train_pp_sync_params(trainer *t) {
         st = anneal_comm_broadcast(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, pp->owner[i]);
         if (st != ANNEAL_OK) return restate(st, "pipeline: gathering the parameters: ");
     }
+    return ANNEAL_OK;
+}
+
+/* Validation through the stages, as training's forward runs (dropout off, no autograd):
+ * each val batch's hidden state goes from stage to stage (blocking sends: stage p works
+ * on batch i + 1 while stage p + 1 takes batch i), the last stage takes its loss, and the
+ * mean of the batches (double, summed in batch order, as anneal_model_evaluate sums full
+ * batches) goes to the whole pipeline; with replicas, the mean over them as DDP's (f32,
+ * over every rank; --deterministic: none, every replica evaluated the same whole batches).
+ * No rank holds another stage's parameters; a failure ends the job (peers wait in a
+ * receive). */
+anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss) {
+    struct train_pp *pp = t->pp;
+    const anneal_train_config *c = &t->cfg;
+    int64_t shape[3] = {t->local_batch, c->seq, t->mcfg.n_embd};
+    bool last = pp->stage == pp->n - 1;
+    anneal_model *m = t->model;
+    bool was_training = m->ctx.training;
+    m->ctx.training = false;
+    anneal_no_grad_begin();
+    anneal_status st = ANNEAL_OK;
+    double sum = 0.0;
+    for (int64_t i = 0; i < t->eval_batches && st == ANNEAL_OK; i++) {
+        st = anneal_train_source_next(&t->val, t->host_ids, t->host_tg);
+        if (st != ANNEAL_OK) break;
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *in = NULL, *tg = NULL;
+        if (pp->stage == 0) in = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_ids);
+        else if ((in = anneal_empty_on(ANNEAL_CPU, ANNEAL_F32, 3, shape)))
+            st = anneal_comm_recv(pp->pipe, anneal_data(in), pp->act, ANNEAL_F32, pp->stage - 1, ACT_TAG(i));
+        if (last) tg = anneal_from_data_on(ANNEAL_CPU, ANNEAL_I32, 2, shape, t->host_tg);
+        anneal_tensor *out = st == ANNEAL_OK && in && (tg || !last)
+                                 ? anneal_model_stage_forward(m, pp->first, pp->last, in, tg)
+                                 : NULL;
+        if (st == ANNEAL_OK && !out) st = anneal_last_status();
+        if (st == ANNEAL_OK && last) {
+            sum += anneal_item(out);
+        } else if (st == ANNEAL_OK) {
+            st = anneal_to_f32_buffer(out, pp->send_act); /* slot 0: no step is in flight */
+            if (st == ANNEAL_OK)
+                st = anneal_comm_send(pp->pipe, pp->send_act, pp->act, ANNEAL_F32, pp->stage + 1, ACT_TAG(i));
+        }
+        anneal_scope_close(sc);
+    }
+    anneal_no_grad_end();
+    m->ctx.training = was_training;
+    if (st != ANNEAL_OK) return fatal(t, restate(st, "pipeline evaluation: "));
+    double mean = last && t->eval_batches > 0 ? sum / (double)t->eval_batches : 0.0;
+    if ((st = anneal_comm_broadcast(pp->pipe, &mean, 8, ANNEAL_U8, pp->n - 1)) != ANNEAL_OK) return st;
+    if (pp->replicas > 1 && !c->deterministic) {
+        float v = (float)mean;
+        if ((st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_MEAN)) != ANNEAL_OK) return st;
+        mean = v;
+    }
+    *val_loss = mean;
     return ANNEAL_OK;
 }
 

@@ -296,6 +296,10 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
                                    bool *skipped);
 /* Collective (no-op without --pp): every rank's whole model made current. */
 anneal_status anneal_train_pp_sync_params(trainer *t);
+/* Collective (--pp only): the val loss of t->eval_batches batches of the val source (at
+ * its current cursor) through the stages, no rank gathering another stage's parameters;
+ * the mean over replicas as the other layouts take it. */
+anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss);
 /* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
 anneal_status anneal_train_pp_ckpt_begin(trainer *t);
 anneal_status anneal_train_pp_ckpt_end(trainer *t);
