@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 13's speed figures in one command, each comparison side by side in one run, into
+# OUT (default bench/results/$(date +%F)-deploy):
+#   decode_int8.log   anneal int8 dynamic (int8 head, bf16 KV) vs llama.cpp Q8_0, batch 1
+#   decode_bf16.log   anneal bf16 (bf16 KV) vs llama.cpp F16, batch 1
+#   serve_int8.log    anneal serve, the int8 model: 16 streams vs 1 stream (+ the load test)
+#   lscpu.txt, commit.txt, load.txt (uptime before and after each part)
+# GPT-2 124M with random weights (the preset), prompt 512, 128 decode steps, THREADS
+# threads (default 2). Needs build/anneal and .venv (make bootstrap: llama-cpp-python).
+# Run it on a quiet machine: the figures are only as good as the machine is idle.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench/results/$(date +%F)-deploy}
+THREADS=${THREADS:-2}
+BIN=${BIN:-build/anneal}
+PY=.venv/bin/python
+mkdir -p "$OUT"
+lscpu > "$OUT/lscpu.txt"
+git rev-parse HEAD > "$OUT/commit.txt"
+: > "$OUT/load.txt"
+load() { echo "$1: $(uptime)" >> "$OUT/load.txt"; }
+
+load "decode int8"
+$PY bench/decode.py --bin "$BIN" --model 124M --tokenizer gpt2 --quant dynamic --kv-dtype bf16 --threads "$THREADS" \
+    --no-transformers 2>&1 | tee "$OUT/decode_int8.log"
+load "decode bf16"
+$PY bench/decode.py --bin "$BIN" --model 124M --tokenizer gpt2 --dtype bf16 --kv-dtype bf16 --threads "$THREADS" \
+    --no-transformers 2>&1 | tee "$OUT/decode_bf16.log"
+
+load "serve int8"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$BIN" export --model 124M --format hf --out "$tmp/hf" --tokenizer gpt2 > /dev/null
+"$BIN" quantize --model "$tmp/hf" --out "$tmp/q" --mode dynamic > /dev/null
+$PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --seconds 20 --compare-seconds 15 \
+    --malformed 300 -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_int8.log"
+load "end"
+echo "deploy_speed: logs in $OUT"
