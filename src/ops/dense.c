@@ -87,7 +87,8 @@ static anneal_tensor *act_backward(anneal_node *node, const anneal_backend *be, 
     return dpre;
 }
 
-/* Saved: x as a (rows, in) matrix the GEMM reads, w, [pre (R, out), mul (R, out)];
+/* Saved: x as a (rows, in) matrix the GEMM reads (at bf16 compute on the CPU its bf16
+ * rounding, saved_bf16.c, unless opts.x_kept_f32), w, [pre (R, out), mul (R, out)];
  * ints[0]: w is (out, in); ints[1]: the activation; ints[2]: compute; ints[3]: index
  * of the bias input (-1: none); ints[4]: index of the mul input (-1: none). */
 static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gout, anneal_tensor **gin) {
@@ -116,6 +117,7 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
     }
     bool want_db = ib >= 0 && anneal_node_input_needs_grad(node, ib);
     if (anneal_node_input_needs_grad(node, 1)) {
+        if (!(x2 = anneal_ops_saved_f32(be, x2))) return anneal_last_status(); /* saved as bf16: widened, exact */
         anneal_tensor *dw = anneal_empty_on(dy->device, ANNEAL_F32, 2, w->shape);
         anneal_tensor *l = out_in ? anneal_ops_mT(dpre) : anneal_ops_mT(x2), *r = out_in ? x2 : dpre;
         if (!dw || !l) return anneal_last_status();
@@ -266,7 +268,11 @@ anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b
             node->ints[2] = o.compute;
             node->ints[3] = ib;
             node->ints[4] = im;
-            anneal_node_save(node, x2);
+            /* at bf16 compute x is read only as a bf16-rounded operand of the dW GEMM */
+            bool x_bf16 = !o.x_kept_f32 && anneal_node_input_needs_grad(node, 1) &&
+                          anneal_ops_bf16_save_ok(x2, o.compute);
+            anneal_tensor *xs = x_bf16 ? anneal_ops_bf16_save_copy(be, x2) : x2;
+            if (xs) anneal_node_save(node, xs);
             anneal_node_save(node, w_bf16 ? w : wc); /* bf16: converted again in backward, not kept as f32 */
             if (pre) anneal_node_save(node, pre);
             if (mul2) anneal_node_save(node, mul2);

@@ -1,0 +1,199 @@
+/* What a training forward keeps for backward (issue 17's "bf16 activations"): each
+ * block's forward runs in a scope of its own (intermediates no node saved are freed when
+ * the block returns), and at bf16 compute the activations that backward reads only as
+ * bf16 GEMM / attention-tile operands are saved as bf16 (src/ops/saved_bf16.c). Both
+ * change lifetimes and storage, never arithmetic: losses and every gradient must keep
+ * their bits against the old behaviour (the test switches), for GPT-2 (packed attention,
+ * GELU MLP) and Llama (separate q/k/v with RoPE and GQA, SwiGLU), in every recompute
+ * mode; and the activation bytes must drop by the amounts the saved sets predict. */
+#include "anneal/anneal.h"
+#include "models/models_internal.h"
+#include "ops/ops_internal.h"
+#include "test.h"
+
+#include <stdlib.h>
+
+typedef struct {
+    float loss;
+    int64_t kept; /* activation bytes alive after the forward (what backward will read) */
+    int64_t peak; /* peak live activation bytes over forward + backward, above the start */
+    float **grads;
+    int n;
+} result;
+
+typedef struct {
+    const char *arch;
+    anneal_dtype compute;
+    bool scopes, bf16_saves;
+    anneal_recompute_mode recompute;
+} setup;
+
+static const int64_t B = 4, T = 64, V = 512;
+
+static anneal_model *make_model(const setup *su) {
+    anneal_model_config cfg;
+    if (!strcmp(su->arch, "gpt2")) {
+        cfg = (anneal_model_config){.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = (int)V, .n_ctx = 256,
+                                    .dropout = 0.1f, .norm_eps = 1e-5f};
+        snprintf(cfg.arch, sizeof cfg.arch, "gpt2");
+    } else if (!anneal_model_preset("llama-tiny", &cfg)) {
+        return NULL;
+    }
+    cfg.recompute = su->recompute;
+    anneal_model *m = anneal_model_new(&cfg, ANNEAL_CPU);
+    if (!m || anneal_model_init(m, 21) != ANNEAL_OK) {
+        anneal_model_free(m);
+        return NULL;
+    }
+    anneal_model_set_training(m, true);
+    anneal_model_set_compute(m, su->compute);
+    return m;
+}
+
+static int64_t live_activations(void) {
+    return anneal_memory_categories_get(ANNEAL_CPU).live[ANNEAL_MEM_ACTIVATIONS];
+}
+
+static result run(const setup *su) {
+    result r = {NAN, 0, 0, NULL, 0};
+    anneal_model_block_scopes_set(su->scopes);
+    anneal_ops_bf16_saves_set(su->bf16_saves);
+    anneal_model *m = make_model(su);
+    if (!m) {
+        anneal_test_fail(__FILE__, __LINE__, "model %s: %s", su->arch, anneal_last_error());
+        return r;
+    }
+    anneal_scope *s = anneal_scope_open();
+    int64_t shape[2] = {B, T};
+    anneal_tensor *ids = anneal_empty(ANNEAL_I32, 2, shape), *tg = anneal_empty(ANNEAL_I32, 2, shape);
+    for (int64_t i = 0; i < B * T; i++) {
+        ((int32_t *)anneal_data(ids))[i] = (int32_t)((i * 131 + 7) % V);
+        ((int32_t *)anneal_data(tg))[i] = (int32_t)((i * 71 + 3) % V);
+    }
+    anneal_manual_seed(99);
+    int64_t base = live_activations();
+    anneal_memory_reset_peak(ANNEAL_CPU);
+    anneal_tensor *loss = anneal_model_loss(m, ids, tg);
+    r.kept = live_activations() - base;
+    if (loss && anneal_backward(loss) == ANNEAL_OK) r.loss = anneal_item(loss);
+    else anneal_test_fail(__FILE__, __LINE__, "%s: %s", su->arch, anneal_last_error());
+    r.peak = anneal_memory_categories_get(ANNEAL_CPU).peak[ANNEAL_MEM_ACTIVATIONS] - base;
+    anneal_scope_close(s);
+    r.n = m->params->n;
+    r.grads = calloc((size_t)r.n, sizeof *r.grads);
+    for (int i = 0; i < r.n; i++) {
+        anneal_tensor *g = m->params->items[i].tensor->grad;
+        if (!g) continue;
+        r.grads[i] = malloc((size_t)anneal_numel(g) * sizeof(float));
+        memcpy(r.grads[i], anneal_data(g), (size_t)anneal_numel(g) * sizeof(float));
+    }
+    anneal_model_free(m);
+    anneal_model_block_scopes_set(true);
+    anneal_ops_bf16_saves_set(true);
+    return r;
+}
+
+static void free_result(result *r) {
+    for (int i = 0; i < r->n; i++) free(r->grads[i]);
+    free(r->grads);
+}
+
+/* Same loss bits, and gradients present in the same places. */
+static void check_identical(const char *what, const result *a, const result *b) {
+    uint32_t la, lb;
+    memcpy(&la, &a->loss, 4);
+    memcpy(&lb, &b->loss, 4);
+    CHECK(isfinite(a->loss) && la == lb, "%s: loss %.9g vs %.9g", what, (double)a->loss, (double)b->loss);
+    REQUIRE(a->grads && b->grads && a->n == b->n);
+    int missing = 0;
+    for (int i = 0; i < a->n; i++) missing += !a->grads[i] != !b->grads[i];
+    CHECK(missing == 0, "%s: %d gradients present in one run only", what, missing);
+}
+
+/* check_identical, then every gradient's bits (sizes from a model of the same config). */
+static void check_grads(const char *what, const char *arch, const result *a, const result *b) {
+    check_identical(what, a, b);
+    setup su = {.arch = arch, .compute = ANNEAL_F32};
+    anneal_model *m = make_model(&su);
+    REQUIRE(m && m->params->n == a->n);
+    int bad = 0;
+    for (int i = 0; i < a->n; i++) {
+        if (!a->grads[i] || !b->grads[i]) continue;
+        size_t bytes = (size_t)anneal_numel(m->params->items[i].tensor) * sizeof(float);
+        if (memcmp(a->grads[i], b->grads[i], bytes) && bad++ < 3)
+            anneal_test_fail(__FILE__, __LINE__, "%s: gradient of %s changed", what, m->params->items[i].name);
+    }
+    anneal_model_free(m);
+}
+
+TEST(block_scopes_keep_fp32_bits_and_free_intermediates) {
+    const char *archs[2] = {"gpt2", "llama"};
+    for (int a = 0; a < 2; a++) {
+        result old = run(&(setup){archs[a], ANNEAL_F32, false, true, ANNEAL_RECOMPUTE_NONE});
+        result now = run(&(setup){archs[a], ANNEAL_F32, true, true, ANNEAL_RECOMPUTE_NONE});
+        check_grads(archs[a], archs[a], &old, &now);
+        printf("  %s fp32: kept after forward %lld -> %lld bytes (%.0f%%), peak %lld -> %lld\n", archs[a],
+               (long long)old.kept, (long long)now.kept, 100.0 * (double)now.kept / (double)old.kept,
+               (long long)old.peak, (long long)now.peak);
+        /* GPT-2 frees c_proj's and the MLP's outputs (2 of about 19 (B,T,C) tensors a
+         * block), Llama those of o_proj and down_proj */
+        CHECK(now.kept < old.kept, "%s: block scopes kept %lld bytes, before %lld", archs[a], (long long)now.kept,
+              (long long)old.kept);
+        CHECK(now.peak <= old.peak, "%s: peak %lld above %lld", archs[a], (long long)now.peak, (long long)old.peak);
+        free_result(&old);
+        free_result(&now);
+    }
+}
+
+TEST(bf16_saves_keep_bf16_bits_and_halve_what_they_save) {
+    const char *archs[2] = {"gpt2", "llama"};
+    for (int a = 0; a < 2; a++) {
+        result before = run(&(setup){archs[a], ANNEAL_BF16, false, false, ANNEAL_RECOMPUTE_NONE});
+        result scoped = run(&(setup){archs[a], ANNEAL_BF16, true, false, ANNEAL_RECOMPUTE_NONE});
+        result now = run(&(setup){archs[a], ANNEAL_BF16, true, true, ANNEAL_RECOMPUTE_NONE});
+        result fp32 = run(&(setup){archs[a], ANNEAL_F32, true, true, ANNEAL_RECOMPUTE_NONE});
+        check_grads(archs[a], archs[a], &before, &now);
+        check_grads(archs[a], archs[a], &scoped, &now);
+        printf("  %s bf16: kept after forward %lld (before issue 17) -> %lld (scoped) -> %lld (bf16 saves); fp32 "
+               "%lld; bf16/fp32 %.3f; peak %lld -> %lld (fp32 %lld)\n",
+               archs[a], (long long)before.kept, (long long)scoped.kept, (long long)now.kept, (long long)fp32.kept,
+               (double)now.kept / (double)fp32.kept, (long long)before.peak, (long long)now.peak,
+               (long long)fp32.peak);
+        CHECK(scoped.kept == fp32.kept, "%s: without bf16 saves bf16 keeps %lld bytes, fp32 %lld", archs[a],
+              (long long)scoped.kept, (long long)fp32.kept);
+        CHECK(now.kept < scoped.kept && now.peak < before.peak, "%s: bf16 saves kept %lld (peak %lld), before %lld (%lld)",
+              archs[a], (long long)now.kept, (long long)now.peak, (long long)scoped.kept, (long long)before.peak);
+        /* GPT-2 block, in (B,T,C) f32 units: 16 kept at fp32; at bf16 ln_1's output (1),
+         * qkv (3), ln_2's output (1) and the GELU output (4) are halved: 11.5 (0.72) */
+        if (!strcmp(archs[a], "gpt2"))
+            CHECK((double)now.kept <= 0.78 * (double)fp32.kept, "gpt2: bf16 keeps %.3f of fp32's activations",
+                  (double)now.kept / (double)fp32.kept);
+        free_result(&before);
+        free_result(&scoped);
+        free_result(&now);
+        free_result(&fp32);
+    }
+}
+
+TEST(recompute_modes_at_bf16_keep_bits) {
+    const char *archs[2] = {"gpt2", "llama"};
+    for (int a = 0; a < 2; a++) {
+        result none = run(&(setup){archs[a], ANNEAL_BF16, false, false, ANNEAL_RECOMPUTE_NONE});
+        result attn = run(&(setup){archs[a], ANNEAL_BF16, true, true, ANNEAL_RECOMPUTE_ATTN});
+        result block = run(&(setup){archs[a], ANNEAL_BF16, true, true, ANNEAL_RECOMPUTE_BLOCK});
+        check_grads("attn recompute", archs[a], &none, &attn);
+        check_grads("block recompute", archs[a], &none, &block);
+        CHECK(block.kept < attn.kept, "%s: block recompute keeps %lld, attn %lld", archs[a], (long long)block.kept,
+              (long long)attn.kept);
+        free_result(&none);
+        free_result(&attn);
+        free_result(&block);
+    }
+}
+
+int main(void) {
+    RUN(block_scopes_keep_fp32_bits_and_free_intermediates);
+    RUN(bf16_saves_keep_bf16_bits_and_halve_what_they_save);
+    RUN(recompute_modes_at_bf16_keep_bits);
+    return anneal_test_summary();
+}
