@@ -7,6 +7,7 @@
  * GELU MLP) and Llama (separate q/k/v with RoPE and GQA, SwiGLU), in every recompute
  * mode; and the activation bytes must drop by the amounts the saved sets predict. */
 #include "anneal/anneal.h"
+#include "cpu/gemm_internal.h"
 #include "models/models_internal.h"
 #include "ops/ops_internal.h"
 #include "test.h"
@@ -191,7 +192,41 @@ TEST(recompute_modes_at_bf16_keep_bits) {
     }
 }
 
+/* The saved copies come from the CPU copy's f32 -> bf16 path (a vectorised row loop):
+ * its bits must be anneal_f32_to_bf16's and the GEMM operand rounding's for every kind
+ * of value (ties either way, carries into the exponent, overflow to inf, NaNs of both
+ * signs, subnormals, zeros), and bf16 -> f32 must give back exactly the rounded value. */
+TEST(bf16_copy_rounds_as_the_gemm) {
+    enum { N = 1 << 16 };
+    anneal_scope *s = anneal_scope_open();
+    int64_t n = N;
+    anneal_tensor *x = anneal_empty(ANNEAL_F32, 1, &n), *h = anneal_empty(ANNEAL_BF16, 1, &n),
+                  *w = anneal_empty(ANNEAL_F32, 1, &n);
+    REQUIRE(x && h && w);
+    uint32_t *xb = anneal_data(x);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu,
+                                       0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+                                       0xff800001u, 0x00000001u, 0x807fffffu, 0x007f8000u, 0x3fffffffu, 0x477fe000u};
+    int ns = (int)(sizeof special / sizeof special[0]);
+    anneal_test_rng_state = 17;
+    for (int i = 0; i < N; i++) xb[i] = i < ns ? special[i] : (uint32_t)anneal_test_next_u64();
+    REQUIRE(anneal_copy_(h, x) == ANNEAL_OK && anneal_copy_(w, h) == ANNEAL_OK);
+    const uint16_t *hb = anneal_data(h);
+    const uint32_t *wb = anneal_data(w);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        float f;
+        memcpy(&f, &xb[i], 4);
+        uint32_t g = anneal_gemm_round_bf16_bits(xb[i]);
+        if ((hb[i] != anneal_f32_to_bf16(f) || wb[i] != g || ((uint32_t)hb[i] << 16) != g) && bad++ < 3)
+            anneal_test_fail(__FILE__, __LINE__, "%08x: copy gives %04x (widened %08x), expected %04x / %08x", xb[i],
+                             hb[i], wb[i], anneal_f32_to_bf16(f), g);
+    }
+    anneal_scope_close(s);
+}
+
 int main(void) {
+    RUN(bf16_copy_rounds_as_the_gemm);
     RUN(block_scopes_keep_fp32_bits_and_free_intermediates);
     RUN(bf16_saves_keep_bf16_bits_and_halve_what_they_save);
     RUN(recompute_modes_at_bf16_keep_bits);
