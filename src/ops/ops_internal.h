@@ -97,6 +97,10 @@ anneal_tensor *anneal_ops_bf16_save_copy(const anneal_backend *be, anneal_tensor
 anneal_tensor *anneal_ops_saved_f32(const anneal_backend *be, anneal_tensor *t);
 /* Test switch: false makes every op save f32 as before (default true). */
 void anneal_ops_bf16_saves_set(bool on);
+/* Test switch for dense.c's gelu_source: false saves the input of a dense layer after a
+ * GELU one as before (default true); and its state. */
+void anneal_ops_gelu_resave_set(bool on);
+bool anneal_ops_gelu_resave_on(void);
 
 /* ---- profiler spans around backend kernels (include/anneal/trace.h) ---- */
 

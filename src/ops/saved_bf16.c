@@ -9,9 +9,12 @@
  * so other devices save f32 as before. */
 #include "ops_internal.h"
 
-static bool g_bf16_saves = true; /* test switch: false saves f32 as before issue 17 */
+static bool g_bf16_saves = true;   /* test switch: false saves f32 as before issue 17 */
+static bool g_gelu_resave = true;  /* test switch of dense.c's gelu_source */
 
 void anneal_ops_bf16_saves_set(bool on) { g_bf16_saves = on; }
+void anneal_ops_gelu_resave_set(bool on) { g_gelu_resave = on; }
+bool anneal_ops_gelu_resave_on(void) { return g_gelu_resave; }
 
 bool anneal_ops_bf16_save_ok(const anneal_tensor *t, anneal_dtype compute) {
     return g_bf16_saves && t && compute == ANNEAL_BF16 && t->device == ANNEAL_CPU && t->dtype == ANNEAL_F32 &&
