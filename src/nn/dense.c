@@ -45,7 +45,9 @@ anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_c
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = ctx ? ctx->compute : ANNEAL_F32};
     bool train = ctx && ctx->training;
     anneal_tensor *h = l->dropout > 0.0f ? anneal_dropout(x, l->dropout, train) : x;
+    o.x_kept_f32 = h == x; /* the base layer's node saves x in f32 anyway: no bf16 copy beside it */
     anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
+    o.x_kept_f32 = false;
     return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
 }
 
