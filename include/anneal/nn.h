@@ -430,6 +430,9 @@ anneal_status anneal_nn_attention_create(anneal_nn_attention *a, anneal_params *
  * queries attend to [0, len + T) (generation; no autograd wanted). */
 anneal_tensor *anneal_nn_attention_core(const anneal_nn_attention *a, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                         anneal_kv_cache *kv, int layer);
+/* The output projection of core's result att (B, T, n_head head_dim): out(att), saving
+ * att in f32 (attention keeps it in f32 for its own backward) at any compute. */
+anneal_tensor *anneal_nn_attention_out(const anneal_nn_attention *a, const anneal_nn_ctx *ctx, anneal_tensor *att);
 /* out(core(x)): (B, T, n_embd). */
 anneal_tensor *anneal_nn_attention_forward(const anneal_nn_attention *a, const anneal_nn_ctx *ctx,
                                            anneal_tensor *x, anneal_kv_cache *kv, int layer);

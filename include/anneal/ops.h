@@ -160,6 +160,10 @@ typedef struct anneal_dense_opts {
     anneal_activation act;
     anneal_tensor *mul;   /* ANNEAL_ACT_SILU_MUL: the multiplier, the output's shape */
     anneal_dtype compute; /* 0 = ANNEAL_F32 */
+    /* At bf16 compute on the CPU the layer saves x for backward as a bf16 copy (its dW
+     * GEMM reads x only as bf16-rounded operands: the same bits, half the bytes). True:
+     * save x as it is, because another op keeps it in f32 anyway (attention's output). */
+    bool x_kept_f32;
 } anneal_dense_opts;
 
 /* A dense layer x (..., in) with weight w (layout per opts), bias b (out) or NULL, and

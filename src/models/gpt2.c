@@ -253,7 +253,7 @@ anneal_tensor *anneal_gpt2_block_forward(const anneal_gpt2_block *b, anneal_tens
                          : m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(attn_core, (void *)b, 1, &h)
                                                                      : attn_core((void *)b, &h);
     anneal_tensor *a = anneal_dropout(tp ? row_parallel(&b->attn.out, ctx, att)
-                                         : anneal_nn_dense_forward(&b->attn.out, ctx, att), p, train);
+                                         : anneal_nn_attention_out(&b->attn, ctx, att), p, train);
     /* residual add + ln_2 in one pass: s = x + a (the residual stream), h = LN(s) */
     anneal_tensor *s;
     h = anneal_nn_add_layer_norm(&b->ln_2, x, a, &s);
@@ -266,9 +266,15 @@ anneal_tensor *anneal_gpt2_block_forward(const anneal_gpt2_block *b, anneal_tens
 }
 
 /* One block between the model's block hook calls (ZeRO-3 gathers its parameters). */
-static anneal_tensor *hooked_block(const anneal_gpt2_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+static anneal_tensor *hooked_block_run(const void *blk, anneal_tensor *x, anneal_kv_cache *kv) {
+    const anneal_gpt2_block *b = blk;
     if (anneal_model_block_enter(&b->model->base, b->layer) != ANNEAL_OK) return NULL;
     return anneal_model_block_leave(&b->model->base, b->layer, anneal_gpt2_block_forward(b, x, kv));
+}
+
+/* hooked_block_run in a scope of its own (block_scope.c). */
+static anneal_tensor *hooked_block(const anneal_gpt2_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    return anneal_model_scoped_block(hooked_block_run, b, x, kv);
 }
 
 /* One training block as a recompute region (ctx is the block). x: (B, T, C). */

@@ -324,16 +324,22 @@ static anneal_tensor *block_forward(const anneal_llama_block *b, anneal_tensor *
     anneal_tensor *att = kv ? anneal_nn_attention_core(&b->attn, ctx, h, kv, b->layer)
                          : m->cfg.recompute == ANNEAL_RECOMPUTE_ATTN ? anneal_checkpoint(attn_core, (void *)b, 1, &h)
                                                                      : attn_core((void *)b, &h);
-    x = anneal_add(x, anneal_nn_dense_forward(&b->attn.out, ctx, att));
+    x = anneal_add(x, anneal_nn_attention_out(&b->attn, ctx, att));
     /* MLP: RMSNorm -> down(silu(gate h) * up h) (the SiLU product in the gate GEMM) -> residual */
     h = anneal_nn_rms_norm_forward(&b->post_attention_layernorm, x);
     return anneal_add(x, anneal_nn_mlp_forward(&b->mlp, ctx, h));
 }
 
 /* One layer between the model's block hook calls (ZeRO-3 gathers its parameters). */
-static anneal_tensor *hooked_block(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+static anneal_tensor *hooked_block_run(const void *blk, anneal_tensor *x, anneal_kv_cache *kv) {
+    const anneal_llama_block *b = blk;
     if (anneal_model_block_enter(&b->model->base, b->layer) != ANNEAL_OK) return NULL;
     return anneal_model_block_leave(&b->model->base, b->layer, block_forward(b, x, kv));
+}
+
+/* hooked_block_run in a scope of its own (block_scope.c). */
+static anneal_tensor *hooked_block(const anneal_llama_block *b, anneal_tensor *x, anneal_kv_cache *kv) {
+    return anneal_model_scoped_block(hooked_block_run, b, x, kv);
 }
 
 /* One training layer as a recompute region (ctx is the block). */

@@ -11,6 +11,16 @@ extern const anneal_model_arch *const anneal_builtin_archs[];
 extern const anneal_gguf_arch anneal_gpt2_gguf;
 extern const anneal_gguf_arch anneal_llama_gguf;
 
+/* One block's forward (block_scope.c): block is the architecture's block, kv NULL for
+ * training. */
+typedef anneal_tensor *(*anneal_model_block_fn)(const void *block, anneal_tensor *x, anneal_kv_cache *kv);
+/* fn(block, x, kv) in a scope of its own: what the block made and no backward node saved
+ * is freed when it returns; its output joins the caller's scope. */
+anneal_tensor *anneal_model_scoped_block(anneal_model_block_fn fn, const void *block, anneal_tensor *x,
+                                         anneal_kv_cache *kv);
+/* Test switch: false runs every block in the caller's scope, as before (default true). */
+void anneal_model_block_scopes_set(bool on);
+
 /* ------------------------------------------ shared by the HF importers
  * (hf_import.c): what every architecture's hf_import checks the same way. */
 

@@ -80,9 +80,13 @@ static anneal_tensor *self_attention(const anneal_nn_attention *a, const anneal_
                                .rope = a->has_rope ? &a->rope : NULL};
     if (a->packed)
         return anneal_attention_packed(anneal_nn_dense_forward(&a->qkv, ctx, x), a->n_head, a->n_kv_head, &o);
-    anneal_tensor *q = split_heads(anneal_nn_dense_forward(&a->q, ctx, x), a->n_head, a->head_dim);
-    anneal_tensor *k = split_heads(anneal_nn_dense_forward(&a->k, ctx, x), a->n_kv_head, a->head_dim);
-    anneal_tensor *v = split_heads(anneal_nn_dense_forward(&a->v, ctx, x), a->n_kv_head, a->head_dim);
+    /* x feeds three projections: saved once in f32 rather than as three bf16 copies */
+    anneal_tensor *q = split_heads(anneal_nn_dense_forward_kept(&a->q, ctx, x, ANNEAL_ACT_NONE, NULL, true), a->n_head,
+                                   a->head_dim);
+    anneal_tensor *k = split_heads(anneal_nn_dense_forward_kept(&a->k, ctx, x, ANNEAL_ACT_NONE, NULL, true),
+                                   a->n_kv_head, a->head_dim);
+    anneal_tensor *v = split_heads(anneal_nn_dense_forward_kept(&a->v, ctx, x, ANNEAL_ACT_NONE, NULL, true),
+                                   a->n_kv_head, a->head_dim);
     return merge_heads(anneal_attention_ex(q, k, v, &o));
 }
 
@@ -125,7 +129,11 @@ anneal_tensor *anneal_nn_attention_core(const anneal_nn_attention *a, const anne
     return kv ? cached_attention(a, ctx, x, kv, layer) : self_attention(a, ctx, x);
 }
 
+anneal_tensor *anneal_nn_attention_out(const anneal_nn_attention *a, const anneal_nn_ctx *ctx, anneal_tensor *att) {
+    return anneal_nn_dense_forward_kept(a ? &a->out : NULL, ctx, att, ANNEAL_ACT_NONE, NULL, true);
+}
+
 anneal_tensor *anneal_nn_attention_forward(const anneal_nn_attention *a, const anneal_nn_ctx *ctx,
                                            anneal_tensor *x, anneal_kv_cache *kv, int layer) {
-    return anneal_nn_dense_forward(a ? &a->out : NULL, ctx, anneal_nn_attention_core(a, ctx, x, kv, layer));
+    return anneal_nn_attention_out(a, ctx, anneal_nn_attention_core(a, ctx, x, kv, layer));
 }

@@ -45,16 +45,19 @@ anneal_tensor *anneal_nn_lora_forward(const anneal_nn_lora *l, const anneal_nn_c
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = ctx ? ctx->compute : ANNEAL_F32};
     bool train = ctx && ctx->training;
     anneal_tensor *h = l->dropout > 0.0f ? anneal_dropout(x, l->dropout, train) : x;
+    o.x_kept_f32 = h == x; /* the base layer's node saves x in f32 anyway: no bf16 copy beside it */
     anneal_tensor *t = anneal_dense(h, l->a, NULL, &o); /* (..., r) */
+    o.x_kept_f32 = false;
     return anneal_scale(anneal_dense(t, l->b, NULL, &o), l->scale);
 }
 
-anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
-                                           anneal_activation act, anneal_tensor *mul) {
+anneal_tensor *anneal_nn_dense_forward_kept(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                            anneal_activation act, anneal_tensor *mul, bool x_kept_f32) {
     if (!d || !x) return NULL;
     if (d->quant && d->quant->active) return anneal_nn_quant_forward(d, ctx, x, act, mul); /* int8 (quant.c) */
     if (d->quant && d->quant->observing && anneal_nn_quant_observe(d, x) != ANNEAL_OK) return NULL; /* calibration */
-    anneal_dense_opts o = {.layout = d->layout, .act = act, .mul = mul, .compute = ctx ? ctx->compute : ANNEAL_F32};
+    anneal_dense_opts o = {.layout = d->layout, .act = act, .mul = mul, .compute = ctx ? ctx->compute : ANNEAL_F32,
+                           .x_kept_f32 = x_kept_f32};
     if (!d->lora) return anneal_dense(x, d->weight, d->bias, &o);
     /* with an adapter the activation cannot sit in the base GEMM's epilogue: its input
      * is the sum of the base product and the adapter's */
@@ -72,6 +75,11 @@ anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const annea
     }
     anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
     return NULL;
+}
+
+anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                           anneal_activation act, anneal_tensor *mul) {
+    return anneal_nn_dense_forward_kept(d, ctx, x, act, mul, false);
 }
 
 anneal_tensor *anneal_nn_dense_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x) {

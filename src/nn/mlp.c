@@ -34,8 +34,9 @@ anneal_tensor *anneal_nn_mlp_forward(const anneal_nn_mlp *m, const anneal_nn_ctx
     if (!m || !x) return NULL;
     if (m->kind == ANNEAL_MLP_SWIGLU) {
         /* (..., n_ff): up x, then silu(gate x) * (up x) in the gate GEMM's epilogue */
-        anneal_tensor *up = anneal_nn_dense_forward(&m->up, ctx, x);
-        anneal_tensor *g = anneal_nn_dense_forward_act(&m->gate, ctx, x, ANNEAL_ACT_SILU_MUL, up);
+        /* x feeds two projections: saved once in f32 rather than as two bf16 copies */
+        anneal_tensor *up = anneal_nn_dense_forward_kept(&m->up, ctx, x, ANNEAL_ACT_NONE, NULL, true);
+        anneal_tensor *g = anneal_nn_dense_forward_kept(&m->gate, ctx, x, ANNEAL_ACT_SILU_MUL, up, true);
         return anneal_nn_dense_forward(&m->down, ctx, g);
     }
     /* (..., n_ff) = gelu_tanh(x W_fc + b) in one GEMM, then the projection back */

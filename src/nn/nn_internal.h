@@ -21,6 +21,11 @@ anneal_tensor *anneal_nn_param(anneal_params *ps, const char *prefix, const char
 anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                        anneal_activation act, anneal_tensor *mul);
 
+/* anneal_nn_dense_forward_act with the layer's x_kept_f32 (anneal_dense_opts): true
+ * when x is saved in f32 by another op anyway, so a bf16 copy would only add bytes. */
+anneal_tensor *anneal_nn_dense_forward_kept(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
+                                            anneal_activation act, anneal_tensor *mul, bool x_kept_f32);
+
 /* Calibration: adds x's values to d's statistics (the forward then runs f32). */
 anneal_status anneal_nn_quant_observe(const anneal_nn_dense *d, anneal_tensor *x);
 

@@ -113,7 +113,8 @@ static void save_settings(anneal_node *node, bool causal, anneal_dtype compute, 
  * that layout is dense, else input and gradient are both made contiguous; dout is
  * given o's layout. With RoPE the saved q and k are the rotated ones and dq, dk are
  * rotated back (queries at rope_pos0 + Tk - Tq + i, keys at rope_pos0 + j). Saved: q, k,
- * v (unit last stride), o, lse; settings as save_settings. */
+ * v (unit last stride; at bf16 on the CPU their bf16 roundings, saved_bf16.c), o, lse;
+ * settings as save_settings. */
 static anneal_status attention_backward(anneal_node *node, anneal_tensor *const *gout,
                                         anneal_tensor **gin) {
     anneal_tensor *o = node->saved[3], *lse = node->saved[4];
@@ -127,7 +128,8 @@ static anneal_status attention_backward(anneal_node *node, anneal_tensor *const 
     }
     anneal_tensor *x[3], *g[3];
     for (int i = 0; i < 3; i++) {
-        anneal_tensor *s = node->saved[i];
+        anneal_tensor *s = anneal_ops_saved_f32(be, node->saved[i]); /* bf16-saved: widened, exact */
+        if (!s) return anneal_last_status();
         x[i] = dense_layout(s) ? s : anneal_ops_contiguous_raw(s);
         g[i] = x[i] ? new_with_strides(x[i]) : NULL;
         if (!g[i]) return anneal_last_status();
@@ -213,11 +215,16 @@ anneal_tensor *anneal_attention_ex(anneal_tensor *q, anneal_tensor *k, anneal_te
         anneal_node *node = anneal_record(op, attention_backward, 3, in, 1, &out);
         if (node) {
             save_settings(node, o.causal, o.compute, scale, o.rope, o.rope_pos0);
-            anneal_node_save(node, qc);
-            anneal_node_save(node, kc);
-            anneal_node_save(node, vc);
+            /* at bf16 on the CPU backward reads q, k, v only as bf16-rounded tile operands */
+            anneal_tensor *sv[3] = {qc, kc, vc};
+            for (int i = 0; i < 3; i++) {
+                anneal_tensor *c = anneal_ops_bf16_save_ok(sv[i], o.compute) ? anneal_ops_bf16_save_copy(be, sv[i])
+                                                                              : sv[i];
+                if (c) anneal_node_save(node, c);
+            }
             anneal_node_save(node, out);
             anneal_node_save(node, lse);
+            if (node->n_saved != 5) s = anneal_last_status();
         }
     }
     anneal_scope_leave();
@@ -243,11 +250,12 @@ static anneal_tensor *heads(const anneal_tensor *t, int64_t H, int64_t D, int64_
  * views and tile it, so the kernel (which overwrites them) leaves nothing unwritten;
  * with RoPE dq and dk are rotated back in place. Saved: qkv (contiguous; with RoPE a
  * copy whose q and k columns are rotated: the kernel addresses q and dq, k and dk with
- * the same strides), o (B, T, Hq*D), lse; ints[6]: Hq, ints[7]: Hkv; settings as
- * save_settings. */
+ * the same strides; at bf16 on the CPU its bf16 rounding, saved_bf16.c), o (B, T, Hq*D),
+ * lse; ints[6]: Hq, ints[7]: Hkv; settings as save_settings. */
 static anneal_status packed_backward(anneal_node *node, anneal_tensor *const *gout, anneal_tensor **gin) {
     anneal_tensor *qkv = node->saved[0], *o = node->saved[1], *lse = node->saved[2];
     const anneal_backend *be = anneal_backend_get(qkv->device);
+    if (be && !(qkv = anneal_ops_saved_f32(be, qkv))) return anneal_last_status(); /* bf16-saved: widened */
     anneal_tensor *dout = be ? anneal_ops_contiguous_raw(gout[0]) : NULL;
     anneal_tensor *dqkv = dout ? anneal_ops_new_like(qkv) : NULL;
     if (!dqkv) return anneal_last_status();
@@ -357,9 +365,12 @@ anneal_tensor *anneal_attention_packed(anneal_tensor *qkv, int n_head, int n_kv_
             save_settings(node, o.causal, o.compute, scale, o.rope, o.rope_pos0);
             node->ints[6] = Hq;
             node->ints[7] = Hkv;
-            anneal_node_save(node, qc);
+            /* at bf16 on the CPU backward reads q, k, v only as bf16-rounded tile operands */
+            anneal_tensor *c = anneal_ops_bf16_save_ok(qc, o.compute) ? anneal_ops_bf16_save_copy(be, qc) : qc;
+            if (c) anneal_node_save(node, c);
             anneal_node_save(node, out);
             anneal_node_save(node, lse);
+            if (node->n_saved != 3) s = anneal_last_status();
         }
     }
     anneal_scope_leave();

@@ -87,7 +87,38 @@ static anneal_tensor *act_backward(anneal_node *node, const anneal_backend *be, 
     return dpre;
 }
 
-/* Saved: x as a (rows, in) matrix the GEMM reads, w, [pre (R, out), mul (R, out)];
+static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gout, anneal_tensor **gin);
+
+/* x (rows, in) for the dW GEMM from saved[0]: x itself, x widened from its bf16 copy,
+ * or with ints[5] set x = gelu_tanh(saved[0]) recomputed from the pre-activation the
+ * GELU layer before saved (its epilogue's function, so the same bits). */
+static anneal_tensor *saved_x(anneal_node *node, const anneal_backend *be) {
+    anneal_tensor *x2 = node->saved[0];
+    if (!node->ints[5]) return anneal_ops_saved_f32(be, x2); /* saved as bf16: widened, exact */
+    anneal_tensor *x = anneal_ops_new_like(x2);
+    int64_t span_t0 = anneal_span_begin();
+    if (!x || !anneal_ops_kernel("dense", be, ANNEAL_OP_UNARY, ANNEAL_F32) ||
+        anneal_ops_span_end("unary", &span_t0, 0, anneal_ops_span_bytes(x2),
+                            be->unary(be->ctx, ANNEAL_UNARY_GELU_TANH, x, x2, 0.0f)) != ANNEAL_OK)
+        return NULL;
+    return x;
+}
+
+/* When x is the whole output of a GELU dense layer on the CPU (GPT-2's MLP: proj(gelu(fc
+ * x))), that layer's saved pre-activation (R, in), from which backward recomputes x: the
+ * layer saves pre in f32 anyway, so this one saves no bytes of its own. NULL otherwise. */
+static anneal_tensor *gelu_source(const anneal_tensor *x, int64_t R, int64_t n_in) {
+    const anneal_node *p = x->grad_fn;
+    if (!anneal_ops_gelu_resave_on() || x->device != ANNEAL_CPU || !p || p->backward != dense_backward ||
+        p->released || x->grad_fn_output != 0 || p->ints[1] != ANNEAL_ACT_GELU_TANH || p->n_saved < 3)
+        return NULL;
+    anneal_tensor *pre = p->saved[2];
+    return pre->ndim == 2 && pre->shape[0] == R && pre->shape[1] == n_in && anneal_is_contiguous(pre) ? pre : NULL;
+}
+
+/* Saved: x as a (rows, in) matrix the GEMM reads (at bf16 compute on the CPU its bf16
+ * rounding, saved_bf16.c, unless opts.x_kept_f32; or, ints[5] = 1, the pre-activation x
+ * is gelu_tanh of, see gelu_source), w, [pre (R, out), mul (R, out)];
  * ints[0]: w is (out, in); ints[1]: the activation; ints[2]: compute; ints[3]: index
  * of the bias input (-1: none); ints[4]: index of the mul input (-1: none). */
 static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gout, anneal_tensor **gin) {
@@ -116,6 +147,7 @@ static anneal_status dense_backward(anneal_node *node, anneal_tensor *const *gou
     }
     bool want_db = ib >= 0 && anneal_node_input_needs_grad(node, ib);
     if (anneal_node_input_needs_grad(node, 1)) {
+        if (!(x2 = saved_x(node, be))) return anneal_last_status();
         anneal_tensor *dw = anneal_empty_on(dy->device, ANNEAL_F32, 2, w->shape);
         anneal_tensor *l = out_in ? anneal_ops_mT(dpre) : anneal_ops_mT(x2), *r = out_in ? x2 : dpre;
         if (!dw || !l) return anneal_last_status();
@@ -266,7 +298,14 @@ anneal_tensor *anneal_dense(anneal_tensor *x, anneal_tensor *w, anneal_tensor *b
             node->ints[2] = o.compute;
             node->ints[3] = ib;
             node->ints[4] = im;
-            anneal_node_save(node, x2);
+            /* x = gelu(pre) of the layer before: its pre (saved there anyway); else at bf16
+             * compute x is read only as a bf16-rounded operand of the dW GEMM */
+            anneal_tensor *gp = anneal_node_input_needs_grad(node, 1) ? gelu_source(x, R, n_in) : NULL;
+            bool x_bf16 = !gp && !o.x_kept_f32 && anneal_node_input_needs_grad(node, 1) &&
+                          anneal_ops_bf16_save_ok(x2, o.compute);
+            anneal_tensor *xs = gp ? gp : x_bf16 ? anneal_ops_bf16_save_copy(be, x2) : x2;
+            node->ints[5] = gp != NULL;
+            if (xs) anneal_node_save(node, xs);
             anneal_node_save(node, w_bf16 ? w : wc); /* bf16: converted again in backward, not kept as f32 */
             if (pre) anneal_node_save(node, pre);
             if (mul2) anneal_node_save(node, mul2);

@@ -85,6 +85,23 @@ bool anneal_ops_check_compute(const char *op, anneal_dtype compute);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
 
+/* ---- saved activations in bf16 (saved_bf16.c) ---- */
+
+/* True when an op computing at `compute` may save activation t as its bf16 copy: bf16
+ * compute on the CPU (whose products round operands to bf16 exactly as the copy does),
+ * f32 t, grad mode on, and the test switch on. */
+bool anneal_ops_bf16_save_ok(const anneal_tensor *t, anneal_dtype compute);
+/* t rounded to bf16 (nearest even) in t's layout when dense, else contiguous; current scope. */
+anneal_tensor *anneal_ops_bf16_save_copy(const anneal_backend *be, anneal_tensor *t);
+/* A saved tensor as f32: t itself when f32, else widened (exact) in its layout. */
+anneal_tensor *anneal_ops_saved_f32(const anneal_backend *be, anneal_tensor *t);
+/* Test switch: false makes every op save f32 as before (default true). */
+void anneal_ops_bf16_saves_set(bool on);
+/* Test switch for dense.c's gelu_source: false saves the input of a dense layer after a
+ * GELU one as before (default true); and its state. */
+void anneal_ops_gelu_resave_set(bool on);
+bool anneal_ops_gelu_resave_on(void);
+
 /* ---- profiler spans around backend kernels (include/anneal/trace.h) ---- */
 
 /* Records the op span begun at *t0 (0: not recording) with its work, restarts *t0 at
