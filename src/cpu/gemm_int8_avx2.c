@@ -125,6 +125,70 @@ AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0,
     }
 }
 
+/* ------------------------------------------------ many rows, fused epilogue */
+
+/* Rows m .. m + R - 1 of xq by weight rows n .. n + C - 1 (R 1 to 3, C 1 or 2, constants)
+ * into y with the epilogue: the sign trick of qrows_row, 32 values of K a step (R * C
+ * int32 accumulators, the weight vectors and their magnitudes in registers), the tail in
+ * scalar code. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qgemm_tile(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         const int R, int64_t n, const int C) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)31;
+    const int8_t *a[3], *b[2];
+    for (int i = 0; i < R; i++) a[i] = q->xq + (m + i) * K;
+    for (int j = 0; j < C; j++) b[j] = q->w + (n + j) * K;
+    __m256i acc[3][2];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kfull; k += 32) {
+        __m256i bv[2], ub[2];
+        for (int j = 0; j < C; j++) {
+            bv[j] = _mm256_loadu_si256((const __m256i *)(b[j] + k));
+            ub[j] = _mm256_sign_epi8(bv[j], bv[j]);
+        }
+        for (int i = 0; i < R; i++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(a[i] + k));
+            for (int j = 0; j < C; j++) {
+                const __m256i p = _mm256_maddubs_epi16(ub[j], _mm256_sign_epi8(av, bv[j]));
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            int32_t s = hsum8(acc[i][j]);
+            for (int64_t kk = kfull; kk < K; kk++) s += (int32_t)a[i][kk] * (int32_t)b[j][kk];
+            const int64_t mm = m + i, nn = n + j;
+            q->y[mm * q->N + nn] = (float)s * (q->sx[mm] * q->wscale[nn]) + (q->bias ? q->bias[nn] : 0.0f);
+        }
+}
+
+/* Rows [m, m + R) (R 1 to 3, a constant) by weight rows [n0, n1), two at a time. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qgemm_rows(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         const int R, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) qgemm_tile(q, m, R, n, 2);
+    if (n < n1) qgemm_tile(q, m, R, n, 1);
+}
+
+/* See gemm_int8_internal.h. Weight rows in blocks of about 128 KiB (kept in L2), and for
+ * each block every 3 rows of xq [m0, m1) (kept in L1) against the block's rows two at a
+ * time (3 x 2 tiles: 4 x 2 ones spill accumulators on AVX2's 16 registers). */
+AVX2_TARGET void anneal_qgemm_s8_avx2(const anneal_qrows_s8_args *q, int64_t m0, int64_t m1) {
+    int64_t nb = (int64_t)(128 * 1024) / (q->K > 0 ? q->K : 1);
+    nb = nb < 2 ? 2 : nb & ~(int64_t)1;
+    for (int64_t n0 = 0; n0 < q->N; n0 += nb) {
+        const int64_t n1 = n0 + nb < q->N ? n0 + nb : q->N;
+        int64_t m = m0;
+        for (; m + 3 <= m1; m += 3) qgemm_rows(q, m, 3, n0, n1);
+        switch (m1 - m) {
+        case 2: qgemm_rows(q, m, 2, n0, n1); break;
+        case 1: qgemm_rows(q, m, 1, n0, n1); break;
+        default: break;
+        }
+    }
+}
+
 /* See gemm_int8_internal.h. */
 AVX2_TARGET void anneal_quantize_row_s8_avx2(int64_t K, const float *x, float fixed, int8_t *q, float *scale) {
     float s = fixed;
