@@ -104,15 +104,24 @@ static engine *engine_get(anneal_model *m, anneal_kv_cache *kv) {
     return e;
 }
 
-/* dst (out, in) = src (in, out) transposed, rounded to bf16 (anneal_f32_to_bf16), in
- * 32 x 32 tiles. */
+/* f to bf16 as anneal_f32_to_bf16 (round to nearest even, NaNs quieted), inline for the
+ * transposing copy below. */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* dst (out, in) = src (in, out) transposed, rounded to bf16, in 32 x 32 tiles. */
 static void transpose_to_bf16(const float *src, int64_t in, int64_t out, uint16_t *dst) {
     enum { TB = 32 };
 #pragma omp parallel for schedule(static) if (in * out >= (1 << 20))
     for (int64_t j0 = 0; j0 < out; j0 += TB)
         for (int64_t k0 = 0; k0 < in; k0 += TB)
             for (int64_t j = j0; j < j0 + TB && j < out; j++)
-                for (int64_t k = k0; k < k0 + TB && k < in; k++) dst[j * in + k] = anneal_f32_to_bf16(src[k * out + j]);
+                for (int64_t k = k0; k < k0 + TB && k < in; k++) dst[j * in + k] = bf16_of(src[k * out + j]);
 }
 
 /* The bf16 copy of f32 matrix w (made on first use), always in (out, in) layout: the
