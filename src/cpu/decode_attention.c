@@ -172,8 +172,12 @@ DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t i, int64
     const size_t es = DT == ANNEAL_F32 ? 4 : DT == ANNEAL_BF16 ? 2 : 1;
     const char *kc = (const char *)a->kc + (size_t)(base * D) * es, *vc = (const char *)a->vc + (size_t)(base * D) * es;
     const float scale = 1.0f / sqrtf((float)D);
+    const size_t rowb = (size_t)D * es; /* bytes of one cached position */
     int64_t p = 0;
     for (; p + 4 <= L; p += 4) {
+        /* the values of these positions into L2 while the keys are scored: the value pass
+         * then reads from L2 instead of starting a second stream from memory */
+        for (size_t off = 0; off < 4 * rowb; off += 64) _mm_prefetch(vc + (size_t)p * rowb + off, _MM_HINT_T1);
         __m256 acc[4];
         for (int u = 0; u < 4; u++) acc[u] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) {
