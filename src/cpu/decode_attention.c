@@ -162,7 +162,8 @@ DA_AVX2 DA_INLINE __m128 da_hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
  * every call): scores 4 positions at a time (4 independent accumulators per dimension
  * chunk, summed together), exp and the sum in position order, then the weighted values
  * with the output row held in registers, 64 dimensions (8 vectors) at a time. */
-DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t i, int64_t h, const anneal_dtype DT) {
+DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t it, int64_t next, const anneal_dtype DT) {
+    const int64_t i = it / a->Hq, h = it % a->Hq;
     const int64_t D = a->D, M = a->max_len, L = a->pos[i] + 1;
     const int64_t kvh = h / (a->Hq / a->Hkv);
     const int64_t base = (a->slots[i] * a->Hkv + kvh) * M;
@@ -203,11 +204,22 @@ DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t i, int64
         sum += sc[p];
     }
     const float inv = 1.0f / sum;
+    /* the keys of the thread's next item (next >= 0) into L2 while the values are read,
+     * one position's row per position here: its score pass then starts from L2 */
+    const char *nk = NULL;
+    int64_t nL = 0;
+    if (next >= 0) {
+        const int64_t i2 = next / a->Hq, h2 = next % a->Hq;
+        nk = (const char *)a->kc + (size_t)(((a->slots[i2] * a->Hkv + h2 / (a->Hq / a->Hkv)) * M) * D) * es;
+        nL = a->pos[i2] + 1;
+    }
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int nv = (int)((D - d0 < 64 ? D - d0 : 64) / 8);
         __m256 acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
         for (p = 0; p < L; p++) {
+            if (d0 == 0 && p < nL)
+                for (size_t off = 0; off < rowb; off += 64) _mm_prefetch(nk + (size_t)p * rowb + off, _MM_HINT_T1);
             float wp = sc[p] * inv;
             if (DT == ANNEAL_I8) wp *= a->v_scale[base + p];
             const __m256 w = _mm256_set1_ps(wp);
@@ -220,14 +232,15 @@ DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t i, int64
     }
 }
 
-DA_AVX2 static void attend_avx2_f32(const anneal_decode_attn *a, int64_t i, int64_t h) {
-    attend_avx2(a, i, h, ANNEAL_F32);
+/* Work item `it` (row it / Hq, head it % Hq); `next`: the thread's next item, or -1. */
+DA_AVX2 static void attend_avx2_f32(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_F32);
 }
-DA_AVX2 static void attend_avx2_bf16(const anneal_decode_attn *a, int64_t i, int64_t h) {
-    attend_avx2(a, i, h, ANNEAL_BF16);
+DA_AVX2 static void attend_avx2_bf16(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_BF16);
 }
-DA_AVX2 static void attend_avx2_i8(const anneal_decode_attn *a, int64_t i, int64_t h) {
-    attend_avx2(a, i, h, ANNEAL_I8);
+DA_AVX2 static void attend_avx2_i8(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_I8);
 }
 
 /* True when this call takes the AVX2 kernels: D a multiple of 8, the CPU has AVX2 + FMA
@@ -262,8 +275,13 @@ void anneal_decode_attention(const anneal_decode_attn *a) {
         void (*fn)(const anneal_decode_attn *, int64_t, int64_t) = a->dtype == ANNEAL_F32    ? attend_avx2_f32
                                                                    : a->dtype == ANNEAL_BF16 ? attend_avx2_bf16
                                                                                              : attend_avx2_i8;
-#pragma omp parallel for schedule(static) if (items > 1 && work >= 32768)
-        for (int64_t it = 0; it < items; it++) fn(a, it / a->Hq, it % a->Hq);
+        /* each thread a contiguous range of items (it prefetches its next item's keys) */
+#pragma omp parallel if (items > 1 && work >= 32768)
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t i0 = items * t / nt, i1 = items * (t + 1) / nt;
+            for (int64_t it = i0; it < i1; it++) fn(a, it, it + 1 < i1 ? it + 1 : -1);
+        }
         return;
     }
 #endif
