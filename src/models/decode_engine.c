@@ -126,7 +126,7 @@ static void transpose_to_bf16(const float *src, int64_t in, int64_t out, uint16_
 
 /* The bf16 copy of f32 matrix w (made on first use), always in (out, in) layout: the
  * W (out, in) kernel walks the weight as one linear stream, which a (in, out) matrix
- * read by column ranges is not (about 1.3x the decode step time on Zen 3); false when
+ * read by column ranges is not (the bf16 decode step took about 1.5x as long on Zen 3); false when
  * out of memory. */
 static bool to_bf16(engine *e, anneal_gemv_weight *w) {
     if (w->dtype == ANNEAL_I8) w->qcompute = ANNEAL_BF16; /* weight-only rounds x, as the tensor path */
