@@ -161,6 +161,7 @@ def main():
     if a.tiny:
         a.prompt_len, a.gen = min(a.prompt_len, 64), min(a.gen, 16)
     rows, notes = [], []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="anneal_decode_") as d:
         src = ["--model", a.model] if a.model else ["--ckpt", make_tiny_run(a, d) if a.tiny else a.ckpt]
         hf = os.path.join(d, "hf")
@@ -193,7 +194,9 @@ def main():
                 rows.append(r)
             else:
                 notes.append(f"llama.cpp: skipped: {err}")
-    print(f"decode benchmark: prompt {a.prompt_len} x batch {a.batch}, {a.gen} steps, {a.threads} threads")
+    load1 = os.getloadavg()
+    print(f"decode benchmark: prompt {a.prompt_len} x batch {a.batch}, {a.gen} steps, {a.threads} threads; "
+          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after (above ~1 the figures are noise)")
     print(f"{'engine':34s} {'prompt tok/s':>13s} {'decode tok/s':>13s} {'ms/token':>9s} {'peak RSS MiB':>13s}")
     for r in rows:
         print(f"{r['engine']:34s} {r['prompt_tok_s']:13.1f} {r['decode_tok_s']:13.1f} "
@@ -208,7 +211,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "notes": notes, "prompt_len": a.prompt_len, "gen": a.gen,
-                       "threads": a.threads, "batch": a.batch}, f, indent=1)
+                       "threads": a.threads, "batch": a.batch, "load_before": load0[0], "load_after": load1[0]},
+                      f, indent=1)
     return 0
 
 

@@ -8,9 +8,11 @@
  * scores against positions [0, p] into a scratch row, the softmax (max subtracted, f32
  * exp sums in position order) and the weighted sum of the values. Work items are
  * (row, head) pairs split between the OpenMP threads; each output is computed by one
- * item, so the bits do not depend on the thread count. The dot products and the value
- * accumulation are plain loops that GCC vectorizes, compiled twice (AVX-512 and the
- * baseline) and picked at load time. */
+ * item, so the bits do not depend on the thread count. With AVX2 + FMA and D a multiple
+ * of 8, explicit kernels (attend_avx2: 4 positions' scores at a time, the output row in
+ * registers); otherwise the dot products and the value accumulation are plain loops
+ * that GCC vectorizes, compiled twice (AVX-512 and the baseline) and picked at load
+ * time. */
 #include "anneal/decode_kernels.h"
 #include "cpu/cpu_kernels.h"
 
@@ -134,6 +136,122 @@ static void attend(const anneal_decode_attn *a, int64_t i, int64_t h) {
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DA_AVX2 __attribute__((target("avx2,fma")))
+#define DA_INLINE static inline __attribute__((always_inline))
+
+/* 8 cache values at p (element i of 8) widened to f32: f32, bf16 (bits shifted up,
+ * exact) or int8 (exact). */
+DA_AVX2 DA_INLINE __m256 da_load8(const void *p, int64_t i, anneal_dtype dt) {
+    if (dt == ANNEAL_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    if (dt == ANNEAL_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + i))));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* The 8-lane sums of a, b, c, d as 4 floats (lanes 0..3). */
+DA_AVX2 DA_INLINE __m128 da_hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d), t = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* attend() in AVX2 + FMA for D a multiple of 8 (DT: the cache's dtype, a constant at
+ * every call): scores 4 positions at a time (4 independent accumulators per dimension
+ * chunk, summed together), exp and the sum in position order, then the weighted values
+ * with the output row held in registers, 64 dimensions (8 vectors) at a time. */
+DA_AVX2 DA_INLINE void attend_avx2(const anneal_decode_attn *a, int64_t it, int64_t next, const anneal_dtype DT) {
+    const int64_t i = it / a->Hq, h = it % a->Hq;
+    const int64_t D = a->D, M = a->max_len, L = a->pos[i] + 1;
+    const int64_t kvh = h / (a->Hq / a->Hkv);
+    const int64_t base = (a->slots[i] * a->Hkv + kvh) * M;
+    const float *q = a->q + i * a->ld_qkv + h * D;
+    float *sc = a->scratch + (i * a->Hq + h) * M;
+    float *o = a->out + i * a->ld_out + h * D;
+    const size_t es = DT == ANNEAL_F32 ? 4 : DT == ANNEAL_BF16 ? 2 : 1;
+    const char *kc = (const char *)a->kc + (size_t)(base * D) * es, *vc = (const char *)a->vc + (size_t)(base * D) * es;
+    const float scale = 1.0f / sqrtf((float)D);
+    const size_t rowb = (size_t)D * es; /* bytes of one cached position */
+    int64_t p = 0;
+    for (; p + 4 <= L; p += 4) {
+        /* the values of these positions into L2 while the keys are scored: the value pass
+         * then reads from L2 instead of starting a second stream from memory */
+        for (size_t off = 0; off < 4 * rowb; off += 64) _mm_prefetch(vc + (size_t)p * rowb + off, _MM_HINT_T1);
+        __m256 acc[4];
+        for (int u = 0; u < 4; u++) acc[u] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            for (int u = 0; u < 4; u++) acc[u] = _mm256_fmadd_ps(qv, da_load8(kc, (p + u) * D + d, DT), acc[u]);
+        }
+        __m128 s4 = da_hsum4(acc[0], acc[1], acc[2], acc[3]);
+        if (DT == ANNEAL_I8) s4 = _mm_mul_ps(s4, _mm_loadu_ps(a->k_scale + base + p));
+        _mm_storeu_ps(sc + p, _mm_mul_ps(s4, _mm_set1_ps(scale)));
+    }
+    for (; p < L; p++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), da_load8(kc, p * D + d, DT), acc);
+        float s = _mm_cvtss_f32(da_hsum4(acc, acc, acc, acc));
+        if (DT == ANNEAL_I8) s *= a->k_scale[base + p];
+        sc[p] = s * scale;
+    }
+    float mx = -INFINITY;
+    for (p = 0; p < L; p++) mx = sc[p] > mx ? sc[p] : mx;
+    float sum = 0.0f;
+    for (p = 0; p < L; p++) {
+        sc[p] = expf(sc[p] - mx);
+        sum += sc[p];
+    }
+    const float inv = 1.0f / sum;
+    /* the keys of the thread's next item (next >= 0) into L2 while the values are read,
+     * one position's row per position here: its score pass then starts from L2 */
+    const char *nk = NULL;
+    int64_t nL = 0;
+    if (next >= 0) {
+        const int64_t i2 = next / a->Hq, h2 = next % a->Hq;
+        nk = (const char *)a->kc + (size_t)(((a->slots[i2] * a->Hkv + h2 / (a->Hq / a->Hkv)) * M) * D) * es;
+        nL = a->pos[i2] + 1;
+    }
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int nv = (int)((D - d0 < 64 ? D - d0 : 64) / 8);
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (p = 0; p < L; p++) {
+            if (d0 == 0 && p < nL)
+                for (size_t off = 0; off < rowb; off += 64) _mm_prefetch(nk + (size_t)p * rowb + off, _MM_HINT_T1);
+            float wp = sc[p] * inv;
+            if (DT == ANNEAL_I8) wp *= a->v_scale[base + p];
+            const __m256 w = _mm256_set1_ps(wp);
+            if (nv == 8) /* the common head sizes (64, 128): a fixed count the compiler unrolls */
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(w, da_load8(vc, p * D + d0 + 8 * c, DT), acc[c]);
+            else
+                for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(w, da_load8(vc, p * D + d0 + 8 * c, DT), acc[c]);
+        }
+        for (int c = 0; c < nv; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+    }
+}
+
+/* Work item `it` (row it / Hq, head it % Hq); `next`: the thread's next item, or -1. */
+DA_AVX2 static void attend_avx2_f32(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_F32);
+}
+DA_AVX2 static void attend_avx2_bf16(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_BF16);
+}
+DA_AVX2 static void attend_avx2_i8(const anneal_decode_attn *a, int64_t it, int64_t next) {
+    attend_avx2(a, it, next, ANNEAL_I8);
+}
+
+/* True when this call takes the AVX2 kernels: D a multiple of 8, the CPU has AVX2 + FMA
+ * and the ISA limit (anneal_cpu_isa_limit, read at every call) allows them. */
+static bool use_avx2(const anneal_decode_attn *a) {
+    static int has = -1;
+    if (has < 0) has = anneal_cpu_has_avx2() && __builtin_cpu_supports("fma");
+    return has && a->D % 8 == 0 && anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX2;
+}
+#endif
+
 void anneal_decode_attention(const anneal_decode_attn *a) {
     if (!a || a->n <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->D <= 0) return;
     const int64_t D = a->D, Hkv = a->Hkv, M = a->max_len;
@@ -152,6 +270,21 @@ void anneal_decode_attention(const anneal_decode_attn *a) {
     const int64_t items = a->n * a->Hq;
     int64_t work = 0;
     for (int64_t i = 0; i < a->n; i++) work += (a->pos[i] + 1) * a->Hq * D;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (use_avx2(a)) {
+        void (*fn)(const anneal_decode_attn *, int64_t, int64_t) = a->dtype == ANNEAL_F32    ? attend_avx2_f32
+                                                                   : a->dtype == ANNEAL_BF16 ? attend_avx2_bf16
+                                                                                             : attend_avx2_i8;
+        /* each thread a contiguous range of items (it prefetches its next item's keys) */
+#pragma omp parallel if (items > 1 && work >= 32768)
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t i0 = items * t / nt, i1 = items * (t + 1) / nt;
+            for (int64_t it = i0; it < i1; it++) fn(a, it, it + 1 < i1 ? it + 1 : -1);
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static) if (items > 1 && work >= 32768)
     for (int64_t it = 0; it < items; it++) attend(a, it / a->Hq, it % a->Hq);
 }

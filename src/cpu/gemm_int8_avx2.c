@@ -62,46 +62,130 @@ AVX2_TARGET void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, i
 
 /* ------------------------------------------------ few rows, fused epilogue */
 
-/* Rows of A by B rows n .. n + 3 (clamped; R = 1 or 2 rows of A), 32 values of K per
- * step with the sign trick (see anneal_qrows_s8_avx2), into y with the epilogue. */
-AVX2_TARGET static inline __attribute__((always_inline)) void qrows_tile(const anneal_qrows_s8_args *q, int64_t m,
-                                                                         int R, int64_t n, int64_t n1) {
+/* Bytes ahead of the weight row being read that the few-rows kernel prefetches: the
+ * weight is walked in address order (one row after the next), so this is the linear
+ * stream a few rows ahead, which the hardware prefetchers alone start too late for. */
+enum { QROWS_PREFETCH = 1024 };
+
+/* The 32 products xq[k..k+32) * w[k..k+32) of one row of xq pair-summed into acc (int32
+ * lanes), with ub = |w| as u8 and bv = w (the sign trick, see anneal_qrows_s8_avx2). */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256i qdot32(__m256i acc, __m256i ub, __m256i bv,
+                                                                        const int8_t *a) {
+    const __m256i p = _mm256_maddubs_epi16(ub, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), bv));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* R (1 to 4, a constant) rows m .. m + R - 1 of xq by weight row n, into y with the
+ * epilogue; PF: prefetch the weight stream QROWS_PREFETCH bytes ahead (the first pass
+ * over the row). 32 values of K a step, the tail in scalar code. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qrows_row(const anneal_qrows_s8_args *q, int64_t m,
+                                                                        const int R, int64_t n, bool pf) {
     const int64_t K = q->K, kfull = K & ~(int64_t)31;
-    const int8_t *b[4];
-    for (int j = 0; j < 4; j++) b[j] = q->w + (n + j < n1 ? n + j : n1 - 1) * K;
-    const int8_t *a[2] = {q->xq + m * K, q->xq + (m + R - 1) * K};
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[2][4];
+    const int8_t *b = q->w + n * K;
+    const int8_t *a[4];
+    for (int i = 0; i < R; i++) a[i] = q->xq + (m + i) * K;
+    __m256i acc[4];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_si256();
+    int64_t k = 0;
+    if (pf)
+        for (; k + 64 <= kfull; k += 64) {
+            _mm_prefetch((const char *)(b + k + QROWS_PREFETCH), _MM_HINT_T0);
+            for (int h = 0; h < 64; h += 32) {
+                const __m256i bv = _mm256_loadu_si256((const __m256i *)(b + k + h));
+                const __m256i ub = _mm256_sign_epi8(bv, bv); /* |w| as u8 (-128 -> 128) */
+                for (int i = 0; i < R; i++) acc[i] = qdot32(acc[i], ub, bv, a[i] + k + h);
+            }
+        }
+    for (; k < kfull; k += 32) {
+        const __m256i bv = _mm256_loadu_si256((const __m256i *)(b + k));
+        const __m256i ub = _mm256_sign_epi8(bv, bv);
+        for (int i = 0; i < R; i++) acc[i] = qdot32(acc[i], ub, bv, a[i] + k);
+    }
+    const float ws = q->wscale[n], bias = q->bias ? q->bias[n] : 0.0f;
+    for (int i = 0; i < R; i++) {
+        int32_t s = hsum8(acc[i]);
+        for (int64_t kk = kfull; kk < K; kk++) s += (int32_t)a[i][kk] * (int32_t)b[kk];
+        q->y[(m + i) * q->N + n] = (float)s * (q->sx[m + i] * ws) + bias;
+    }
+}
+
+/* See gemm_int8_internal.h. One weight row at a time, in address order (the weight is
+ * streamed once, linearly, prefetched ahead), against every row of xq in groups of 4
+ * (the row stays in L1 for the later groups). */
+AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t m = 0;
+        for (; m + 4 <= q->M; m += 4) qrows_row(q, m, 4, n, m == 0);
+        switch (q->M - m) {
+        case 3: qrows_row(q, m, 3, n, m == 0); break;
+        case 2: qrows_row(q, m, 2, n, m == 0); break;
+        case 1: qrows_row(q, m, 1, n, m == 0); break;
+        default: break;
+        }
+    }
+}
+
+/* ------------------------------------------------ many rows, fused epilogue */
+
+/* Rows m .. m + R - 1 of xq by weight rows n .. n + C - 1 (R 1 to 3, C 1 or 2, constants)
+ * into y with the epilogue: the sign trick of qrows_row, 32 values of K a step (R * C
+ * int32 accumulators, the weight vectors and their magnitudes in registers), the tail in
+ * scalar code. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qgemm_tile(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         const int R, int64_t n, const int C) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)31;
+    const int8_t *a[3], *b[2];
+    for (int i = 0; i < R; i++) a[i] = q->xq + (m + i) * K;
+    for (int j = 0; j < C; j++) b[j] = q->w + (n + j) * K;
+    __m256i acc[3][2];
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
+        for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_si256();
     for (int64_t k = 0; k < kfull; k += 32) {
-        __m256i av[2];
-        for (int i = 0; i < R; i++) av[i] = _mm256_loadu_si256((const __m256i *)(a[i] + k));
-        for (int j = 0; j < 4; j++) {
-            const __m256i bv = _mm256_loadu_si256((const __m256i *)(b[j] + k));
-            const __m256i ub = _mm256_sign_epi8(bv, bv); /* |b| as u8 (-128 -> 128) */
-            for (int i = 0; i < R; i++) {
-                const __m256i p = _mm256_maddubs_epi16(ub, _mm256_sign_epi8(av[i], bv));
-                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, ones));
+        __m256i bv[2], ub[2];
+        for (int j = 0; j < C; j++) {
+            bv[j] = _mm256_loadu_si256((const __m256i *)(b[j] + k));
+            ub[j] = _mm256_sign_epi8(bv[j], bv[j]);
+        }
+        for (int i = 0; i < R; i++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(a[i] + k));
+            for (int j = 0; j < C; j++) {
+                const __m256i p = _mm256_maddubs_epi16(ub[j], _mm256_sign_epi8(av, bv[j]));
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
             }
         }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4 && n + j < n1; j++) {
+        for (int j = 0; j < C; j++) {
             int32_t s = hsum8(acc[i][j]);
-            for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
+            for (int64_t kk = kfull; kk < K; kk++) s += (int32_t)a[i][kk] * (int32_t)b[j][kk];
             const int64_t mm = m + i, nn = n + j;
             q->y[mm * q->N + nn] = (float)s * (q->sx[mm] * q->wscale[nn]) + (q->bias ? q->bias[nn] : 0.0f);
         }
 }
 
-/* See gemm_int8_internal.h. */
-AVX2_TARGET void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n += 4) {
-        const int64_t ne = n + 4 < n1 ? n + 4 : n1;
-        int64_t m = 0;
-        for (; m + 2 <= q->M; m += 2) qrows_tile(q, m, 2, n, ne);
-        if (m < q->M) qrows_tile(q, m, 1, n, ne);
+/* Rows [m, m + R) (R 1 to 3, a constant) by weight rows [n0, n1), two at a time. */
+AVX2_TARGET static inline __attribute__((always_inline)) void qgemm_rows(const anneal_qrows_s8_args *q, int64_t m,
+                                                                         const int R, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) qgemm_tile(q, m, R, n, 2);
+    if (n < n1) qgemm_tile(q, m, R, n, 1);
+}
+
+/* See gemm_int8_internal.h. Weight rows in blocks of about 128 KiB (kept in L2), and for
+ * each block every 3 rows of xq [m0, m1) (kept in L1) against the block's rows two at a
+ * time (3 x 2 tiles: 4 x 2 ones spill accumulators on AVX2's 16 registers). */
+AVX2_TARGET void anneal_qgemm_s8_avx2(const anneal_qrows_s8_args *q, int64_t m0, int64_t m1) {
+    int64_t nb = (int64_t)(128 * 1024) / (q->K > 0 ? q->K : 1);
+    nb = nb < 2 ? 2 : nb & ~(int64_t)1;
+    for (int64_t n0 = 0; n0 < q->N; n0 += nb) {
+        const int64_t n1 = n0 + nb < q->N ? n0 + nb : q->N;
+        int64_t m = m0;
+        for (; m + 3 <= m1; m += 3) qgemm_rows(q, m, 3, n0, n1);
+        switch (m1 - m) {
+        case 2: qgemm_rows(q, m, 2, n0, n1); break;
+        case 1: qgemm_rows(q, m, 1, n0, n1); break;
+        default: break;
+        }
     }
 }
 

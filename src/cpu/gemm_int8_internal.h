@@ -36,8 +36,16 @@ typedef struct anneal_qrows_s8_args {
 /* AVX2: vpmaddubsw on |w| (u8) and xq with w's sign (vpsignb), then vpmaddwd by ones:
  * the int16 pair sums are at most 2 * 128 * 127 = 32512 in magnitude because xq never
  * holds -128, so nothing saturates and the int32 sums are exact (the same bits as the
- * GEMM then the epilogue). Tiles of 2 rows of xq by 4 rows of w, 32 values of K a step. */
+ * GEMM then the epilogue). One weight row at a time in address order (prefetched ahead;
+ * interleaving several rows' short streams ran at half the bandwidth on Zen 3) against
+ * up to 4 rows of xq, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
+
+/* The same product for many rows (prompt processing), rows [m0, m1) of xq by every
+ * weight row: the same sign trick and int32 sums (exact, so the same bits as the GEMM
+ * then the epilogue), tiles of 3 rows of xq by 2 rows of w, the weight in L2-sized blocks.
+ * The caller splits the rows between threads. AVX2. */
+void anneal_qgemm_s8_avx2(const anneal_qrows_s8_args *q, int64_t m0, int64_t m1);
 
 /* One row of K activations to int8 as anneal_cpu_quantize_s8 (fixed <= 0: dynamic,
  * *scale = max(amax / 127, FLT_EPSILON)) or anneal_cpu_quantize_s8_fixed (fixed > 0:

@@ -275,7 +275,11 @@ GEMV_AVX2 GEMV_INLINE void in_out_vec8(const char *rows, size_t ld, int kb, cons
 /* W (in, out), columns [j0, j1): range_in_out in 8-column vectors. */
 GEMV_AVX2 GEMV_INLINE void range_in_out8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
                                          float *y, int64_t ldy, int act, int64_t j0, int64_t j1, const bool BF) {
-    enum { KB = 4, STRIP = 1024, PF = 4 };
+    enum { KB = 4, PF = 4 };
+    /* columns per strip: a thread's whole range of a GPT-2 matrix for one or two rows (a
+     * second short strip would re-walk every row of W for a few hundred bytes each),
+     * 1024 from 4 rows on (the rows' partial sums stay in L1/L2) */
+    const int64_t STRIP = n >= 4 ? 1024 : 4096 / n;
     const size_t es = BF ? 2 : 4;
     const int64_t in = w->in;
     const size_t ld = (size_t)w->out * es;
@@ -330,63 +334,59 @@ GEMV_AVX2 GEMV_INLINE float reduce16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
-/* W (out, in): output rows j0.. (nj of them) for R (1 or 2) rows of x, lanes as the
- * AVX-512 tile (k mod 16 in two 8-lane halves). */
-GEMV_AVX2 GEMV_INLINE void tile_out_in8(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, int R,
-                                        int64_t j0, int nj, int act, const bool BF) {
+/* Bytes ahead of the weight row being read that the W (out, in) AVX2 kernel prefetches:
+ * the rows are walked one after another in address order, so this is the linear stream. */
+enum { OUT_IN_PREFETCH = 1024 };
+
+/* W (out, in): output row j for R (1 or 2, a constant) rows of x, lanes as the AVX-512
+ * tile (k mod 16 in two 8-lane halves). One weight row at a time, in address order,
+ * prefetched ahead: interleaving the 4 rows of an item as short streams ran at half the
+ * memory bandwidth on Zen 3. */
+GEMV_AVX2 GEMV_INLINE void row_out_in8(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, const int R,
+                                       int64_t j, int act, const bool BF) {
     const size_t es = BF ? 2 : 4;
     const int64_t in = w->in, full = in / 16 * 16;
-    const char *wr[OUT_ROWS];
-    for (int j = 0; j < OUT_ROWS; j++)
-        wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)in * es;
-    __m256 lo[2][OUT_ROWS], hi[2][OUT_ROWS];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < OUT_ROWS; j++) lo[r][j] = hi[r][j] = _mm256_setzero_ps();
+    const char *wr = (const char *)w->w + (size_t)j * (size_t)in * es;
+    __m256 lo[2], hi[2];
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < full; k += 16) {
-        __m256 xl[2], xh[2];
-        for (int r = 0; r < R; r++) xl[r] = _mm256_loadu_ps(xr[r] + k), xh[r] = _mm256_loadu_ps(xr[r] + k + 8);
-        for (int j = 0; j < OUT_ROWS; j++) {
-            __m256 wl = loadw8(wr[j] + (size_t)k * es, BF), wh = loadw8(wr[j] + (size_t)(k + 8) * es, BF);
-            for (int r = 0; r < R; r++) {
-                lo[r][j] = _mm256_fmadd_ps(xl[r], wl, lo[r][j]);
-                hi[r][j] = _mm256_fmadd_ps(xh[r], wh, hi[r][j]);
-            }
+        _mm_prefetch(wr + (size_t)k * es + OUT_IN_PREFETCH, _MM_HINT_T0);
+        const __m256 wl = loadw8(wr + (size_t)k * es, BF), wh = loadw8(wr + (size_t)(k + 8) * es, BF);
+        for (int r = 0; r < R; r++) {
+            lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k), wl, lo[r]);
+            hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8), wh, hi[r]);
         }
     }
     if (full < in) {
         const int64_t left = in - full;
-        __m256 xl[2], xh[2];
-        for (int r = 0; r < R; r++) xl[r] = loadx8_m(xr[r] + full, left), xh[r] = loadx8_m(xr[r] + full + 8, left - 8);
-        for (int j = 0; j < OUT_ROWS; j++) {
-            __m256 wl = loadw8_m(wr[j] + (size_t)full * es, BF, left);
-            __m256 wh = left > 8 ? loadw8_m(wr[j] + (size_t)(full + 8) * es, BF, left - 8) : _mm256_setzero_ps();
-            for (int r = 0; r < R; r++) {
-                lo[r][j] = _mm256_fmadd_ps(xl[r], wl, lo[r][j]);
-                hi[r][j] = _mm256_fmadd_ps(xh[r], wh, hi[r][j]);
-            }
+        const __m256 wl = loadw8_m(wr + (size_t)full * es, BF, left);
+        const __m256 wh = left > 8 ? loadw8_m(wr + (size_t)(full + 8) * es, BF, left - 8) : _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            lo[r] = _mm256_fmadd_ps(loadx8_m(xr[r] + full, left), wl, lo[r]);
+            hi[r] = _mm256_fmadd_ps(loadx8_m(xr[r] + full + 8, left - 8), wh, hi[r]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < nj; j++) {
-            float s = reduce16(lo[r][j], hi[r][j]);
-            if (w->bias) s += w->bias[j0 + j];
-            yr[r][j0 + j] = epilogue(s, act);
-        }
+    for (int r = 0; r < R; r++) {
+        float s = reduce16(lo[r], hi[r]);
+        if (w->bias) s += w->bias[j];
+        yr[r][j] = epilogue(s, act);
+    }
 }
 
-/* Work item `it` (4 output rows of W (out, in)) for every row of x, two rows at a time. */
+/* Work item `it` (4 output rows of W (out, in)) for every row of x: row by row of W, each
+ * against the rows of x two at a time (the weight row stays in L1 for the later pairs). */
 GEMV_AVX2 GEMV_INLINE void item_out_in8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
                                         int64_t ldy, int act, int64_t it, const bool BF) {
-    const int64_t j0 = it * OUT_ROWS;
-    const int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
-    for (int64_t r0 = 0; r0 < n; r0 += 2) {
-        const float *xr[2] = {x + r0 * ldx, x + (r0 + 1 < n ? r0 + 1 : r0) * ldx};
-        float *yr[2] = {y + r0 * ldy, y + (r0 + 1 < n ? r0 + 1 : r0) * ldy};
-        if (r0 + 1 < n)
-            tile_out_in8(w, xr, yr, 2, j0, nj, act, BF);
-        else
-            tile_out_in8(w, xr, yr, 1, j0, nj, act, BF);
-    }
+    const int64_t j0 = it * OUT_ROWS, j1 = j0 + OUT_ROWS < w->out ? j0 + OUT_ROWS : w->out;
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t r0 = 0; r0 < n; r0 += 2) {
+            const float *xr[2] = {x + r0 * ldx, x + (r0 + 1 < n ? r0 + 1 : r0) * ldx};
+            float *yr[2] = {y + r0 * ldy, y + (r0 + 1 < n ? r0 + 1 : r0) * ldy};
+            if (r0 + 1 < n)
+                row_out_in8(w, xr, yr, 2, j, act, BF);
+            else
+                row_out_in8(w, xr, yr, 1, j, act, BF);
+        }
 }
 
 GEMV_AVX2 static void item_out_in8_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,

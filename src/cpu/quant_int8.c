@@ -11,9 +11,11 @@
  *   stream the int8 weight once, 4 rows of x per pass (AVX-512, AVX2 + FMA or
  *   portable C); more rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
  * - dynamic: each row of x quantized with its own scale (per token), the exact int8
- *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; up to QROWS_MAX rows on AVX2, one
- *   fused pass (gemm_int8_avx2.c's anneal_qrows_s8_avx2) with the same int32 sums and
- *   the same epilogue, so the same bits.
+ *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; on AVX2 fused passes with the
+ *   same int32 sums and the same epilogue, so the same bits: up to QROWS_MAX rows
+ *   gemm_int8_avx2.c's anneal_qrows_s8_avx2 (the weight streamed once), more rows its
+ *   blocked anneal_qgemm_s8_avx2 (prompt processing), the activations quantized row by
+ *   row in AVX2 in both.
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "cpu_kernels.h"
@@ -203,8 +205,8 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
 
 /* ---------------------------------------------------------------- driver */
 
-/* Rows of x up to which dynamic and static products take the fused few-rows kernel on
- * AVX2 (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the GEMM. */
+/* Rows of x up to which dynamic and static products take the few-rows kernel on AVX2
+ * (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the blocked one. */
 enum { QROWS_MAX = 32 };
 
 int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
@@ -241,8 +243,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         free(xr);
         return 0;
     }
-    /* few rows on AVX2 (decode, serving steps): the fused pass, no int32 workspace */
-    const bool rows = M <= QROWS_MAX && anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
+    /* AVX2: the fused passes, no int32 workspace: few rows (decode, serving steps) stream
+     * the weight once, many rows (prompts) the blocked GEMM */
+    const bool rows = anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
     int8_t *xq = malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
     int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
@@ -251,6 +254,7 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         return -1;
     }
     if (rows) { /* the activations row by row in AVX2 (the same bits as below) */
+#pragma omp parallel for schedule(static) if (M * K > 65536)
         for (int64_t m = 0; m < M; m++) {
             sx[m] = a->act_scale;
             anneal_quantize_row_s8_avx2(K, a->x + m * K, a->mode == ANNEAL_CPU_QUANT_DYNAMIC ? 0.0f : a->act_scale,
@@ -265,9 +269,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     if (rows) {
         anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = a->w, .wscale = a->wscale,
                                   .bias = a->bias, .y = a->y};
-        const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
+        if (M <= QROWS_MAX) {
+            const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
-        for (int64_t b = 0; b < nb; b++) anneal_qrows_s8_avx2(&q, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+            for (int64_t b = 0; b < nb; b++) anneal_qrows_s8_avx2(&q, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+        } else { /* each thread a contiguous range of rows (whole groups of 4) */
+#pragma omp parallel
+            {
+                const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num(), g = (M + 3) / 4;
+                const int64_t r0 = g * t / nt * 4, r1 = g * (t + 1) / nt * 4 < M ? g * (t + 1) / nt * 4 : M;
+                if (r0 < r1) anneal_qgemm_s8_avx2(&q, r0, r1);
+            }
+        }
         free(xq), free(sx);
         return 0;
     }

@@ -194,14 +194,17 @@ TEST(dynamic_and_static_products_follow_their_formula) {
     CHECK(qb[0] == 127 && qb[1] == -127 && qb[2] == 50, "clamp: %d %d %d", qb[0], qb[1], qb[2]);
 }
 
-/* The few-rows fused pass of dynamic products (AVX2: up to 32 rows, vpmaddubsw on |w| and
- * the sign-moved activations) against acc * (sx * sw) + b bit for bit: rows 1 to 33 (33
- * takes the GEMM), K below, at and past the 32-value step with tails, weights of -128
- * and +127 extremes against activations quantized to +-127 (the largest int16 pair sums
- * the kernel can make), on AVX2 forced (skipped without it) and on the default path. */
+/* The fused passes of dynamic products (AVX2: up to 32 rows the few-rows one, more the
+ * blocked one; both vpmaddubsw on |w| and the sign-moved activations) against acc * (sx *
+ * sw) + b bit for bit: rows 1 to 33 and past (every tail of the 3-row groups, odd weight
+ * rows, a weight block boundary at K = 1000: 130 rows per block), K below, at and past the
+ * 32-value step with tails, weights of -128 and +127 extremes against activations
+ * quantized to +-127 (the largest int16 pair sums the kernel can make), on AVX2 forced
+ * (skipped without it) and on the default path. */
 TEST(few_rows_dynamic_product_is_exact_at_extremes) {
-    static const int64_t shapes[][3] = {{1, 50, 768}, {2, 9, 32}, {3, 17, 77}, {4, 64, 31}, {16, 21, 200},
-                                        {17, 5, 96}, {32, 13, 65}, {33, 7, 64}};
+    static const int64_t shapes[][3] = {{1, 50, 768},  {2, 9, 32},    {3, 17, 77},  {4, 64, 31},
+                                        {16, 21, 200}, {17, 5, 96},   {32, 13, 65}, {33, 7, 64},
+                                        {34, 1, 33},   {35, 131, 1000}, {64, 6, 768}, {97, 3, 5}};
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 0 && !anneal_cpu_has_avx2()) {
             printf("  SKIP avx2 forced: the CPU has no AVX2\n");

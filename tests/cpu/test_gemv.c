@@ -105,7 +105,8 @@ TEST(gemv_paths_agree_bitwise) {
         anneal_test_skip("this CPU has neither AVX2 nor AVX-512: one path only");
         return;
     }
-    const int64_t shapes[][2] = {{64, 64}, {77, 133}, {768, 197}, {5, 3}, {130, 64 * 3 + 5}, {33, 1}, {23, 9}};
+    /* {40, 4100}: W (in, out) ranges past one strip of columns (4096 / n, 1024 from n = 4) */
+    const int64_t shapes[][2] = {{64, 64}, {77, 133}, {768, 197}, {5, 3}, {130, 64 * 3 + 5}, {33, 1}, {23, 9}, {40, 4100}};
     uint64_t s = 77;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int64_t n = 1; n <= 5; n += 2)
