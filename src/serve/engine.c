@@ -279,16 +279,26 @@ static void *engine_main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
         /* model work, outside the lock (the jobs stay: only this thread ends them) */
+        double ph[ANNEAL_SERVE_PHASES] = {0}, t0 = now_s(), t1; /* wall seconds by phase (/metrics) */
+        int64_t prefills = 0, prefill_rows = 0;
         for (int i = 0; i < n_admit; i++) {
             anneal_serve_job *j = admit[i];
             anneal_serve_batch_reset(e->batch, j->slot);
             pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
             first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
+            if (pre_status[i] == ANNEAL_OK) prefills++, prefill_rows += j->n_ids;
         }
+        t1 = now_s();
+        ph[0] = t1 - t0;
         anneal_status ds = ANNEAL_OK;
         if (n_step > 0) {
-            if (e->step_delay_ms > 0) nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+            if (e->step_delay_ms > 0) {
+                nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+                t1 = now_s(); /* the test aid's sleep is no phase */
+            }
             ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+            t0 = now_s();
+            ph[1] = t0 - t1;
             /* each row's draw depends only on its logits, sampler and position: rows in
              * parallel give the same ids as one after another */
             if (ds == ANNEAL_OK) {
@@ -299,6 +309,7 @@ static void *engine_main(void *arg) {
             }
         }
         double t = now_s();
+        if (n_step > 0) ph[2] = t - t0;
         char msg[200];
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < n_admit; i++) {
@@ -320,6 +331,8 @@ static void *engine_main(void *arg) {
             if (ds != ANNEAL_OK) finish_locked(e, j, NULL, 500, "server_error", msg);
             else take_token(e, j, sampled[i], t);
         }
+        ph[3] = now_s() - t;
+        anneal_serve_metrics_engine(e->metrics, ds == ANNEAL_OK ? n_step : 0, prefills, prefill_rows, ph);
     }
     pthread_mutex_unlock(&e->mu);
     free(admit);
