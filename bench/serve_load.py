@@ -270,6 +270,24 @@ def malformed(base, n, max_body):
             "not_4xx_with_error_json": len(bad), "samples": bad[:5]}
 
 
+def engine_baseline(args):
+    """`anneal bench decode` at batch 1 and 16 with the server's model, --kv-dtype and
+    --threads: decode steps alone, in this run."""
+    flags = []
+    for name in ("--kv-dtype", "--threads", "--dtype"):
+        if name in args.server_args:
+            flags += [name, args.server_args[args.server_args.index(name) + 1]]
+    out = {}
+    for batch in (1, 16):
+        cmd = [args.bin, "bench", "decode", "--prompt-len", "16", "--gen", "32", "--batch", str(batch), "--json"]
+        cmd += (["--ckpt", args.ckpt] if args.ckpt else ["--model", args.model]) + flags
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out[str(batch)] = json.loads(r.stdout)
+    out["ratio"] = out["16"]["decode_tok_s"] / out["1"]["decode_tok_s"]
+    out["load_average"] = os.getloadavg()[0]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/anneal")
@@ -284,6 +302,9 @@ def main():
     ap.add_argument("--queue", type=int, default=256)
     ap.add_argument("--max-body", type=int, default=1 << 20)
     ap.add_argument("--compare-seconds", type=float, default=20)
+    ap.add_argument("--engine-baseline", action="store_true",
+                    help="after the server stops, time `anneal bench decode` at batch 1 and 16 on the same model "
+                         "(no HTTP, no sampling, no prefills): the decode engine's own 16-vs-1 ratio")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("server_args", nargs="*", help="after --: more flags for anneal serve")
     args = ap.parse_args()
@@ -317,6 +338,8 @@ def main():
         out["alive_after"] = httpx.get(s.base + "/health", timeout=10).status_code == 200
     finally:
         out["exit_code_on_sigterm"] = s.stop()
+    if args.engine_baseline:
+        out["engine_baseline"] = engine_baseline(args)
     L = out["load"]
     print(f"load: {L['streams']} streams for {L['seconds']} s: {L['requests']} requests, {L['errors']} errors, "
           f"{L['tokens_per_s']:.1f} tokens/s; latency p50 {L['latency_p50_s']:.3f} s p99 {L['latency_p99_s']:.3f} s; "
@@ -337,6 +360,12 @@ def main():
               f"({E['prefill_rows']} prompt rows); ms per step: "
               + ", ".join(f"{ph} {E['ms_per_step'][ph]:.2f}" for ph in PHASES))
     print(f"load average after: {out['load_average'][0]:.2f}")
+    if args.engine_baseline:
+        B = out["engine_baseline"]
+        print(f"engine baseline (anneal bench decode, same model and flags): batch 1 {B['1']['decode_tok_s']:.1f} tok/s "
+              f"({B['1']['decode_cpu_ms_per_step']:.1f} CPU ms/step), batch 16 {B['16']['decode_tok_s']:.1f} tok/s "
+              f"({B['16']['decode_cpu_ms_per_step']:.1f} CPU ms/step): {B['ratio']:.2f}x; serve 1 stream / batch 1: "
+              f"{out['one_stream_tokens_per_s'] / B['1']['decode_tok_s']:.2f}; load average {B['load_average']:.2f}")
     print(f"alive after: {out['alive_after']}; exit code on SIGTERM: {out['exit_code_on_sigterm']}")
     if args.json:
         with open(args.json, "w") as f:
