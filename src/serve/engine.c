@@ -16,6 +16,7 @@ struct anneal_serve_engine {
     anneal_serve_metrics *metrics;
     anneal_serve_batch *batch;
     int slots, qcap, step_delay_ms;
+    int threads; /* the creating thread's OpenMP thread count (--threads) */
     int32_t eot, tok_vocab;
     int64_t V, max_len;
     pthread_mutex_t mu;
@@ -234,6 +235,10 @@ static void sweep_locked(anneal_serve_engine *e, double t) {
 
 static void *engine_main(void *arg) {
     anneal_serve_engine *e = arg;
+    /* a new pthread starts from OpenMP's global default, not from the count the creating
+     * thread set (--threads): take that count over, and show it in /metrics */
+    anneal_set_num_threads(e->threads);
+    anneal_serve_metrics_threads(e->metrics, anneal_get_num_threads());
     anneal_serve_job **admit = calloc((size_t)e->slots, sizeof *admit), **step = calloc((size_t)e->slots, sizeof *step);
     int64_t *slot_ids = calloc((size_t)e->slots, sizeof *slot_ids);
     int32_t *ids = calloc((size_t)e->slots, sizeof *ids);
@@ -358,6 +363,7 @@ anneal_serve_engine *anneal_serve_engine_new(anneal_model *m, const anneal_token
     e->slots = cfg->slots;
     e->qcap = cfg->queue > 0 ? cfg->queue : 1;
     e->step_delay_ms = cfg->step_delay_ms;
+    e->threads = anneal_get_num_threads();
     e->eot = anneal_tokenizer_eot(tok);
     e->tok_vocab = anneal_tokenizer_vocab_size(tok);
     e->V = m->cfg.vocab_size;

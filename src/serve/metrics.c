@@ -28,6 +28,7 @@ struct anneal_serve_metrics {
     histogram ttft, tok;
     uint64_t steps, step_rows, prefills, prefill_rows;
     double phase_s[ANNEAL_SERVE_PHASES];
+    int threads;
 };
 
 static const char *const phase_names[ANNEAL_SERVE_PHASES] = {"prefill", "decode", "sample", "text"};
@@ -123,6 +124,13 @@ static void put_histogram(text *t, const char *name, const char *help, const his
         name, (unsigned long long)h->n);
 }
 
+void anneal_serve_metrics_threads(anneal_serve_metrics *m, int threads) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->threads = threads;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void anneal_serve_metrics_engine(anneal_serve_metrics *m, int64_t step_rows, int64_t prefills, int64_t prefill_rows,
                                  const double phase_s[ANNEAL_SERVE_PHASES]) {
     if (!m) return;
@@ -157,6 +165,8 @@ char *anneal_serve_metrics_text(anneal_serve_metrics *m, int queue_depth, int ru
             "# TYPE anneal_serve_running gauge\nanneal_serve_running %d\n", running);
     put(&t, "# HELP anneal_serve_slots Slots (the most requests decoded together).\n"
             "# TYPE anneal_serve_slots gauge\nanneal_serve_slots %d\n", slots);
+    put(&t, "# HELP anneal_serve_threads OpenMP threads of the engine's model work.\n"
+            "# TYPE anneal_serve_threads gauge\nanneal_serve_threads %d\n", m->threads);
     put(&t, "# HELP anneal_serve_decode_steps_total Decode steps run (all running requests together).\n"
             "# TYPE anneal_serve_decode_steps_total counter\nanneal_serve_decode_steps_total %llu\n",
         (unsigned long long)m->steps);

@@ -286,6 +286,8 @@ def check_metrics(args, s):
     pre_rows, prompt = value("anneal_serve_prefill_rows_total"), value("anneal_serve_prompt_tokens_total")
     check("engine counters: prefill rows <= prompt tokens", pre_rows is not None and 0 < pre_rows <= prompt,
           f"{pre_rows} vs {prompt}")
+    check("engine threads: the default (OMP_NUM_THREADS or all cores)", (value("anneal_serve_threads") or 0) >= 1,
+          str(value("anneal_serve_threads")))
     for ph in ["prefill", "decode", "sample", "text"]:
         v = value(f'anneal_serve_engine_seconds_total{{phase="{ph}"}}')
         check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph == "text" or v > 0), str(v))
@@ -324,9 +326,13 @@ def check_load(args, s, seconds):
 def check_limits(args):
     """One slot, a queue of one, slow steps: 429, deadline, disconnect, graceful stop."""
     s = Server(args, ["--slots", "1", "--queue", "1", "--step-delay-ms", "40", "--request-timeout", "2",
-                      "--grace", "0.5"])
+                      "--grace", "0.5", "--threads", "1"])
     c = s.client
     try:
+        # --threads reaches the engine thread (a new pthread starts from OpenMP's default:
+        # OMP_NUM_THREADS=2 under ctest)
+        check("--threads 1: the engine runs 1 OpenMP thread", s.gauge("anneal_serve_threads") == 1,
+              str(s.gauge("anneal_serve_threads")))
         # A holds the slot (streaming), B waits in the queue, C finds the queue full
         a = c.completions.create(model="tiny", prompt="A", max_tokens=200, temperature=1.0, seed=1, stream=True)
         it = iter(a)
