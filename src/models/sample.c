@@ -208,9 +208,13 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
         if (w) {
             weights(logits, V, lmax, inv_t, w);
             total = sum4(w, V);
-        } else {
-            for (int64_t i = 0; i < V; i++)
-                if (valid(logits[i])) total += weight(logits[i], lmax, inv_t);
+        } else { /* sum4's order, each weight computed on the spot */
+            double lane[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t i = 0;
+            for (const int64_t full = V - V % 4; i < full; i++)
+                lane[i % 4] += valid(logits[i]) ? weight(logits[i], lmax, inv_t) : 0.0;
+            total = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+            for (; i < V; i++) total += valid(logits[i]) ? weight(logits[i], lmax, inv_t) : 0.0;
         }
         double target = target_u * total;
         int32_t last = 0;
