@@ -266,9 +266,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = a->w, .wscale = a->wscale,
                                   .bias = a->bias, .y = a->y};
         const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
+        /* 8+ rows (serving steps) are compute-bound: the int16 kernel, same bits, while
+         * the widened rows stay in L1 (K <= 1024: GPT-2 124M's 768-wide products; its
+         * 3072-wide projection ran slower from L2) */
+        int16_t *x16 = M >= 8 && K <= 1024 ? malloc((size_t)(M * K) * sizeof *x16) : NULL;
+        for (int64_t i = 0; x16 && i < M * K; i++) x16[i] = xq[i];
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
-        for (int64_t b = 0; b < nb; b++) anneal_qrows_s8_avx2(&q, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
-        free(xq), free(sx);
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t n1 = b * 16 + 16 < N ? b * 16 + 16 : N;
+            if (x16) anneal_qrows_s8_wide_avx2(&q, x16, b * 16, n1);
+            else anneal_qrows_s8_avx2(&q, b * 16, n1);
+        }
+        free(x16), free(xq), free(sx);
         return 0;
     }
     anneal_cpu_gemm_s8(M, N, K, xq, K, a->w, K, acc, N);
