@@ -269,8 +269,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         /* 8+ rows (serving steps) are compute-bound: the int16 kernel, same bits, while
          * the widened rows stay in L1 (K <= 1024: GPT-2 124M's 768-wide products; its
          * 3072-wide projection ran slower from L2) */
-        int16_t *x16 = M >= 8 && K <= 1024 ? malloc((size_t)(M * K) * sizeof *x16) : NULL;
-        for (int64_t i = 0; x16 && i < M * K; i++) x16[i] = xq[i];
+        const int64_t M4 = (M + 3) & ~(int64_t)3; /* zero rows up to a multiple of 4 */
+        int16_t *x16 = M >= 8 && K <= 1024 ? malloc((size_t)(M4 * K) * sizeof *x16) : NULL;
+        for (int64_t i = 0; x16 && i < M4 * K; i++) x16[i] = i < M * K ? xq[i] : 0;
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
         for (int64_t b = 0; b < nb; b++) {
             const int64_t n1 = b * 16 + 16 < N ? b * 16 + 16 : N;

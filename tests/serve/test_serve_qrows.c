@@ -1,7 +1,7 @@
 /* The int8 product of a serving step (8 or more rows: one per running request) is the
  * per-request product, bit for bit: anneal_qrows_s8_wide_avx2 (int16 kernel) against
  * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
- * tails, M from 8 to 33, weights with -128; and anneal_cpu_qmatmul (dynamic and static)
+ * tails, M from 8 to 33 (8-row and 4-row blocks and the 1-3 rows left), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
  * on 16 rows against each row alone. */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
@@ -19,12 +19,13 @@ static uint32_t next(void) {
 
 TEST(wide_kernel_equals_the_sign_trick_kernel) {
     if (!anneal_cpu_has_avx2()) SKIP("no AVX2");
-    static const int64_t shapes[][3] = {{8, 16, 32},   {16, 37, 768}, {9, 50, 40},  {15, 33, 3072},
-                                        {16, 64, 776}, {24, 17, 17},  {33, 48, 96}, {31, 5, 1}};
+    static const int64_t shapes[][3] = {{8, 16, 32},  {16, 37, 768}, {9, 50, 40},   {15, 33, 3072},
+                                        {12, 20, 64}, {15, 19, 768}, {14, 3, 48},   {16, 64, 776},
+                                        {24, 17, 17}, {33, 48, 96},  {31, 5, 1}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K));
-        int16_t *x16 = malloc((size_t)(M * K) * sizeof *x16);
+        int16_t *x16 = calloc((size_t)(((M + 3) & ~3) * K), sizeof *x16); /* zero rows to a multiple of 4 */
         float *sx = malloc((size_t)M * sizeof *sx), *ws = malloc((size_t)N * sizeof *ws), *bias = malloc((size_t)N * 4);
         float *y0 = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(M * N) * 4);
         REQUIRE(xq && w && x16 && sx && ws && bias && y0 && y1);
