@@ -38,7 +38,7 @@ typedef struct anneal_qrows_s8_args {
  * holds -128, so nothing saturates and the int32 sums are exact (the same bits as the
  * GEMM then the epilogue). Tiles of 2 rows of xq by 4 rows of w, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
-/* The same product and bits for M >= 8 (qrows_wide_avx2.c): x16 = xq widened to int16,
+/* The same product and bits for any M (qrows_wide_avx2.c; the driver uses it from 2 rows): x16 = xq widened to int16,
  * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row
  * with vpmaddwd. AVX2. */
 void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1);

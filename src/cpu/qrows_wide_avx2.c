@@ -1,6 +1,6 @@
-/* The few-rows quantized product for 8 or more rows on AVX2 (serving steps: one row per
- * running request): the same sums and epilogue as anneal_qrows_s8_avx2, faster once
- * the product is compute-bound. The activations are widened to int16 once per call
+/* The few-rows quantized product for 2 or more rows on AVX2 (serving steps: one row per
+ * running request; short prompts): the same sums and epilogue as anneal_qrows_s8_avx2,
+ * faster. The activations are widened to int16 once per call
  * (the caller's x16); each weight row is widened as it is read (vpmovsxbw, about one
  * per cycle on Zen 3) and multiplied into 8 rows of x16 with vpmaddwd (two per cycle):
  * one widening per 8 multiplies, where the sign trick of anneal_qrows_s8_avx2 spends

@@ -1,7 +1,7 @@
 /* The int8 product of a serving step (8 or more rows: one per running request) is the
  * per-request product, bit for bit: anneal_qrows_s8_wide_avx2 (int16 kernel) against
  * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
- * tails, M from 8 to 33 (8-row and 4-row blocks and the 1-3 rows left), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
+ * tails, M from 1 to 33 (8-row and 4-row blocks, the last over zero padding), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
  * on 16 rows against each row alone. */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
@@ -21,7 +21,8 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
     if (!anneal_cpu_has_avx2()) SKIP("no AVX2");
     static const int64_t shapes[][3] = {{8, 16, 32},  {16, 37, 768}, {9, 50, 40},   {15, 33, 3072},
                                         {12, 20, 64}, {15, 19, 768}, {14, 3, 48},   {16, 64, 776},
-                                        {24, 17, 17}, {33, 48, 96},  {31, 5, 1}};
+                                        {24, 17, 17}, {33, 48, 96},  {31, 5, 1},    {2, 40, 768},
+                                        {3, 21, 50},  {5, 16, 768},  {1, 9, 768}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K));
@@ -50,9 +51,9 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
 }
 
 TEST(sixteen_rows_equal_each_row_alone) {
-    const int64_t M = 16, N = 200, K = 768;
+    const int64_t M = 16, N = 200, K = 768; /* the first 3 rows also as a product of their own */
     float *x = malloc((size_t)(M * K) * 4), *wscale = malloc((size_t)N * 4), *bias = malloc((size_t)N * 4);
-    float *y = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)N * 4);
+    float *y = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(3 * N) * 4);
     int8_t *w = malloc((size_t)(N * K));
     REQUIRE(x && wscale && bias && y && y1 && w);
     for (int64_t i = 0; i < M * K; i++) x[i] = ((float)(next() % 20001) - 10000.0f) * 1e-4f;
@@ -73,6 +74,11 @@ TEST(sixteen_rows_equal_each_row_alone) {
             bad += memcmp(y1, y + m * N, (size_t)N * 4) != 0;
         }
         CHECK(bad == 0, "mode %d: %d of 16 rows differ from the row alone", modes[mi], bad);
+        anneal_cpu_qmatmul_args three = a;
+        three.M = 3;
+        three.y = y1;
+        REQUIRE(anneal_cpu_qmatmul(&three) == 0);
+        CHECK(!memcmp(y1, y, (size_t)(3 * N) * 4), "mode %d: 3 rows differ from the same rows of 16", modes[mi]);
     }
     free(x), free(wscale), free(bias), free(y), free(y1), free(w);
 }
