@@ -40,6 +40,10 @@ typedef struct anneal_qrows_s8_args {
  * interleaving several rows' short streams ran at half the bandwidth on Zen 3) against
  * up to 4 rows of xq, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
+/* The same product and bits for any M (qrows_wide_avx2.c; the driver uses it from 2 rows): x16 = xq widened to int16,
+ * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row
+ * with vpmaddwd. AVX2. */
+void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1);
 
 /* The same product for many rows (prompt processing), rows [m0, m1) of xq by every
  * weight row: the same sign trick and int32 sums (exact, so the same bits as the GEMM

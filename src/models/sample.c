@@ -9,6 +9,41 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The whole-vocabulary weight loop compiled for AVX2 and the baseline, picked at load
+ * time; C11 mode keeps -ffp-contract=off, so both clones give the same bits. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define SAMPLE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SAMPLE_CLONES
+#endif
+
+/* exp(x) for finite x <= 0 in plain IEEE double operations (so the loop below
+ * vectorizes and every ISA gives the same bits), within a few ulp of libm: x = k ln2 + r
+ * with |r| <= ln2 / 2 (k by the 1.5 * 2^52 rounding shift, ln2 split so k * ln2_hi is
+ * exact), a degree-13 Taylor polynomial in r, times 2^k built from k's bits. Below -708
+ * (exp under 2^-1021, nothing next to a weight sum of at least 1) it is 0. */
+static inline __attribute__((always_inline)) double exp_nonpos(double x) {
+    const double shift = 0x1.8p52, ln2_hi = 0x1.62e42fee00000p-1, ln2_lo = 0x1.a39ef35793c76p-33;
+    const bool tiny = x < -708.0;
+    const double xc = tiny ? -708.0 : x;
+    const double kd = xc * 0x1.71547652b82fep0 + shift;
+    uint64_t kb, sb;
+    memcpy(&kb, &kd, sizeof kb);
+    const double k = kd - shift, r = (xc - k * ln2_hi) - k * ln2_lo;
+    double p = 1.0 / 6227020800.0; /* 1 / 13! */
+    static const double inv_fact[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                        1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                        1.0 / 24.0,        1.0 / 6.0,        0.5,             1.0,
+                                        1.0};
+#pragma GCC unroll 13
+    for (int i = 0; i < 13; i++) p = p * r + inv_fact[i];
+    sb = (kb - 0x4338000000000000ull + 1023u) << 52; /* kb's low bits hold k: 2^k */
+    double scale;
+    memcpy(&scale, &sb, sizeof scale);
+    return tiny ? 0.0 : p * scale;
+}
 
 typedef struct cand {
     float logit;
@@ -74,6 +109,75 @@ static int64_t candidates(const float *x, int64_t V, int64_t k, cand *c) {
     return n;
 }
 
+/* The unnormalised weight exp((logit - max) / T) of a valid logit. */
+static inline __attribute__((always_inline)) double weight(float l, double lmax, double inv_t) {
+    return exp_nonpos(((double)clamp_inf(l) - lmax) * inv_t);
+}
+
+/* Four doubles, four 64-bit integers, four floats: GNU C vectors, lowered to one AVX2
+ * register or two SSE2 ones; lane-wise IEEE operations, the same bits either way. */
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4i __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* Lane-wise m ? a : b (m: all ones or all zeros per lane). */
+#define SEL(m, a, b) ((v4d)(((v4i)(a) & (m)) | ((v4i)(b) & ~(m))))
+
+/* *y = exp_nonpos of the four lanes of *x: the same operations, selects by lane masks
+ * (vectors pass by pointer: their by-value ABI differs with and without AVX). */
+static inline __attribute__((always_inline)) void exp_nonpos4(const v4d *x, v4d *y) {
+    const v4d shift = {0x1.8p52, 0x1.8p52, 0x1.8p52, 0x1.8p52}, lo = {-708.0, -708.0, -708.0, -708.0};
+    const v4i tiny = *x < lo;
+    const v4d xc = SEL(tiny, lo, *x);
+    const v4d kd = xc * 0x1.71547652b82fep0 + shift;
+    const v4d k = kd - shift, r = (xc - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
+    static const double inv_fact[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                        1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                        1.0 / 24.0,        1.0 / 6.0,        0.5,             1.0,
+                                        1.0};
+    v4d p = r * 0.0 + 1.0 / 6227020800.0;
+#pragma GCC unroll 13
+    for (int i = 0; i < 13; i++) p = p * r + inv_fact[i];
+    const v4i sb = ((v4i)kd - 0x4338000000000000ll + 1023) << 52;
+    const v4d e = p * (v4d)sb;
+    *y = (v4d)((v4i)e & ~tiny);
+}
+
+/* w[i] = the weight of logit i, 0 for NaN and -inf; four lanes at a time. */
+SAMPLE_CLONES static void weights(const float *logits, int64_t V, double lmax, double inv_t, double *w) {
+    const v4d big = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX}, inf = {INFINITY, INFINITY, INFINITY, INFINITY};
+    int64_t i = 0;
+    for (; i + 4 <= V; i += 4) {
+        v4f l;
+        memcpy(&l, logits + i, sizeof l);
+        const v4d ld = __builtin_convertvector(l, v4d);
+        const v4i ok = (ld == ld) & (ld != -inf);
+        const v4d lc = SEL(ld == inf, big, ld);
+        const v4d x = ((v4d)((v4i)lc & ok) - lmax) * inv_t; /* invalid lanes: any finite x */
+        v4d e;
+        exp_nonpos4(&x, &e);
+        const v4d out = (v4d)((v4i)e & ok);
+        memcpy(w + i, &out, sizeof out);
+    }
+    for (; i < V; i++) w[i] = valid(logits[i]) ? weight(logits[i], lmax, inv_t) : 0.0;
+}
+
+/* The sum of w[0..V) in four interleaved lanes (element i in lane i % 4, the lanes added
+ * pairwise, then the tail in order): a fixed order, so the same bits on every ISA, and
+ * four independent chains of additions rather than one. */
+static double sum4(const double *w, int64_t V) {
+    v4d acc = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 4 <= V; i += 4) {
+        v4d x;
+        memcpy(&x, w + i, sizeof x);
+        acc += x;
+    }
+    double s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (; i < V; i++) s += w[i];
+    return s;
+}
+
 /* A uniform double in [0, 1) with 53 random bits from Philox(seed, position). */
 static double uniform(uint64_t seed, uint64_t position) {
     uint32_t r[4];
@@ -101,17 +205,23 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
     if (!top_k && !nucleus) { /* the whole distribution: no ordering needed, walk the ids */
         double total = 0.0, cum = 0.0;
         double *w = malloc((size_t)V * sizeof *w); /* each weight computed once (NULL: twice) */
-        for (int64_t i = 0; i < V; i++) {
-            double e = valid(logits[i]) ? exp(((double)clamp_inf(logits[i]) - lmax) * inv_t) : 0.0;
-            if (w) w[i] = e;
-            if (valid(logits[i])) total += e;
+        if (w) {
+            weights(logits, V, lmax, inv_t, w);
+            total = sum4(w, V);
+        } else { /* sum4's order, each weight computed on the spot */
+            double lane[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t i = 0;
+            for (const int64_t full = V - V % 4; i < full; i++)
+                lane[i % 4] += valid(logits[i]) ? weight(logits[i], lmax, inv_t) : 0.0;
+            total = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+            for (; i < V; i++) total += valid(logits[i]) ? weight(logits[i], lmax, inv_t) : 0.0;
         }
         double target = target_u * total;
         int32_t last = 0;
         for (int64_t i = 0; i < V; i++) {
             if (!valid(logits[i])) continue;
             last = (int32_t)i;
-            cum += w ? w[i] : exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+            cum += w ? w[i] : weight(logits[i], lmax, inv_t);
             if (target < cum) break;
         }
         free(w);
@@ -129,12 +239,12 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
     double total = 0.0;
     if (!top_k)
         for (int64_t i = 0; i < V; i++)
-            if (valid(logits[i])) total += exp(((double)clamp_inf(logits[i]) - lmax) * inv_t);
+            if (valid(logits[i])) total += weight(logits[i], lmax, inv_t);
     int64_t k = top_k ? cfg->top_k : 64, n;
     for (;;) {
         n = candidates(logits, V, k < n_valid ? k : 0, c);
         double cum = 0.0;
-        for (int64_t i = 0; i < n; i++) cum += p[i] = exp(((double)c[i].logit - lmax) * inv_t);
+        for (int64_t i = 0; i < n; i++) cum += p[i] = weight(c[i].logit, lmax, inv_t);
         if (top_k) total = cum;
         if (top_k || n >= n_valid || cum >= (double)cfg->top_p * total) break;
         k = k * 16 < n_valid / 4 ? k * 16 : n_valid; /* a wide nucleus: sort them all */

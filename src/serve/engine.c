@@ -16,6 +16,7 @@ struct anneal_serve_engine {
     anneal_serve_metrics *metrics;
     anneal_serve_batch *batch;
     int slots, qcap, step_delay_ms;
+    int threads; /* the creating thread's OpenMP thread count (--threads) */
     int32_t eot, tok_vocab;
     int64_t V, max_len;
     pthread_mutex_t mu;
@@ -234,6 +235,10 @@ static void sweep_locked(anneal_serve_engine *e, double t) {
 
 static void *engine_main(void *arg) {
     anneal_serve_engine *e = arg;
+    /* a new pthread starts from OpenMP's global default, not from the count the creating
+     * thread set (--threads): take that count over, and show it in /metrics */
+    anneal_set_num_threads(e->threads);
+    anneal_serve_metrics_threads(e->metrics, anneal_get_num_threads());
     anneal_serve_job **admit = calloc((size_t)e->slots, sizeof *admit), **step = calloc((size_t)e->slots, sizeof *step);
     int64_t *slot_ids = calloc((size_t)e->slots, sizeof *slot_ids);
     int32_t *ids = calloc((size_t)e->slots, sizeof *ids);
@@ -279,16 +284,26 @@ static void *engine_main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
         /* model work, outside the lock (the jobs stay: only this thread ends them) */
+        double ph[ANNEAL_SERVE_PHASES] = {0}, t0 = now_s(), t1; /* wall seconds by phase (/metrics) */
+        int64_t prefills = 0, prefill_rows = 0;
         for (int i = 0; i < n_admit; i++) {
             anneal_serve_job *j = admit[i];
             anneal_serve_batch_reset(e->batch, j->slot);
             pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
             first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
+            if (pre_status[i] == ANNEAL_OK) prefills++, prefill_rows += j->n_ids;
         }
+        t1 = now_s();
+        ph[0] = t1 - t0;
         anneal_status ds = ANNEAL_OK;
         if (n_step > 0) {
-            if (e->step_delay_ms > 0) nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+            if (e->step_delay_ms > 0) {
+                nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+                t1 = now_s(); /* the test aid's sleep is no phase */
+            }
             ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+            t0 = now_s();
+            ph[1] = t0 - t1;
             /* each row's draw depends only on its logits, sampler and position: rows in
              * parallel give the same ids as one after another */
             if (ds == ANNEAL_OK) {
@@ -299,6 +314,7 @@ static void *engine_main(void *arg) {
             }
         }
         double t = now_s();
+        if (n_step > 0) ph[2] = t - t0;
         char msg[200];
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < n_admit; i++) {
@@ -320,6 +336,8 @@ static void *engine_main(void *arg) {
             if (ds != ANNEAL_OK) finish_locked(e, j, NULL, 500, "server_error", msg);
             else take_token(e, j, sampled[i], t);
         }
+        ph[3] = now_s() - t;
+        anneal_serve_metrics_engine(e->metrics, ds == ANNEAL_OK ? n_step : 0, prefills, prefill_rows, ph);
     }
     pthread_mutex_unlock(&e->mu);
     free(admit);
@@ -345,6 +363,7 @@ anneal_serve_engine *anneal_serve_engine_new(anneal_model *m, const anneal_token
     e->slots = cfg->slots;
     e->qcap = cfg->queue > 0 ? cfg->queue : 1;
     e->step_delay_ms = cfg->step_delay_ms;
+    e->threads = anneal_get_num_threads();
     e->eot = anneal_tokenizer_eot(tok);
     e->tok_vocab = anneal_tokenizer_vocab_size(tok);
     e->V = m->cfg.vocab_size;

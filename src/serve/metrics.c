@@ -26,7 +26,12 @@ struct anneal_serve_metrics {
     uint64_t requests[ANNEAL_EP_COUNT][MAX_CODES];
     uint64_t prompt_tokens, completion_tokens;
     histogram ttft, tok;
+    uint64_t steps, step_rows, prefills, prefill_rows;
+    double phase_s[ANNEAL_SERVE_PHASES];
+    int threads;
 };
+
+static const char *const phase_names[ANNEAL_SERVE_PHASES] = {"prefill", "decode", "sample", "text"};
 
 static const char *const ep_names[ANNEAL_EP_COUNT] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                                       "/health", "/metrics", "other"};
@@ -119,6 +124,25 @@ static void put_histogram(text *t, const char *name, const char *help, const his
         name, (unsigned long long)h->n);
 }
 
+void anneal_serve_metrics_threads(anneal_serve_metrics *m, int threads) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->threads = threads;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void anneal_serve_metrics_engine(anneal_serve_metrics *m, int64_t step_rows, int64_t prefills, int64_t prefill_rows,
+                                 const double phase_s[ANNEAL_SERVE_PHASES]) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->steps += step_rows > 0;
+    m->step_rows += (uint64_t)(step_rows > 0 ? step_rows : 0);
+    m->prefills += (uint64_t)(prefills > 0 ? prefills : 0);
+    m->prefill_rows += (uint64_t)(prefill_rows > 0 ? prefill_rows : 0);
+    for (int k = 0; k < ANNEAL_SERVE_PHASES; k++) m->phase_s[k] += phase_s[k];
+    pthread_mutex_unlock(&m->mu);
+}
+
 char *anneal_serve_metrics_text(anneal_serve_metrics *m, int queue_depth, int running, int slots) {
     text t = {0};
     pthread_mutex_lock(&m->mu);
@@ -141,6 +165,24 @@ char *anneal_serve_metrics_text(anneal_serve_metrics *m, int queue_depth, int ru
             "# TYPE anneal_serve_running gauge\nanneal_serve_running %d\n", running);
     put(&t, "# HELP anneal_serve_slots Slots (the most requests decoded together).\n"
             "# TYPE anneal_serve_slots gauge\nanneal_serve_slots %d\n", slots);
+    put(&t, "# HELP anneal_serve_threads OpenMP threads of the engine's model work.\n"
+            "# TYPE anneal_serve_threads gauge\nanneal_serve_threads %d\n", m->threads);
+    put(&t, "# HELP anneal_serve_decode_steps_total Decode steps run (all running requests together).\n"
+            "# TYPE anneal_serve_decode_steps_total counter\nanneal_serve_decode_steps_total %llu\n",
+        (unsigned long long)m->steps);
+    put(&t, "# HELP anneal_serve_decode_rows_total Rows (one per running request) of the decode steps.\n"
+            "# TYPE anneal_serve_decode_rows_total counter\nanneal_serve_decode_rows_total %llu\n",
+        (unsigned long long)m->step_rows);
+    put(&t, "# HELP anneal_serve_prefills_total Prefill passes over the weights.\n"
+            "# TYPE anneal_serve_prefills_total counter\nanneal_serve_prefills_total %llu\n",
+        (unsigned long long)m->prefills);
+    put(&t, "# HELP anneal_serve_prefill_rows_total Prompt tokens through the prefill passes.\n"
+            "# TYPE anneal_serve_prefill_rows_total counter\nanneal_serve_prefill_rows_total %llu\n",
+        (unsigned long long)m->prefill_rows);
+    put(&t, "# HELP anneal_serve_engine_seconds_total Wall seconds of the engine thread by phase.\n"
+            "# TYPE anneal_serve_engine_seconds_total counter\n");
+    for (int k = 0; k < ANNEAL_SERVE_PHASES; k++)
+        put(&t, "anneal_serve_engine_seconds_total{phase=\"%s\"} %.6f\n", phase_names[k], m->phase_s[k]);
     put_histogram(&t, "anneal_serve_time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
                   &m->ttft, ttft_buckets, N_TTFT);
     put_histogram(&t, "anneal_serve_time_per_output_token_seconds", "Seconds between two tokens of a request.", &m->tok,

@@ -45,6 +45,16 @@ void anneal_serve_metrics_tokens(anneal_serve_metrics *m, int64_t prompt, int64_
 void anneal_serve_metrics_ttft(anneal_serve_metrics *m, double s);
 void anneal_serve_metrics_token_latency(anneal_serve_metrics *m, double s);
 /* The Prometheus text (malloc'd) with the engine's gauges. */
+/* The engine's work in one round: the rows of its decode step (0: none ran or it
+ * failed), the prefills that succeeded and their prompt rows, and wall seconds by phase
+ * (prefill: the prompt passes and their first draws; decode: the step; sample: the
+ * step's draws; text: detokenization, stop strings and waking the handlers). Each
+ * generated token is one prefill or one decode row. */
+enum { ANNEAL_SERVE_PHASES = 4 };
+/* The engine thread's OpenMP thread count (set once it runs). */
+void anneal_serve_metrics_threads(anneal_serve_metrics *m, int threads);
+void anneal_serve_metrics_engine(anneal_serve_metrics *m, int64_t step_rows, int64_t prefills, int64_t prefill_rows,
+                                 const double phase_s[ANNEAL_SERVE_PHASES]);
 char *anneal_serve_metrics_text(anneal_serve_metrics *m, int queue_depth, int running, int slots);
 
 /* ------------------------------------------------------------ engine.c */

@@ -272,6 +272,25 @@ def check_metrics(args, s):
                  "anneal_serve_time_to_first_token_seconds_bucket",
                  "anneal_serve_time_per_output_token_seconds_count"]:
         check(f"/metrics has {name}", name in text, text[:2000])
+    # the engine's counters: every generated token came from a prefill or a decode row
+    # (nothing runs now), a step holds at most --slots rows, each phase is timed
+    def value(name):
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+    steps, rows = value("anneal_serve_decode_steps_total"), value("anneal_serve_decode_rows_total")
+    prefills, done = value("anneal_serve_prefills_total"), value("anneal_serve_completion_tokens_total")
+    check("engine counters: tokens = prefills + decode rows",
+          None not in (steps, rows, prefills, done) and steps > 0 and done == prefills + rows,
+          f"steps {steps} rows {rows} prefills {prefills} completion tokens {done}")
+    check("engine counters: rows per step within --slots 4", steps and steps <= rows <= 4 * steps, f"{rows} / {steps}")
+    pre_rows, prompt = value("anneal_serve_prefill_rows_total"), value("anneal_serve_prompt_tokens_total")
+    check("engine counters: prefill rows <= prompt tokens", pre_rows is not None and 0 < pre_rows <= prompt,
+          f"{pre_rows} vs {prompt}")
+    check("engine threads: the default (OMP_NUM_THREADS or all cores)", (value("anneal_serve_threads") or 0) >= 1,
+          str(value("anneal_serve_threads")))
+    for ph in ["prefill", "decode", "sample", "text"]:
+        v = value(f'anneal_serve_engine_seconds_total{{phase="{ph}"}}')
+        check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph == "text" or v > 0), str(v))
 
 
 def check_load(args, s, seconds):
@@ -307,9 +326,13 @@ def check_load(args, s, seconds):
 def check_limits(args):
     """One slot, a queue of one, slow steps: 429, deadline, disconnect, graceful stop."""
     s = Server(args, ["--slots", "1", "--queue", "1", "--step-delay-ms", "40", "--request-timeout", "2",
-                      "--grace", "0.5"])
+                      "--grace", "0.5", "--threads", "1"])
     c = s.client
     try:
+        # --threads reaches the engine thread (a new pthread starts from OpenMP's default:
+        # OMP_NUM_THREADS=2 under ctest)
+        check("--threads 1: the engine runs 1 OpenMP thread", s.gauge("anneal_serve_threads") == 1,
+              str(s.gauge("anneal_serve_threads")))
         # A holds the slot (streaming), B waits in the queue, C finds the queue full
         a = c.completions.create(model="tiny", prompt="A", max_tokens=200, temperature=1.0, seed=1, stream=True)
         it = iter(a)

@@ -1,0 +1,85 @@
+/* The few-rows quantized product for 2 or more rows on AVX2 (serving steps: one row per
+ * running request; short prompts): the same sums and epilogue as anneal_qrows_s8_avx2,
+ * faster. The activations are widened to int16 once per call
+ * (the caller's x16); each weight row is widened as it is read (vpmovsxbw, about one
+ * per cycle on Zen 3) and multiplied into 8 rows of x16 with vpmaddwd (two per cycle):
+ * one widening per 8 multiplies, where the sign trick of anneal_qrows_s8_avx2 spends
+ * three uops of the same two pipes per 32 products. int16 x int16 pair sums (at most
+ * 2 * 127 * 128 in magnitude) and the int32 accumulation are exact, so y has the bits
+ * of anneal_qrows_s8_avx2 (tests/serve/test_serve_qrows.c). Rows go 8 at a time, the
+ * rest 4 at a time (the last block over the caller's zero rows: 15 rows cost 16). */
+#include "gemm_int8_internal.h"
+
+#include <immintrin.h>
+
+#define AVX2_TARGET __attribute__((target("avx2")))
+
+/* The sum of the 8 int32 lanes (wrapping). */
+AVX2_TARGET static inline int32_t hsum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+#define ROW(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a + (i) * K + k)), bv))
+
+/* Rows m .. m + 7 of y for weight row n (K: the full 16-value steps, then the tail). */
+AVX2_TARGET static inline __attribute__((always_inline)) void rows8(const anneal_qrows_s8_args *q, const int16_t *x16,
+                                                                    int64_t m, int64_t n) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)15;
+    const int8_t *b = q->w + n * K;
+    const int16_t *a = x16 + m * K;
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    for (int64_t k = 0; k < kfull; k += 16) {
+        const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + k)));
+        ROW(0);
+        ROW(1);
+        ROW(2);
+        ROW(3);
+        ROW(4);
+        ROW(5);
+        ROW(6);
+        ROW(7);
+    }
+    const __m256i c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+    for (int i = 0; i < 8; i++) {
+        int32_t s = hsum8(c[i]);
+        for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i * K + k] * (int32_t)b[k];
+        const int64_t mm = m + i;
+        q->y[mm * q->N + n] = (float)s * (q->sx[mm] * q->wscale[n]) + (q->bias ? q->bias[n] : 0.0f);
+    }
+}
+
+/* Rows m .. m + valid - 1 (valid <= 4) of y for weight row n: 4 rows of x16 computed
+ * (the rows past M are the caller's zero padding), the valid ones stored. */
+AVX2_TARGET static inline __attribute__((always_inline)) void rows4(const anneal_qrows_s8_args *q, const int16_t *x16,
+                                                                    int64_t m, int64_t n, int valid) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)15;
+    const int8_t *b = q->w + n * K;
+    const int16_t *a = x16 + m * K;
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t k = 0; k < kfull; k += 16) {
+        const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + k)));
+        ROW(0);
+        ROW(1);
+        ROW(2);
+        ROW(3);
+    }
+    const __m256i c[4] = {c0, c1, c2, c3};
+    for (int i = 0; i < valid; i++) {
+        int32_t s = hsum8(c[i]);
+        for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i * K + k] * (int32_t)b[k];
+        const int64_t mm = m + i;
+        q->y[mm * q->N + n] = (float)s * (q->sx[mm] * q->wscale[n]) + (q->bias ? q->bias[n] : 0.0f);
+    }
+}
+
+/* See gemm_int8_internal.h. */
+AVX2_TARGET void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1) {
+    const int64_t M = q->M, m8 = M & ~(int64_t)7;
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t m = 0; m < m8; m += 8) rows8(q, x16, m, n);
+        for (int64_t m = m8; m < M; m += 4) rows4(q, x16, m, n, M - m < 4 ? (int)(M - m) : 4);
+    }
+}

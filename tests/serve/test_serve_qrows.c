@@ -1,0 +1,90 @@
+/* The int8 product of a serving step (8 or more rows: one per running request) is the
+ * per-request product, bit for bit: anneal_qrows_s8_wide_avx2 (int16 kernel) against
+ * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
+ * tails, M from 1 to 33 (8-row and 4-row blocks, the last over zero padding), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
+ * on 16 rows against each row alone. */
+#include "anneal/core.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/gemm_int8_internal.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 7;
+static uint32_t next(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33);
+}
+
+TEST(wide_kernel_equals_the_sign_trick_kernel) {
+    if (!anneal_cpu_has_avx2()) SKIP("no AVX2");
+    static const int64_t shapes[][3] = {{8, 16, 32},  {16, 37, 768}, {9, 50, 40},   {15, 33, 3072},
+                                        {12, 20, 64}, {15, 19, 768}, {14, 3, 48},   {16, 64, 776},
+                                        {24, 17, 17}, {33, 48, 96},  {31, 5, 1},    {2, 40, 768},
+                                        {3, 21, 50},  {5, 16, 768},  {1, 9, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K));
+        int16_t *x16 = calloc((size_t)(((M + 3) & ~3) * K), sizeof *x16); /* zero rows to a multiple of 4 */
+        float *sx = malloc((size_t)M * sizeof *sx), *ws = malloc((size_t)N * sizeof *ws), *bias = malloc((size_t)N * 4);
+        float *y0 = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(M * N) * 4);
+        REQUIRE(xq && w && x16 && sx && ws && bias && y0 && y1);
+        for (int64_t i = 0; i < M * K; i++) x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
+        for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128); /* -128 included */
+        if (K >= 2) w[0] = -128, w[1] = -128, xq[0] = x16[0] = -127, xq[1] = x16[1] = -127; /* the largest pair sum */
+        for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
+        for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = w, .wscale = ws,
+                                      .bias = with_bias ? bias : NULL, .y = y0};
+            anneal_qrows_s8_avx2(&q, 0, N);
+            q.y = y1;
+            /* two ranges, as the threads split the weight rows */
+            anneal_qrows_s8_wide_avx2(&q, x16, 0, N / 2);
+            anneal_qrows_s8_wide_avx2(&q, x16, N / 2, N);
+            CHECK(!memcmp(y0, y1, (size_t)(M * N) * 4), "M %lld N %lld K %lld bias %d: bits differ", (long long)M,
+                  (long long)N, (long long)K, with_bias);
+        }
+        free(xq), free(w), free(x16), free(sx), free(ws), free(bias), free(y0), free(y1);
+    }
+}
+
+TEST(sixteen_rows_equal_each_row_alone) {
+    const int64_t M = 16, N = 200, K = 768; /* the first 3 rows also as a product of their own */
+    float *x = malloc((size_t)(M * K) * 4), *wscale = malloc((size_t)N * 4), *bias = malloc((size_t)N * 4);
+    float *y = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(3 * N) * 4);
+    int8_t *w = malloc((size_t)(N * K));
+    REQUIRE(x && wscale && bias && y && y1 && w);
+    for (int64_t i = 0; i < M * K; i++) x[i] = ((float)(next() % 20001) - 10000.0f) * 1e-4f;
+    for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128);
+    for (int64_t i = 0; i < N; i++) wscale[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+    static const int modes[] = {ANNEAL_CPU_QUANT_DYNAMIC, ANNEAL_CPU_QUANT_STATIC};
+    for (int mi = 0; mi < 2; mi++) {
+        anneal_cpu_qmatmul_args a = {.mode = modes[mi], .compute = ANNEAL_F32, .M = M, .N = N, .K = K, .x = x,
+                                     .w = w, .wscale = wscale, .bias = bias, .act_scale = 0.01f, .y = y};
+        REQUIRE(anneal_cpu_qmatmul(&a) == 0);
+        int bad = 0;
+        for (int64_t m = 0; m < M; m++) {
+            anneal_cpu_qmatmul_args r = a;
+            r.M = 1;
+            r.x = x + m * K;
+            r.y = y1;
+            REQUIRE(anneal_cpu_qmatmul(&r) == 0);
+            bad += memcmp(y1, y + m * N, (size_t)N * 4) != 0;
+        }
+        CHECK(bad == 0, "mode %d: %d of 16 rows differ from the row alone", modes[mi], bad);
+        anneal_cpu_qmatmul_args three = a;
+        three.M = 3;
+        three.y = y1;
+        REQUIRE(anneal_cpu_qmatmul(&three) == 0);
+        CHECK(!memcmp(y1, y, (size_t)(3 * N) * 4), "mode %d: 3 rows differ from the same rows of 16", modes[mi]);
+    }
+    free(x), free(wscale), free(bias), free(y), free(y1), free(w);
+}
+
+int main(void) {
+    RUN(wide_kernel_equals_the_sign_trick_kernel);
+    RUN(sixteen_rows_equal_each_row_alone);
+    return anneal_test_summary();
+}
