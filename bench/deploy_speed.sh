@@ -33,6 +33,6 @@ trap 'rm -rf "$tmp"' EXIT
 "$BIN" export --model 124M --format hf --out "$tmp/hf" --tokenizer gpt2 > /dev/null
 "$BIN" quantize --model "$tmp/hf" --out "$tmp/q" --mode dynamic > /dev/null
 $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --seconds 20 --compare-seconds 15 \
-    --malformed 300 -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_int8.log"
+    --malformed 300 --engine-baseline -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_int8.log"
 load "end"
 echo "deploy_speed: logs in $OUT"
