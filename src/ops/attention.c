@@ -51,42 +51,6 @@ static anneal_tensor *unit_last(anneal_tensor *t) {
     return anneal_ops_contiguous_raw(t);
 }
 
-/* True when t's elements fill a gap-free block with no overlap (a permutation of a
- * contiguous layout, e.g. the (B, T, H, D) storage seen as (B, H, T, D)). */
-static bool dense_layout(const anneal_tensor *t) {
-    int idx[ANNEAL_MAX_DIMS], n = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0) return false;
-        if (t->shape[i] > 1) idx[n++] = i;
-    }
-    /* Sort the non-trivial dims by stride, innermost first (insertion sort, n <= 8). */
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && t->strides[idx[j]] < t->strides[idx[j - 1]]; j--) {
-            int s = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = s;
-        }
-    int64_t expect = 1;
-    for (int i = 0; i < n; i++) {
-        if (t->strides[idx[i]] != expect) return false;
-        expect *= t->shape[idx[i]];
-    }
-    return true;
-}
-
-/* A new uninitialised tensor with t's shape and t's strides (t must be dense_layout):
- * a buffer the kernel can address with t's strides. */
-static anneal_tensor *new_with_strides(const anneal_tensor *t) {
-    int64_t n = anneal_numel(t);
-    anneal_scope_enter(NULL);
-    anneal_tensor *base = anneal_empty_on(t->device, ANNEAL_F32, 1, &n);
-    anneal_scope_leave();
-    if (!base) return NULL;
-    anneal_tensor *v = anneal_alias(base, t->ndim, t->shape, t->strides, 0);
-    anneal_release(base); /* v keeps the storage */
-    return v;
-}
-
 /* True when a and b address their elements alike (strides equal where size > 1). */
 static bool same_strides(const anneal_tensor *a, const anneal_tensor *b) {
     for (int i = 0; i < a->ndim; i++)
@@ -122,7 +86,7 @@ static anneal_status attention_backward(anneal_node *node, anneal_tensor *const 
     if (!be) return anneal_last_status();
     anneal_tensor *dout = gout[0];
     if (!same_strides(o, dout)) {
-        anneal_tensor *d = new_with_strides(o);
+        anneal_tensor *d = anneal_ops_empty_with_strides(o, ANNEAL_F32);
         if (!d || be->copy(be->ctx, d, dout) != ANNEAL_OK) return anneal_last_status();
         dout = d;
     }
@@ -130,8 +94,8 @@ static anneal_status attention_backward(anneal_node *node, anneal_tensor *const 
     for (int i = 0; i < 3; i++) {
         anneal_tensor *s = anneal_ops_saved_f32(be, node->saved[i]); /* bf16-saved: widened, exact */
         if (!s) return anneal_last_status();
-        x[i] = dense_layout(s) ? s : anneal_ops_contiguous_raw(s);
-        g[i] = x[i] ? new_with_strides(x[i]) : NULL;
+        x[i] = anneal_ops_dense_layout(s) ? s : anneal_ops_contiguous_raw(s);
+        g[i] = x[i] ? anneal_ops_empty_with_strides(x[i], ANNEAL_F32) : NULL;
         if (!g[i]) return anneal_last_status();
     }
     anneal_attention_desc d = layout(x[0], x[1], x[2], o, node->ints[0] != 0, (float)node->scalars[0],

@@ -164,3 +164,37 @@ bool anneal_ops_check_compute(const char *op, anneal_dtype compute) {
                      anneal_dtype_name(compute));
     return false;
 }
+
+/* See ops_internal.h. */
+bool anneal_ops_dense_layout(const anneal_tensor *t) {
+    int idx[ANNEAL_MAX_DIMS], n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return false;
+        if (t->shape[i] > 1) idx[n++] = i;
+    }
+    /* Sort the non-trivial dims by stride, innermost first (insertion sort, n <= 8). */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t->strides[idx[j]] < t->strides[idx[j - 1]]; j--) {
+            int s = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = s;
+        }
+    int64_t expect = 1;
+    for (int i = 0; i < n; i++) {
+        if (t->strides[idx[i]] != expect) return false;
+        expect *= t->shape[idx[i]];
+    }
+    return true;
+}
+
+/* See ops_internal.h. */
+anneal_tensor *anneal_ops_empty_with_strides(const anneal_tensor *t, anneal_dtype dt) {
+    int64_t n = anneal_numel(t);
+    anneal_scope_enter(NULL);
+    anneal_tensor *base = anneal_empty_on(t->device, dt, 1, &n);
+    anneal_scope_leave();
+    if (!base) return NULL;
+    anneal_tensor *v = anneal_alias(base, t->ndim, t->shape, t->strides, 0);
+    anneal_release(base); /* v keeps the storage */
+    return v;
+}

@@ -84,6 +84,12 @@ anneal_tensor *anneal_ops_rope_copy(const char *op, const anneal_backend *be, co
 bool anneal_ops_check_compute(const char *op, anneal_dtype compute);
 /* New contiguous f32 tensor with t's shape on t's device. */
 anneal_tensor *anneal_ops_new_like(const anneal_tensor *t);
+/* True when t's elements fill a gap-free block with no overlap (a permutation of a
+ * contiguous layout, e.g. the (B, T, H, D) storage seen as (B, H, T, D)). */
+bool anneal_ops_dense_layout(const anneal_tensor *t);
+/* A new uninitialised tensor of dtype dt with t's shape and t's strides (t must be
+ * anneal_ops_dense_layout), in the current scope: a buffer addressed as t is. */
+anneal_tensor *anneal_ops_empty_with_strides(const anneal_tensor *t, anneal_dtype dt);
 
 /* ---- saved activations in bf16 (saved_bf16.c) ---- */
 

@@ -21,40 +21,11 @@ bool anneal_ops_bf16_save_ok(const anneal_tensor *t, anneal_dtype compute) {
            anneal_grad_enabled() && anneal_numel(t) > 0;
 }
 
-/* True when t's elements fill a gap-free block with no overlap (a permutation of a
- * contiguous layout). */
-static bool dense_layout(const anneal_tensor *t) {
-    int idx[ANNEAL_MAX_DIMS], n = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0) return false;
-        if (t->shape[i] > 1) idx[n++] = i;
-    }
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && t->strides[idx[j]] < t->strides[idx[j - 1]]; j--) {
-            int s = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = s;
-        }
-    int64_t expect = 1;
-    for (int i = 0; i < n; i++) {
-        if (t->strides[idx[i]] != expect) return false;
-        expect *= t->shape[idx[i]];
-    }
-    return true;
-}
-
 /* A new tensor of dtype dt with t's shape, and t's strides when t's layout is dense
  * (else contiguous), in the current scope. */
 static anneal_tensor *empty_in_layout(const anneal_tensor *t, anneal_dtype dt) {
-    if (!dense_layout(t)) return anneal_empty_on(t->device, dt, t->ndim, t->shape);
-    int64_t n = anneal_numel(t);
-    anneal_scope_enter(NULL);
-    anneal_tensor *base = anneal_empty_on(t->device, dt, 1, &n);
-    anneal_scope_leave();
-    if (!base) return NULL;
-    anneal_tensor *v = anneal_alias(base, t->ndim, t->shape, t->strides, 0);
-    anneal_release(base); /* v keeps the storage */
-    return v;
+    return anneal_ops_dense_layout(t) ? anneal_ops_empty_with_strides(t, dt)
+                                      : anneal_empty_on(t->device, dt, t->ndim, t->shape);
 }
 
 /* t converted to dt in t's layout (see empty_in_layout), or NULL with the error. */
