@@ -12,14 +12,6 @@
 
 #define AVX2_TARGET __attribute__((target("avx2")))
 
-/* The sum of the 8 int32 lanes (wrapping). */
-AVX2_TARGET static inline int32_t hsum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Rows m, m + 1 (R = 2) or row m alone (R = 1: a last odd row, and every row of a
  * one-row product such as decoding, which would otherwise compute its row twice) by B
  * rows n .. n + 3 (clamped), into C. */
@@ -43,7 +35,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void tile(int64_t m, in
     }
     for (int i = 0; i < R; i++)
         for (int j = 0; j < 4 && n + j < n1; j++) {
-            int32_t s = hsum8(acc[i][j]);
+            int32_t s = anneal_hsum8_s32(acc[i][j]);
             for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i][k] * (int32_t)b[j][k];
             C[(m + i) * ldc + n + j] = s;
         }
@@ -103,7 +95,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void qrows_row(const an
     }
     const float ws = q->wscale[n], bias = q->bias ? q->bias[n] : 0.0f;
     for (int i = 0; i < R; i++) {
-        int32_t s = hsum8(acc[i]);
+        int32_t s = anneal_hsum8_s32(acc[i]);
         for (int64_t kk = kfull; kk < K; kk++) s += (int32_t)a[i][kk] * (int32_t)b[kk];
         q->y[(m + i) * q->N + n] = (float)s * (q->sx[m + i] * ws) + bias;
     }
@@ -156,7 +148,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void qgemm_tile(const a
     }
     for (int i = 0; i < R; i++)
         for (int j = 0; j < C; j++) {
-            int32_t s = hsum8(acc[i][j]);
+            int32_t s = anneal_hsum8_s32(acc[i][j]);
             for (int64_t kk = kfull; kk < K; kk++) s += (int32_t)a[i][kk] * (int32_t)b[j][kk];
             const int64_t mm = m + i, nn = n + j;
             q->y[mm * q->N + nn] = (float)s * (q->sx[mm] * q->wscale[nn]) + (q->bias ? q->bias[nn] : 0.0f);

@@ -9,6 +9,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+/* The sum of the 8 int32 lanes of v (wrapping): the AVX2 int8 kernels' dot totals. */
+__attribute__((target("avx2"))) static inline int32_t anneal_hsum8_s32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
 typedef void (*anneal_gemm_s8_block_fn)(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
                                         int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 

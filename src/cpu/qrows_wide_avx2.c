@@ -14,12 +14,19 @@
 
 #define AVX2_TARGET __attribute__((target("avx2")))
 
-/* The sum of the 8 int32 lanes (wrapping). */
-AVX2_TARGET static inline int32_t hsum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+/* Rows m .. m + count - 1 of y for weight row n: each lane total of c plus the K tail
+ * past the 16-wide steps, through the epilogue. */
+AVX2_TARGET static inline __attribute__((always_inline)) void store_rows(const anneal_qrows_s8_args *q,
+                                                                          const int16_t *a, const int8_t *b,
+                                                                          const __m256i *c, int64_t m, int64_t n,
+                                                                          int count) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)15;
+    for (int i = 0; i < count; i++) {
+        int32_t s = anneal_hsum8_s32(c[i]);
+        for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i * K + k] * (int32_t)b[k];
+        const int64_t mm = m + i;
+        q->y[mm * q->N + n] = (float)s * (q->sx[mm] * q->wscale[n]) + (q->bias ? q->bias[n] : 0.0f);
+    }
 }
 
 #define ROW(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a + (i) * K + k)), bv))
@@ -43,12 +50,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void rows8(const anneal
         ROW(7);
     }
     const __m256i c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
-    for (int i = 0; i < 8; i++) {
-        int32_t s = hsum8(c[i]);
-        for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i * K + k] * (int32_t)b[k];
-        const int64_t mm = m + i;
-        q->y[mm * q->N + n] = (float)s * (q->sx[mm] * q->wscale[n]) + (q->bias ? q->bias[n] : 0.0f);
-    }
+    store_rows(q, a, b, c, m, n, 8);
 }
 
 /* Rows m .. m + valid - 1 (valid <= 4) of y for weight row n: 4 rows of x16 computed
@@ -67,12 +69,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void rows4(const anneal
         ROW(3);
     }
     const __m256i c[4] = {c0, c1, c2, c3};
-    for (int i = 0; i < valid; i++) {
-        int32_t s = hsum8(c[i]);
-        for (int64_t k = kfull; k < K; k++) s += (int32_t)a[i * K + k] * (int32_t)b[k];
-        const int64_t mm = m + i;
-        q->y[mm * q->N + n] = (float)s * (q->sx[mm] * q->wscale[n]) + (q->bias ? q->bias[n] : 0.0f);
-    }
+    store_rows(q, a, b, c, m, n, valid);
 }
 
 /* See gemm_int8_internal.h. */
