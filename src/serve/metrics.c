@@ -112,6 +112,11 @@ static void put(text *t, const char *fmt, ...) {
     }
 }
 
+/* One metric without labels: its HELP and TYPE lines and its value. */
+static void put_value(text *t, const char *name, const char *type, const char *help, unsigned long long v) {
+    put(t, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
+}
+
 static void put_histogram(text *t, const char *name, const char *help, const histogram *h, const double *b, int nb) {
     put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
@@ -153,32 +158,23 @@ char *anneal_serve_metrics_text(anneal_serve_metrics *m, int queue_depth, int ru
             if (m->requests[ep][k])
                 put(&t, "anneal_serve_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[ep], m->codes[k],
                     (unsigned long long)m->requests[ep][k]);
-    put(&t, "# HELP anneal_serve_prompt_tokens_total Prompt tokens of the requests that ran.\n"
-            "# TYPE anneal_serve_prompt_tokens_total counter\nanneal_serve_prompt_tokens_total %llu\n",
-        (unsigned long long)m->prompt_tokens);
-    put(&t, "# HELP anneal_serve_completion_tokens_total Tokens generated.\n"
-            "# TYPE anneal_serve_completion_tokens_total counter\nanneal_serve_completion_tokens_total %llu\n",
-        (unsigned long long)m->completion_tokens);
-    put(&t, "# HELP anneal_serve_queue_depth Requests waiting for a slot.\n"
-            "# TYPE anneal_serve_queue_depth gauge\nanneal_serve_queue_depth %d\n", queue_depth);
-    put(&t, "# HELP anneal_serve_running Requests in a slot (decoded together each step).\n"
-            "# TYPE anneal_serve_running gauge\nanneal_serve_running %d\n", running);
-    put(&t, "# HELP anneal_serve_slots Slots (the most requests decoded together).\n"
-            "# TYPE anneal_serve_slots gauge\nanneal_serve_slots %d\n", slots);
-    put(&t, "# HELP anneal_serve_threads OpenMP threads of the engine's model work.\n"
-            "# TYPE anneal_serve_threads gauge\nanneal_serve_threads %d\n", m->threads);
-    put(&t, "# HELP anneal_serve_decode_steps_total Decode steps run (all running requests together).\n"
-            "# TYPE anneal_serve_decode_steps_total counter\nanneal_serve_decode_steps_total %llu\n",
-        (unsigned long long)m->steps);
-    put(&t, "# HELP anneal_serve_decode_rows_total Rows (one per running request) of the decode steps.\n"
-            "# TYPE anneal_serve_decode_rows_total counter\nanneal_serve_decode_rows_total %llu\n",
-        (unsigned long long)m->step_rows);
-    put(&t, "# HELP anneal_serve_prefills_total Prefill passes over the weights.\n"
-            "# TYPE anneal_serve_prefills_total counter\nanneal_serve_prefills_total %llu\n",
-        (unsigned long long)m->prefills);
-    put(&t, "# HELP anneal_serve_prefill_rows_total Prompt tokens through the prefill passes.\n"
-            "# TYPE anneal_serve_prefill_rows_total counter\nanneal_serve_prefill_rows_total %llu\n",
-        (unsigned long long)m->prefill_rows);
+    put_value(&t, "anneal_serve_prompt_tokens_total", "counter", "Prompt tokens of the requests that ran.",
+              m->prompt_tokens);
+    put_value(&t, "anneal_serve_completion_tokens_total", "counter", "Tokens generated.", m->completion_tokens);
+    put_value(&t, "anneal_serve_queue_depth", "gauge", "Requests waiting for a slot.", (unsigned long long)queue_depth);
+    put_value(&t, "anneal_serve_running", "gauge", "Requests in a slot (decoded together each step).",
+              (unsigned long long)running);
+    put_value(&t, "anneal_serve_slots", "gauge", "Slots (the most requests decoded together).",
+              (unsigned long long)slots);
+    put_value(&t, "anneal_serve_threads", "gauge", "OpenMP threads of the engine's model work.",
+              (unsigned long long)m->threads);
+    put_value(&t, "anneal_serve_decode_steps_total", "counter", "Decode steps run (all running requests together).",
+              m->steps);
+    put_value(&t, "anneal_serve_decode_rows_total", "counter", "Rows (one per running request) of the decode steps.",
+              m->step_rows);
+    put_value(&t, "anneal_serve_prefills_total", "counter", "Prefill passes over the weights.", m->prefills);
+    put_value(&t, "anneal_serve_prefill_rows_total", "counter", "Prompt tokens through the prefill passes.",
+              m->prefill_rows);
     put(&t, "# HELP anneal_serve_engine_seconds_total Wall seconds of the engine thread by phase.\n"
             "# TYPE anneal_serve_engine_seconds_total counter\n");
     for (int k = 0; k < ANNEAL_SERVE_PHASES; k++)
