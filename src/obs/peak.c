@@ -11,12 +11,6 @@
 #include <sys/resource.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The kernels run `iters` rounds of 12 independent FMA chains (enough to cover the
  * 4-cycle latency on two FMA ports) and return a value that depends on every result,
  * so the compiler keeps them. Flops per round: 12 chains x lanes x 2. */
@@ -95,8 +89,19 @@ static double flops_per_iter(int kind) {
                        : CHAINS * 2.0;
 }
 
+/* The calling thread's CPU time in seconds. */
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Times kernel `kind`: calibrated on one thread to about seconds / 8, then all threads
- * together on a fixed amount of about `seconds`, best of two. Returns GFLOP/s. */
+ * together on a fixed amount of about `seconds`, best of three. Returns GFLOP/s: the sum
+ * over threads of each one's work over its own CPU time, so a thread the OS parks to run
+ * another process (a shared machine, a build beside the run) does not lower the ceiling.
+ * Measured by wall time, one such disturbance at start-up halved the peak and a
+ * training run printed MFU 114-123%. */
 static double measure(int kind, int threads, double seconds) {
     if (threads <= 0) threads = omp_get_max_threads();
     if (seconds <= 0) seconds = 0.05;
@@ -104,25 +109,26 @@ static double measure(int kind, int threads, double seconds) {
     double t;
     volatile float sink = 0;
     for (;;) {
-        double t0 = now_s();
+        double t0 = thread_cpu_s();
         sink += run_kernel(kind, iters, 1);
-        t = now_s() - t0;
+        t = thread_cpu_s() - t0;
         if (t > seconds / 8 || iters > ((int64_t)1 << 40)) break;
         iters *= 2;
     }
     int64_t n = (int64_t)((double)iters * (seconds / (t > 0 ? t : 1e-9)));
     if (n < 1) n = 1;
     double best = 0;
-    for (int rep = 0; rep < 2; rep++) {
-        double t0 = now_s();
-#pragma omp parallel num_threads(threads)
+    for (int rep = 0; rep < 3; rep++) {
+        double gf = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : gf)
         {
+            double t0 = thread_cpu_s();
             float r = run_kernel(kind, n, (float)omp_get_thread_num());
+            double dt = thread_cpu_s() - t0;
 #pragma omp critical
             sink += r;
+            gf = (double)n * flops_per_iter(kind) / (dt > 0 ? dt : 1e-9) / 1e9;
         }
-        double dt = now_s() - t0;
-        double gf = (double)n * flops_per_iter(kind) * threads / dt / 1e9;
         if (gf > best) best = gf;
     }
     (void)sink;

@@ -450,6 +450,31 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
     return ANNEAL_OK;
 }
 
+/* The MFU denominator of a CPU run without --peak-gflops: the FMA (or bf16 dot-product)
+ * microbenchmark of the run's matmul precision on this process's threads, summed over
+ * the ranks, since the step's tokens are the whole job's. ANNEAL_TEST_PEAK_GFLOPS
+ * stands in for this process's measurement (a test of the loop's re-measure on a
+ * disturbed start-up figure). Collective when distributed: every rank calls it. */
+static anneal_status measured_peak(trainer *t) {
+    const char *isa = "?";
+    int th = anneal_get_num_threads();
+    const char *fake = getenv("ANNEAL_TEST_PEAK_GFLOPS");
+    t->peak_gflops = fake && *fake ? strtod(fake, NULL) : anneal_peak_gflops_measure_dtype(th, 0.05, t->dtype, &isa);
+    if (fake && *fake) isa = "ANNEAL_TEST_PEAK_GFLOPS";
+    if (t->comm && t->world > 1) {
+        float v = (float)t->peak_gflops;
+        anneal_status st = anneal_comm_allreduce(t->comm, &v, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM);
+        if (st != ANNEAL_OK) return st;
+        t->peak_gflops = v;
+        snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "measured: %s microbenchmark, %d threads x %d ranks",
+                 isa, th, t->world);
+    } else {
+        snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "measured: %s microbenchmark, %d threads", isa, th);
+    }
+    t->peak_source = t->peak_source_buf;
+    return ANNEAL_OK;
+}
+
 /* The MFU denominator of a run on a device other than the CPU without --peak-gflops:
  * the datasheet's dense peak of the GPU for the run's matmul precision (f32: the
  * CUDA cores' FMA rate, TF32 being off by default) for the GPUs anneal is tested on,
@@ -640,12 +665,8 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     } else if (t->device != ANNEAL_CPU) {
         device_peak(t); /* a datasheet figure, or none (MFU not reported) */
     } else {
-        const char *isa = "?";
-        int th = anneal_get_num_threads();
-        /* the ceiling of the run's matmul precision: bf16 products have their own rate */
-        t->peak_gflops = anneal_peak_gflops_measure_dtype(th, 0.05, t->dtype, &isa);
-        snprintf(t->peak_source_buf, sizeof t->peak_source_buf, "measured: %s microbenchmark, %d threads", isa, th);
-        t->peak_source = t->peak_source_buf;
+        anneal_status st = measured_peak(t);
+        if (st != ANNEAL_OK) return st;
     }
 
     t->config_json = anneal_train_config_to_json(c);

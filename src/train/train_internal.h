@@ -81,6 +81,7 @@ typedef struct trainer {
     double peak_gflops;
     const char *peak_source;
     char peak_source_buf[96];
+    bool peak_checked;         /* a step's MFU above 100% was handled (loop.c's check_peak) */
     char pin_desc[64];        /* --pin-threads: the CPUs in worker order ("0,1"), "" when off */
     int64_t *nan_steps;        /* test hook: 1-based steps whose loss is made NaN */
     int n_nan_steps;

@@ -2,7 +2,8 @@
  * falls, the log holds every record, gradient accumulation equals a larger batch,
  * non-finite steps are skipped, counted and stop the run after --max-bad-steps in a
  * row, a stop request ends with a checkpoint that a resume continues, and bad
- * combinations of settings are usage errors naming the flag. */
+ * combinations of settings are usage errors naming the flag; a step above 100% MFU
+ * makes the loop measure the peak again. */
 #include "anneal/train.h"
 #include "test.h"
 #include "train_util.h"
@@ -188,6 +189,38 @@ static void expect_usage(anneal_train_config *c, const char *want) {
     anneal_clear_error();
 }
 
+/* A start-up peak measurement far below the machine (ANNEAL_TEST_PEAK_GFLOPS stands in
+ * for a disturbed one) gives a first step above 100% MFU: the loop measures again, says
+ * so once, and every logged MFU is then below 100%. */
+TEST(mfu_above_100_measures_the_peak_again) {
+    const char *dir = tu_mkdtemp("peak");
+    REQUIRE(dir);
+    char out[300], txt[320];
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(txt, sizeof txt, "%s/out.txt", dir);
+    anneal_train_config c;
+    base_config(&c, out, 3);
+    anneal_train_config_set(&c, "peak-gflops", "0"); /* measured */
+    setenv("ANNEAL_TEST_PEAK_GFLOPS", "1e-6", 1);
+    FILE *f = fopen(txt, "w");
+    REQUIRE(f);
+    anneal_train_result r;
+    anneal_status st = anneal_train_run(&c, f, &r);
+    fclose(f);
+    unsetenv("ANNEAL_TEST_PEAK_GFLOPS");
+    anneal_train_config_free(&c);
+    REQUIRE(st == ANNEAL_OK);
+    const char *text = tu_slurp(txt);
+    const char *hit = strstr(text, "MFU above 100% against the start-up ceiling");
+    CHECK(hit != NULL, "no re-measure note in:\n%s", text);
+    CHECK(!hit || !strstr(hit + 1, "MFU above 100% against the start-up ceiling"), "note printed twice");
+    CHECK(!strstr(text, "is above 100%: the ceiling"), "MFU still above 100%% after measuring again:\n%s", text);
+    double mfu[3] = {NAN, NAN, NAN};
+    REQUIRE(tu_read_steps(log_of(out), "mfu", NAN, mfu, NULL, NULL, 3) == 3);
+    for (int i = 0; i < 3; i++) CHECK(mfu[i] > 0 && mfu[i] < 1, "step %d: mfu %g", i + 1, mfu[i]);
+    tu_rmrf(dir);
+}
+
 TEST(bad_combinations_are_usage_errors) {
     const char *dir = tu_mkdtemp("usage");
     REQUIRE(dir);
@@ -247,6 +280,7 @@ int main(void) {
     RUN(non_finite_steps_are_skipped_then_stop);
     RUN(stop_request_checkpoints_and_resume_continues);
     RUN(bad_combinations_are_usage_errors);
+    RUN(mfu_above_100_measures_the_peak_again);
     fclose(devnull);
     return anneal_test_summary();
 }
