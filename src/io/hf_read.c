@@ -348,6 +348,7 @@ anneal_status anneal_model_load_hf(const char *path, anneal_device dev, anneal_m
         return r;
     }
     *out = m;
+    anneal_memory_release_cache(ANNEAL_CPU); /* the load's temporaries (f32 conversions) are not the run's */
     return ANNEAL_OK;
 }
 

@@ -1,8 +1,8 @@
 /* Reads a quantized model directory (docs/FORMATS.md, "Quantized model directories"),
- * validating the record and every tensor before the model is built: the unquantized
- * tensors go through the architecture's hf_import (the quantized layers' f32 weights
- * are handed over as zeros, since the int8 weights replace them), then each listed
- * dense layer gets its int8 weight and scales (anneal_nn_quant_attach), and, in a
+ * validating the record and every tensor before the model is built: each
+ * listed dense layer first gets its int8 weight and scales (anneal_nn_quant_attach,
+ * which makes its f32 weight stride-0 zeros), then the unquantized tensors go through
+ * the architecture's hf_import (the listed weights handed back as they are), and, in a
  * format_version 2 directory, the lm head its int8 weight (anneal_nn_quant_head_attach). */
 #include "anneal/io.h"
 #include "checkpoint_internal.h"
@@ -160,11 +160,13 @@ static bool src_info(void *ctx, const char *name, anneal_dtype *dtype, int *ndim
     return true;
 }
 
-/* The source's get: zeros for a listed layer's weight (its int8 one replaces it), else the entry in f32. */
+/* The source's get: for a listed layer's weight the parameter itself (attach_all made it
+ * stride-0 zeros; the import copies nothing onto a tensor handed back to it), else the
+ * entry in f32. */
 static anneal_tensor *src_get(void *ctx, const char *name) {
     const qsource *s = ctx;
     int i = listed_layer(s, name, ".weight");
-    if (i >= 0) return anneal_zeros(ANNEAL_F32, 2, s->ps->dense[i].dense->weight->shape);
+    if (i >= 0) return s->ps->dense[i].dense->weight;
     return anneal_safetensors_find(s->st, name) ? anneal_safetensors_load(s->st, name, ANNEAL_F32) : NULL;
 }
 
@@ -359,8 +361,11 @@ anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_mode
     if (r == ANNEAL_OK) r = check_tensors(st, &rec, m->params, listed);
     if (r == ANNEAL_OK) r = check_head(st, &rec, m);
     if (r == ANNEAL_OK) r = qsource_init(&src, st, m->params, listed, rec.head);
-    if (r == ANNEAL_OK) r = anneal_model_hf_import(m, &src.src);
+    /* the int8 layers first: their f32 weights give way to stride-0 zeros before the import
+     * would write (and so touch) 4 bytes a weight that nothing reads */
     if (r == ANNEAL_OK) r = attach_all(st, &rec, m->params, listed);
+    if (r == ANNEAL_OK) anneal_memory_release_cache(ANNEAL_CPU); /* those f32 blocks go back now */
+    if (r == ANNEAL_OK) r = anneal_model_hf_import(m, &src.src);
     if (r == ANNEAL_OK && rec.head) r = attach_head(st, &rec, m->params);
     qsource_free(&src);
     free(listed);
@@ -371,5 +376,6 @@ anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_mode
         return r;
     }
     *out = m;
+    anneal_memory_release_cache(ANNEAL_CPU); /* the load's temporaries (f32 conversions, zeros) */
     return ANNEAL_OK;
 }

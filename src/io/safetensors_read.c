@@ -416,6 +416,18 @@ static void store_float(anneal_dtype dt, uint8_t *p, float f) {
     memcpy(p, &h, 2);
 }
 
+/* Gives back the pages of the mapping that lie wholly inside e's bytes, once they have
+ * been copied out: a model loaded tensor by tensor then never holds the file's pages and
+ * its own copy of them at once (the mapping is private and read-only, so the kernel
+ * reads a page again from the file should anything touch it later). */
+static void drop_pages(const anneal_safetensors *st, const anneal_st_entry *e) {
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return;
+    uintptr_t lo = (uintptr_t)(st->data + e->begin), hi = (uintptr_t)(st->data + e->end);
+    uintptr_t a = (lo + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1), b = hi & ~((uintptr_t)ps - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 /* New CPU tensor with entry `name`'s data, converted between float dtypes if asked. */
 anneal_tensor *anneal_safetensors_load(const anneal_safetensors *st, const char *name,
                                        anneal_dtype want) {
@@ -445,10 +457,11 @@ anneal_tensor *anneal_safetensors_load(const anneal_safetensors *st, const char 
     uint8_t *dst = anneal_data(t);
     if (e->dtype == want) {
         if (e->end > e->begin) memcpy(dst, src, (size_t)(e->end - e->begin));
-        return t;
+    } else {
+        size_t si = anneal_dtype_size(e->dtype), di = anneal_dtype_size(want);
+        uint64_t n = (e->end - e->begin) / si;
+        for (uint64_t i = 0; i < n; i++) store_float(want, dst + i * di, load_float(e->dtype, src + i * si));
     }
-    size_t si = anneal_dtype_size(e->dtype), di = anneal_dtype_size(want);
-    uint64_t n = (e->end - e->begin) / si;
-    for (uint64_t i = 0; i < n; i++) store_float(want, dst + i * di, load_float(e->dtype, src + i * si));
+    drop_pages(st, e);
     return t;
 }

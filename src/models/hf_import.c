@@ -83,7 +83,8 @@ anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source
         anneal_tensor *p = ps->items[i].tensor;
         anneal_scope *sc = anneal_scope_open();
         anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
-        r = t ? anneal_copy_(p, t)
+        r = t == p ? ANNEAL_OK /* the source handed the parameter back: nothing to copy (quant_read.c) */
+          : t ? anneal_copy_(p, t)
           : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
                                               : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
         anneal_scope_close(sc);

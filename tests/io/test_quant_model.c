@@ -156,6 +156,9 @@ static void check_preset(const char *preset) {
         CHECK(anneal_quant_dir_is_quantized(dir), "%s: not recognised", dir);
         anneal_model *back = NULL;
         REQUIRE(anneal_model_load_hf(dir, ANNEAL_CPU, &back) == ANNEAL_OK);
+        /* the load's temporaries went back to the system, not to the allocator's cache */
+        CHECK(anneal_memory_stats_get(ANNEAL_CPU).cached_bytes == 0, "%s: %lld bytes cached after the load", preset,
+              (long long)anneal_memory_stats_get(ANNEAL_CPU).cached_bytes);
         float *again = logits_of(back, ids, &n2);
         REQUIRE(again);
         CHECK(memcmp(again, got, (size_t)n * sizeof *got) == 0, "%s %s: logits after the round trip differ", preset,
