@@ -4,6 +4,9 @@
 #   decode_int8.log   anneal int8 dynamic (int8 head, bf16 KV) vs llama.cpp Q8_0, batch 1
 #   decode_bf16.log   anneal bf16 (bf16 KV) vs llama.cpp F16, batch 1
 #   serve_int8.log    anneal serve, the int8 model: 16 streams vs 1 stream (+ the load test)
+#   with FULL=1 also:
+#   load_test.log     the load test at its size: 64 streams for 60 s, 1,000 malformed requests
+#   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (system python3 with torch)
 #   lscpu.txt, commit.txt, load.txt (uptime before and after each part)
 # GPT-2 124M with random weights (the preset), prompt 512, 128 decode steps, THREADS
 # threads (default 2). Needs build/anneal and .venv (make bootstrap: llama-cpp-python).
@@ -34,5 +37,12 @@ trap 'rm -rf "$tmp"' EXIT
 "$BIN" quantize --model "$tmp/hf" --out "$tmp/q" --mode dynamic > /dev/null
 $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --seconds 20 --compare-seconds 15 \
     --malformed 300 --engine-baseline -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_int8.log"
+if [ "${FULL:-0}" = 1 ]; then
+    load "load test"
+    $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --streams 64 --seconds 60 --malformed 1000 \
+        --compare-seconds 15 -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/load_test.log"
+    load "quant speed"
+    python3 bench/quant_speed.py --bin "$BIN" --model 124M --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed.log"
+fi
 load "end"
 echo "deploy_speed: logs in $OUT"

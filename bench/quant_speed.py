@@ -10,8 +10,8 @@ model/checkpoint directory; `anneal export --format hf` writes them as a Hugging
 directory, which transformers loads (GPT2LMHeadModel) and `anneal quantize` quantizes.
 Hugging Face GPT-2 keeps its block projections in Conv1D modules, which quantize_dynamic
 does not touch (it quantizes nn.Linear only), so they are turned into the equivalent
-nn.Linear first (weight transposed); the lm head stays float on both sides (anneal does
-not quantize it either). Both run the prompt as one batched forward with the KV cache,
+nn.Linear first (weight transposed); the lm head is int8 on both sides (anneal quantize's
+default `--head int8`; lm_head is in quantize_dynamic's set). Both run the prompt as one batched forward with the KV cache,
 then --decode tokens one at a time (greedy), with --threads threads; best of --rounds.
 Prints tokens/s and the ratios anneal / PyTorch.
 """
@@ -112,7 +112,7 @@ def main():
         vocab = model.config.vocab_size
         rows["torch f32"] = torch_speed(model, vocab, a)
         model = conv1d_to_linear(model)
-        spec = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+        spec = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}  # lm_head too, as anneal's
         qmodel = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
         rows["torch quantize_dynamic int8"] = torch_speed(qmodel, vocab, a)
         print(f"model {a.model}, batch 1, prompt {a.prompt} tokens, decode {a.decode} tokens, {a.threads} threads, "
