@@ -39,8 +39,8 @@ extern "C" {
 #endif
 
 /* The table layout this header describes. 3: workspace_bytes (a hint, appended after
- * the version 2 slots). */
-#define ANNEAL_BACKEND_VERSION 3
+ * the version 2 slots); 4: alloc_zeroed. */
+#define ANNEAL_BACKEND_VERSION 4
 
 typedef enum anneal_binary_op { ANNEAL_ADD, ANNEAL_SUB, ANNEAL_MUL, ANNEAL_DIV } anneal_binary_op;
 
@@ -411,6 +411,14 @@ struct anneal_backend {
      * caches). Read only when version >= 3 (an older table has no such field). A device
      * with memory to spare and a per-chunk fixed cost (a GPU) sets it large. */
     int64_t workspace_bytes;
+
+    /* -------------------------------------------- version 4: zeroed memory */
+    /* Memory as alloc gives it, every byte zero. Optional (NULL: alloc, then fill). For a
+     * backend whose system allocator hands out fresh pages already zero (the CPU's
+     * calloc), so a large zero tensor (a model's parameters before a load overwrites or
+     * replaces them, optimizer moments) is not written, and so not made resident, until
+     * it is used. */
+    void *(*alloc_zeroed)(void *ctx, size_t nbytes);
 };
 
 /* True when table b has slot `field` (non-NULL, and b's version is at least the one

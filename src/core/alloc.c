@@ -100,7 +100,10 @@ static void oom_error(anneal_device d, const char *fmt, ...) {
     anneal_set_error(ANNEAL_ERR_OOM, "%s", msg);
 }
 
-anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
+/* anneal_storage_new, and with zero set a block whose bytes are zero when *zeroed says
+ * so: a cache miss on a backend with alloc_zeroed (a cached block has been used). */
+static anneal_storage *storage_get(anneal_device d, size_t nbytes, bool zero, bool *zeroed) {
+    if (zeroed) *zeroed = false;
     const anneal_backend *be = anneal_backend_get(d);
     if (!be) return NULL;
     device_pool *dp = &g_pool[d];
@@ -128,11 +131,13 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
         /* A miss: keep the reserved bytes under the cap, then ask the system (and on
          * refusal, empty the cache and ask once more). */
         if (dp->limit > 0 && dp->reserved + (int64_t)block > dp->limit) drain_locked(dp, be);
-        void *p = be->alloc(be->ctx, block);
+        void *(*get)(void *, size_t) = zero && ANNEAL_BACKEND_SLOT(be, alloc_zeroed, 4) ? be->alloc_zeroed : be->alloc;
+        void *p = get(be->ctx, block);
         if (!p && dp->cached) {
             drain_locked(dp, be);
-            p = be->alloc(be->ctx, block);
+            p = get(be->ctx, block);
         }
+        if (p && zeroed) *zeroed = get != be->alloc;
         st = p ? malloc(sizeof *st) : NULL;
         if (!st) {
             if (p) be->free(be->ctx, p);
@@ -162,6 +167,12 @@ anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) {
     dp->n_allocs++;
     pthread_mutex_unlock(&dp->lock);
     return st;
+}
+
+anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes) { return storage_get(d, nbytes, false, NULL); }
+
+anneal_storage *anneal_storage_new_zeroed(anneal_device d, size_t nbytes, bool *zeroed) {
+    return storage_get(d, nbytes, true, zeroed);
 }
 
 void anneal_storage_retain(anneal_storage *s) {

@@ -6,6 +6,9 @@
 
 /* New storage of nbytes on device d (one reference), NULL + ANNEAL_ERR_OOM on failure. */
 anneal_storage *anneal_storage_new(anneal_device d, size_t nbytes);
+/* The same, preferring memory the backend hands out zeroed (alloc_zeroed); *zeroed
+ * tells whether it did (else the caller fills the block). */
+anneal_storage *anneal_storage_new_zeroed(anneal_device d, size_t nbytes, bool *zeroed);
 void anneal_storage_retain(anneal_storage *s);
 void anneal_storage_release(anneal_storage *s);
 

@@ -95,14 +95,18 @@ static anneal_tensor *tensor_struct(anneal_storage *st, anneal_dtype dt, anneal_
     return t;
 }
 
-anneal_tensor *anneal_empty_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape) {
+/* A contiguous tensor on dev in the current scope; with zero set, its bytes are zero
+ * when *zeroed says so (fresh memory the backend handed out zeroed). */
+static anneal_tensor *new_contiguous(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape, bool zero,
+                                     bool *zeroed) {
     if ((unsigned)dt >= ANNEAL_DTYPE_COUNT) {
         anneal_set_error(ANNEAL_ERR_DTYPE, "invalid dtype %d", (int)dt);
         return NULL;
     }
     int64_t n;
     if (!check_shape(ndim, shape, &n)) return NULL;
-    anneal_storage *st = anneal_storage_new(dev, (size_t)n * anneal_dtype_size(dt));
+    size_t bytes = (size_t)n * anneal_dtype_size(dt);
+    anneal_storage *st = zero ? anneal_storage_new_zeroed(dev, bytes, zeroed) : anneal_storage_new(dev, bytes);
     if (!st) return NULL;
     anneal_tensor *t = tensor_struct(st, dt, dev);
     if (!t) {
@@ -118,6 +122,10 @@ anneal_tensor *anneal_empty_on(anneal_device dev, anneal_dtype dt, int ndim, con
     }
     anneal_scope_register(t);
     return t;
+}
+
+anneal_tensor *anneal_empty_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape) {
+    return new_contiguous(dev, dt, ndim, shape, false, NULL);
 }
 
 anneal_tensor *anneal_empty(anneal_dtype dt, int ndim, const int64_t *shape) {
@@ -137,11 +145,20 @@ static anneal_tensor *fill_zero(anneal_tensor *t) {
     return t;
 }
 
-anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape) {
-    return fill_zero(anneal_empty(dt, ndim, shape));
+/* Zeros on dev: memory handed out zeroed is not written (so not touched). */
+static anneal_tensor *zeros_on(anneal_device dev, anneal_dtype dt, int ndim, const int64_t *shape) {
+    bool zeroed = false;
+    anneal_tensor *t = new_contiguous(dev, dt, ndim, shape, true, &zeroed);
+    return zeroed ? t : fill_zero(t);
 }
 
-anneal_tensor *anneal_zeros_like(const anneal_tensor *like) { return fill_zero(anneal_empty_like(like)); }
+anneal_tensor *anneal_zeros(anneal_dtype dt, int ndim, const int64_t *shape) {
+    return zeros_on(ANNEAL_CPU, dt, ndim, shape);
+}
+
+anneal_tensor *anneal_zeros_like(const anneal_tensor *like) {
+    return like ? zeros_on(like->device, like->dtype, like->ndim, like->shape) : NULL;
+}
 
 anneal_tensor *anneal_from_data(anneal_dtype dt, int ndim, const int64_t *shape, const void *data) {
     return anneal_from_data_on(ANNEAL_CPU, dt, ndim, shape, data);

@@ -9,6 +9,7 @@
 #include "cpu_kernels.h"
 #include "fused.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +18,26 @@
 
 /* ------------------------------------------------------ memory, streams */
 
-static void *cpu_alloc(void *ctx, size_t n) {
-    size_t rounded = (n + 63) & ~(size_t)63;
-    return aligned_alloc(64, rounded ? rounded : 64);
+/* Host blocks are 64-byte aligned addresses inside a malloc or calloc allocation whose
+ * own pointer sits just below them, so one free serves both. */
+enum { HOST_PAD = 63 + sizeof(void *) };
+
+static void *aligned_in(void *raw) {
+    if (!raw) return NULL;
+    uintptr_t a = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    ((void **)a)[-1] = raw;
+    return (void *)a;
 }
 
-static void cpu_free(void *ctx, void *p) { free(p); }
+static void *cpu_alloc(void *ctx, size_t n) { return aligned_in(malloc((n ? n : 1) + HOST_PAD)); }
+
+/* calloc: glibc hands a large request fresh pages from the system without writing them
+ * (they are zero already), so they stay untouched, and not resident, until used. */
+static void *cpu_alloc_zeroed(void *ctx, size_t n) { return aligned_in(calloc(1, (n ? n : 1) + HOST_PAD)); }
+
+static void cpu_free(void *ctx, void *p) {
+    if (p) free(((void **)p)[-1]);
+}
 
 static anneal_status cpu_memcpy(void *ctx, void *dst, const void *src, size_t n) {
     if (n) memcpy(dst, src, n);
@@ -474,6 +489,7 @@ static const anneal_backend k_cpu_backend = {
     .adamw_multi = cpu_adamw_multi,
     .quantize_s8 = cpu_quantize_s8,
     .qmatmul = cpu_qmatmul,
+    .alloc_zeroed = cpu_alloc_zeroed,
 };
 
 anneal_status anneal_cpu_backend_register(void) { return anneal_backend_register(&k_cpu_backend); }

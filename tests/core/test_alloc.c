@@ -1,11 +1,14 @@
 /* The caching allocator: freed storage is reused for the same size class, the
  * statistics add up (reserved = live blocks + cache), the limit still gives
  * ANNEAL_ERR_OOM and empties the cache before it would be crossed, blocks are
- * 64-byte aligned, and releasing the cache gives every free block back. */
+ * 64-byte aligned, fresh zeros are not written (so not resident until used), and
+ * releasing the cache gives every free block back. */
 #include "anneal/anneal.h"
 #include "test.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
 
 static anneal_memory_stats stats(void) { return anneal_memory_stats_get(ANNEAL_CPU); }
 
@@ -143,6 +146,42 @@ TEST(blocks_are_aligned) {
     anneal_scope_close(s);
 }
 
+/* Resident bytes of this process (/proc/self/statm), or -1. */
+static int64_t resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, res = -1;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
+        fclose(f);
+    }
+    return res < 0 ? -1 : (int64_t)res * sysconf(_SC_PAGESIZE);
+}
+
+/* zeros() on a cache miss takes memory the backend hands out zeroed (alloc_zeroed) and
+ * does not write it: 64 MiB of zeros do not become resident until used, and read as
+ * zeros. */
+TEST(fresh_zeros_are_not_written) {
+    anneal_memory_release_cache(ANNEAL_CPU);
+    int64_t before = resident_bytes();
+    /* under a sanitizer its allocator decides what is resident: the values are checked only */
+    bool see = before >= 0 && !anneal_test_sanitized();
+    const int64_t n = 16 << 20; /* 64 MiB of f32 */
+    anneal_tensor *z = owned(0);
+    anneal_release(z);
+    anneal_scope_enter(NULL);
+    z = anneal_zeros(ANNEAL_F32, 1, &n);
+    anneal_scope_leave();
+    REQUIRE(z);
+    int64_t grew = resident_bytes() - before;
+    if (see) CHECK(grew < (8 << 20), "64 MiB of fresh zeros made %.1f MiB resident", (double)grew / (1 << 20));
+    else printf("    resident memory not checked (%s)\n", before < 0 ? "no /proc/self/statm" : "sanitizer");
+    const float *p = anneal_data(z);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i += 1021) bad += p[i] != 0.0f;
+    CHECK(bad == 0, "%lld nonzero samples in fresh zeros", (long long)bad);
+    anneal_release(z);
+}
+
 TEST(release_cache_gives_blocks_back) {
     anneal_tensor *keep = owned(777);
     anneal_tensor *a = owned(50000), *b = owned(2000);
@@ -191,6 +230,7 @@ int main(void) {
     RUN(statistics_add_up);
     RUN(limit_is_enforced_and_empties_the_cache);
     RUN(blocks_are_aligned);
+    RUN(fresh_zeros_are_not_written);
     RUN(release_cache_gives_blocks_back);
     RUN(headers_and_nodes_are_pooled);
     return anneal_test_summary();
