@@ -6,11 +6,12 @@
  * multiply-adds per CPU second per kernel and shape, and
  * whether the outputs' bits agree. GPT-2 124M's shapes (N x K): 2304x768, 768x768,
  * 3072x768, 768x3072, 50257x768 (the head). Build (no library needed):
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -Isrc/cpu bench/bench_qrows.c src/cpu/gemm_int8_avx2.c \
+ *   gcc -O3 -std=c11 -D_GNU_SOURCE -fopenmp -Isrc/cpu bench/bench_qrows.c src/cpu/gemm_int8_avx2.c \
  *       src/cpu/qrows_wide_avx2.c -o /tmp/bench_qrows -lm
  *   OMP_WAIT_POLICY=passive OMP_NUM_THREADS=1 /tmp/bench_qrows [M] [reps]
  * The old kernel: git show REV:src/cpu/qrows_wide_avx2.c | sed s/_wide_avx2/_old_avx2/ > /tmp/old.c, and
- * -DBENCH_OLD=anneal_qrows_s8_old_avx2 /tmp/old.c on the line above (its x16: rows K apart). */
+ * -DBENCH_OLD=anneal_qrows_s8_old_avx2 /tmp/old.c on the line above. -O3: the library's flags
+ * (at -O2 the sign-trick kernel ran at about half its -O3 speed). */
 #include "gemm_int8_internal.h"
 
 #include <omp.h>
@@ -68,11 +69,10 @@ int main(int argc, char **argv) {
         const int64_t N = shapes[s][0], K = shapes[s][1], M4 = (M + 3) & ~(int64_t)3;
         const int64_t copies = getenv("BENCH_HOT") ? 1 : (64ll << 20) / (N * K) + 1; /* weights cold: >= 64 MiB of copies in turn (> L3); BENCH_HOT=1: one copy */
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K * copies));
-        const int64_t L = anneal_qrows_x16_ld(K);
-        int16_t *x16 = calloc((size_t)(M4 * L), sizeof *x16), *x16k = calloc((size_t)(M4 * K), sizeof *x16k);
+        int16_t *x16 = calloc((size_t)(M4 * K), sizeof *x16), *x16k = calloc((size_t)(M4 * K), sizeof *x16k);
         float *sx = malloc((size_t)M * 4), *ws = malloc((size_t)N * 4), *y[3];
         for (int i = 0; i < 3; i++) y[i] = malloc((size_t)(M * N) * 4);
-        for (int64_t i = 0; i < M * K; i++) x16k[i] = x16[i / K * L + i % K] = xq[i] = (int8_t)((int)(next() % 255) - 127);
+        for (int64_t i = 0; i < M * K; i++) x16k[i] = x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
         for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128);
         for (int64_t c = 1; c < copies; c++) memcpy(w + c * N * K, w, (size_t)(N * K));
         for (int64_t i = 0; i < M; i++) sx[i] = 1e-3f;

@@ -52,13 +52,8 @@ typedef struct anneal_qrows_s8_args {
  * interleaving several rows' short streams ran at half the bandwidth on Zen 3) against
  * up to 4 rows of xq, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
-/* K above which the wide kernel takes K in chunks (its x16 outgrows L1). */
-enum { ANNEAL_QROWS_WIDE_KMAX = 1024 };
-/* The distance in int16 values between rows of the wide kernel's x16: K, and past
- * ANNEAL_QROWS_WIDE_KMAX 32 more (rows 6 KiB apart would share L1 sets). */
-static inline int64_t anneal_qrows_x16_ld(int64_t K) { return K > ANNEAL_QROWS_WIDE_KMAX ? K + 32 : K; }
 /* The same product and bits for any M (qrows_wide_avx2.c; the driver uses it from 2 rows): x16 = xq widened to int16,
- * M rows anneal_qrows_x16_ld(K) apart then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row
+ * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row
  * with vpmaddwd. AVX2. */
 void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1);
 

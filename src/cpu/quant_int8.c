@@ -271,16 +271,14 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
                                   .bias = a->bias, .y = a->y};
         if (M <= QROWS_MAX) {
             const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
-            /* 2+ rows (serving steps, short prompts): the int16 kernel, same bits, for every
-             * K (past 1024, GPT-2's 3072-wide projection, it goes in chunks of K that stay
-             * in L1: 1.5-1.8x the sign trick's speed there at 16 rows on Zen 3,
-             * bench/bench_qrows.c). One row (decoding) stays on the sign
+            /* 2+ rows (serving steps, short prompts): the int16 kernel, same bits, while the
+             * widened rows stay in L1 (K <= 1024: GPT-2 124M's 768-wide products; its
+             * 3072-wide projection ran slower from L2). One row (decoding) stays on the sign
              * trick here, although the int16 kernel over 3 zero rows was faster there too
              * (one GPT-2 124M step's products 27-38% less time on Zen 3). */
-            const int64_t M4 = (M + 3) & ~(int64_t)3, L = anneal_qrows_x16_ld(K); /* zero rows up to a multiple of 4 */
-            int16_t *x16 = M >= 2 ? calloc((size_t)(M4 * L), sizeof *x16) : NULL;
-            for (int64_t m = 0; x16 && m < M; m++)
-                for (int64_t k = 0; k < K; k++) x16[m * L + k] = xq[m * K + k];
+            const int64_t M4 = (M + 3) & ~(int64_t)3; /* zero rows up to a multiple of 4 */
+            int16_t *x16 = M >= 2 && K <= 1024 ? malloc((size_t)(M4 * K) * sizeof *x16) : NULL;
+            for (int64_t i = 0; x16 && i < M4 * K; i++) x16[i] = i < M * K ? xq[i] : 0;
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t n1 = b * 16 + 16 < N ? b * 16 + 16 : N;

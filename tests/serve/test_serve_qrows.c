@@ -2,8 +2,8 @@
  * per-request product, bit for bit: anneal_qrows_s8_wide_avx2 (int16 kernel) against
  * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
  * tails, M from 1 to 33 (8-row and 4-row blocks, the last over zero padding), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
- * on 16 rows against each row alone; the driver on 1 to 33 rows (K past 1024 included:
- * the chunked pass) against a scalar reference. */
+ * on 16 rows against each row alone; the driver on 1 to 33 rows against a scalar
+ * reference. */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_int8_internal.h"
@@ -31,16 +31,15 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K));
-        const int64_t L = anneal_qrows_x16_ld(K); /* x16's rows L apart, zero rows to a multiple of 4 */
-        int16_t *x16 = calloc((size_t)(((M + 3) & ~3) * L), sizeof *x16);
+        int16_t *x16 = calloc((size_t)(((M + 3) & ~3) * K), sizeof *x16); /* zero rows to a multiple of 4 */
         float *sx = malloc((size_t)M * sizeof *sx), *ws = malloc((size_t)N * sizeof *ws), *bias = malloc((size_t)N * 4);
         float *y0 = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(M * N) * 4);
         REQUIRE(xq && w && x16 && sx && ws && bias && y0 && y1);
-        for (int64_t i = 0; i < M * K; i++) x16[i / K * L + i % K] = xq[i] = (int8_t)((int)(next() % 255) - 127);
+        for (int64_t i = 0; i < M * K; i++) x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
         for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128); /* -128 included */
         if (K >= 2) w[0] = -128, w[1] = -128, xq[0] = x16[0] = -127, xq[1] = x16[1] = -127; /* the largest pair sum */
         for (int64_t k = 0; k < K; k++) w[(N - 1) * K + k] = -128, xq[(M - 1) * K + k] = -127; /* the largest sum */
-        for (int64_t k = 0; k < K; k++) x16[(M - 1) * L + k] = -127;
+        for (int64_t k = 0; k < K; k++) x16[(M - 1) * K + k] = -127;
         for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
         for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
         for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -91,10 +90,10 @@ TEST(sixteen_rows_equal_each_row_alone) {
     free(x), free(wscale), free(bias), free(y), free(y1), free(w);
 }
 
-/* The driver on every row count 1 to 33 (8-row, 4-row and padded blocks; K past 1024
- * takes the chunked pass up to 32 rows) with K and N off every vector width, dynamic and
- * static, against a scalar reference written here: the quantizer's formula, the int32
- * sum, the epilogue, bit for bit. */
+/* The driver on every row count 1 to 33 (one row, the 8-row, 4-row and padded blocks of
+ * the int16 kernel, the sign trick past K = 1024, the blocked pass past 32 rows) with K
+ * and N off every vector width, dynamic and static, against a scalar reference written
+ * here: the quantizer's formula, the int32 sum, the epilogue, bit for bit. */
 TEST(driver_equals_the_scalar_reference_on_1_to_33_rows) {
     static const int64_t shapes[][2] = {{11, 40}, {13, 1043}, {5, 2061}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
