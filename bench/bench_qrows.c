@@ -69,7 +69,12 @@ int main(int argc, char **argv) {
         const int64_t N = shapes[s][0], K = shapes[s][1], M4 = (M + 3) & ~(int64_t)3;
         const int64_t copies = getenv("BENCH_HOT") ? 1 : (64ll << 20) / (N * K) + 1; /* weights cold: >= 64 MiB of copies in turn (> L3); BENCH_HOT=1: one copy */
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K * copies));
-        int16_t *x16 = calloc((size_t)(M4 * K), sizeof *x16), *x16k = calloc((size_t)(M4 * K), sizeof *x16k);
+        /* x16 64-byte aligned; the old kernel's copy BENCH_X16_OFFSET bytes past a 64-byte
+         * boundary (malloc gives 16-byte alignment: 16 splits every other 32-byte load) */
+        const size_t x16b = (size_t)(M4 * K) * sizeof(int16_t), off = getenv("BENCH_X16_OFFSET") ? (size_t)atoi(getenv("BENCH_X16_OFFSET")) : 0;
+        char *x16mem = aligned_alloc(64, (x16b + 127) / 64 * 64), *x16kmem = aligned_alloc(64, (x16b + 127) / 64 * 64);
+        int16_t *x16 = (int16_t *)x16mem, *x16k = (int16_t *)(x16kmem + off);
+        memset(x16mem, 0, x16b), memset(x16k, 0, x16b);
         float *sx = malloc((size_t)M * 4), *ws = malloc((size_t)N * 4), *y[3];
         for (int i = 0; i < 3; i++) y[i] = malloc((size_t)(M * N) * 4);
         for (int64_t i = 0; i < M * K; i++) x16k[i] = x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
@@ -79,12 +84,15 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < N; i++) ws[i] = 1e-3f;
         printf("%5lld x %4lld:", (long long)N, (long long)K);
         /* the kernels in turn within each repetition, so a machine that changes speed
-         * (shared cores) weighs on all of them alike; the best of reps each */
+         * (shared cores) weighs on all of them alike; the best of reps each. Each call reads
+         * a weight copy no recent call read (none in cache but by size) */
         double best[3] = {1e30, 1e30, 1e30};
         for (int r = 0; r < reps; r++)
-            for (int kind = 0; kind < kinds; kind++) {
+            for (int j = 0; j < kinds; j++) {
+                const int kind = (j + r) % kinds; /* each kind first in turn, each call its own weight copy */
                 if (kind >= 1 && M < 2) continue;
-                anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = w + (r % copies) * N * K,
+                anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx,
+                                          .w = w + ((int64_t)r * kinds + kind) % copies * N * K,
                                           .wscale = ws, .y = y[kind]};
                 double t0 = now_s();
                 run(kind, &q, x16, x16k);
@@ -95,7 +103,7 @@ int main(int argc, char **argv) {
             if (kind == 0 || M >= 2)
                 printf("  %s %.3f ms %.1f GMAC/s", names[kind], best[kind] * 1e3, (double)(M * N * K) / best[kind] * 1e-9);
         printf("  bits %s\n", M < 2 || !memcmp(y[0], y[1], (size_t)(M * N) * 4) ? "equal" : "DIFFER");
-        free(xq), free(w), free(x16), free(x16k), free(sx), free(ws);
+        free(xq), free(w), free(x16mem), free(x16kmem), free(sx), free(ws);
         for (int i = 0; i < 3; i++) free(y[i]);
     }
     return 0;
