@@ -74,8 +74,8 @@ AVX2_TARGET static inline __attribute__((always_inline)) void rows4(const anneal
 
 /* See gemm_int8_internal.h. The last M % 4 rows (when M > 4) go through the sign-trick
  * kernel on the same weight row (in L1 by then) rather than a 4-row block over zero
- * rows: at -O3 on Zen 3 a 9-row product (a short prompt's prefill) took 8-37% less time
- * on the sign trick alone than as 8 + 4 padded rows here (bench/bench_qrows.c). */
+ * rows: at -O3 on Zen 3 a 9- or 13-row product (a short prompt's prefill) took 8-20% less time
+ * than as padded 4-row blocks here (bench/bench_qrows.c). */
 AVX2_TARGET void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1) {
     const int64_t M = q->M, m8 = M & ~(int64_t)7, m4 = M > 4 ? M & ~(int64_t)3 : M;
     anneal_qrows_s8_args t = *q; /* rows m4 .. M - 1 alone */

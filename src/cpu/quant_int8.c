@@ -208,7 +208,7 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
 /* n bytes (n > 0) at a 64-byte boundary, for free(): the AVX2 kernels' 32-byte loads of
  * the activations (xq, x16; rows a multiple of 64 bytes long at K = 768) then never split
  * a cache line. malloc's 16-byte alignment split every other one when the block started
- * 16 past a line: the int16 kernel took 20-30% longer (bench/bench_qrows.c,
+ * 16 past a line: the int16 kernel took 15-45% longer (bench/bench_qrows.c,
  * BENCH_X16_OFFSET=16, Zen 3). */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
