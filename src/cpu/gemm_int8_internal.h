@@ -53,7 +53,8 @@ typedef struct anneal_qrows_s8_args {
  * up to 4 rows of xq, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
 /* The same product and bits for any M (qrows_wide_avx2.c; the driver uses it from 2 rows): x16 = xq widened to int16,
- * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row
+ * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row (the last M % 4 of
+ * M > 4 rows through anneal_qrows_s8_avx2),
  * with vpmaddwd. AVX2. */
 void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1);
 

@@ -205,6 +205,13 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
 
 /* ---------------------------------------------------------------- driver */
 
+/* n bytes (n > 0) at a 64-byte boundary, for free(): the AVX2 kernels' 32-byte loads of
+ * the activations (xq, x16; rows a multiple of 64 bytes long at K = 768) then never split
+ * a cache line. malloc's 16-byte alignment split every other one when the block started
+ * 16 past a line: the int16 kernel took 15-45% longer (bench/bench_qrows.c,
+ * BENCH_X16_OFFSET=16, Zen 3). */
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+
 /* Rows of x up to which dynamic and static products take the few-rows kernel on AVX2
  * (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the blocked one. */
 enum { QROWS_MAX = 32 };
@@ -246,7 +253,7 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     /* AVX2: the fused passes, no int32 workspace: few rows (decode, serving steps) stream
      * the weight once, many rows (prompts) the blocked GEMM */
     const bool rows = anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
-    int8_t *xq = malloc((size_t)(M * K));
+    int8_t *xq = rows ? alloc64((size_t)(M * K)) : malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
     int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
     if (!xq || !sx || (!rows && !acc)) {
@@ -277,7 +284,7 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
              * trick here, although the int16 kernel over 3 zero rows was faster there too
              * (one GPT-2 124M step's products 27-38% less time on Zen 3). */
             const int64_t M4 = (M + 3) & ~(int64_t)3; /* zero rows up to a multiple of 4 */
-            int16_t *x16 = M >= 2 && K <= 1024 ? malloc((size_t)(M4 * K) * sizeof *x16) : NULL;
+            int16_t *x16 = M >= 2 && K <= 1024 ? alloc64((size_t)(M4 * K) * sizeof *x16) : NULL;
             for (int64_t i = 0; x16 && i < M4 * K; i++) x16[i] = i < M * K ? xq[i] : 0;
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
             for (int64_t b = 0; b < nb; b++) {

@@ -2,12 +2,16 @@
  * per-request product, bit for bit: anneal_qrows_s8_wide_avx2 (int16 kernel) against
  * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
  * tails, M from 1 to 33 (8-row and 4-row blocks, the last over zero padding), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
- * on 16 rows against each row alone. */
+ * on 16 rows against each row alone; the driver on 1 to 33 rows against a scalar
+ * reference. */
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_int8_internal.h"
 #include "test.h"
 
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,10 +23,11 @@ static uint32_t next(void) {
 
 TEST(wide_kernel_equals_the_sign_trick_kernel) {
     if (!anneal_cpu_has_avx2()) SKIP("no AVX2");
-    static const int64_t shapes[][3] = {{8, 16, 32},  {16, 37, 768}, {9, 50, 40},   {15, 33, 3072},
-                                        {12, 20, 64}, {15, 19, 768}, {14, 3, 48},   {16, 64, 776},
-                                        {24, 17, 17}, {33, 48, 96},  {31, 5, 1},    {2, 40, 768},
-                                        {3, 21, 50},  {5, 16, 768},  {1, 9, 768}};
+    static const int64_t shapes[][3] = {{8, 16, 32},   {16, 37, 768}, {9, 50, 40},    {15, 33, 3072},
+                                        {12, 20, 64},  {15, 19, 768}, {14, 3, 48},    {16, 64, 776},
+                                        {24, 17, 17},  {33, 48, 96},  {31, 5, 1},     {2, 40, 768},
+                                        {3, 21, 50},   {5, 16, 768},  {1, 9, 768},    {16, 19, 3072},
+                                        {32, 13, 1043}, {7, 9, 1025}, {33, 11, 2050}, {2, 17, 1536}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int8_t *xq = malloc((size_t)(M * K)), *w = malloc((size_t)(N * K));
@@ -33,6 +38,8 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
         for (int64_t i = 0; i < M * K; i++) x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
         for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128); /* -128 included */
         if (K >= 2) w[0] = -128, w[1] = -128, xq[0] = x16[0] = -127, xq[1] = x16[1] = -127; /* the largest pair sum */
+        for (int64_t k = 0; k < K; k++) w[(N - 1) * K + k] = -128, xq[(M - 1) * K + k] = -127; /* the largest sum */
+        for (int64_t k = 0; k < K; k++) x16[(M - 1) * K + k] = -127;
         for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
         for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
         for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -83,8 +90,60 @@ TEST(sixteen_rows_equal_each_row_alone) {
     free(x), free(wscale), free(bias), free(y), free(y1), free(w);
 }
 
+/* The driver on every row count 1 to 33 (one row, the 8-row, 4-row and padded blocks of
+ * the int16 kernel, the sign trick past K = 1024, the blocked pass past 32 rows) with K
+ * and N off every vector width, dynamic and static, against a scalar reference written
+ * here: the quantizer's formula, the int32 sum, the epilogue, bit for bit. */
+TEST(driver_equals_the_scalar_reference_on_1_to_33_rows) {
+    static const int64_t shapes[][2] = {{11, 40}, {13, 1043}, {5, 2061}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t N = shapes[s][0], K = shapes[s][1], MM = 33;
+        float *x = malloc((size_t)(MM * K) * 4), *ws = malloc((size_t)N * 4), *bias = malloc((size_t)N * 4);
+        float *y = malloc((size_t)(MM * N) * 4), *r = malloc((size_t)(MM * N) * 4), *sx = malloc((size_t)MM * 4);
+        int8_t *w = malloc((size_t)(N * K)), *xq = malloc((size_t)(MM * K));
+        REQUIRE(x && ws && bias && y && r && sx && w && xq);
+        for (int64_t i = 0; i < MM * K; i++) x[i] = ((float)(next() % 20001) - 10000.0f) * 1e-3f;
+        for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128);
+        for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+        for (int mode = 0; mode < 2; mode++) {
+            const float act = 0.07f; /* static: some values clamp at +-127 */
+            for (int64_t m = 0; m < MM; m++) { /* the reference quantizer, row by row */
+                float amax = 0.0f;
+                for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[m * K + k]));
+                sx[m] = mode == 0 ? fmaxf(amax / 127.0f, FLT_EPSILON) : act;
+                for (int64_t k = 0; k < K; k++) {
+                    float q = nearbyintf(x[m * K + k] / sx[m]);
+                    xq[m * K + k] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+                }
+            }
+            for (int64_t m = 0; m < MM; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    int32_t acc = 0;
+                    for (int64_t k = 0; k < K; k++) acc += (int32_t)xq[m * K + k] * (int32_t)w[n * K + k];
+                    volatile float scale = sx[m] * ws[n], prod = (float)acc * scale; /* no contraction */
+                    r[m * N + n] = prod + bias[n];
+                }
+            int bad = 0;
+            for (int64_t M = 1; M <= MM; M++) {
+                anneal_cpu_qmatmul_args a = {.mode = mode == 0 ? ANNEAL_CPU_QUANT_DYNAMIC : ANNEAL_CPU_QUANT_STATIC,
+                                             .compute = ANNEAL_F32, .M = M, .N = N, .K = K, .x = x, .w = w,
+                                             .wscale = ws, .bias = bias, .act_scale = act, .y = y};
+                REQUIRE(anneal_cpu_qmatmul(&a) == 0);
+                if (memcmp(y, r, (size_t)(M * N) * 4)) {
+                    if (!bad) fprintf(stderr, "    N %lld K %lld mode %d: %lld rows differ\n", (long long)N, (long long)K, mode, (long long)M);
+                    bad++;
+                }
+            }
+            CHECK(bad == 0, "N %lld K %lld mode %d: %d row counts differ from the reference", (long long)N,
+                  (long long)K, mode, bad);
+        }
+        free(x), free(ws), free(bias), free(y), free(r), free(sx), free(w), free(xq);
+    }
+}
+
 int main(void) {
     RUN(wide_kernel_equals_the_sign_trick_kernel);
+    RUN(driver_equals_the_scalar_reference_on_1_to_33_rows);
     RUN(sixteen_rows_equal_each_row_alone);
     return anneal_test_summary();
 }
