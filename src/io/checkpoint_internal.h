@@ -68,9 +68,6 @@ bool anneal_ckpt_held_only(const anneal_model *m);
  * parameters of m that hold storage, each read by its name (the architectures export
  * their parameters under their own names; anything else is refused). */
 anneal_status anneal_ckpt_import_held(anneal_model *m, const anneal_safetensors *st);
-/* checkpoint_load.c: the optimizer file st's state of the parameters of ps (names as the
- * model's) into opt (an optimizer over ps), checked as anneal_checkpoint_load checks it. */
-anneal_status anneal_ckpt_optimizer_part(const anneal_safetensors *st, anneal_params *ps, anneal_optimizer *opt);
 
 /* "ckpt_%08lld" of step into buf. */
 void anneal_ckpt_dir_name(int64_t step, char *buf, size_t n);

@@ -590,7 +590,9 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     return r;
 }
 
-anneal_status anneal_ckpt_optimizer_part(const anneal_safetensors *st, anneal_params *ps, anneal_optimizer *opt) {
+/* The optimizer file st's state of the parameters of ps (names as the model's) into opt
+ * (an optimizer over ps), checked as anneal_checkpoint_load checks it. */
+static anneal_status optimizer_part(const anneal_safetensors *st, anneal_params *ps, anneal_optimizer *opt) {
     anneal_model shell; /* check_optimizer_file and restore_optimizer read m->params only */
     memset(&shell, 0, sizeof shell);
     shell.params = ps;
@@ -599,6 +601,22 @@ anneal_status anneal_ckpt_optimizer_part(const anneal_safetensors *st, anneal_pa
     anneal_status r = check_optimizer_file(st, &shell, opt, steps, &step_count);
     if (r == ANNEAL_OK) r = restore_optimizer(st, &shell, opt, steps, step_count);
     free(steps);
+    return r;
+}
+
+anneal_status anneal_checkpoint_load_optimizer_part(const char *ckpt_dir, anneal_params *ps, anneal_optimizer *opt) {
+    if (!ckpt_dir || !ps || !opt) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: NULL argument");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt_dir) >= sizeof path)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", ckpt_dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the checkpoint has no optimizer state (saved without one): %s",
+                                ckpt_dir, strerror(errno));
+    anneal_safetensors *st = NULL;
+    anneal_status r = anneal_safetensors_open(path, &st);
+    if (r == ANNEAL_OK) r = optimizer_part(st, ps, opt);
+    anneal_safetensors_close(st);
     return r;
 }
 

@@ -8,10 +8,8 @@
  * by name only touches the pages of the tensors it reads. */
 #include "io/checkpoint_internal.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 bool anneal_ckpt_held_only(const anneal_model *m) {
     for (int i = 0; m && i < m->params->n; i++)
@@ -59,21 +57,5 @@ anneal_status anneal_ckpt_import_held(anneal_model *m, const anneal_safetensors 
         r = src ? anneal_copy_(dst, src) : anneal_last_status();
         anneal_scope_close(sc);
     }
-    return r;
-}
-
-anneal_status anneal_checkpoint_load_optimizer_part(const char *ckpt_dir, anneal_params *ps, anneal_optimizer *opt) {
-    if (!ckpt_dir || !ps || !opt) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: NULL argument");
-    char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt_dir) >= sizeof path)
-        return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", ckpt_dir);
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the checkpoint has no optimizer state (saved without one): %s",
-                                ckpt_dir, strerror(errno));
-    anneal_safetensors *st = NULL;
-    anneal_status r = anneal_safetensors_open(path, &st);
-    if (r == ANNEAL_OK) r = anneal_ckpt_optimizer_part(st, ps, opt);
-    anneal_safetensors_close(st);
     return r;
 }

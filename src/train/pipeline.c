@@ -13,9 +13,12 @@
  * between the embedding and the head (GPT-2's wte): their two gradients are summed
  * there (Megatron's embedding group), so the two copies stay identical.
  *
- * What a rank owns: setup builds, initialises or loads the whole model as one process
- * (with --tp: its tensor-parallel shard model, tp.c), then the storage of every
- * parameter the stage does not use is dropped (the tensors stay, empty); only the
+ * What a rank owns: setup makes every parameter's tensor but gives storage only to the
+ * stage's, initialises them with the bits one process gives them and, on resume, reads
+ * only their tensors and optimizer state from the checkpoint (pp_setup.c); with --tp,
+ * --init or LoRA it builds, initialises or loads its whole (tp shard) model as one
+ * process and then drops the storage of every parameter the stage does not use (the
+ * tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
  * over a view holding only them, so AdamW never decays a parameter it does not own).
  * The global gradient norm is the sum of every parameter's sum of squares in
@@ -29,17 +32,20 @@
  * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
  * blocks on every val batch and the last stage's loss is broadcast.
  *
- * Layout independence: samples and checkpoints first make every rank's
- * whole model current (the dropped parameters get storage again until the next step or
- * the checkpoint's end, each parameter broadcast from its owning stage over the pipeline
- * group); with --tp, the activations go between ranks of the same tp index, sharded
- * parameters' squares are summed over the tp group for the norm. The checkpoint's
- * optimizer state is gathered on rank 0 into a full, single-process optimizer for the
- * snapshot (with --tp, stage 0's shards then go through tp.c's gathering to rank 0), so
- * a run saved with --pp 2 resumes with --pp 1 (or any other layout) and the other way.
+ * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
+ * writes it tensor by tensor, fetching each other stage's parameter and optimizer state
+ * when the file reaches it (pp_ckpt.c): no rank holds more than its stage. With --tp,
+ * stage 0 of replica 0 gathers every stage's parameters (anneal_train_pp_sync_params)
+ * and the full optimizer state into a single-process optimizer (ckpt_begin), and its
+ * shards then go through tp.c's gathering to rank 0. Samples gather the whole model on
+ * rank 0 only (generation needs the logits and a KV cache, which the stages' forward
+ * does not give), until the next step. So a run saved with --pp 2 resumes with --pp 1
+ * (or any other layout) and the other way. With --tp, the activations go between ranks
+ * of the same tp index, sharded parameters' squares are summed over the tp group for
+ * the norm.
  *
- * Not done: a resume reads the whole checkpoint on every rank before the drop (the
- * setup's peak); the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * Not done: rank 0 holds the whole model while it samples, and with --tp (or --init)
+ * setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
@@ -58,17 +64,6 @@
 static void stage_blocks(int p, int n, int L, int *first, int *last) {
     *first = (int)((int64_t)p * L / n);
     *last = (int)((int64_t)(p + 1) * L / n);
-}
-
-int anneal_train_pp_stage_of(int l, int n, int L) {
-    if (l < 0) return 0;
-    if (l >= L) return n - 1;
-    for (int p = 0; p < n; p++) {
-        int a, b;
-        stage_blocks(p, n, L, &a, &b);
-        if (l >= a && l < b) return p;
-    }
-    return n - 1;
 }
 
 anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {

@@ -15,6 +15,14 @@
  * (refused with --pp anyway): those build the whole model first, as before. */
 #include "train_internal.h"
 
+int anneal_train_pp_stage_of(int l, int n, int L) {
+    if (l < 0) return 0;
+    if (l >= L) return n - 1;
+    for (int p = 0; p < n; p++) /* stage p runs blocks [p L / N, (p + 1) L / N) (pipeline.c) */
+        if (l >= (int)((int64_t)p * L / n) && l < (int)((int64_t)(p + 1) * L / n)) return p;
+    return n - 1;
+}
+
 bool anneal_train_pp_stage_only(const trainer *t) {
     const anneal_train_config *c = &t->cfg;
     return c->pp > 1 && c->tp <= 1 && !c->init && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
