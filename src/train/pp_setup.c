@@ -15,6 +15,10 @@
  * (refused with --pp anyway): those build the whole model first, as before. */
 #include "train_internal.h"
 
+#include <limits.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
 int anneal_train_pp_stage_of(int l, int n, int L) {
     if (l < 0) return 0;
     if (l >= L) return n - 1;
@@ -25,8 +29,15 @@ int anneal_train_pp_stage_of(int l, int n, int L) {
 
 bool anneal_train_pp_stage_only(const trainer *t) {
     const anneal_train_config *c = &t->cfg;
-    return c->pp > 1 && c->tp <= 1 && !c->init && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
-           t->world % (int)c->pp == 0;
+    if (!(c->pp > 1 && c->tp <= 1 && !c->init && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
+          t->world % (int)c->pp == 0))
+        return false;
+    /* a LoRA checkpoint (its adapter_config.json) resumed without adapters: the whole
+     * model, as before (the checkpoint reader then refuses it by name) */
+    char p[PATH_MAX + 32];
+    struct stat sb;
+    return !(t->resume_ckpt[0] && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", t->resume_ckpt) < sizeof p &&
+             stat(p, &sb) == 0);
 }
 
 anneal_status anneal_train_pp_hold_stage(trainer *t) {
