@@ -93,6 +93,36 @@ anneal_status anneal_checkpoint_lora_base(const char *ckpt_dir, bool *is_lora, c
  * against the recorded fingerprint, and the adapters added (generate, eval, --init). */
 anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anneal_optimizer *opt,
                                      anneal_train_state *st);
+/* The optimizer state of the parameters in ps (some of the checkpointed model's, under
+ * the same names: a pipeline stage's) into opt, an optimizer over ps: only their tensors
+ * are read from optimizer.safetensors (the reader checks every entry's offsets when it
+ * opens the file), each checked as anneal_checkpoint_load checks them (kind, step
+ * counts, f32 of the parameter's shape). State.json's checksums are
+ * anneal_checkpoint_load's to check. */
+/* A checkpoint of a model held in parts (a pipeline's stages, --pp): what the writer
+ * takes beside the model, whose parameters without storage are elsewhere. AdamW only. */
+typedef struct anneal_checkpoint_parts {
+    anneal_optim_config opt_cfg;
+    int64_t opt_step_count;
+    const int64_t *param_steps;    /* per model parameter */
+    anneal_tensor *const *state;   /* per model parameter x 2 (exp_avg, exp_avg_sq): here, or NULL: elsewhere */
+    /* the f32 bytes of entry `name` (a parameter's, or "<parameter>.<state>") that is not
+     * here, when the writer reaches it: *data valid until the next call */
+    anneal_status (*fetch)(void *ctx, const char *name, const void **data);
+    void *fetch_ctx;
+    const struct anneal_tokenizer *tokenizer; /* written with it, or NULL */
+} anneal_checkpoint_parts;
+
+/* Writes checkpoint ckpt_<st->step> of run_dir as anneal_checkpoint_save does (the same
+ * files, the same format: any layout reads it), synchronously, one tensor in memory at
+ * a time: the model's parameters with storage and the state tensors given are written
+ * from where they are, every other tensor fetched when its turn in the file comes. The
+ * architecture must export its parameters themselves (GPT-2, Llama). */
+anneal_status anneal_checkpoint_save_parts(const char *run_dir, int keep, const anneal_model *m,
+                                           const anneal_checkpoint_parts *parts, const anneal_train_state *st,
+                                           const char *config_json);
+
+anneal_status anneal_checkpoint_load_optimizer_part(const char *ckpt_dir, anneal_params *ps, anneal_optimizer *opt);
 
 #ifdef __cplusplus
 }

@@ -67,6 +67,16 @@ anneal_status anneal_safetensors_write(const char *path, int n, const anneal_st_
                                        int n_meta, const char *const *meta_keys,
                                        const char *const *meta_values);
 
+/* The bytes of entry e (dtype x shape) when anneal_safetensors_write_fetch writes it:
+ * *data valid until the next call. */
+typedef anneal_status (*anneal_st_fetch_fn)(void *ctx, const anneal_st_write_entry *e, const void **data);
+/* As anneal_safetensors_write; an entry whose data is NULL gets it from fetch when it is
+ * written, in entry order, so a file can be written one tensor in memory at a time. */
+anneal_status anneal_safetensors_write_fetch(const char *path, int n, const anneal_st_write_entry *entries,
+                                             int n_meta, const char *const *meta_keys,
+                                             const char *const *meta_values, anneal_st_fetch_fn fetch,
+                                             void *fetch_ctx);
+
 /* Loads entry `name` into a new tensor (owned by the current scope), converting
  * to dtype `want` when it differs and conversion is between float types.
  * Fails with a message naming the file and entry when missing or mismatched. */

@@ -100,6 +100,12 @@ void anneal_params_free(anneal_params *ps);
  * registers it, marks it requires_grad. Fails on a duplicate name. */
 anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndim,
                                     const int64_t *shape, bool decay);
+/* While on (this thread), anneal_params_create makes tensors without storage (shape
+ * only; anneal_tensor_set_storage gives them some) and the initialisers below skip such
+ * tensors, advancing the generator by what they would have drawn: a pipeline stage
+ * (--pp) builds the whole model's parameters, gives its own storage and initialises,
+ * and those get the bits a whole model's initialisation gives them. */
+void anneal_params_defer_storage(bool on);
 /* The parameter called name, or NULL (no error recorded). */
 anneal_param *anneal_params_find(const anneal_params *ps, const char *name);
 /* Total number of elements over all parameters. */

@@ -350,7 +350,7 @@ static anneal_status write_model(const char *path, const anneal_ckpt_snapshot *s
         e[i] = (anneal_st_write_entry){s->model[i].name, ANNEAL_F32, s->model[i].ndim,
                                        s->model[i].shape, s->model[i].data};
     const char *k[] = {"format"}, *v[] = {"pt"};
-    anneal_status r = anneal_safetensors_write(path, s->n_model, e, 1, k, v);
+    anneal_status r = anneal_safetensors_write_fetch(path, s->n_model, e, 1, k, v, s->fetch, s->fetch_ctx);
     free(e);
     return r;
 }
@@ -410,7 +410,7 @@ static anneal_status write_optimizer(const char *path, const anneal_ckpt_snapsho
         for (int i = 0; i < nm; i++)
             if (!keys[i] || !vals[i]) r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     }
-    if (r == ANNEAL_OK) r = anneal_safetensors_write(path, nt, e, nm, keys, vals);
+    if (r == ANNEAL_OK) r = anneal_safetensors_write_fetch(path, nt, e, nm, keys, vals, s->fetch, s->fetch_ctx);
     for (int i = 0; owned && i < 2 * n + 1; i++) free(owned[i]);
     free(owned);
     free(keys);

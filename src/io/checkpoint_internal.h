@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "anneal/checkpoint.h"
+#include "anneal/io.h"
 
 /* state.json "format_version" this build writes (and the newest it reads). */
 #define ANNEAL_CKPT_FORMAT_VERSION 1
@@ -42,6 +43,9 @@ typedef struct anneal_ckpt_snapshot {
     /* LoRA: the model file is the adapters (PEFT keys), the optimizer state the trainable parameters' */
     bool lora;
     char *lora_config_json;    /* adapter_config.json text (owned) */
+    /* a buffer whose data is NULL is fetched when written (anneal_checkpoint_save_parts) */
+    anneal_st_fetch_fn fetch;
+    void *fetch_ctx;
 } anneal_ckpt_snapshot;
 
 /* Fills s from the model, optimizer (may be NULL), state and config text (may be
@@ -56,6 +60,14 @@ void anneal_ckpt_snapshot_release(anneal_ckpt_snapshot *s);
 /* Writes checkpoint ckpt_<step> of s into run_dir (temp dir, fsync, rename, latest,
  * prune to keep). Plain C and POSIX only: safe on a background thread. */
 anneal_status anneal_ckpt_write(const char *run_dir, int keep, const anneal_ckpt_snapshot *s);
+
+/* --- checkpoint_part.c: reads of part of a checkpoint (a --pp stage's tensors) */
+/* True when some parameter of m has no storage (a pipeline stage's model). */
+bool anneal_ckpt_held_only(const anneal_model *m);
+/* The model file st (already checked against m's export by name and shape) into the
+ * parameters of m that hold storage, each read by its name (the architectures export
+ * their parameters under their own names; anything else is refused). */
+anneal_status anneal_ckpt_import_held(anneal_model *m, const anneal_safetensors *st);
 
 /* "ckpt_%08lld" of step into buf. */
 void anneal_ckpt_dir_name(int64_t step, char *buf, size_t n);

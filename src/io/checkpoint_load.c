@@ -577,7 +577,8 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     anneal_st_source src;
     if (r == ANNEAL_OK && lora && !with_base) r = anneal_peft_load(ckpt_dir, m->params, ANNEAL_F32);
     if (r == ANNEAL_OK && !lora && (r = anneal_st_source_init(&src, mst)) == ANNEAL_OK) {
-        r = anneal_model_hf_import(m, &src.src);
+        /* parameters without storage (a --pp stage's others): only the held ones read */
+        r = anneal_ckpt_held_only(m) ? anneal_ckpt_import_held(m, mst) : anneal_model_hf_import(m, &src.src);
         anneal_st_source_free(&src);
     }
     if (r == ANNEAL_OK && opt) r = restore_optimizer(ost, m, opt, steps, step_count);
@@ -586,6 +587,36 @@ anneal_status anneal_checkpoint_load(const char *ckpt_dir, anneal_model *m, anne
     anneal_safetensors_close(ost);
     free(steps);
     cJSON_Delete(j);
+    return r;
+}
+
+/* The optimizer file st's state of the parameters of ps (names as the model's) into opt
+ * (an optimizer over ps), checked as anneal_checkpoint_load checks it. */
+static anneal_status optimizer_part(const anneal_safetensors *st, anneal_params *ps, anneal_optimizer *opt) {
+    anneal_model shell; /* check_optimizer_file and restore_optimizer read m->params only */
+    memset(&shell, 0, sizeof shell);
+    shell.params = ps;
+    int64_t *steps = calloc((size_t)ps->n + 1, sizeof *steps), step_count = 0;
+    if (!steps) return anneal_set_error(ANNEAL_ERR_OOM, "checkpoint: out of memory");
+    anneal_status r = check_optimizer_file(st, &shell, opt, steps, &step_count);
+    if (r == ANNEAL_OK) r = restore_optimizer(st, &shell, opt, steps, step_count);
+    free(steps);
+    return r;
+}
+
+anneal_status anneal_checkpoint_load_optimizer_part(const char *ckpt_dir, anneal_params *ps, anneal_optimizer *opt) {
+    if (!ckpt_dir || !ps || !opt) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: NULL argument");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt_dir) >= sizeof path)
+        return anneal_set_error(ANNEAL_ERR_ARG, "%s: path too long", ckpt_dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return anneal_set_error(ANNEAL_ERR_FORMAT, "%s: the checkpoint has no optimizer state (saved without one): %s",
+                                ckpt_dir, strerror(errno));
+    anneal_safetensors *st = NULL;
+    anneal_status r = anneal_safetensors_open(path, &st);
+    if (r == ANNEAL_OK) r = optimizer_part(st, ps, opt);
+    anneal_safetensors_close(st);
     return r;
 }
 

@@ -109,7 +109,7 @@ static bool utf8_valid(const char *s) {
 
 /* Checks one entry and computes its byte size. */
 static anneal_status check_entry(const char *path, int i, const anneal_st_write_entry *e,
-                                 uint64_t *nbytes) {
+                                 uint64_t *nbytes, bool fetching) {
     if (!e->name || !utf8_valid(e->name))
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry %d: name is NULL or not UTF-8", path, i);
     if (strcmp(e->name, "__metadata__") == 0)
@@ -135,7 +135,7 @@ static anneal_status check_entry(const char *path, int i, const anneal_st_write_
     }
     if (overflow || __builtin_mul_overflow(n, (uint64_t)anneal_dtype_size(e->dtype), nbytes))
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry '%s': shape too large", path, e->name);
-    if (*nbytes > 0 && !e->data)
+    if (*nbytes > 0 && !e->data && !fetching)
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: entry '%s': NULL data", path, e->name);
     return ANNEAL_OK;
 }
@@ -156,9 +156,9 @@ static const char *find_duplicate(const char **names, int n) {
 /* Validates all inputs; fills sizes[n]. */
 static anneal_status check_inputs(const char *path, int n, const anneal_st_write_entry *entries,
                                   int n_meta, const char *const *keys, const char *const *values,
-                                  uint64_t *sizes) {
+                                  uint64_t *sizes, bool fetching) {
     for (int i = 0; i < n; i++) {
-        anneal_status s = check_entry(path, i, &entries[i], &sizes[i]);
+        anneal_status s = check_entry(path, i, &entries[i], &sizes[i], fetching);
         if (s != ANNEAL_OK) return s;
     }
     for (int i = 0; i < n_meta; i++)
@@ -214,17 +214,25 @@ static void build_header(sbuf *b, int n, const anneal_st_write_entry *entries, c
     while (!b->failed && b->len % 8 != 0) sb_put(b, " ", 1);
 }
 
-/* Validate, build the header, then stream header and data into an atomic temp file. */
 anneal_status anneal_safetensors_write(const char *path, int n, const anneal_st_write_entry *entries,
                                        int n_meta, const char *const *meta_keys,
                                        const char *const *meta_values) {
+    return anneal_safetensors_write_fetch(path, n, entries, n_meta, meta_keys, meta_values, NULL, NULL);
+}
+
+/* Validate, build the header, then stream header and data into an atomic temp file
+ * (an entry without data from fetch, when it is written). */
+anneal_status anneal_safetensors_write_fetch(const char *path, int n, const anneal_st_write_entry *entries,
+                                             int n_meta, const char *const *meta_keys,
+                                             const char *const *meta_values, anneal_st_fetch_fn fetch,
+                                             void *fetch_ctx) {
     if (!path || !*path) return anneal_set_error(ANNEAL_ERR_ARG, "safetensors write: empty path");
     if (n < 0 || (n > 0 && !entries) || n_meta < 0 || (n_meta > 0 && (!meta_keys || !meta_values)))
         return anneal_set_error(ANNEAL_ERR_ARG, "%s: bad entry or metadata arrays (n=%d, n_meta=%d)",
                                 path, n, n_meta);
     uint64_t *sizes = calloc((size_t)n + 1, sizeof(uint64_t));
     if (!sizes) return anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
-    anneal_status s = check_inputs(path, n, entries, n_meta, meta_keys, meta_values, sizes);
+    anneal_status s = check_inputs(path, n, entries, n_meta, meta_keys, meta_values, sizes, fetch != NULL);
     uint64_t total = 0;
     for (int i = 0; s == ANNEAL_OK && i < n; i++)
         if (__builtin_add_overflow(total, sizes[i], &total))
@@ -248,8 +256,12 @@ anneal_status anneal_safetensors_write(const char *path, int n, const anneal_st_
         memcpy(len_le, &hlen, 8); /* little-endian host */
         s = anneal_atomic_write(&af, len_le, 8);
         if (s == ANNEAL_OK) s = anneal_atomic_write(&af, hdr.p, hdr.len);
-        for (int i = 0; s == ANNEAL_OK && i < n; i++)
-            if (sizes[i] > 0) s = anneal_atomic_write(&af, entries[i].data, (size_t)sizes[i]);
+        for (int i = 0; s == ANNEAL_OK && i < n; i++) {
+            if (sizes[i] == 0) continue;
+            const void *data = entries[i].data;
+            if (!data) s = fetch(fetch_ctx, &entries[i], &data);
+            if (s == ANNEAL_OK) s = anneal_atomic_write(&af, data, (size_t)sizes[i]);
+        }
         if (s == ANNEAL_OK) s = anneal_atomic_commit(&af);
         else anneal_atomic_abort(&af);
     }

@@ -57,6 +57,40 @@ anneal_param *anneal_params_find(const anneal_params *ps, const char *name) {
     return NULL;
 }
 
+/* Set by anneal_params_defer_storage: new parameters get no storage. */
+static _Thread_local bool defer_storage;
+
+void anneal_params_defer_storage(bool on) { defer_storage = on; }
+
+/* A contiguous f32 tensor of shape without storage (the header only): an alias of a
+ * one-element tensor with zero strides, its storage dropped, its strides made the
+ * contiguous ones for the storage anneal_tensor_set_storage gives it later. */
+static anneal_tensor *storageless(anneal_device dev, int ndim, const int64_t *shape) {
+    int64_t one = 1, zero[ANNEAL_MAX_DIMS] = {0};
+    if (ndim < 0 || ndim > ANNEAL_MAX_DIMS) {
+        anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_create: rank %d is outside 0..%d", ndim, ANNEAL_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) {
+            anneal_set_error(ANNEAL_ERR_ARG, "anneal_params_create: negative size in dim %d", i);
+            return NULL;
+        }
+    anneal_scope_enter(NULL);
+    anneal_tensor *unit = anneal_empty_on(dev, ANNEAL_F32, 1, &one);
+    anneal_scope_leave();
+    anneal_tensor *t = unit ? anneal_alias(unit, ndim, shape, zero, 0) : NULL;
+    anneal_release(unit);
+    if (!t) return NULL;
+    anneal_tensor_set_storage(t, NULL, 0);
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
 /* Registers a zero-filled f32 leaf (requires_grad, named) of `shape` created in the
  * set's scope. Checks everything before allocating so a failure leaves ps as it was. */
 anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndim,
@@ -88,7 +122,9 @@ anneal_tensor *anneal_params_create(anneal_params *ps, const char *name, int ndi
     }
     anneal_scope_enter(ps->scope);
     anneal_tensor *t = NULL; /* the constructors check ndim/shape */
-    if (ps->device == ANNEAL_CPU) {
+    if (defer_storage) {
+        t = storageless(ps->device, ndim, shape);
+    } else if (ps->device == ANNEAL_CPU) {
         t = anneal_zeros(ANNEAL_F32, ndim, shape);
     } else if ((t = anneal_empty_on(ps->device, ANNEAL_F32, ndim, shape)) && anneal_init_fill_(t, 0.0f) != ANNEAL_OK) {
         anneal_release(t);
@@ -228,6 +264,7 @@ anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std) {
     if (n == 0) return ANNEAL_OK;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve(2 * (uint64_t)n);
+    if (!t->storage) return ANNEAL_OK; /* a parameter without storage: its draws skipped */
     if (t->dtype == ANNEAL_F32 && anneal_is_contiguous(t))
         return be->randn(be->ctx, t, mean, std, rs.seed, offset);
     anneal_scope_enter(NULL);
@@ -254,6 +291,7 @@ anneal_status anneal_init_uniform_(anneal_tensor *t, float lo, float hi) {
     if (n == 0) return ANNEAL_OK;
     anneal_rng_state rs = anneal_rng_get();
     uint64_t offset = anneal_rng_reserve(4 * (((uint64_t)n + 3) / 4));
+    if (!t->storage) return ANNEAL_OK; /* a parameter without storage: its draws skipped */
     float *h = malloc((size_t)n * sizeof *h);
     if (!h) return anneal_set_error(ANNEAL_ERR_OOM, "anneal_init_uniform_: out of memory for %lld values", (long long)n);
     for (int64_t i = 0; i < n; i += 4) {
@@ -277,5 +315,6 @@ anneal_status anneal_init_fill_(anneal_tensor *t, float value) {
     if (anneal_interrupt_check("initialising the model") != ANNEAL_OK) return ANNEAL_ERR_INTERRUPTED;
     const anneal_backend *be = init_backend("anneal_init_fill_", t);
     if (!be) return anneal_last_status();
+    if (!t->storage) return ANNEAL_OK; /* a parameter without storage */
     return be->fill(be->ctx, t, value);
 }

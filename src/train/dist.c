@@ -408,7 +408,8 @@ void anneal_train_dist_note_memory(trainer *t) {
 
 anneal_status anneal_train_dist_report_memory(trainer *t, const char *when) {
     if (!distributed(t)) return ANNEAL_OK;
-    float mine[3], *all = calloc((size_t)t->world * 3, sizeof *all);
+    enum { K = 5 }; /* the 3 figures; the allocator's peaks of the parameter and optimizer categories */
+    float mine[K], *all = calloc((size_t)t->world * K, sizeof *all);
     if (!all) anneal_comm_abort(t->comm, 1, "out of memory");
     double m[3];
     memory_of(t, m);
@@ -416,14 +417,17 @@ anneal_status anneal_train_dist_report_memory(trainer *t, const char *when) {
     for (int i = 0; i < 3 && peak; i++) m[i] = t->dist_mem_peak[i];
     if (peak) when = "peak in a step";
     for (int i = 0; i < 3; i++) mine[i] = (float)(m[i] / 1048576.0);
-    anneal_status st = anneal_comm_all_gather(t->comm, mine, all, 3, ANNEAL_F32);
+    anneal_memory_categories cat = anneal_memory_categories_get(anneal_model_device(t->model));
+    mine[3] = (float)((double)cat.peak[ANNEAL_MEM_PARAMETERS] / 1048576.0);
+    mine[4] = (float)((double)cat.peak[ANNEAL_MEM_OPTIMIZER] / 1048576.0);
+    anneal_status st = anneal_comm_all_gather(t->comm, mine, all, K, ANNEAL_F32);
     if (st == ANNEAL_OK && t->rank == 0) {
         for (int r = 0; r < t->world; r++)
             anneal_progress_note(t->prog,
                                  "memory %s, rank %d: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB "
                                  "(total %.1f MiB)",
-                                 when, r, (double)all[3 * r], (double)all[3 * r + 1], (double)all[3 * r + 2],
-                                 (double)(all[3 * r] + all[3 * r + 1] + all[3 * r + 2]));
+                                 when, r, (double)all[K * r], (double)all[K * r + 1], (double)all[K * r + 2],
+                                 (double)(all[K * r] + all[K * r + 1] + all[K * r + 2]));
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "type", "memory");
         cJSON_AddStringToObject(o, "when", when);
@@ -432,9 +436,12 @@ anneal_status anneal_train_dist_report_memory(trainer *t, const char *when) {
         cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
         for (int r = 0; r < t->world; r++) {
             cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "param_mib", (double)all[3 * r]);
-            cJSON_AddNumberToObject(e, "grad_mib", (double)all[3 * r + 1]);
-            cJSON_AddNumberToObject(e, "optim_mib", (double)all[3 * r + 2]);
+            cJSON_AddNumberToObject(e, "param_mib", (double)all[K * r]);
+            cJSON_AddNumberToObject(e, "grad_mib", (double)all[K * r + 1]);
+            cJSON_AddNumberToObject(e, "optim_mib", (double)all[K * r + 2]);
+            /* measured: the allocator's highest parameter / optimizer-state bytes since the start */
+            cJSON_AddNumberToObject(e, "param_peak_mib", (double)all[K * r + 3]);
+            cJSON_AddNumberToObject(e, "optim_peak_mib", (double)all[K * r + 4]);
             cJSON_AddItemToArray(ranks, e);
         }
         anneal_train_log_json(t, o);

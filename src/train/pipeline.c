@@ -13,9 +13,12 @@
  * between the embedding and the head (GPT-2's wte): their two gradients are summed
  * there (Megatron's embedding group), so the two copies stay identical.
  *
- * What a rank owns: setup builds, initialises or loads the whole model as one process
- * (with --tp: its tensor-parallel shard model, tp.c), then the storage of every
- * parameter the stage does not use is dropped (the tensors stay, empty); only the
+ * What a rank owns: setup makes every parameter's tensor but gives storage only to the
+ * stage's, initialises them with the bits one process gives them and, on resume, reads
+ * only their tensors and optimizer state from the checkpoint (pp_setup.c); with --tp,
+ * --init or LoRA it builds, initialises or loads its whole (tp shard) model as one
+ * process and then drops the storage of every parameter the stage does not use (the
+ * tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
  * over a view holding only them, so AdamW never decays a parameter it does not own).
  * The global gradient norm is the sum of every parameter's sum of squares in
@@ -29,23 +32,26 @@
  * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
  * blocks on every val batch and the last stage's loss is broadcast.
  *
- * Layout independence: samples and checkpoints first make every rank's
- * whole model current (the dropped parameters get storage again until the next step or
- * the checkpoint's end, each parameter broadcast from its owning stage over the pipeline
- * group); with --tp, the activations go between ranks of the same tp index, sharded
- * parameters' squares are summed over the tp group for the norm. The checkpoint's
- * optimizer state is gathered on rank 0 into a full, single-process optimizer for the
- * snapshot (with --tp, stage 0's shards then go through tp.c's gathering to rank 0), so
- * a run saved with --pp 2 resumes with --pp 1 (or any other layout) and the other way.
+ * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
+ * writes it tensor by tensor, fetching each other stage's parameter and optimizer state
+ * when the file reaches it (pp_ckpt.c): no rank holds more than its stage. With --tp,
+ * stage 0 of replica 0 gathers every stage's parameters (anneal_train_pp_sync_params)
+ * and the full optimizer state into a single-process optimizer (ckpt_begin), and its
+ * shards then go through tp.c's gathering to rank 0. Samples gather the whole model on
+ * rank 0 only (generation needs the logits and a KV cache, which the stages' forward
+ * does not give), until the next step. So a run saved with --pp 2 resumes with --pp 1
+ * (or any other layout) and the other way. With --tp, the activations go between ranks
+ * of the same tp index, sharded parameters' squares are summed over the tp group for
+ * the norm.
  *
- * Not done: a resume reads the whole checkpoint on every rank before the drop (the
- * setup's peak); the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * Not done: rank 0 holds the whole model while it samples, and with --tp (or --init)
+ * setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
-#include "train_internal.h"
+#include "pp_internal.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -54,56 +60,10 @@
 
 #define USAGE(...) (*usage = true, anneal_set_error(ANNEAL_ERR_ARG, __VA_ARGS__))
 
-/* Tags of the point-to-point messages of micro-batch k: activations and gradients. */
-#define TAG_SPAN 16000
-#define ACT_TAG(k) ((int)((k) % TAG_SPAN))
-#define GRAD_TAG(k) (TAG_SPAN + (int)((k) % TAG_SPAN))
-
-struct train_pp {
-    int n, stage, replicas, replica; /* N stages, this rank's stage, D replicas, this rank's replica */
-    int tp, tp_rank;                 /* --tp T: the tensor-parallel group's size (1 without), this rank's index */
-    bool whole;                      /* the non-owned parameters hold storage (eval, samples, a checkpoint) */
-    int first, last;                 /* this stage's blocks [first, last) */
-    anneal_comm *pipe, *data, *embed; /* pipeline group, data group, tied-embedding group (or NULL) */
-    anneal_params view;              /* the owned parameters (aliases of the model's; not freed here) */
-    int *view_of;                    /* view item -> model parameter index */
-    int *owner;                      /* model parameter -> its first owning stage */
-    bool *tied;                      /* model parameter -> owned by the first and the last stage */
-    int64_t act;                     /* elements of one micro-batch's hidden state: B x T x C */
-    float *send_act, *send_grad;     /* M slots of act each: what was sent this step */
-    anneal_comm_request **reqs;      /* the step's sends (2M at most) */
-    int n_reqs;
-    anneal_scope **scopes;           /* per micro-batch: its graph, from its forward to its backward */
-    anneal_tensor **in, **out;       /* per micro-batch: the stage's input leaf (stage > 0), output */
-    double *ss, *ss_all;             /* sums of squares: this stage's, every stage's (n params each) */
-    double *ss_tp;                   /* --tp: this stage's sums of every rank of the group (n x T) */
-    double idle_ms, step_ms;         /* the last step: time waiting for peers, and in all */
-    double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
-    double bubble_sum;               /* bubble_mean summed over this run's steps */
-    int64_t bubble_steps;
-    anneal_optimizer *stage_opt;     /* while a checkpoint's full optimizer is installed in t->opt */
-    bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
-                                      * sync, without overlap, reads .grad in anneal_ddp_finish) */
-    double *view_ss, *view_ss_all;   /* ZeRO 1-2: per view parameter, this rank's and every replica's shard sums */
-    int64_t step;                    /* the step being run (--deterministic: the micro-batches' generators) */
-};
-
 /* Stage of blocks of rank p in N over L blocks: [p L / N, (p + 1) L / N). */
 static void stage_blocks(int p, int n, int L, int *first, int *last) {
     *first = (int)((int64_t)p * L / n);
     *last = (int)((int64_t)(p + 1) * L / n);
-}
-
-/* The stage of block position l (-1: the embedding, L: the head). */
-static int stage_of(int l, int n, int L) {
-    if (l < 0) return 0;
-    if (l >= L) return n - 1;
-    for (int p = 0; p < n; p++) {
-        int a, b;
-        stage_blocks(p, n, L, &a, &b);
-        if (l >= a && l < b) return p;
-    }
-    return n - 1;
 }
 
 anneal_status anneal_train_pp_layout(trainer *t, bool *usage) {
@@ -173,7 +133,10 @@ static anneal_status make_stage_optimizer(trainer *t) {
     anneal_optimizer *o = anneal_optimizer_new(&pp->view, anneal_optimizer_config(full));
     if (!o) return restate(anneal_last_status(), "pipeline optimizer: ");
     anneal_status st = ANNEAL_OK;
-    if (t->resume_ckpt[0]) {
+    if (t->resume_ckpt[0] && anneal_train_pp_stage_only(t)) { /* only the stage's state, read by name */
+        st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
+        if (st != ANNEAL_OK) st = restate(st, "--resume: ");
+    } else if (t->resume_ckpt[0]) {
         static const char *const names[] = {"exp_avg", "exp_avg_sq"};
         if ((st = anneal_optimizer_init_state(o)) == ANNEAL_OK) st = anneal_optimizer_init_state(full);
         for (int j = 0; j < pp->view.n && st == ANNEAL_OK; j++) {
@@ -247,7 +210,7 @@ static anneal_status build(trainer *t) {
     for (int i = 0; i < n; i++) {
         int a, b;
         anneal_model_param_span(t->model, i, &a, &b);
-        int sa = stage_of(a, pp->n, L), sb = stage_of(b, pp->n, L);
+        int sa = anneal_train_pp_stage_of(a, pp->n, L), sb = anneal_train_pp_stage_of(b, pp->n, L);
         if (sa != sb && (a != -1 || b != L))
             return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "pipeline: parameter %s is used by blocks %d to %d: only the "
                                     "embedding may be shared (with the head)", ps->items[i].name, a, b);
@@ -656,15 +619,21 @@ update:
     return st;
 }
 
+/* Only stage 0 of replica 0 (rank 0 and, with --tp, its tensor-parallel group) gathers:
+ * it is the one that samples or, with --tp, hands the shards to tp.c's checkpoint; the
+ * other stages send their own parameters and hold nothing more. */
 anneal_status anneal_train_pp_sync_params(trainer *t) {
     struct train_pp *pp = t->pp;
-    if (!pp) return ANNEAL_OK;
+    if (!pp || pp->replica != 0) return ANNEAL_OK;
     anneal_params *ps = t->model->params;
-    anneal_status st = hold_whole(t);
+    anneal_status st = pp->stage == 0 ? hold_whole(t) : ANNEAL_OK;
     if (st != ANNEAL_OK) return restate(st, "pipeline: storage for the whole model: "); /* (peers wait: fatal) */
     for (int i = 0; i < ps->n; i++) {
         anneal_tensor *x = ps->items[i].tensor;
-        st = anneal_comm_broadcast(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, pp->owner[i]);
+        int o = pp->owner[i];
+        if (o == 0 || (pp->stage != 0 && pp->stage != o)) continue;
+        st = pp->stage == 0 ? anneal_comm_recv(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, o, 3)
+                            : anneal_comm_send(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, 0, 3);
         if (st != ANNEAL_OK) return restate(st, "pipeline: gathering the parameters: ");
     }
     return ANNEAL_OK;

@@ -399,8 +399,12 @@ static anneal_status build_model(trainer *t, bool *usage) {
 static anneal_status build_model_tagged(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
     /* on the device of --device (resolved in setup); checkpoints and --init load into it */
+    bool stage_only = anneal_train_pp_stage_only(t); /* --pp: only this stage's parameters (pp_setup.c) */
+    anneal_params_defer_storage(stage_only);
     t->model = anneal_model_new(&t->mcfg, t->device);
+    anneal_params_defer_storage(false);
     if (!t->model) return prefix_error("model: ");
+    if (stage_only && anneal_train_pp_hold_stage(t) != ANNEAL_OK) return prefix_error("model: ");
     if (!c->resume) {
         if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
         if (c->init) {
@@ -437,7 +441,9 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
     t->st.tokenizer_fingerprint = t->data_fingerprint;
     if (c->resume) {
         anneal_train_state st;
-        if (anneal_checkpoint_load(t->resume_ckpt, t->model, t->opt, &st) != ANNEAL_OK) return prefix_error("--resume: ");
+        /* --pp stage only: the stage's optimizer state is read with its optimizer (pipeline.c) */
+        if (anneal_checkpoint_load(t->resume_ckpt, t->model, stage_only ? NULL : t->opt, &st) != ANNEAL_OK)
+            return prefix_error("--resume: ");
         if (st.tokenizer_fingerprint && t->data_fingerprint && st.tokenizer_fingerprint != t->data_fingerprint)
             return USAGE("--resume: the checkpoint was trained on data of tokenizer %016llx but --data %s has %016llx",
                          (unsigned long long)st.tokenizer_fingerprint, c->data, (unsigned long long)t->data_fingerprint);

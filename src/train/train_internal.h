@@ -292,10 +292,19 @@ anneal_status anneal_train_pp_layout(trainer *t, bool *usage);
  * ends the job). Collective. */
 anneal_status anneal_train_pp_build(trainer *t, bool *usage);
 anneal_status anneal_train_pp_optimizer(trainer *t);
+/* The stage (of n over L blocks) that runs block position l (-1: the embedding, L: the head). */
+int anneal_train_pp_stage_of(int l, int n, int L);
+/* pp_setup.c: whether this rank builds only its stage's parameters (--pp without --tp,
+ * --init or LoRA, on the CPU), and, after the model was made without storage
+ * (anneal_params_defer_storage), the storage of the parameters its stage holds. */
+bool anneal_train_pp_stage_only(const trainer *t);
+anneal_status anneal_train_pp_hold_stage(trainer *t);
 /* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
                                    bool *skipped);
-/* Collective (no-op without --pp): every rank's whole model made current. */
+/* Collective over replica 0's pipeline (no-op without --pp): stage 0 of replica 0 (rank 0,
+ * with --tp its tensor-parallel group) gets every stage's parameters (until the next
+ * step); the other stages send theirs and hold nothing more. */
 anneal_status anneal_train_pp_sync_params(trainer *t);
 /* Collective (--pp only): the val loss of t->eval_batches batches of the val source (at
  * its current cursor) through the stages, no rank gathering another stage's parameters;
@@ -304,6 +313,11 @@ anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss);
 /* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
 anneal_status anneal_train_pp_ckpt_begin(trainer *t);
 anneal_status anneal_train_pp_ckpt_end(trainer *t);
+/* pp_ckpt.c: whether a checkpoint is written without gathering (--pp without --tp), and
+ * that write, collective (rank 0 writes, its pipeline's other stages send it each
+ * tensor in turn; a failed write is rank 0's error, a failed message ends the job). */
+bool anneal_train_pp_ckpt_streamed(const trainer *t);
+anneal_status anneal_train_pp_ckpt_save(trainer *t);
 void anneal_train_pp_print_header(trainer *t);
 /* The step record's bubble fields (nothing without --pp). */
 void anneal_train_pp_log_step(trainer *t, struct cJSON *o);

@@ -262,6 +262,134 @@ static void check_memory(const char *run, const char *preset, int tp, int pp, in
     }
 }
 
+/* The last "memory" record of run's log taken "at start" (after setup, before the first
+ * step: for a resume, the resumed run's): rank r's measured peaks of the allocator's
+ * parameter and optimizer-state categories since the process started, in MiB. */
+static bool start_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
+    char path[600], line[16384];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    bool got = false;
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type"), *w = cJSON_GetObjectItemCaseSensitive(o, "when");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory") && cJSON_IsString(w) &&
+            !strcmp(w->valuestring, "at start")) {
+            const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param_peak_mib");
+            const cJSON *q = cJSON_GetObjectItemCaseSensitive(e, "optim_peak_mib");
+            got = cJSON_IsNumber(p) && cJSON_IsNumber(q);
+            if (got) *param_peak = p->valuedouble, *optim_peak = q->valuedouble;
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+    return got;
+}
+
+/* Setup (and a resume) allocate only the stage's parameters: each rank's peak of
+ * parameter bytes up to the first step is its stage's parameters x 4 (counted from
+ * the names, stage_numel), below the whole model's; the optimizer state's peak is
+ * the stage's AdamW moments (x 8) after a resume (read for the stage only), none on a
+ * fresh start (made at the first step). Before the stage-only setup every rank built
+ * the whole model (and a resume the whole optimizer state) first: peak = whole. */
+static void check_setup_peak(const char *run, const char *preset, int pp, int world, bool resumed) {
+    int64_t whole = stage_numel(preset, 1, 0, 0, 1);
+    for (int r = 0; r < world; r++) {
+        double pk = NAN, ok = NAN;
+        int64_t n = stage_numel(preset, 1, 0, r % pp, pp);
+        double want = n * 4.0 / 1048576.0, want_opt = resumed ? n * 8.0 / 1048576.0 : 0.0;
+        CHECK(start_peaks(run, r, &pk, &ok), "%s: no measured peaks at start for rank %d", run, r);
+        printf("    %s rank %d at start: parameter peak %.6f MiB (stage %.6f, whole model %.6f), optimizer peak %.6f MiB "
+               "(want %.6f)\n", run, r, pk, want, whole * 4.0 / 1048576.0, ok, want_opt);
+        CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB during setup, the stage's %.6f", run, r,
+              pk, want);
+        CHECK(pk < whole * 4.0 / 1048576.0, "%s rank %d: parameter peak %.6f MiB is the whole model's", run, r, pk);
+        CHECK(fabs(ok - want_opt) <= 1e-6 * want_opt, "%s rank %d: optimizer-state peak %.6f MiB during setup, want %.6f",
+              run, r, ok, want_opt);
+    }
+}
+
+/* The last memory record of run's log (after the final checkpoint): rank r's measured
+ * peaks over the whole run of the parameter and optimizer-state categories, MiB. */
+static bool end_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
+    char path[600], line[16384];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
+    FILE *f = fopen(path, "r");
+    bool got = false;
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory")) {
+            const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param_peak_mib");
+            const cJSON *q = cJSON_GetObjectItemCaseSensitive(e, "optim_peak_mib");
+            got = cJSON_IsNumber(p) && cJSON_IsNumber(q);
+            if (got) *param_peak = p->valuedouble, *optim_peak = q->valuedouble;
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+    return got;
+}
+
+/* Over a whole run with its final checkpoint (written by rank 0 one tensor at a time,
+ * each fetched from its stage: pp_ckpt.c), rank r (r >= from) never held more
+ * parameters than its stage's (x 4 bytes) nor more optimizer state than the stage's
+ * AdamW moments (x 8). Before, the checkpoint gave every rank the whole model and rank 0
+ * the whole optimizer state. */
+static void check_run_peak(const char *run, const char *preset, int pp, int world, int from) {
+    int64_t whole = stage_numel(preset, 1, 0, 0, 1);
+    for (int r = from; r < world; r++) {
+        double pk = NAN, ok = NAN;
+        int64_t n = stage_numel(preset, 1, 0, r % pp, pp);
+        double want = n * 4.0 / 1048576.0;
+        CHECK(end_peaks(run, r, &pk, &ok), "%s: no measured peaks for rank %d", run, r);
+        printf("    %s rank %d over the run: parameter peak %.6f MiB (stage %.6f, whole model %.6f), optimizer peak "
+               "%.6f MiB (stage %.6f)\n", run, r, pk, want, whole * 4.0 / 1048576.0, ok, 2 * want);
+        CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB over the run, the stage's %.6f", run,
+              r, pk, want);
+        CHECK(fabs(ok - 2 * want) <= 1e-6 * want, "%s rank %d: optimizer-state peak %.6f MiB over the run, the stage's "
+              "%.6f", run, r, ok, 2 * want);
+    }
+}
+
+/* The whole of file path (malloc'd; NULL when unreadable), its size in *n. */
+static char *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = b ? (size_t)len : 0;
+    return b;
+}
+
+/* The newest checkpoints of run and ref have byte-identical model and optimizer files. */
+static void check_same_files(const char *run, const char *ref) {
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    char a[1024], b[1024];
+    REQUIRE(anneal_checkpoint_resolve(wpath(run), a, sizeof a) == ANNEAL_OK);
+    REQUIRE(anneal_checkpoint_resolve(wpath(ref), b, sizeof b) == ANNEAL_OK);
+    for (int k = 0; k < 2; k++) {
+        char pa[1200], pb[1200];
+        snprintf(pa, sizeof pa, "%s/%s", a, files[k]);
+        snprintf(pb, sizeof pb, "%s/%s", b, files[k]);
+        size_t na = 0, nb = 0;
+        char *x = read_all(pa, &na), *y = read_all(pb, &nb);
+        CHECK(x && y && na == nb && memcmp(x, y, na) == 0, "%s of %s (%zu bytes) and %s (%zu bytes) differ", files[k],
+              run, na, ref, nb);
+        free(x);
+        free(y);
+    }
+}
+
 #define NEED_MPI() do { if (!tr_have_mpirun()) SKIP_PROMISED("mpirun not found (bootstrap installs openmpi-bin)"); } while (0)
 
 /* pp 2 at 2 ranks = 1 process with the same --accum (GPT-2: tolerance, first step exact). */
@@ -283,6 +411,8 @@ TEST(pp2_matches_single_process) {
     CHECK(strstr(o, "rank 1: stage 1 (blocks 1-1, final norm + head), replica 0") != NULL, "layout: %s", o);
     check_bubble("pp2", 1.0 / 5.0);
     check_memory("pp2", "tiny", 1, 2, 2, true);
+    check_setup_peak("pp2", "tiny", 2, 2, false);
+    check_run_peak("pp2", "tiny", 2, 2, 0);
     check_val_loss("pp2", "single");
     CHECK(strstr(o, "pipeline bubble: ") != NULL && strstr(o, "ideal (N-1)/(M+N-1) = 0.200)") != NULL,
           "the summary's bubble line: %s", o);
@@ -304,6 +434,9 @@ TEST(pp2_untied_model_is_bit_identical) {
     REQUIRE(train(mpi2, "llama_pp2", "--model llama-tiny --pp 2") == 0);
     check_same_losses("llama_pp2", "llama_single", steps, true);
     check_same_params("llama_pp2", "llama_single", true);
+    check_setup_peak("llama_pp2", "llama-tiny", 2, 2, false); /* the stage's tensors alone got the init's bits */
+    check_run_peak("llama_pp2", "llama-tiny", 2, 2, 0);
+    check_same_files("llama_pp2", "llama_single"); /* the streamed checkpoint is one process's, byte for byte */
 }
 
 /* Middle stages (receiving and sending both ways) and an uneven split: a 4-block
@@ -545,6 +678,7 @@ TEST(resume_between_layouts) {
     check_same_losses("r12", "single", steps, false);
     check_same_params("r12", "single", false);
     CHECK(strstr(tu_slurp(wpath("r12.resume.out")), "pipeline: 2 stages") != NULL, "the resume runs the pipeline");
+    check_setup_peak("r12", "tiny", 2, 2, true); /* one process's checkpoint read a stage at a time */
 }
 
 /* A job whose layout cannot work: refused with a message naming the setting. */
