@@ -506,6 +506,16 @@ GEMV_AVX2 GEMV_INLINE void prefetch_block(const anneal_gemv_weight *w, int64_t j
     }
 }
 
+/* Prefetches the MANY_ITEM weight rows from j0 (contiguous in W (out, in)) into L2: the
+ * next item's, while this one computes (a matrix larger than the caches, the lm head,
+ * otherwise waits on memory at every block). */
+GEMV_AVX2 GEMV_INLINE void prefetch_item_l2(const anneal_gemv_weight *w, int64_t j0, size_t es) {
+    const int64_t j1 = j0 + MANY_ITEM < w->out ? j0 + MANY_ITEM : w->out;
+    if (j0 >= j1) return;
+    const char *p = (const char *)w->w + (size_t)j0 * (size_t)w->in * es;
+    for (size_t b = 0; b < (size_t)(j1 - j0) * (size_t)w->in * es; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
 /* Many-row work item `it` (MANY_ITEM rows of W (out, in)) for every row of x: per group
  * of up to MANY_RG rows of x, per block of MANY_KC of k, every tile of TILE_J weight rows
  * against the group's rows two at a time (the partial sums kept in acc between blocks). */
@@ -522,6 +532,7 @@ GEMV_AVX2 GEMV_INLINE void item_many8(const anneal_gemv_weight *w, const float *
             const int64_t k1 = k0 + MANY_KC < full ? k0 + MANY_KC : full;
             const bool first = k0 == 0, last = k1 == full;
             prefetch_block(w, last ? j1 : j0, last ? 0 : k1, es);
+            if (first && g0 == 0) prefetch_item_l2(w, j1, es);
             for (int64_t jt = j0, t = 0; jt < j1; jt += TILE_J, t++) {
                 const int nj = (int)(j1 - jt < TILE_J ? j1 - jt : TILE_J);
                 for (int64_t r0 = g0; r0 < g1; r0 += 2) {
