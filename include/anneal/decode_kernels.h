@@ -22,6 +22,8 @@ typedef struct anneal_gemv_weight {
                         * int8 weights are always (out, in) */
     int64_t in, out;
     const float *bias; /* (out) f32, or NULL */
+    bool bf16_pairs;   /* bf16 (out, in) only: each row's whole 16-chunks in anneal_gemv_pair_bf16's
+                        * order (cheaper to widen; the same sums, so the same bits) */
     /* int8 weights only: the quantized dense product of the tensor path, same kernel */
     anneal_quant_mode qmode;   /* WEIGHT_ONLY, DYNAMIC or STATIC */
     anneal_dtype qcompute;     /* weight-only: ANNEAL_F32 or ANNEAL_BF16 (x rounded to bf16) */
@@ -50,6 +52,11 @@ bool anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
 /* The path anneal_gemv takes now: "avx512", "avx2" or "portable" (ANNEAL_CPU_ISA can
  * force a lower one; every x86 path gives the same bits). */
 const char *anneal_gemv_path_name(void);
+
+/* Reorders rows x in bf16 values (rows of `in`) in place for .bf16_pairs: in each whole
+ * chunk of 16 at k, 32-bit word l (l < 8) holds w[k + l] in its low half and w[k + 8 + l]
+ * in its high half; the last in % 16 values of a row stay as they are. */
+void anneal_gemv_pair_bf16(uint16_t *w, int64_t rows, int64_t in);
 
 /* Converts n f32 values to bf16 (round to nearest even, as anneal_f32_to_bf16). */
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n);

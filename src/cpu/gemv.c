@@ -42,8 +42,25 @@ static inline float epilogue(float y, int act) {
     return y;
 }
 
-static inline float w_at(const anneal_gemv_weight *w, int64_t idx) {
+/* W[k, j] (the weight of input k in output j) in w's layout. */
+static inline float w_at(const anneal_gemv_weight *w, int64_t j, int64_t k) {
+    int64_t idx = k * w->out + j;
+    if (w->out_in) {
+        int64_t i = k;
+        if (w->bf16_pairs && k < w->in / 16 * 16) i = (k & ~(int64_t)15) + ((k & 15) < 8 ? 2 * (k & 7) : 2 * (k & 7) + 1);
+        idx = j * w->in + i;
+    }
     return w->dtype == ANNEAL_BF16 ? anneal_bf16_to_f32(((const uint16_t *)w->w)[idx]) : ((const float *)w->w)[idx];
+}
+
+void anneal_gemv_pair_bf16(uint16_t *w, int64_t rows, int64_t in) {
+    const int64_t full = in / 16 * 16;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < full; k += 16) {
+            uint16_t *c = w + r * in + k, t[16];
+            for (int l = 0; l < 8; l++) t[2 * l] = c[l], t[2 * l + 1] = c[8 + l];
+            memcpy(c, t, sizeof t);
+        }
 }
 
 /* Scalar: output columns [j0, j1) of every row. */
@@ -53,7 +70,7 @@ static void gemv_scalar(const anneal_gemv_weight *w, const float *x, int64_t ldx
         for (int64_t j = j0; j < j1; j++) {
             float s = 0.0f;
             for (int64_t k = 0; k < w->in; k++)
-                s = fmaf(x[r * ldx + k], w_at(w, w->out_in ? j * w->in + k : k * w->out + j), s);
+                s = fmaf(x[r * ldx + k], w_at(w, j, k), s);
             if (w->bias) s += w->bias[j];
             y[r * ldy + j] = epilogue(s, act);
         }
@@ -68,6 +85,15 @@ static void gemv_scalar(const anneal_gemv_weight *w, const float *x, int64_t ldx
 GEMV_TARGET GEMV_INLINE __m512 loadw(const void *p, const bool BF) {
     if (BF) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
     return _mm512_loadu_ps(p);
+}
+
+/* 16 bf16 weights at p in anneal_gemv_pair_bf16's order (PR), else as loadw. */
+GEMV_TARGET GEMV_INLINE __m512 loadw_p(const void *p, const bool BF, const bool PR) {
+    if (!PR) return loadw(p, BF);
+    const __m256i u = _mm256_loadu_si256(p);
+    const __m256d lo = _mm256_castsi256_pd(_mm256_slli_epi32(u, 16));
+    const __m256d hi = _mm256_castsi256_pd(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
 }
 
 /* The same with the lanes outside mask m zero (and not read). */
@@ -151,7 +177,7 @@ GEMV_TARGET static void range_in_out_bf16(const anneal_gemv_weight *w, const flo
  * for R rows of x (R, BF constants): 16 lanes over k mod 16, whole 16-chunks unmasked,
  * the tail masked, the lanes summed at the end. */
 GEMV_TARGET GEMV_INLINE void tile_out_in(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, int R,
-                                         int64_t j0, int nj, int act, const bool BF) {
+                                         int64_t j0, int nj, int act, const bool BF, const bool PR) {
     const size_t es = BF ? 2 : 4;
     const int64_t in = w->in, full = in / 16 * 16;
     const char *wr[OUT_ROWS];
@@ -164,7 +190,7 @@ GEMV_TARGET GEMV_INLINE void tile_out_in(const anneal_gemv_weight *w, const floa
         __m512 xv[XROWS];
         for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(xr[r] + k);
         for (int j = 0; j < OUT_ROWS; j++) {
-            __m512 wv = loadw(wr[j] + (size_t)k * es, BF);
+            __m512 wv = loadw_p(wr[j] + (size_t)k * es, BF, PR);
             for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
         }
     }
@@ -189,7 +215,7 @@ GEMV_TARGET GEMV_INLINE void tile_out_in(const anneal_gemv_weight *w, const floa
  * (a last group of 1 runs the 1-row kernel; 2 or 3 rows run the 4-row one with the last
  * row repeated, writing its equal values twice). */
 GEMV_TARGET GEMV_INLINE void item_out_in(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
-                                         float *y, int64_t ldy, int act, int64_t it, const bool BF) {
+                                         float *y, int64_t ldy, int act, int64_t it, const bool BF, const bool PR) {
     for (int64_t r0 = 0; r0 < n; r0 += XROWS) {
         int64_t nr = n - r0 < XROWS ? n - r0 : XROWS;
         const float *xr[XROWS];
@@ -202,20 +228,23 @@ GEMV_TARGET GEMV_INLINE void item_out_in(const anneal_gemv_weight *w, const floa
         int64_t j0 = it * OUT_ROWS;
         int nj = (int)(w->out - j0 < OUT_ROWS ? w->out - j0 : OUT_ROWS);
         if (nr == 1)
-            tile_out_in(w, xr, yr, 1, j0, nj, act, BF);
+            tile_out_in(w, xr, yr, 1, j0, nj, act, BF, PR);
         else
-            tile_out_in(w, xr, yr, XROWS, j0, nj, act, BF);
+            tile_out_in(w, xr, yr, XROWS, j0, nj, act, BF, PR);
     }
 }
 
 GEMV_TARGET static void item_out_in_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
                                         int64_t ldy, int act, int64_t it) {
-    item_out_in(w, x, ldx, n, y, ldy, act, it, false);
+    item_out_in(w, x, ldx, n, y, ldy, act, it, false, false);
 }
 
 GEMV_TARGET static void item_out_in_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
                                          float *y, int64_t ldy, int act, int64_t it) {
-    item_out_in(w, x, ldx, n, y, ldy, act, it, true);
+    if (w->bf16_pairs)
+        item_out_in(w, x, ldx, n, y, ldy, act, it, true, true);
+    else
+        item_out_in(w, x, ldx, n, y, ldy, act, it, true, false);
 }
 #endif
 
@@ -334,6 +363,20 @@ GEMV_AVX2 GEMV_INLINE float reduce16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
+/* The low (k mod 16 < 8) and high halves of the 16 weights at p: f32, bf16, or bf16 in
+ * anneal_gemv_pair_bf16's order (PR: one load, the halves by a shift and a mask). */
+GEMV_AVX2 GEMV_INLINE __m256 w16_lo(const char *p, const bool BF, const bool PR) {
+    if (PR) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16));
+    return loadw8(p, BF);
+}
+
+GEMV_AVX2 GEMV_INLINE __m256 w16_hi(const char *p, const bool BF, const bool PR) {
+    if (PR)
+        return _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi32((int)0xffff0000u)));
+    return loadw8(p + 8 * (BF ? 2 : 4), BF);
+}
+
 /* Bytes ahead of the weight row being read that the W (out, in) AVX2 kernel prefetches:
  * the rows are walked one after another in address order, so this is the linear stream. */
 enum { OUT_IN_PREFETCH = 1024 };
@@ -343,7 +386,7 @@ enum { OUT_IN_PREFETCH = 1024 };
  * prefetched ahead: interleaving the 4 rows of an item as short streams ran at half the
  * memory bandwidth on Zen 3. */
 GEMV_AVX2 GEMV_INLINE void row_out_in8(const anneal_gemv_weight *w, const float *const *xr, float *const *yr, const int R,
-                                       int64_t j, int act, const bool BF) {
+                                       int64_t j, int act, const bool BF, const bool PR) {
     const size_t es = BF ? 2 : 4;
     const int64_t in = w->in, full = in / 16 * 16;
     const char *wr = (const char *)w->w + (size_t)j * (size_t)in * es;
@@ -351,7 +394,7 @@ GEMV_AVX2 GEMV_INLINE void row_out_in8(const anneal_gemv_weight *w, const float 
     for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < full; k += 16) {
         _mm_prefetch(wr + (size_t)k * es + OUT_IN_PREFETCH, _MM_HINT_T0);
-        const __m256 wl = loadw8(wr + (size_t)k * es, BF), wh = loadw8(wr + (size_t)(k + 8) * es, BF);
+        const __m256 wl = w16_lo(wr + (size_t)k * es, BF, PR), wh = w16_hi(wr + (size_t)k * es, BF, PR);
         for (int r = 0; r < R; r++) {
             lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k), wl, lo[r]);
             hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8), wh, hi[r]);
@@ -376,31 +419,168 @@ GEMV_AVX2 GEMV_INLINE void row_out_in8(const anneal_gemv_weight *w, const float 
 /* Work item `it` (4 output rows of W (out, in)) for every row of x: row by row of W, each
  * against the rows of x two at a time (the weight row stays in L1 for the later pairs). */
 GEMV_AVX2 GEMV_INLINE void item_out_in8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
-                                        int64_t ldy, int act, int64_t it, const bool BF) {
+                                        int64_t ldy, int act, int64_t it, const bool BF, const bool PR) {
     const int64_t j0 = it * OUT_ROWS, j1 = j0 + OUT_ROWS < w->out ? j0 + OUT_ROWS : w->out;
     for (int64_t j = j0; j < j1; j++)
         for (int64_t r0 = 0; r0 < n; r0 += 2) {
             const float *xr[2] = {x + r0 * ldx, x + (r0 + 1 < n ? r0 + 1 : r0) * ldx};
             float *yr[2] = {y + r0 * ldy, y + (r0 + 1 < n ? r0 + 1 : r0) * ldy};
             if (r0 + 1 < n)
-                row_out_in8(w, xr, yr, 2, j, act, BF);
+                row_out_in8(w, xr, yr, 2, j, act, BF, PR);
             else
-                row_out_in8(w, xr, yr, 1, j, act, BF);
+                row_out_in8(w, xr, yr, 1, j, act, BF, PR);
         }
+}
+
+/* The many-row product's blocking: TILE_J rows of W per register tile, MANY_ITEM rows of
+ * W per work item, rows of x in groups of up to MANY_RG, k in blocks of MANY_KC (a group's
+ * x block, 16 KiB, and the item's weight block stay in L1 while every tile uses them). */
+enum { TILE_J = 3, MANY_ITEM = 6, MANY_RG = 16, MANY_KC = 256 };
+
+/* W (out, in), many rows of x: output rows j0 .. j0 + nj (nj <= TILE_J; a short tile
+ * repeats its last row, storing it once) for R (1 or 2) rows of x over k in [k0, k1) (whole
+ * 16-chunks), register-blocked: each 8-lane x vector feeds TILE_J products, each weight
+ * vector R; 2 x 3 x 2 accumulators, zero when `first`, else read from acc (where they are
+ * left). With `last`, the row tail, the lane sums, bias and epilogue into y: each output's
+ * lanes, tail and final sum are row_out_in8's, so the bits are too. */
+GEMV_AVX2 GEMV_INLINE void tile_out_in8(const anneal_gemv_weight *w, const float *const *xr, float *const *yr,
+                                        const int R, int64_t j0, int nj, int64_t k0, int64_t k1, bool first,
+                                        bool last, __m256 *acc, int act, const bool BF, const bool PR) {
+    const size_t es = BF ? 2 : 4;
+    const int64_t in = w->in, full = in / 16 * 16;
+    const char *wr[TILE_J];
+    for (int j = 0; j < TILE_J; j++) wr[j] = (const char *)w->w + (size_t)(j0 + (j < nj ? j : nj - 1)) * (size_t)in * es;
+    __m256 lo[2][TILE_J], hi[2][TILE_J];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < TILE_J; j++) {
+            lo[r][j] = first ? _mm256_setzero_ps() : acc[(r * TILE_J + j) * 2];
+            hi[r][j] = first ? _mm256_setzero_ps() : acc[(r * TILE_J + j) * 2 + 1];
+        }
+    for (int64_t k = k0; k < k1; k += 16) {
+        __m256 xv[2];
+        for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(xr[r] + k);
+        for (int j = 0; j < TILE_J; j++) {
+            const __m256 wv = w16_lo(wr[j] + (size_t)k * es, BF, PR);
+            for (int r = 0; r < R; r++) lo[r][j] = _mm256_fmadd_ps(xv[r], wv, lo[r][j]);
+        }
+        for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(xr[r] + k + 8);
+        for (int j = 0; j < TILE_J; j++) {
+            const __m256 wv = w16_hi(wr[j] + (size_t)k * es, BF, PR);
+            for (int r = 0; r < R; r++) hi[r][j] = _mm256_fmadd_ps(xv[r], wv, hi[r][j]);
+        }
+    }
+    if (!last) {
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < TILE_J; j++) {
+                acc[(r * TILE_J + j) * 2] = lo[r][j];
+                acc[(r * TILE_J + j) * 2 + 1] = hi[r][j];
+            }
+        return;
+    }
+    if (full < in) {
+        const int64_t left = in - full;
+        for (int j = 0; j < TILE_J; j++) {
+            const __m256 wl = loadw8_m(wr[j] + (size_t)full * es, BF, left);
+            const __m256 wh = left > 8 ? loadw8_m(wr[j] + (size_t)(full + 8) * es, BF, left - 8) : _mm256_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                lo[r][j] = _mm256_fmadd_ps(loadx8_m(xr[r] + full, left), wl, lo[r][j]);
+                hi[r][j] = _mm256_fmadd_ps(loadx8_m(xr[r] + full + 8, left - 8), wh, hi[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < nj; j++) {
+            float s = reduce16(lo[r][j], hi[r][j]);
+            if (w->bias) s += w->bias[j0 + j];
+            yr[r][j0 + j] = epilogue(s, act);
+        }
+}
+
+/* Prefetches the weights of the next k block a many-row item reads (rows j0 .. j0 +
+ * MANY_ITEM from k0, within W): without it each block's first tile waits on memory. */
+GEMV_AVX2 GEMV_INLINE void prefetch_block(const anneal_gemv_weight *w, int64_t j0, int64_t k0, size_t es) {
+    const int64_t k1 = k0 + MANY_KC < w->in ? k0 + MANY_KC : w->in;
+    for (int64_t j = j0; j < j0 + MANY_ITEM && j < w->out && k0 < k1; j++) {
+        const char *p = (const char *)w->w + ((size_t)j * (size_t)w->in + (size_t)k0) * es;
+        for (size_t b = 0; b < (size_t)(k1 - k0) * es; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    }
+}
+
+/* Prefetches the MANY_ITEM weight rows from j0 (contiguous in W (out, in)) into L2: the
+ * next item's, while this one computes (a matrix larger than the caches, the lm head,
+ * otherwise waits on memory at every block). */
+GEMV_AVX2 GEMV_INLINE void prefetch_item_l2(const anneal_gemv_weight *w, int64_t j0, size_t es) {
+    const int64_t j1 = j0 + MANY_ITEM < w->out ? j0 + MANY_ITEM : w->out;
+    if (j0 >= j1) return;
+    const char *p = (const char *)w->w + (size_t)j0 * (size_t)w->in * es;
+    for (size_t b = 0; b < (size_t)(j1 - j0) * (size_t)w->in * es; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
+/* Many-row work item `it` (MANY_ITEM rows of W (out, in)) for every row of x: per group
+ * of up to MANY_RG rows of x, per block of MANY_KC of k, every tile of TILE_J weight rows
+ * against the group's rows two at a time (the partial sums kept in acc between blocks). */
+GEMV_AVX2 GEMV_INLINE void item_many8(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                      int64_t ldy, int act, int64_t it, const bool BF, const bool PR) {
+    enum { TILES = MANY_ITEM / TILE_J, PAIRS = MANY_RG / 2, ACC = 2 * TILE_J * 2 };
+    __m256 acc[TILES][PAIRS][ACC];
+    const int64_t j0 = it * MANY_ITEM, j1 = j0 + MANY_ITEM < w->out ? j0 + MANY_ITEM : w->out;
+    const int64_t full = w->in / 16 * 16;
+    const size_t es = BF ? 2 : 4;
+    for (int64_t g0 = 0; g0 < n; g0 += MANY_RG) {
+        const int64_t g1 = g0 + MANY_RG < n ? g0 + MANY_RG : n;
+        for (int64_t k0 = 0; k0 == 0 || k0 < full; k0 += MANY_KC) {
+            const int64_t k1 = k0 + MANY_KC < full ? k0 + MANY_KC : full;
+            const bool first = k0 == 0, last = k1 == full;
+            prefetch_block(w, last ? j1 : j0, last ? 0 : k1, es);
+            if (first && g0 == 0) prefetch_item_l2(w, j1, es);
+            for (int64_t jt = j0, t = 0; jt < j1; jt += TILE_J, t++) {
+                const int nj = (int)(j1 - jt < TILE_J ? j1 - jt : TILE_J);
+                for (int64_t r0 = g0; r0 < g1; r0 += 2) {
+                    const float *xr[2] = {x + r0 * ldx, x + (r0 + 1 < g1 ? r0 + 1 : r0) * ldx};
+                    float *yr[2] = {y + r0 * ldy, y + (r0 + 1 < g1 ? r0 + 1 : r0) * ldy};
+                    __m256 *a = acc[t][(r0 - g0) / 2];
+                    if (r0 + 1 < g1)
+                        tile_out_in8(w, xr, yr, 2, jt, nj, k0, k1, first, last, a, act, BF, PR);
+                    else
+                        tile_out_in8(w, xr, yr, 1, jt, nj, k0, k1, first, last, a, act, BF, PR);
+                }
+            }
+        }
+    }
+}
+
+GEMV_AVX2 static void item_many8_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                     int64_t ldy, int act, int64_t it) {
+    item_many8(w, x, ldx, n, y, ldy, act, it, false, false);
+}
+
+GEMV_AVX2 static void item_many8_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
+                                      int64_t ldy, int act, int64_t it) {
+    if (w->bf16_pairs)
+        item_many8(w, x, ldx, n, y, ldy, act, it, true, true);
+    else
+        item_many8(w, x, ldx, n, y, ldy, act, it, true, false);
 }
 
 GEMV_AVX2 static void item_out_in8_f32(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
                                        int64_t ldy, int act, int64_t it) {
-    item_out_in8(w, x, ldx, n, y, ldy, act, it, false);
+    item_out_in8(w, x, ldx, n, y, ldy, act, it, false, false);
 }
 
 GEMV_AVX2 static void item_out_in8_bf16(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
                                         int64_t ldy, int act, int64_t it) {
-    item_out_in8(w, x, ldx, n, y, ldy, act, it, true);
+    if (w->bf16_pairs)
+        item_out_in8(w, x, ldx, n, y, ldy, act, it, true, true);
+    else
+        item_out_in8(w, x, ldx, n, y, ldy, act, it, true, false);
 }
 #endif
 
 enum { GEMV_SCALAR, GEMV_AVX2_PATH, GEMV_AVX512_PATH };
+
+/* Rows of x from which the AVX2 W (out, in) product runs the register-blocked many-row
+ * tiles (below: one weight row at a time, the linear stream batch-1 decoding wants). */
+enum { MANY_MIN_ROWS = 2 };
 
 /* The path this call takes: the best the CPU has (AVX-512 F/BW/VL, else AVX2 + FMA,
  * else scalar), or the best at or below the ISA limit (anneal_cpu_isa_limit: (read at every call,
@@ -464,6 +644,19 @@ bool anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
     const bool par = w->out > 16 && w->in * w->out * n >= 65536;
     const int path = gemv_path();
     const bool bf = w->dtype == ANNEAL_BF16;
+#ifdef GEMV_X86
+    if (w->out_in && path == GEMV_AVX2_PATH && n >= MANY_MIN_ROWS) {
+        const int64_t items = (w->out + MANY_ITEM - 1) / MANY_ITEM;
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t it = 0; it < items; it++) {
+            if (bf)
+                item_many8_bf16(w, x, ldx, n, y, ldy, act, it);
+            else
+                item_many8_f32(w, x, ldx, n, y, ldy, act, it);
+        }
+        return true;
+    }
+#endif
     if (w->out_in) {
         const int64_t items = (w->out + OUT_ROWS - 1) / OUT_ROWS;
 #pragma omp parallel for schedule(static) if (par)

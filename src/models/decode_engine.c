@@ -12,7 +12,7 @@
  * workspace for `slots` rows (activations, attention scratch of max_len per row and
  * head) and the plan's block array, so a step allocates nothing. Under bf16 compute
  * (anneal_model_set_compute) the engine reads bf16 copies of the f32 weight matrices
- * (transposed to (out, in), the layout the GEMV streams fastest),
+ * (transposed to (out, in), the layout the GEMV streams fastest, in pair order),
  * made on the cache's first step and kept with it (they reflect the weights at that
  * moment); bf16 weights (a frozen model converted with anneal_params_replace) are read
  * as they are. */
@@ -124,7 +124,9 @@ static void transpose_to_bf16(const float *src, int64_t in, int64_t out, uint16_
                 for (int64_t k = k0; k < k0 + TB && k < in; k++) dst[j * in + k] = bf16_of(src[k * out + j]);
 }
 
-/* The bf16 copy of f32 matrix w (made on first use), always in (out, in) layout: the
+/* The bf16 copy of f32 matrix w (made on first use), always in (out, in) layout with each
+ * row's 16-chunks in pair order (anneal_gemv_pair_bf16: widened by a shift and a mask
+ * instead of a zero-extension, the same bits): the
  * W (out, in) kernel walks the weight as one linear stream, which a (in, out) matrix
  * read by column ranges is not (the bf16 decode step took about 1.5x as long on Zen 3); false when
  * out of memory. */
@@ -136,6 +138,7 @@ static bool to_bf16(engine *e, anneal_gemv_weight *w) {
             w->w = e->copies[i].data;
             w->dtype = ANNEAL_BF16;
             w->out_in = true;
+            w->bf16_pairs = true;
             return true;
         }
     if (e->n_copies == e->cap_copies) {
@@ -145,16 +148,18 @@ static bool to_bf16(engine *e, anneal_gemv_weight *w) {
         e->copies = nc;
         e->cap_copies = cap;
     }
-    uint16_t *data = malloc((size_t)(w->in * w->out) * sizeof *data);
+    uint16_t *data = aligned_alloc(64, ((size_t)(w->in * w->out) * sizeof *data + 63) & ~(size_t)63);
     if (!data) return false;
     if (w->out_in)
         anneal_gemv_to_bf16(w->w, data, w->in * w->out);
     else
         transpose_to_bf16(w->w, w->in, w->out, data);
+    anneal_gemv_pair_bf16(data, w->out, w->in);
     e->copies[e->n_copies++] = (bf16_copy){.src = w->w, .data = data};
     w->w = data;
     w->dtype = ANNEAL_BF16;
     w->out_in = true;
+    w->bf16_pairs = true;
     return true;
 }
 

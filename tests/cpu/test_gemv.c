@@ -140,6 +140,55 @@ TEST(gemv_paths_agree_bitwise) {
                 }
 }
 
+/* W (out, in): the many-row tiles (AVX2 from 2 rows), the one-row kernel and bf16 weights
+ * in pair order (anneal_gemv_pair_bf16) all compute each output in the same order: for
+ * rows 1..33 and shapes whose K and N are not multiples of 8 or 16, each row of an n-row
+ * product equals that row computed alone, and paired bf16 equals plain bf16, bit for bit,
+ * on every x86 path (the portable loop: paired vs plain). */
+TEST(gemv_rows_and_pairs_agree_bitwise) {
+    const int64_t shapes[][2] = {{77, 133}, {768, 50}, {16, 7}, {15, 9}, {31, 3}, {40, 1}, {100, 37}, {8, 16}};
+    const char *isa[3] = {NULL, "avx2", "portable"};
+    uint64_t s = 91;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int64_t n = 1; n <= 33; n += (si % 2 ? 1 : 4)) {
+            const int64_t in = shapes[si][0], out = shapes[si][1];
+            float *x = malloc(sizeof(float) * (size_t)(n * in)), *wf = malloc(sizeof(float) * (size_t)(in * out));
+            uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(in * out)), *wp = malloc(sizeof(uint16_t) * (size_t)(in * out));
+            float *b = malloc(sizeof(float) * (size_t)out), *y = malloc(sizeof(float) * (size_t)(n * out));
+            float *yp = malloc(sizeof(float) * (size_t)(n * out)), *y1 = malloc(sizeof(float) * (size_t)out);
+            for (int64_t i = 0; i < n * in; i++) x[i] = frand(&s);
+            for (int64_t i = 0; i < in * out; i++) wf[i] = frand(&s), wb[i] = wp[i] = anneal_f32_to_bf16(wf[i]);
+            for (int64_t j = 0; j < out; j++) b[j] = frand(&s);
+            anneal_gemv_pair_bf16(wp, out, in);
+            for (int p = 0; p < 3; p++) {
+                if (isa[p]) setenv("ANNEAL_CPU_ISA", isa[p], 1); else unsetenv("ANNEAL_CPU_ISA");
+                for (int bf = 0; bf < 2; bf++) {
+                    anneal_gemv_weight w = {.w = bf ? (const void *)wb : (const void *)wf,
+                                            .dtype = bf ? ANNEAL_BF16 : ANNEAL_F32, .out_in = true, .in = in,
+                                            .out = out, .bias = (n + (int64_t)si) % 2 ? b : NULL};
+                    anneal_gemv(&w, x, in, n, y, out, ANNEAL_GEMV_NONE);
+                    bool same = true;
+                    for (int64_t r = 0; r < n && same; r++) {
+                        anneal_gemv(&w, x + r * in, in, 1, y1, out, ANNEAL_GEMV_NONE);
+                        same = memcmp(y1, y + r * out, sizeof(float) * (size_t)out) == 0;
+                    }
+                    CHECK(same, "%s: row alone vs in %lld rows differ: in %lld out %lld %s", isa[p] ? isa[p] : "best",
+                          (long long)n, (long long)in, (long long)out, bf ? "bf16" : "f32");
+                    if (!bf) continue;
+                    anneal_gemv_weight wq = w;
+                    wq.w = wp;
+                    wq.bf16_pairs = true;
+                    anneal_gemv(&wq, x, in, n, yp, out, ANNEAL_GEMV_NONE);
+                    CHECK(memcmp(y, yp, sizeof(float) * (size_t)(n * out)) == 0,
+                          "%s: paired vs plain bf16 differ: in %lld out %lld n %lld", isa[p] ? isa[p] : "best",
+                          (long long)in, (long long)out, (long long)n);
+                }
+            }
+            unsetenv("ANNEAL_CPU_ISA");
+            free(x), free(wf), free(wb), free(wp), free(b), free(y), free(yp), free(y1);
+        }
+}
+
 /* The GELU epilogue is the tanh GELU of the plain result. */
 TEST(gemv_gelu_epilogue) {
     enum { IN = 40, OUT = 70, N = 3 };
@@ -175,6 +224,7 @@ TEST(int8_row_quantization) {
 int main(void) {
     RUN(gemv_matches_exact_sum_and_gemm);
     RUN(gemv_paths_agree_bitwise);
+    RUN(gemv_rows_and_pairs_agree_bitwise);
     RUN(gemv_gelu_epilogue);
     RUN(int8_row_quantization);
     return anneal_test_summary();
