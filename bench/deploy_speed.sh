@@ -6,7 +6,8 @@
 #   serve_int8.log    anneal serve, the int8 model: 16 streams vs 1 stream (+ the load test)
 #   with FULL=1 also:
 #   load_test.log     the load test at its size: 64 streams for 60 s, 1,000 malformed requests
-#   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (system python3 with torch)
+#   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (TORCH_PY, default python3: a
+#                     Python with torch and transformers; the OpenBLAS variables unset for it)
 #   lscpu.txt, commit.txt, load.txt (uptime before and after each part)
 # GPT-2 124M with random weights (the preset), prompt 512, 128 decode steps, THREADS
 # threads (default 2). Needs build/anneal and .venv (make bootstrap: llama-cpp-python).
@@ -42,7 +43,8 @@ if [ "${FULL:-0}" = 1 ]; then
     $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --streams 64 --seconds 60 --malformed 1000 \
         --compare-seconds 15 -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/load_test.log"
     load "quant speed"
-    python3 bench/quant_speed.py --bin "$BIN" --model 124M --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed.log"
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${TORCH_PY:-python3}" bench/quant_speed.py --bin "$BIN" --model 124M \
+        --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed.log"
 fi
 load "end"
 echo "deploy_speed: logs in $OUT"
