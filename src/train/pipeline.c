@@ -30,22 +30,22 @@
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
  *
  * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
- * blocks on every val batch and the last stage's loss is broadcast.
+ * blocks on every val batch and the last stage's loss is broadcast. So do samples
+ * (pp_sample.c): each token's full-context forward goes stage to stage, the last stage
+ * samples it (one process's sampler and positions) and broadcasts the id.
  *
  * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
  * writes it tensor by tensor, fetching each other stage's parameter and optimizer state
  * when the file reaches it (pp_ckpt.c): no rank holds more than its stage. With --tp,
  * stage 0 of replica 0 gathers every stage's parameters (anneal_train_pp_sync_params)
  * and the full optimizer state into a single-process optimizer (ckpt_begin), and its
- * shards then go through tp.c's gathering to rank 0. Samples gather the whole model on
- * rank 0 only (generation needs the logits and a KV cache, which the stages' forward
- * does not give), until the next step. So a run saved with --pp 2 resumes with --pp 1
+ * shards then go through tp.c's gathering to rank 0. So a run saved with --pp 2 resumes with --pp 1
  * (or any other layout) and the other way. With --tp, the activations go between ranks
  * of the same tp index, sharded parameters' squares are summed over the tp group for
  * the norm.
  *
- * Not done: rank 0 holds the whole model while it samples, and with --tp (or --init)
- * setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * Not done: samples keep no KV cache per stage (a full-context forward per token);
+ * with --tp (or --init) setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */

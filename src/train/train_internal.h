@@ -310,6 +310,12 @@ anneal_status anneal_train_pp_sync_params(trainer *t);
  * its current cursor) through the stages, no rank gathering another stage's parameters;
  * the mean over replicas as the other layouts take it. */
 anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss);
+/* pp_sample.c, collective over replica 0's pipeline (other replicas return at once):
+ * anneal_model_generate's contract, each token's forward run through the stages and
+ * sampled on the last (the id broadcast), no rank holding another stage's parameters. */
+anneal_status anneal_train_pp_generate(trainer *t, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
+                                       const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
+                                       void *user);
 /* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
 anneal_status anneal_train_pp_ckpt_begin(trainer *t);
 anneal_status anneal_train_pp_ckpt_end(trainer *t);

@@ -579,11 +579,12 @@ static void log_values(const char *run, const char *type, char *out, size_t n) {
 }
 
 /* Real text with a tokenizer, llama-tiny (bit-identical through the pipeline):
- * evaluations (through the stages, the last one's double mean broadcast), samples (every
- * rank gives its dropped parameters storage again and gathers them, rank 0 generates)
- * and checkpoints every 5 steps in the middle of a --pp 2 run leave training on its
- * course, and give the very values of one process: the same losses, sample texts,
- * parameters and val losses (==). */
+ * evaluations (through the stages, the last one's double mean broadcast), samples
+ * (through the stages too: each token's forward goes stage to stage, the last samples
+ * and broadcasts the id, pp_sample.c) and checkpoints every 5 steps in the middle of a
+ * --pp 2 run leave training on its course, and give the very values of one process: the
+ * same losses, sample texts, parameters and val losses (==); and no rank ever held more
+ * parameters than its stage's (before, rank 0 gathered the whole model to sample). */
 TEST(pp2_eval_samples_checkpoints) {
     NEED_MPI();
     if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
@@ -619,6 +620,43 @@ TEST(pp2_eval_samples_checkpoints) {
         p += *p == '|', q += *q == '|';
     }
     CHECK(n == steps / 5, "%d evaluations, want %d", n, steps / 5);
+    check_run_peak("text_pp2", "llama-tiny", 2, 2, 0);
+}
+
+/* Samples through 4 stages (two middle stages receive and send the window's hidden
+ * state): a 4-block untied Llama, one block per stage, samples the text one process
+ * samples. */
+TEST(pp4_samples_through_middle_stages) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    TU_DIR_AND_DATA(dir, data, "pp4_data");
+    char cfg[600], extra[2048];
+    snprintf(cfg, sizeof cfg, "%s/llama4s.json", work);
+    FILE *f = fopen(cfg, "w");
+    REQUIRE(f);
+    fputs("{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+          "\"num_key_value_heads\": 2, \"hidden_size\": 64, \"intermediate_size\": 128, \"vocab_size\": 512, "
+          "\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false}\n", f);
+    fclose(f);
+    snprintf(extra, sizeof extra, "--data %s --config %s --steps %d --sample-every 5 --sample-tokens 12", data, cfg,
+             steps / 2);
+    int rc[2];
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], out[600];
+        snprintf(cmd, sizeof cmd, "exec %s %s train %s %s%s --out %s", k ? mpi4 : "", bin, common + strlen("--synthetic "),
+                 extra, k ? " --pp 4" : "", wpath(k ? "s4_pp4" : "s4_single"));
+        snprintf(out, sizeof out, "%s.out", wpath(k ? "s4_pp4" : "s4_single"));
+        rc[k] = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+        if (rc[k] != 0) dump(out);
+    }
+    tu_rmrf(dir);
+    REQUIRE(rc[0] == 0 && rc[1] == 0);
+    check_same_losses("s4_pp4", "s4_single", steps / 2, true);
+    static char a[8192], b[8192];
+    log_values("s4_pp4", "sample", a, sizeof a);
+    log_values("s4_single", "sample", b, sizeof b);
+    printf("    sample records: %s\n", a);
+    CHECK(a[0] && !strcmp(a, b), "samples of --pp 4: %s; one process: %s", a, b);
 }
 
 /* Stopped at half under --tp 2 --pp 2, resumed on one process; and one process's
@@ -739,6 +777,7 @@ int main(void) {
     RUN(resume_tp2_pp2_and_one_process);
     RUN(resume_between_layouts);
     RUN(pp2_eval_samples_checkpoints);
+    RUN(pp4_samples_through_middle_stages);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
