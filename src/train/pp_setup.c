@@ -10,9 +10,18 @@
  * tensors without storage) and, in pipeline.c's stage optimizer, only their optimizer
  * state (anneal_checkpoint_load_optimizer_part). Nothing of another stage is allocated.
  *
- * Not for: --tp (the tensor-parallel shard model is cut from the whole one, tp.c),
- * --init (the Hugging Face and checkpoint readers write every parameter) and LoRA
- * (refused with --pp anyway): those build the whole model first, as before. */
+ * With --tp (a fresh start): the whole model is built so, with the stage's whole-width
+ * parameters only, and tp.c's make_shards then gives storage only to the shards of the
+ * tensors the whole one holds and cuts them from those (so a rank holds at most its
+ * stage's whole-width and shard parameters at once, then the shards alone).
+ *
+ * --init reads only the held tensors too: a checkpoint as a resume does, a Hugging Face
+ * directory or file through the architecture's import, which skips the parameters
+ * without storage after checking every tensor's name and shape (hf_import.c).
+ *
+ * Not for: a --tp resume (the stage's optimizer state would have to be read whole-width
+ * and sliced), and LoRA (refused with --pp anyway; a LoRA checkpoint given to --resume
+ * or --init): those build the whole model first, as before. */
 #include "train_internal.h"
 
 #include <limits.h>
@@ -29,25 +38,39 @@ int anneal_train_pp_stage_of(int l, int n, int L) {
 
 bool anneal_train_pp_stage_only(const trainer *t) {
     const anneal_train_config *c = &t->cfg;
-    if (!(c->pp > 1 && c->tp <= 1 && !c->init && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
-          t->world % (int)c->pp == 0))
+    int tp = c->tp > 1 ? (int)c->tp : 1;
+    /* --tp: a fresh start (a resume's optimizer state would have to be read for the
+     * whole-width stage and then sliced: not built, the whole model as before) */
+    if (!(c->pp > 1 && (tp == 1 || !c->resume) && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
+          t->world % (tp * (int)c->pp) == 0))
         return false;
-    /* a LoRA checkpoint (its adapter_config.json) resumed without adapters: the whole
-     * model, as before (the checkpoint reader then refuses it by name) */
-    char p[PATH_MAX + 32];
+    /* a LoRA checkpoint (its adapter_config.json) resumed or given to --init: the whole
+     * model, as before (the checkpoint reader then refuses it by name or merges it) */
+    char p[PATH_MAX + 32], ck[PATH_MAX];
     struct stat sb;
-    return !(t->resume_ckpt[0] && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", t->resume_ckpt) < sizeof p &&
-             stat(p, &sb) == 0);
+    const char *from = t->resume_ckpt[0] ? t->resume_ckpt : c->init;
+    if (!t->resume_ckpt[0] && c->init && anneal_checkpoint_resolve(c->init, ck, sizeof ck) == ANNEAL_OK) from = ck;
+    anneal_clear_error(); /* (an --init that is no checkpoint: a Hugging Face model) */
+    return !(from && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", from) < sizeof p && stat(p, &sb) == 0);
+}
+
+anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x) {
+    if (x->storage) return ANNEAL_OK;
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *buf = anneal_zeros(x->dtype, x->ndim, x->shape);
+    anneal_status st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
+    anneal_scope_close(s);
+    anneal_memory_category_set(mc);
+    return st;
 }
 
 anneal_status anneal_train_pp_hold_stage(trainer *t) {
     anneal_model *m = t->model;
     anneal_params *ps = m->params;
-    int n = (int)t->cfg.pp, L = t->mcfg.n_layer, stage = t->rank % n;
+    int n = (int)t->cfg.pp, L = t->mcfg.n_layer, stage = t->rank / (t->cfg.tp > 1 ? (int)t->cfg.tp : 1) % n;
     /* a model that cannot be split (refused by pipeline.c's checks): every parameter */
     bool all = !anneal_model_has_stages(m) || n > L;
-    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
-    anneal_scope *s = anneal_scope_open();
     anneal_status st = ANNEAL_OK;
     for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
         anneal_tensor *x = ps->items[i].tensor;
@@ -55,11 +78,7 @@ anneal_status anneal_train_pp_hold_stage(trainer *t) {
         anneal_model_param_span(m, i, &a, &b);
         int sa = anneal_train_pp_stage_of(a, n, L), sb = anneal_train_pp_stage_of(b, n, L);
         /* pipeline.c's holds(): the first stage that uses it, and a tied one's last */
-        if (x->storage || !(all || stage == sa || (sa != sb && stage == sb))) continue;
-        anneal_tensor *buf = anneal_zeros(x->dtype, x->ndim, x->shape);
-        st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
+        if (all || stage == sa || (sa != sb && stage == sb)) st = anneal_train_pp_hold_tensor(x);
     }
-    anneal_scope_close(s);
-    anneal_memory_category_set(mc);
     return st;
 }

@@ -310,6 +310,66 @@ static void check_setup_peak(const char *run, const char *preset, int pp, int wo
     }
 }
 
+/* The peak of parameter elements while a --tp x --pp rank cuts its shards: the stage's
+ * whole-width parameters (stage_numel's rule) are all held, then in registration order
+ * each one's shard is made and the whole-width tensor dropped (tp.c's make_shards), so
+ * the peak is the largest of (whole-width not yet cut + shards made so far). -1 when a
+ * model cannot be made. */
+static int64_t cut_peak(const char *preset, int tp, int tpr, int stage, int n) {
+    anneal_model_config cfg, sc;
+    if (!anneal_model_preset(preset, &cfg)) return -1;
+    sc = cfg;
+    sc.tp_size = tp, sc.tp_rank = tpr;
+    anneal_model *w = anneal_model_new(&cfg, ANNEAL_CPU), *s = anneal_model_new(&sc, ANNEAL_CPU);
+    if (!w || !s || w->params->n != s->params->n) {
+        anneal_model_free(w);
+        anneal_model_free(s);
+        return -1;
+    }
+    int L = cfg.n_layer, first = stage * L / n, last = (stage + 1) * L / n;
+    int64_t wide = stage_numel(preset, 1, 0, stage, n), held = wide, peak = wide;
+    for (int i = 0; i < w->params->n; i++) {
+        const char *name = w->params->items[i].name;
+        int l = -1;
+        bool mine;
+        if (sscanf(name, "transformer.h.%d.", &l) == 1 || sscanf(name, "model.layers.%d.", &l) == 1)
+            mine = l >= first && l < last;
+        else if (strstr(name, "wte")) mine = stage == 0 || stage == n - 1;
+        else if (strstr(name, "wpe") || strstr(name, "embed_tokens")) mine = stage == 0;
+        else mine = stage == n - 1;
+        if (!mine) continue;
+        held += anneal_numel(s->params->items[i].tensor);
+        if (held > peak) peak = held;
+        held -= anneal_numel(w->params->items[i].tensor);
+    }
+    anneal_model_free(w);
+    anneal_model_free(s);
+    return peak;
+}
+
+/* --tp x --pp setup builds the stage's whole-width parameters only (pp_setup.c) and
+ * cuts the rank's shards of those alone, dropping each whole-width tensor once cut
+ * (tp.c's make_shards): each rank's parameter peak up to the first step is cut_peak's,
+ * below the stage's whole-width plus shard parameters. Before, every rank built the
+ * whole model and then the whole shard model: peak = whole + shard model. */
+static void check_setup_peak_tp(const char *run, const char *preset, int tp, int pp, int world) {
+    for (int r = 0; r < world; r++) {
+        double pk = NAN, ok = NAN;
+        int stage = r / tp % pp;
+        int64_t wide = stage_numel(preset, 1, 0, stage, pp), shard = stage_numel(preset, tp, r % tp, stage, pp);
+        int64_t before = stage_numel(preset, 1, 0, 0, 1) + stage_numel(preset, tp, r % tp, 0, 1);
+        int64_t peak = cut_peak(preset, tp, r % tp, stage, pp);
+        double want = (double)peak * 4.0 / 1048576.0;
+        CHECK(peak > 0 && start_peaks(run, r, &pk, &ok), "%s: no measured peaks at start for rank %d", run, r);
+        printf("    %s rank %d at start: parameter peak %.6f MiB (want %.6f: stage %.6f whole-width, %.6f shard; whole "
+               "model + shard model %.6f)\n", run, r, pk, want, wide * 4.0 / 1048576.0, shard * 4.0 / 1048576.0,
+               before * 4.0 / 1048576.0);
+        CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB during setup, want %.6f", run, r, pk,
+              want);
+        CHECK(peak < wide + shard && peak < before, "%s rank %d: cutting peak %lld elements", run, r, (long long)peak);
+    }
+}
+
 /* The last memory record of run's log (after the final checkpoint): rank r's measured
  * peaks over the whole run of the parameter and optimizer-state categories, MiB. */
 static bool end_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
@@ -504,6 +564,7 @@ TEST(tp2_pp2_matches_single_process) {
     CHECK(strstr(o, "vocabulary split") != NULL, "the vocabulary is split over the tensor-parallel pairs: %s", o);
     check_bubble("tp2pp2", 1.0 / 5.0);
     check_memory("tp2pp2", "tiny", 2, 2, 4, true);
+    check_setup_peak_tp("tp2pp2", "tiny", 2, 2, 4);
     check_val_loss("tp2pp2", "single");
     char ck[1024];
     REQUIRE(anneal_checkpoint_resolve(wpath("tp2pp2"), ck, sizeof ck) == ANNEAL_OK);
@@ -659,6 +720,60 @@ TEST(pp4_samples_through_middle_stages) {
     CHECK(a[0] && !strcmp(a, b), "samples of --pp 4: %s; one process: %s", a, b);
 }
 
+/* `launcher anneal train <common> --init from <extra> --out work/<run>` (no --model:
+ * the architecture is the source's): the exit code. */
+static int train_init(const char *launcher, const char *run, const char *from, const char *extra) {
+    char cmd[4096], out[600];
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s --init %s %s --out %s", launcher, bin, common, from, extra,
+             wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+    if (rc != 0) dump(out);
+    return rc;
+}
+
+/* --init under --pp reads only the stage's tensors (pp_setup.c): from a Hugging Face
+ * directory (one process's llama-tiny checkpoint exported with `anneal export`) and from
+ * a checkpoint (that run's directory), a --pp 2 run is bit-identical to one process
+ * started the same way (llama-tiny: untied), and each rank's parameter peak up to the
+ * first step is its stage's (before, every rank built and loaded the whole model). */
+TEST(pp2_init_reads_the_stage_only) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    if (access(wpath("llama_single"), F_OK) != 0) /* pp2_untied_model_is_bit_identical made it */
+        REQUIRE(train("", "llama_single", "--model llama-tiny") == 0);
+    char cmd[2048], out[600], extra[128];
+    snprintf(cmd, sizeof cmd, "exec %s export --ckpt %s --out %s --tokenizer none", bin, wpath("llama_single"),
+             wpath("llama_hf"));
+    snprintf(out, sizeof out, "%s.out", wpath("llama_hf"));
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+    if (rc != 0) dump(out);
+    REQUIRE(rc == 0);
+    snprintf(extra, sizeof extra, "--steps %d", steps / 2);
+    static const char *const from[2] = {"llama_hf", "llama_single"};
+    static const char *const one[2] = {"init_hf1", "init_ck1"}, *const two[2] = {"init_hf_pp2", "init_ck_pp2"};
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(train_init("", one[k], wpath(from[k]), extra) == 0);
+        char e2[160];
+        snprintf(e2, sizeof e2, "%s --pp 2", extra);
+        REQUIRE(train_init(mpi2, two[k], wpath(from[k]), e2) == 0);
+        check_same_losses(two[k], one[k], steps / 2, true);
+        check_same_params(two[k], one[k], true);
+        check_setup_peak(two[k], "llama-tiny", 2, 2, false);
+    }
+    /* --tp 2 x --pp 2: the stage's whole-width tensors read, the shards cut from them
+     * (tp.c); one process's trajectory within the tolerances (tensor parallelism's sums) */
+    snprintf(extra, sizeof extra, "--steps %d --tp 2 --pp 2", steps / 2);
+    REQUIRE(train_init(mpi4, "init_hf_tp2pp2", wpath("llama_hf"), extra) == 0);
+    check_same_losses("init_hf_tp2pp2", "init_hf1", steps / 2, false);
+    check_setup_peak_tp("init_hf_tp2pp2", "llama-tiny", 2, 2, 4);
+    /* and not from a fresh start: the loaded weights (the first loss is the trained model's) */
+    double a[64], b[64];
+    losses_of("init_hf_pp2", a);
+    losses_of("llama_single", b);
+    CHECK(a[0] < b[0] - 0.2, "--init's first loss %.5f is not below a fresh model's %.5f", a[0], b[0]);
+}
+
 /* Stopped at half under --tp 2 --pp 2, resumed on one process; and one process's
  * checkpoint resumed under --tp 2 --pp 2: both continue the single-process run. */
 TEST(resume_tp2_pp2_and_one_process) {
@@ -778,6 +893,7 @@ int main(void) {
     RUN(resume_between_layouts);
     RUN(pp2_eval_samples_checkpoints);
     RUN(pp4_samples_through_middle_stages);
+    RUN(pp2_init_reads_the_stage_only);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
