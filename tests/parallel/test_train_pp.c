@@ -37,7 +37,9 @@
 #include "train/train_util.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 
 #define LOSS_RTOL 1e-6
 #define PARAM_L2_RTOL 1e-5
@@ -834,6 +836,144 @@ TEST(resume_between_layouts) {
     check_setup_peak("r12", "tiny", 2, 2, true); /* one process's checkpoint read a stage at a time */
 }
 
+/* The fault shim (tests/fault/fault_shim.c) beside the anneal binary, or NULL. */
+static const char *fault_shim(void) {
+    static char p[1024];
+    snprintf(p, sizeof p, "%s", bin);
+    char *slash = strrchr(p, '/');
+    if (!slash) return NULL;
+    snprintf(slash + 1, sizeof p - (size_t)(slash + 1 - p), "libanneal_fault_shim.so");
+    return access(p, R_OK) == 0 ? p : NULL;
+}
+
+/* `mpirun -np 2 anneal train ... --pp 2 --out work/<run>` with rank 0 alone (the writer
+ * of a streamed checkpoint) under the fault shim: counting from the first operation on
+ * a path with `arm`, the at-th fails with errno (sticky: and every one after); trace:
+ * each counted operation on stderr. The exit code. */
+static int train_faulty(const char *run, const char *extra, const char *arm, long at, const char *err, bool sticky,
+                        bool trace) {
+    char wrap[600], cmd[4096], out[600];
+    snprintf(wrap, sizeof wrap, "%s/rank0_shim.sh", work);
+    FILE *f = fopen(wrap, "w");
+    if (!f) return -1;
+    fprintf(f, "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then export LD_PRELOAD=%s; fi\nexec \"$@\"\n",
+            fault_shim());
+    fclose(f);
+    chmod(wrap, 0755);
+    snprintf(cmd, sizeof cmd, "exec %s -x ANNEAL_FAULT_PATH=%s -x ANNEAL_FAULT_SKIP=log.jsonl -x ANNEAL_FAULT_ARM=%s "
+             "-x ANNEAL_FAULT_AT=%ld -x ANNEAL_FAULT_ERRNO=%s -x ANNEAL_FAULT_STICKY=%d -x ANNEAL_FAULT_TRACE=%d %s %s "
+             "train %s --model tiny --steps 4 --ckpt-every 2 --pp 2 %s --out %s", mpi2, wpath(run), arm, at, err,
+             sticky ? 1 : 0, trace ? 1 : 0, wrap, bin, common, extra, wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    return tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+}
+
+/* Names in run's directory that start with prefix, joined with ' ' into out. */
+static int names_with(const char *run, const char *prefix, char *out, size_t n) {
+    DIR *d = opendir(wpath(run));
+    int k = 0;
+    size_t used = 0;
+    out[0] = '\0';
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) {
+            k++;
+            used += (size_t)snprintf(out + used, used < n ? n - used : 0, "%s ", e->d_name);
+            if (used >= n) used = n - 1;
+        }
+    if (d) closedir(d);
+    return k;
+}
+
+/* Checkpoint ckpt_<step> of run and of ref have byte-identical files. */
+static void check_same_ckpt(const char *run, const char *ref, int step) {
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        char a[1024], b[1024];
+        snprintf(a, sizeof a, "%s/ckpt_%08d/%s", wpath(run), step, files[k]);
+        snprintf(b, sizeof b, "%s/ckpt_%08d/%s", wpath(ref), step, files[k]);
+        size_t na, nb;
+        char *x = read_all(a, &na), *y = read_all(b, &nb);
+        CHECK(x && y && na == nb && !memcmp(x, y, na), "%s differs from %s (%zu vs %zu bytes)", a, b, na, nb);
+        free(x);
+        free(y);
+    }
+}
+
+/* A streamed checkpoint write (rank 0 writing, stage 1 sending its tensors, pp_ckpt.c)
+ * that fails midway, injected by the fault shim on rank 0: in the middle of the model
+ * file's writes (EIO) and of the optimizer file's (ENOSPC) of the final checkpoint
+ * (step 4): the job ends (no rank left waiting) with an error naming the errno, the
+ * failed step and the newest complete checkpoint; the step-2 checkpoint is intact (the
+ * clean run's bytes, `latest` names it), nothing of step 4 is left (no ckpt_00000004, no
+ * .tmp_* directory); a --pp 2 resume from it ends as the clean run (losses ==, the same
+ * final checkpoint bytes). And a disk that stays full from the step-2 checkpoint on with
+ * --max-ckpt-failures 1 stops the job with that message, leaving no checkpoint at all. */
+TEST(pp2_failed_streamed_checkpoint) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time; LD_PRELOAD under ASan)");
+    if (!fault_shim()) SKIP("no libanneal_fault_shim.so beside ANNEAL_BIN (the build makes it)");
+    REQUIRE(train(mpi2, "ckf_clean", "--steps 4 --ckpt-every 2 --pp 2") == 0);
+    /* counting: where the model and optimizer files of the step-4 checkpoint are written */
+    REQUIRE(train_faulty("ckf_count", "", "ckpt_00000004", 0, "EIO", false, true) == 0);
+    const char *t = tu_slurp(wpath("ckf_count.out"));
+    long first[2] = {0, 0}, last[2] = {0, 0};
+    int file = -1;
+    for (const char *q = strstr(t, "[fault] "); q; q = strstr(q + 1, "[fault] ")) {
+        long k = atol(q + 8);
+        const char *op = strchr(q + 8, ' ');
+        if (!op) break;
+        op++;
+        if (!strncmp(op, "open ", 5)) {
+            const char *eol = strchr(op, '\n');
+            const char *m = strstr(op, "model.safetensors.tmp"), *o = strstr(op, "optimizer.safetensors.tmp");
+            file = m && (!eol || m < eol) ? 0 : o && (!eol || o < eol) ? 1 : -1;
+        } else if (!strncmp(op, "write", 5) && file >= 0) {
+            if (!first[file]) first[file] = k;
+            last[file] = k;
+        } else if (strncmp(op, "write", 5)) {
+            file = -1;
+        }
+    }
+    printf("    step-4 checkpoint: model file writes %ld-%ld, optimizer file writes %ld-%ld\n", first[0], last[0],
+           first[1], last[1]);
+    REQUIRE(first[0] > 0 && last[0] - first[0] >= 4 && first[1] > 0 && last[1] - first[1] >= 4);
+    static const char *const errs[2] = {"EIO", "ENOSPC"}, *const texts[2] = {"Input/output error",
+                                                                               "No space left on device"};
+    static const char *const runs[2] = {"ckf_model", "ckf_optim"};
+    for (int k = 0; k < 2; k++) {
+        long at = (first[k] + last[k]) / 2;
+        int rc = train_faulty(runs[k], "", "ckpt_00000004", at, errs[k], false, false);
+        char outp[700];
+        snprintf(outp, sizeof outp, "%s.out", wpath(runs[k]));
+        const char *o = tu_slurp(outp);
+        printf("    %s: write %ld of the step-4 checkpoint fails with %s: exit %d\n", runs[k], at, errs[k], rc);
+        CHECK(rc > 0 && rc < 128, "%s: the job must fail with an error (not crash or hang): exit %d: %s", runs[k], rc, o);
+        CHECK(strstr(o, "the checkpoint of step 4 failed") && strstr(o, texts[k]) &&
+              strstr(o, "the newest complete checkpoint is") && strstr(o, "ckpt_00000002"),
+              "%s: no clear error: %s", runs[k], o);
+        char names[1024];
+        CHECK(names_with(runs[k], ".tmp", names, sizeof names) == 0, "%s: left behind: %s", runs[k], names);
+        CHECK(names_with(runs[k], "ckpt_00000004", names, sizeof names) == 0, "%s: left behind: %s", runs[k], names);
+        char ck[1024];
+        REQUIRE(anneal_checkpoint_resolve(wpath(runs[k]), ck, sizeof ck) == ANNEAL_OK);
+        CHECK(strstr(ck, "ckpt_00000002") != NULL, "%s: latest is %s", runs[k], ck);
+        check_same_ckpt(runs[k], "ckf_clean", 2);
+        REQUIRE(resume(mpi2, runs[k], "--pp 2") == 0);
+        check_same_losses(runs[k], "ckf_clean", 4, true);
+        check_same_files(runs[k], "ckf_clean");
+    }
+    /* a disk that stays full from the first checkpoint on, --max-ckpt-failures 1 */
+    int rc = train_faulty("ckf_full", "--max-ckpt-failures 1", "ckpt_00000002", 5, "ENOSPC", true, false);
+    const char *o = tu_slurp(wpath("ckf_full.out"));
+    CHECK(rc > 0 && rc < 128, "ckf_full: exit %d: %s", rc, o);
+    CHECK(strstr(o, "No space left on device") && strstr(o, "1 checkpoint write in a row failed (step 2)") &&
+          strstr(o, "the newest complete checkpoint is none"), "ckf_full: no clear error: %s", o);
+    char names[1024];
+    CHECK(names_with("ckf_full", ".tmp", names, sizeof names) == 0 &&
+          names_with("ckf_full", "ckpt_", names, sizeof names) == 0, "ckf_full: left behind: %s", names);
+}
+
 /* A job whose layout cannot work: refused with a message naming the setting. */
 static void refused(const char *launcher, const char *name, const char *extra, const char *want) {
     char cmd[4096];
@@ -894,6 +1034,7 @@ int main(void) {
     RUN(pp2_eval_samples_checkpoints);
     RUN(pp4_samples_through_middle_stages);
     RUN(pp2_init_reads_the_stage_only);
+    RUN(pp2_failed_streamed_checkpoint);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
