@@ -14,11 +14,12 @@
  * there (Megatron's embedding group), so the two copies stay identical.
  *
  * What a rank owns: setup makes every parameter's tensor but gives storage only to the
- * stage's, initialises them with the bits one process gives them and, on resume, reads
- * only their tensors and optimizer state from the checkpoint (pp_setup.c); with --tp,
- * --init or LoRA it builds, initialises or loads its whole (tp shard) model as one
- * process and then drops the storage of every parameter the stage does not use (the
- * tensors stay, empty); only the
+ * stage's, initialises them with the bits one process gives them (or reads only them
+ * from --init's checkpoint or Hugging Face weights) and, on resume, reads only their
+ * tensors and optimizer state from the checkpoint (pp_setup.c); with --tp on a fresh
+ * start, tp.c cuts the stage's shards from the stage's whole-width tensors; a --tp resume
+ * (or LoRA) builds or loads its whole (tp shard) model as one process and then drops the
+ * storage of every parameter the stage does not use (the tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
  * over a view holding only them, so AdamW never decays a parameter it does not own).
  * The global gradient norm is the sum of every parameter's sum of squares in
@@ -44,8 +45,9 @@
  * of the same tp index, sharded parameters' squares are summed over the tp group for
  * the norm.
  *
- * Not done: samples keep no KV cache per stage (a full-context forward per token);
- * with --tp (or --init) setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * Not done: samples keep no KV cache per stage (a full-context forward per token, see
+ * pp_sample.c; --tp refuses samples); with --tp a resume and checkpoints still build the
+ * whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
@@ -620,8 +622,8 @@ update:
 }
 
 /* Only stage 0 of replica 0 (rank 0 and, with --tp, its tensor-parallel group) gathers:
- * it is the one that samples or, with --tp, hands the shards to tp.c's checkpoint; the
- * other stages send their own parameters and hold nothing more. */
+ * with --tp it hands the shards to tp.c's checkpoint (samples run through the stages,
+ * pp_sample.c); the other stages send their own parameters and hold nothing more. */
 anneal_status anneal_train_pp_sync_params(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp || pp->replica != 0) return ANNEAL_OK;

@@ -8,7 +8,10 @@
  * holds only its stage's parameters: the memory record's parameter, gradient and
  * optimizer bytes are its stage's parameters (counted from their names) x 4, 4 and 8.
  * --tp 2 x --pp 2 (4 ranks, and x 2 replicas with ZeRO 1/2 at 8) trains as one process
- * within the tolerances below, and resumes to and from one process.
+ * within the tolerances below, and resumes to and from one process. Samples run through
+ * the stages and give one process's text; --init (Hugging Face or checkpoint) and
+ * --tp x --pp setup allocate only the stage; a streamed checkpoint failing midway
+ * (the fault shim on rank 0) leaves the previous one intact and nothing partial.
  *
  * Tolerances, and where a run is bit for bit. A pipeline stage runs the same ops on the
  * same values as the whole model does (the stage boundary is a copy of the hidden state
