@@ -16,10 +16,10 @@
  * What a rank owns: setup makes every parameter's tensor but gives storage only to the
  * stage's, initialises them with the bits one process gives them (or reads only them
  * from --init's checkpoint or Hugging Face weights) and, on resume, reads only their
- * tensors and optimizer state from the checkpoint (pp_setup.c); with --tp on a fresh
- * start, tp.c cuts the stage's shards from the stage's whole-width tensors; a --tp resume
- * (or LoRA) builds or loads its whole (tp shard) model as one process and then drops the
- * storage of every parameter the stage does not use (the tensors stay, empty); only the
+ * tensors and optimizer state from the checkpoint (pp_setup.c); with --tp, tp.c cuts the
+ * stage's shards from the stage's whole-width tensors (and a resume slices their state);
+ * LoRA would build its whole model as one process and then drop the storage of every
+ * parameter the stage does not use (the tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
  * over a view holding only them, so AdamW never decays a parameter it does not own).
  * The global gradient norm is the sum of every parameter's sum of squares in
@@ -46,8 +46,8 @@
  * the norm.
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * pp_sample.c; --tp refuses samples); with --tp a resume and checkpoints still build the
- * whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * pp_sample.c; --tp refuses samples); with --tp checkpoints still gather the whole
+ * (shard) model on stage 0's tp group; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
@@ -136,7 +136,8 @@ static anneal_status make_stage_optimizer(trainer *t) {
     if (!o) return restate(anneal_last_status(), "pipeline optimizer: ");
     anneal_status st = ANNEAL_OK;
     if (t->resume_ckpt[0] && anneal_train_pp_stage_only(t)) { /* only the stage's state, read by name */
-        st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
+        st = pp->tp > 1 ? anneal_train_pp_load_tp_state(t, &pp->view, o) /* whole-width, sliced (pp_setup.c) */
+                        : anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
         if (st != ANNEAL_OK) st = restate(st, "--resume: ");
     } else if (t->resume_ckpt[0]) {
         static const char *const names[] = {"exp_avg", "exp_avg_sq"};

@@ -294,12 +294,15 @@ anneal_status anneal_train_pp_build(trainer *t, bool *usage);
 anneal_status anneal_train_pp_optimizer(trainer *t);
 /* The stage (of n over L blocks) that runs block position l (-1: the embedding, L: the head). */
 int anneal_train_pp_stage_of(int l, int n, int L);
-/* pp_setup.c: whether this rank builds only its stage's parameters (--pp without --init
- * or LoRA, on the CPU; with --tp not on a resume: tp.c's make_shards then cuts only the
- * stage's shards), and, after the model was made without storage
+/* pp_setup.c: whether this rank builds only its stage's parameters (--pp without LoRA,
+ * on the CPU; with --tp, tp.c's make_shards then cuts only the stage's shards), and, after the model was made without storage
  * (anneal_params_defer_storage), the storage of the parameters its stage holds. */
 bool anneal_train_pp_stage_only(const trainer *t);
 anneal_status anneal_train_pp_hold_stage(trainer *t);
+/* --tp x --pp stage-only resume: the AdamW state of the stage's whole-width tensors read
+ * from t->resume_ckpt by name, and this rank's slices of it put into o (over view, the
+ * stage's shard parameters), with the step counts. */
+anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o);
 /* Zeroed storage for a parameter tensor without (charged to the parameters); none if it has. */
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x);
 /* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */

@@ -357,7 +357,7 @@ static int64_t cut_peak(const char *preset, int tp, int tpr, int stage, int n) {
  * (tp.c's make_shards): each rank's parameter peak up to the first step is cut_peak's,
  * below the stage's whole-width plus shard parameters. Before, every rank built the
  * whole model and then the whole shard model: peak = whole + shard model. */
-static void check_setup_peak_tp(const char *run, const char *preset, int tp, int pp, int world) {
+static void check_setup_peak_tp(const char *run, const char *preset, int tp, int pp, int world, bool resumed) {
     for (int r = 0; r < world; r++) {
         double pk = NAN, ok = NAN;
         int stage = r / tp % pp;
@@ -372,6 +372,12 @@ static void check_setup_peak_tp(const char *run, const char *preset, int tp, int
         CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB during setup, want %.6f", run, r, pk,
               want);
         CHECK(peak < wide + shard && peak < before, "%s rank %d: cutting peak %lld elements", run, r, (long long)peak);
+        /* a resume reads the stage's whole-width AdamW state and slices it into the
+         * shard's (pp_setup.c): both held at once, nothing of another stage */
+        double want_opt = resumed ? (double)(wide + shard) * 8.0 / 1048576.0 : 0.0;
+        printf("    %s rank %d at start: optimizer peak %.6f MiB (want %.6f)\n", run, r, ok, want_opt);
+        CHECK(fabs(ok - want_opt) <= 1e-6 * want_opt, "%s rank %d: optimizer-state peak %.6f MiB during setup, want "
+              "%.6f", run, r, ok, want_opt);
     }
 }
 
@@ -569,7 +575,7 @@ TEST(tp2_pp2_matches_single_process) {
     CHECK(strstr(o, "vocabulary split") != NULL, "the vocabulary is split over the tensor-parallel pairs: %s", o);
     check_bubble("tp2pp2", 1.0 / 5.0);
     check_memory("tp2pp2", "tiny", 2, 2, 4, true);
-    check_setup_peak_tp("tp2pp2", "tiny", 2, 2, 4);
+    check_setup_peak_tp("tp2pp2", "tiny", 2, 2, 4, false);
     check_val_loss("tp2pp2", "single");
     char ck[1024];
     REQUIRE(anneal_checkpoint_resolve(wpath("tp2pp2"), ck, sizeof ck) == ANNEAL_OK);
@@ -771,7 +777,7 @@ TEST(pp2_init_reads_the_stage_only) {
     snprintf(extra, sizeof extra, "--steps %d --tp 2 --pp 2", steps / 2);
     REQUIRE(train_init(mpi4, "init_hf_tp2pp2", wpath("llama_hf"), extra) == 0);
     check_same_losses("init_hf_tp2pp2", "init_hf1", steps / 2, false);
-    check_setup_peak_tp("init_hf_tp2pp2", "llama-tiny", 2, 2, 4);
+    check_setup_peak_tp("init_hf_tp2pp2", "llama-tiny", 2, 2, 4, false);
     /* and not from a fresh start: the loaded weights (the first loss is the trained model's) */
     double a[64], b[64];
     losses_of("init_hf_pp2", a);
@@ -796,6 +802,7 @@ TEST(resume_tp2_pp2_and_one_process) {
     check_same_params("r1tp", "single", false);
     CHECK(strstr(tu_slurp(wpath("r1tp.resume.out")), "tensor-parallel 2 x pipeline 2") != NULL,
           "the resume runs tp x pp");
+    check_setup_peak_tp("r1tp", "tiny", 2, 2, 4, true); /* the stage's tensors and state read, then cut */
 }
 
 /* pp 2 x dp 2 with the stage's optimizer state (and, ZeRO 2, gradients) sharded over
