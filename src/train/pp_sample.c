@@ -42,7 +42,7 @@ static anneal_status fatal(trainer *t, anneal_status st) {
 static anneal_status stage_pass(trainer *t, const int32_t *win, int64_t w, float *buf, float *logits) {
     struct train_pp *pp = t->pp;
     anneal_model *m = t->model;
-    int64_t C = t->mcfg.n_embd, V = t->mcfg.vocab_size;
+    int64_t C = t->mcfg.n_embd;
     int64_t ids_shape[2] = {1, w}, act_shape[3] = {1, w, C};
     anneal_scope *sc = anneal_scope_open();
     anneal_status st = ANNEAL_OK;
@@ -56,7 +56,6 @@ static anneal_status stage_pass(trainer *t, const int32_t *win, int64_t w, float
         anneal_tensor *row = anneal_narrow(out, 1, w - 1, 1);
         anneal_tensor *c = row ? anneal_contiguous(row) : NULL;
         st = c ? anneal_to_f32_buffer(c, logits) : anneal_last_status();
-        (void)V;
     } else if (st == ANNEAL_OK) {
         st = anneal_to_f32_buffer(out, buf);
         if (st == ANNEAL_OK) st = anneal_comm_send(pp->pipe, buf, w * C, ANNEAL_F32, pp->stage + 1, TAG_SAMPLE);
