@@ -131,8 +131,9 @@ typedef struct anneal_model_ops {
      * made of blocks [first, last): first == 0 embeds in = ids (B, T), otherwise in is the
      * hidden state (B, T, C) the stage before produced; last == n_layer ends with the
      * final norm, lm head and mean cross-entropy against targets (a 0-dim loss, the ops
-     * loss() makes), otherwise the hidden state after block last - 1 is returned. The
-     * stages chained give loss()'s value and gradients. */
+     * loss() makes; targets NULL: the logits (B, T, V) instead), otherwise the hidden
+     * state after block last - 1 is returned. The stages chained give loss()'s value and
+     * gradients. */
     anneal_tensor *(*stage_forward)(anneal_model *m, int first, int last, anneal_tensor *in, anneal_tensor *targets);
     /* With stage_forward: the blocks that use parameter i (registration order), *first to
      * *last, -1 meaning the embedding before block 0 and n_layer the final norm and head

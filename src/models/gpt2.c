@@ -442,6 +442,7 @@ static anneal_tensor *op_stage_forward(anneal_model *mm, int first, int last, an
                                                      : hooked_block(&m->blocks[l], x, NULL);
     if (last < cfg->n_layer) return x;
     anneal_tensor *h = anneal_nn_layer_norm_forward(&m->ln_f, x);
+    if (!targets) return lm_head(m, h); /* no targets: the logits (the pipeline's samples) */
     if (vocab_parallel(cfg) && mm->ctx.tp) { /* --tp with --pp: as anneal_gpt2_loss */
         const anneal_nn_tp *tp = mm->ctx.tp;
         anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = mm->ctx.compute};

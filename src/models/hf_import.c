@@ -81,8 +81,12 @@ anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source
     for (int i = 0; r == ANNEAL_OK && i < ps->n; i++) {
         if ((r = anneal_interrupt_check("loading the weights")) != ANNEAL_OK) break;
         anneal_tensor *p = ps->items[i].tensor;
+        if (!p->storage) continue; /* a --pp stage's model: only the tensors it holds are read */
         anneal_scope *sc = anneal_scope_open();
+        /* the read's f32 conversion is a temporary, not a parameter (the trainer's memory record) */
+        anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_ACTIVATIONS);
         anneal_tensor *t = anneal_to_device(src->get(src->ctx, seen[i]), p->device);
+        anneal_memory_category_set(mc);
         r = t == p ? ANNEAL_OK /* the source handed the parameter back: nothing to copy (quant_read.c) */
           : t ? anneal_copy_(p, t)
           : anneal_last_status() != ANNEAL_OK ? anneal_last_status()

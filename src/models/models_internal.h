@@ -41,7 +41,8 @@ anneal_status anneal_hf_check_entries(const anneal_model *m, const anneal_tensor
 anneal_status anneal_hf_check_missing(const anneal_model *m, const anneal_tensor_source *src, const char **seen);
 /* Copies source tensor seen[i] into every parameter i of m, converted to f32 on m's
  * device, after checking every shape and dtype first (anneal_hf_check_entries), so a
- * bad tensor leaves m unwritten. */
+ * bad tensor leaves m unwritten. Parameters without storage (a --pp stage's model) are
+ * checked but not read. */
 anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source *src, const char **seen);
 /* Puts every parameter of m into sink under its own (Hugging Face) name, in order: the
  * export of an architecture whose parameter names are transformers' keys. */

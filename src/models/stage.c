@@ -17,10 +17,6 @@ anneal_tensor *anneal_model_stage_forward(anneal_model *m, int first, int last, 
                          m->cfg.arch, first, last, m->cfg.n_layer);
         return NULL;
     }
-    if (last == m->cfg.n_layer && !targets) {
-        anneal_set_error(ANNEAL_ERR_ARG, "%s: the last pipeline stage needs the targets", m->cfg.arch);
-        return NULL;
-    }
     return m->ops->stage_forward(m, first, last, in, targets);
 }
 

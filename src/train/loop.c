@@ -288,8 +288,13 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
-    anneal_status st = anneal_train_pp_sync_params(t); /* --pp: rank 0 needs every stage's weights */
-    if (st != ANNEAL_OK) return st;
+    if (t->pp && t->rank != 0) { /* --pp: every stage runs its blocks for rank 0's sample (pp_sample.c) */
+        char *discard = NULL;
+        anneal_status ps = anneal_train_sample(t, &discard);
+        free(discard);
+        return ps;
+    }
+    anneal_status st = ANNEAL_OK;
     /* --zero 3: every rank gathers the parameters for rank 0's sample, and releases them */
     st = anneal_train_dist_full_params(t, true);
     if (st == ANNEAL_OK && t->rank != 0) return anneal_train_dist_full_params(t, false);

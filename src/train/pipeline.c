@@ -14,11 +14,12 @@
  * there (Megatron's embedding group), so the two copies stay identical.
  *
  * What a rank owns: setup makes every parameter's tensor but gives storage only to the
- * stage's, initialises them with the bits one process gives them and, on resume, reads
- * only their tensors and optimizer state from the checkpoint (pp_setup.c); with --tp,
- * --init or LoRA it builds, initialises or loads its whole (tp shard) model as one
- * process and then drops the storage of every parameter the stage does not use (the
- * tensors stay, empty); only the
+ * stage's, initialises them with the bits one process gives them (or reads only them
+ * from --init's checkpoint or Hugging Face weights) and, on resume, reads only their
+ * tensors and optimizer state from the checkpoint (pp_setup.c); with --tp, tp.c cuts the
+ * stage's shards from the stage's whole-width tensors (and a resume slices their state);
+ * LoRA would build its whole model as one process and then drop the storage of every
+ * parameter the stage does not use (the tensors stay, empty); only the
  * stage's parameters get gradients, optimizer state and updates (the optimizer runs
  * over a view holding only them, so AdamW never decays a parameter it does not own).
  * The global gradient norm is the sum of every parameter's sum of squares in
@@ -30,22 +31,23 @@
  * the ids, the last the targets), sharded over the D replicas as DDP shards over ranks.
  *
  * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
- * blocks on every val batch and the last stage's loss is broadcast.
+ * blocks on every val batch and the last stage's loss is broadcast. So do samples
+ * (pp_sample.c): each token's full-context forward goes stage to stage, the last stage
+ * samples it (one process's sampler and positions) and broadcasts the id.
  *
  * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
  * writes it tensor by tensor, fetching each other stage's parameter and optimizer state
  * when the file reaches it (pp_ckpt.c): no rank holds more than its stage. With --tp,
  * stage 0 of replica 0 gathers every stage's parameters (anneal_train_pp_sync_params)
  * and the full optimizer state into a single-process optimizer (ckpt_begin), and its
- * shards then go through tp.c's gathering to rank 0. Samples gather the whole model on
- * rank 0 only (generation needs the logits and a KV cache, which the stages' forward
- * does not give), until the next step. So a run saved with --pp 2 resumes with --pp 1
+ * shards then go through tp.c's gathering to rank 0. So a run saved with --pp 2 resumes with --pp 1
  * (or any other layout) and the other way. With --tp, the activations go between ranks
  * of the same tp index, sharded parameters' squares are summed over the tp group for
  * the norm.
  *
- * Not done: rank 0 holds the whole model while it samples, and with --tp (or --init)
- * setup and checkpoints still build the whole (shard) model; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * Not done: samples keep no KV cache per stage (a full-context forward per token, see
+ * pp_sample.c; --tp refuses samples); with --tp checkpoints still gather the whole
+ * (shard) model on stage 0's tp group; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
@@ -134,7 +136,8 @@ static anneal_status make_stage_optimizer(trainer *t) {
     if (!o) return restate(anneal_last_status(), "pipeline optimizer: ");
     anneal_status st = ANNEAL_OK;
     if (t->resume_ckpt[0] && anneal_train_pp_stage_only(t)) { /* only the stage's state, read by name */
-        st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
+        st = pp->tp > 1 ? anneal_train_pp_load_tp_state(t, &pp->view, o) /* whole-width, sliced (pp_setup.c) */
+                        : anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
         if (st != ANNEAL_OK) st = restate(st, "--resume: ");
     } else if (t->resume_ckpt[0]) {
         static const char *const names[] = {"exp_avg", "exp_avg_sq"};
@@ -620,8 +623,8 @@ update:
 }
 
 /* Only stage 0 of replica 0 (rank 0 and, with --tp, its tensor-parallel group) gathers:
- * it is the one that samples or, with --tp, hands the shards to tp.c's checkpoint; the
- * other stages send their own parameters and hold nothing more. */
+ * with --tp it hands the shards to tp.c's checkpoint (samples run through the stages,
+ * pp_sample.c); the other stages send their own parameters and hold nothing more. */
 anneal_status anneal_train_pp_sync_params(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp || pp->replica != 0) return ANNEAL_OK;

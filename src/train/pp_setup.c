@@ -10,13 +10,24 @@
  * tensors without storage) and, in pipeline.c's stage optimizer, only their optimizer
  * state (anneal_checkpoint_load_optimizer_part). Nothing of another stage is allocated.
  *
- * Not for: --tp (the tensor-parallel shard model is cut from the whole one, tp.c),
- * --init (the Hugging Face and checkpoint readers write every parameter) and LoRA
- * (refused with --pp anyway): those build the whole model first, as before. */
+ * With --tp: the whole model is built so, with the stage's whole-width parameters only
+ * (initialised, or read from --init or the resumed checkpoint), and tp.c's make_shards
+ * then gives storage only to the shards of the tensors the whole one holds, cutting each
+ * and dropping its whole-width tensor (so a rank holds the stage's whole-width tensors
+ * and one shard at most, then the shards alone). A resume's optimizer state is read for
+ * the stage's whole-width tensors and sliced (anneal_train_pp_load_tp_state).
+ *
+ * --init reads only the held tensors too: a checkpoint as a resume does, a Hugging Face
+ * directory or file through the architecture's import, which skips the parameters
+ * without storage after checking every tensor's name and shape (hf_import.c).
+ *
+ * Not for LoRA (refused with --pp anyway; a LoRA checkpoint given to --resume or
+ * --init): that builds the whole model first, as before. */
 #include "train_internal.h"
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 int anneal_train_pp_stage_of(int l, int n, int L) {
@@ -29,25 +40,37 @@ int anneal_train_pp_stage_of(int l, int n, int L) {
 
 bool anneal_train_pp_stage_only(const trainer *t) {
     const anneal_train_config *c = &t->cfg;
-    if (!(c->pp > 1 && c->tp <= 1 && !c->init && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
-          t->world % (int)c->pp == 0))
+    int tp = c->tp > 1 ? (int)c->tp : 1;
+    if (!(c->pp > 1 && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
+          t->world % (tp * (int)c->pp) == 0))
         return false;
-    /* a LoRA checkpoint (its adapter_config.json) resumed without adapters: the whole
-     * model, as before (the checkpoint reader then refuses it by name) */
-    char p[PATH_MAX + 32];
+    /* a LoRA checkpoint (its adapter_config.json) resumed or given to --init: the whole
+     * model, as before (the checkpoint reader then refuses it by name or merges it) */
+    char p[PATH_MAX + 32], ck[PATH_MAX];
     struct stat sb;
-    return !(t->resume_ckpt[0] && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", t->resume_ckpt) < sizeof p &&
-             stat(p, &sb) == 0);
+    const char *from = t->resume_ckpt[0] ? t->resume_ckpt : c->init;
+    if (!t->resume_ckpt[0] && c->init && anneal_checkpoint_resolve(c->init, ck, sizeof ck) == ANNEAL_OK) from = ck;
+    anneal_clear_error(); /* (an --init that is no checkpoint: a Hugging Face model) */
+    return !(from && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", from) < sizeof p && stat(p, &sb) == 0);
+}
+
+anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x) {
+    if (x->storage) return ANNEAL_OK;
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    anneal_scope *s = anneal_scope_open();
+    anneal_tensor *buf = anneal_zeros(x->dtype, x->ndim, x->shape);
+    anneal_status st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
+    anneal_scope_close(s);
+    anneal_memory_category_set(mc);
+    return st;
 }
 
 anneal_status anneal_train_pp_hold_stage(trainer *t) {
     anneal_model *m = t->model;
     anneal_params *ps = m->params;
-    int n = (int)t->cfg.pp, L = t->mcfg.n_layer, stage = t->rank % n;
+    int n = (int)t->cfg.pp, L = t->mcfg.n_layer, stage = t->rank / (t->cfg.tp > 1 ? (int)t->cfg.tp : 1) % n;
     /* a model that cannot be split (refused by pipeline.c's checks): every parameter */
     bool all = !anneal_model_has_stages(m) || n > L;
-    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
-    anneal_scope *s = anneal_scope_open();
     anneal_status st = ANNEAL_OK;
     for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
         anneal_tensor *x = ps->items[i].tensor;
@@ -55,11 +78,47 @@ anneal_status anneal_train_pp_hold_stage(trainer *t) {
         anneal_model_param_span(m, i, &a, &b);
         int sa = anneal_train_pp_stage_of(a, n, L), sb = anneal_train_pp_stage_of(b, n, L);
         /* pipeline.c's holds(): the first stage that uses it, and a tied one's last */
-        if (x->storage || !(all || stage == sa || (sa != sb && stage == sb))) continue;
-        anneal_tensor *buf = anneal_zeros(x->dtype, x->ndim, x->shape);
-        st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
+        if (all || stage == sa || (sa != sb && stage == sb)) st = anneal_train_pp_hold_tensor(x);
     }
-    anneal_scope_close(s);
+    return st;
+}
+
+anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o) {
+    int T = (int)t->cfg.tp, tpr = t->rank % T;
+    /* the whole-width tensors' shapes: a whole model without storage */
+    anneal_params_defer_storage(true);
+    anneal_model *w = anneal_model_new(&t->mcfg, ANNEAL_CPU);
+    anneal_params_defer_storage(false);
+    if (!w) return anneal_last_status();
+    anneal_params wide = {.items = calloc((size_t)view->n + 1, sizeof *wide.items), .n = view->n, .device = ANNEAL_CPU};
+    anneal_status st = wide.items ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "--tp --pp resume: out of memory");
+    for (int j = 0; j < view->n && st == ANNEAL_OK; j++) {
+        anneal_param *p = anneal_params_find(w->params, view->items[j].name);
+        if (!p) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp --pp resume: no whole-width %s", view->items[j].name);
+        else wide.items[j] = *p;
+    }
+    /* the stage's whole-width state read by name, then this rank's slices of it */
+    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_OPTIMIZER);
+    anneal_optimizer *wo = st == ANNEAL_OK ? anneal_optimizer_new(&wide, anneal_optimizer_config(o)) : NULL;
+    if (st == ANNEAL_OK && !wo) st = anneal_last_status();
+    if (st == ANNEAL_OK) st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &wide, wo);
+    if (st == ANNEAL_OK) st = anneal_optimizer_init_state(o);
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+    for (int j = 0; j < view->n && st == ANNEAL_OK; j++) {
+        anneal_tp_split sp;
+        st = anneal_tp_split_of(view->items[j].name, wide.items[j].tensor, view->items[j].tensor, T, &sp);
+        for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+            anneal_tensor *src = anneal_optimizer_state(wo, j, names[k]), *dst = anneal_optimizer_state(o, j, names[k]);
+            st = src && dst ? anneal_tp_slice(src, dst, sp, tpr)
+                            : anneal_set_error(ANNEAL_ERR_STATE, "--tp --pp resume: no %s state for %s", names[k],
+                                               view->items[j].name);
+        }
+        if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(o, j, anneal_optimizer_param_steps(wo, j));
+    }
+    if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(o, anneal_optimizer_step_count(wo));
+    anneal_optimizer_free(wo);
     anneal_memory_category_set(mc);
+    free(wide.items);
+    anneal_model_free(w);
     return st;
 }

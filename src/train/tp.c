@@ -129,7 +129,10 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
     cfg.tp_rank = p->rank;
     cfg.tp_vocab_whole = t->cfg.deterministic; /* the lm head and loss whole on every rank (tp_det.c) */
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
+    bool stage = anneal_train_pp_stage_only(t); /* --pp: only the shards of what the whole holds (pp_setup.c) */
+    anneal_params_defer_storage(stage);
     anneal_model *m = anneal_model_new(&cfg, t->device);
+    anneal_params_defer_storage(false);
     anneal_memory_category_set(mc);
     if (!m) return anneal_last_status();
     m->ctx = whole->ctx;
@@ -145,7 +148,10 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
         if (!w) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp: the whole model has no %s", ps->items[i].name);
         if (st == ANNEAL_OK)
             st = anneal_tp_split_of(ps->items[i].name, w->tensor, ps->items[i].tensor, p->size, &p->split[i]);
+        if (st == ANNEAL_OK && stage && !w->tensor->storage) continue;
+        if (st == ANNEAL_OK && stage) st = anneal_train_pp_hold_tensor(ps->items[i].tensor);
         if (st == ANNEAL_OK) st = anneal_tp_slice(w->tensor, ps->items[i].tensor, p->split[i], p->rank);
+        if (st == ANNEAL_OK && stage) anneal_tensor_set_storage(w->tensor, NULL, 0); /* cut: the whole-width one goes */
     }
     return st;
 }

@@ -294,11 +294,17 @@ anneal_status anneal_train_pp_build(trainer *t, bool *usage);
 anneal_status anneal_train_pp_optimizer(trainer *t);
 /* The stage (of n over L blocks) that runs block position l (-1: the embedding, L: the head). */
 int anneal_train_pp_stage_of(int l, int n, int L);
-/* pp_setup.c: whether this rank builds only its stage's parameters (--pp without --tp,
- * --init or LoRA, on the CPU), and, after the model was made without storage
+/* pp_setup.c: whether this rank builds only its stage's parameters (--pp without LoRA,
+ * on the CPU; with --tp, tp.c's make_shards then cuts only the stage's shards), and, after the model was made without storage
  * (anneal_params_defer_storage), the storage of the parameters its stage holds. */
 bool anneal_train_pp_stage_only(const trainer *t);
 anneal_status anneal_train_pp_hold_stage(trainer *t);
+/* --tp x --pp stage-only resume: the AdamW state of the stage's whole-width tensors read
+ * from t->resume_ckpt by name, and this rank's slices of it put into o (over view, the
+ * stage's shard parameters), with the step counts. */
+anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o);
+/* Zeroed storage for a parameter tensor without (charged to the parameters); none if it has. */
+anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x);
 /* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
                                    bool *skipped);
@@ -310,6 +316,12 @@ anneal_status anneal_train_pp_sync_params(trainer *t);
  * its current cursor) through the stages, no rank gathering another stage's parameters;
  * the mean over replicas as the other layouts take it. */
 anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss);
+/* pp_sample.c, collective over replica 0's pipeline (other replicas return at once):
+ * anneal_model_generate's contract, each token's forward run through the stages and
+ * sampled on the last (the id broadcast), no rank holding another stage's parameters. */
+anneal_status anneal_train_pp_generate(trainer *t, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
+                                       const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
+                                       void *user);
 /* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
 anneal_status anneal_train_pp_ckpt_begin(trainer *t);
 anneal_status anneal_train_pp_ckpt_end(trainer *t);

@@ -8,7 +8,10 @@
  * holds only its stage's parameters: the memory record's parameter, gradient and
  * optimizer bytes are its stage's parameters (counted from their names) x 4, 4 and 8.
  * --tp 2 x --pp 2 (4 ranks, and x 2 replicas with ZeRO 1/2 at 8) trains as one process
- * within the tolerances below, and resumes to and from one process.
+ * within the tolerances below, and resumes to and from one process. Samples run through
+ * the stages and give one process's text; --init (Hugging Face or checkpoint) and
+ * --tp x --pp setup allocate only the stage; a streamed checkpoint failing midway
+ * (the fault shim on rank 0) leaves the previous one intact and nothing partial.
  *
  * Tolerances, and where a run is bit for bit. A pipeline stage runs the same ops on the
  * same values as the whole model does (the stage boundary is a copy of the hidden state
@@ -37,7 +40,9 @@
 #include "train/train_util.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 
 #define LOSS_RTOL 1e-6
 #define PARAM_L2_RTOL 1e-5
@@ -310,6 +315,72 @@ static void check_setup_peak(const char *run, const char *preset, int pp, int wo
     }
 }
 
+/* The peak of parameter elements while a --tp x --pp rank cuts its shards: the stage's
+ * whole-width parameters (stage_numel's rule) are all held, then in registration order
+ * each one's shard is made and the whole-width tensor dropped (tp.c's make_shards), so
+ * the peak is the largest of (whole-width not yet cut + shards made so far). -1 when a
+ * model cannot be made. */
+static int64_t cut_peak(const char *preset, int tp, int tpr, int stage, int n) {
+    anneal_model_config cfg, sc;
+    if (!anneal_model_preset(preset, &cfg)) return -1;
+    sc = cfg;
+    sc.tp_size = tp, sc.tp_rank = tpr;
+    anneal_model *w = anneal_model_new(&cfg, ANNEAL_CPU), *s = anneal_model_new(&sc, ANNEAL_CPU);
+    if (!w || !s || w->params->n != s->params->n) {
+        anneal_model_free(w);
+        anneal_model_free(s);
+        return -1;
+    }
+    int L = cfg.n_layer, first = stage * L / n, last = (stage + 1) * L / n;
+    int64_t wide = stage_numel(preset, 1, 0, stage, n), held = wide, peak = wide;
+    for (int i = 0; i < w->params->n; i++) {
+        const char *name = w->params->items[i].name;
+        int l = -1;
+        bool mine;
+        if (sscanf(name, "transformer.h.%d.", &l) == 1 || sscanf(name, "model.layers.%d.", &l) == 1)
+            mine = l >= first && l < last;
+        else if (strstr(name, "wte")) mine = stage == 0 || stage == n - 1;
+        else if (strstr(name, "wpe") || strstr(name, "embed_tokens")) mine = stage == 0;
+        else mine = stage == n - 1;
+        if (!mine) continue;
+        held += anneal_numel(s->params->items[i].tensor);
+        if (held > peak) peak = held;
+        held -= anneal_numel(w->params->items[i].tensor);
+    }
+    anneal_model_free(w);
+    anneal_model_free(s);
+    return peak;
+}
+
+/* --tp x --pp setup builds the stage's whole-width parameters only (pp_setup.c) and
+ * cuts the rank's shards of those alone, dropping each whole-width tensor once cut
+ * (tp.c's make_shards): each rank's parameter peak up to the first step is cut_peak's,
+ * below the stage's whole-width plus shard parameters. Before, every rank built the
+ * whole model and then the whole shard model: peak = whole + shard model. */
+static void check_setup_peak_tp(const char *run, const char *preset, int tp, int pp, int world, bool resumed) {
+    for (int r = 0; r < world; r++) {
+        double pk = NAN, ok = NAN;
+        int stage = r / tp % pp;
+        int64_t wide = stage_numel(preset, 1, 0, stage, pp), shard = stage_numel(preset, tp, r % tp, stage, pp);
+        int64_t before = stage_numel(preset, 1, 0, 0, 1) + stage_numel(preset, tp, r % tp, 0, 1);
+        int64_t peak = cut_peak(preset, tp, r % tp, stage, pp);
+        double want = (double)peak * 4.0 / 1048576.0;
+        CHECK(peak > 0 && start_peaks(run, r, &pk, &ok), "%s: no measured peaks at start for rank %d", run, r);
+        printf("    %s rank %d at start: parameter peak %.6f MiB (want %.6f: stage %.6f whole-width, %.6f shard; whole "
+               "model + shard model %.6f)\n", run, r, pk, want, wide * 4.0 / 1048576.0, shard * 4.0 / 1048576.0,
+               before * 4.0 / 1048576.0);
+        CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB during setup, want %.6f", run, r, pk,
+              want);
+        CHECK(peak < wide + shard && peak < before, "%s rank %d: cutting peak %lld elements", run, r, (long long)peak);
+        /* a resume reads the stage's whole-width AdamW state and slices it into the
+         * shard's (pp_setup.c): both held at once, nothing of another stage */
+        double want_opt = resumed ? (double)(wide + shard) * 8.0 / 1048576.0 : 0.0;
+        printf("    %s rank %d at start: optimizer peak %.6f MiB (want %.6f)\n", run, r, ok, want_opt);
+        CHECK(fabs(ok - want_opt) <= 1e-6 * want_opt, "%s rank %d: optimizer-state peak %.6f MiB during setup, want "
+              "%.6f", run, r, ok, want_opt);
+    }
+}
+
 /* The last memory record of run's log (after the final checkpoint): rank r's measured
  * peaks over the whole run of the parameter and optimizer-state categories, MiB. */
 static bool end_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
@@ -504,6 +575,7 @@ TEST(tp2_pp2_matches_single_process) {
     CHECK(strstr(o, "vocabulary split") != NULL, "the vocabulary is split over the tensor-parallel pairs: %s", o);
     check_bubble("tp2pp2", 1.0 / 5.0);
     check_memory("tp2pp2", "tiny", 2, 2, 4, true);
+    check_setup_peak_tp("tp2pp2", "tiny", 2, 2, 4, false);
     check_val_loss("tp2pp2", "single");
     char ck[1024];
     REQUIRE(anneal_checkpoint_resolve(wpath("tp2pp2"), ck, sizeof ck) == ANNEAL_OK);
@@ -579,11 +651,12 @@ static void log_values(const char *run, const char *type, char *out, size_t n) {
 }
 
 /* Real text with a tokenizer, llama-tiny (bit-identical through the pipeline):
- * evaluations (through the stages, the last one's double mean broadcast), samples (every
- * rank gives its dropped parameters storage again and gathers them, rank 0 generates)
- * and checkpoints every 5 steps in the middle of a --pp 2 run leave training on its
- * course, and give the very values of one process: the same losses, sample texts,
- * parameters and val losses (==). */
+ * evaluations (through the stages, the last one's double mean broadcast), samples
+ * (through the stages too: each token's forward goes stage to stage, the last samples
+ * and broadcasts the id, pp_sample.c) and checkpoints every 5 steps in the middle of a
+ * --pp 2 run leave training on its course, and give the very values of one process: the
+ * same losses, sample texts, parameters and val losses (==); and no rank ever held more
+ * parameters than its stage's (before, rank 0 gathered the whole model to sample). */
 TEST(pp2_eval_samples_checkpoints) {
     NEED_MPI();
     if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
@@ -619,6 +692,105 @@ TEST(pp2_eval_samples_checkpoints) {
         p += *p == '|', q += *q == '|';
     }
     CHECK(n == steps / 5, "%d evaluations, want %d", n, steps / 5);
+    check_run_peak("text_pp2", "llama-tiny", 2, 2, 0);
+}
+
+/* Samples through 4 stages (two middle stages receive and send the window's hidden
+ * state): a 4-block untied Llama, one block per stage, samples the text one process
+ * samples; at pp 2 x 2 replicas every sample is printed (no rank waits). */
+TEST(pp4_samples_through_middle_stages) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    TU_DIR_AND_DATA(dir, data, "pp4_data");
+    char cfg[600], extra[2048];
+    snprintf(cfg, sizeof cfg, "%s/llama4s.json", work);
+    FILE *f = fopen(cfg, "w");
+    REQUIRE(f);
+    fputs("{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+          "\"num_key_value_heads\": 2, \"hidden_size\": 64, \"intermediate_size\": 128, \"vocab_size\": 512, "
+          "\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false}\n", f);
+    fclose(f);
+    snprintf(extra, sizeof extra, "--data %s --config %s --steps %d --sample-every 5 --sample-tokens 12", data, cfg,
+             steps / 2);
+    int rc[3];
+    static const char *const runs[3] = {"s4_single", "s4_pp4", "s4_pp2dp2"}, *const how[3] = {"", " --pp 4", " --pp 2"};
+    for (int k = 0; k < 3; k++) {
+        char cmd[4096], out[600];
+        snprintf(cmd, sizeof cmd, "exec %s %s train %s %s%s --out %s", k ? mpi4 : "", bin, common + strlen("--synthetic "),
+                 extra, how[k], wpath(runs[k]));
+        snprintf(out, sizeof out, "%s.out", wpath(runs[k]));
+        rc[k] = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+        if (rc[k] != 0) dump(out);
+    }
+    tu_rmrf(dir);
+    REQUIRE(rc[0] == 0 && rc[1] == 0 && rc[2] == 0);
+    check_same_losses("s4_pp4", "s4_single", steps / 2, true);
+    static char a[8192], b[8192];
+    log_values("s4_pp4", "sample", a, sizeof a);
+    log_values("s4_single", "sample", b, sizeof b);
+    printf("    sample records: %s\n", a);
+    CHECK(a[0] && !strcmp(a, b), "samples of --pp 4: %s; one process: %s", a, b);
+    /* --pp 2 x 2 replicas: replica 0 samples through its stages, replica 1 takes no part
+     * (the DDP mean moves the weights by float rounding: the count of samples is checked) */
+    log_values("s4_pp2dp2", "sample", a, sizeof a);
+    int na = 0, nb = 0;
+    for (const char *p = a; *p; p++) na += *p == '|';
+    for (const char *p = b; *p; p++) nb += *p == '|';
+    CHECK(na == nb && nb == 2, "--pp 2 x 2 replicas: %d samples (%s), one process %d", na, a, nb);
+}
+
+/* `launcher anneal train <common> --init from <extra> --out work/<run>` (no --model:
+ * the architecture is the source's): the exit code. */
+static int train_init(const char *launcher, const char *run, const char *from, const char *extra) {
+    char cmd[4096], out[600];
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s --init %s %s --out %s", launcher, bin, common, from, extra,
+             wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+    if (rc != 0) dump(out);
+    return rc;
+}
+
+/* --init under --pp reads only the stage's tensors (pp_setup.c): from a Hugging Face
+ * directory (one process's llama-tiny checkpoint exported with `anneal export`) and from
+ * a checkpoint (that run's directory), a --pp 2 run is bit-identical to one process
+ * started the same way (llama-tiny: untied), and each rank's parameter peak up to the
+ * first step is its stage's (before, every rank built and loaded the whole model). */
+TEST(pp2_init_reads_the_stage_only) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    if (access(wpath("llama_single"), F_OK) != 0) /* pp2_untied_model_is_bit_identical made it */
+        REQUIRE(train("", "llama_single", "--model llama-tiny") == 0);
+    char cmd[2048], out[600], extra[128];
+    snprintf(cmd, sizeof cmd, "exec %s export --ckpt %s --out %s --tokenizer none", bin, wpath("llama_single"),
+             wpath("llama_hf"));
+    snprintf(out, sizeof out, "%s.out", wpath("llama_hf"));
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+    if (rc != 0) dump(out);
+    REQUIRE(rc == 0);
+    snprintf(extra, sizeof extra, "--steps %d", steps / 2);
+    static const char *const from[2] = {"llama_hf", "llama_single"};
+    static const char *const one[2] = {"init_hf1", "init_ck1"}, *const two[2] = {"init_hf_pp2", "init_ck_pp2"};
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(train_init("", one[k], wpath(from[k]), extra) == 0);
+        char e2[160];
+        snprintf(e2, sizeof e2, "%s --pp 2", extra);
+        REQUIRE(train_init(mpi2, two[k], wpath(from[k]), e2) == 0);
+        check_same_losses(two[k], one[k], steps / 2, true);
+        check_same_params(two[k], one[k], true);
+        check_setup_peak(two[k], "llama-tiny", 2, 2, false);
+    }
+    /* --tp 2 x --pp 2: the stage's whole-width tensors read, the shards cut from them
+     * (tp.c); one process's trajectory within the tolerances (tensor parallelism's sums) */
+    snprintf(extra, sizeof extra, "--steps %d --tp 2 --pp 2", steps / 2);
+    REQUIRE(train_init(mpi4, "init_hf_tp2pp2", wpath("llama_hf"), extra) == 0);
+    check_same_losses("init_hf_tp2pp2", "init_hf1", steps / 2, false);
+    check_setup_peak_tp("init_hf_tp2pp2", "llama-tiny", 2, 2, 4, false);
+    /* and not from a fresh start: the loaded weights (the first loss is the trained model's) */
+    double a[64], b[64];
+    losses_of("init_hf_pp2", a);
+    losses_of("llama_single", b);
+    CHECK(a[0] < b[0] - 0.2, "--init's first loss %.5f is not below a fresh model's %.5f", a[0], b[0]);
 }
 
 /* Stopped at half under --tp 2 --pp 2, resumed on one process; and one process's
@@ -638,6 +810,7 @@ TEST(resume_tp2_pp2_and_one_process) {
     check_same_params("r1tp", "single", false);
     CHECK(strstr(tu_slurp(wpath("r1tp.resume.out")), "tensor-parallel 2 x pipeline 2") != NULL,
           "the resume runs tp x pp");
+    check_setup_peak_tp("r1tp", "tiny", 2, 2, 4, true); /* the stage's tensors and state read, then cut */
 }
 
 /* pp 2 x dp 2 with the stage's optimizer state (and, ZeRO 2, gradients) sharded over
@@ -679,6 +852,144 @@ TEST(resume_between_layouts) {
     check_same_params("r12", "single", false);
     CHECK(strstr(tu_slurp(wpath("r12.resume.out")), "pipeline: 2 stages") != NULL, "the resume runs the pipeline");
     check_setup_peak("r12", "tiny", 2, 2, true); /* one process's checkpoint read a stage at a time */
+}
+
+/* The fault shim (tests/fault/fault_shim.c) beside the anneal binary, or NULL. */
+static const char *fault_shim(void) {
+    static char p[1024];
+    snprintf(p, sizeof p, "%s", bin);
+    char *slash = strrchr(p, '/');
+    if (!slash) return NULL;
+    snprintf(slash + 1, sizeof p - (size_t)(slash + 1 - p), "libanneal_fault_shim.so");
+    return access(p, R_OK) == 0 ? p : NULL;
+}
+
+/* `mpirun -np 2 anneal train ... --pp 2 --out work/<run>` with rank 0 alone (the writer
+ * of a streamed checkpoint) under the fault shim: counting from the first operation on
+ * a path with `arm`, the at-th fails with errno (sticky: and every one after); trace:
+ * each counted operation on stderr. The exit code. */
+static int train_faulty(const char *run, const char *extra, const char *arm, long at, const char *err, bool sticky,
+                        bool trace) {
+    char wrap[600], cmd[4096], out[600];
+    snprintf(wrap, sizeof wrap, "%s/rank0_shim.sh", work);
+    FILE *f = fopen(wrap, "w");
+    if (!f) return -1;
+    fprintf(f, "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then export LD_PRELOAD=%s; fi\nexec \"$@\"\n",
+            fault_shim());
+    fclose(f);
+    chmod(wrap, 0755);
+    snprintf(cmd, sizeof cmd, "exec %s -x ANNEAL_FAULT_PATH=%s -x ANNEAL_FAULT_SKIP=log.jsonl -x ANNEAL_FAULT_ARM=%s "
+             "-x ANNEAL_FAULT_AT=%ld -x ANNEAL_FAULT_ERRNO=%s -x ANNEAL_FAULT_STICKY=%d -x ANNEAL_FAULT_TRACE=%d %s %s "
+             "train %s --model tiny --steps 4 --ckpt-every 2 --pp 2 %s --out %s", mpi2, wpath(run), arm, at, err,
+             sticky ? 1 : 0, trace ? 1 : 0, wrap, bin, common, extra, wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    return tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+}
+
+/* Names in run's directory that start with prefix, joined with ' ' into out. */
+static int names_with(const char *run, const char *prefix, char *out, size_t n) {
+    DIR *d = opendir(wpath(run));
+    int k = 0;
+    size_t used = 0;
+    out[0] = '\0';
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) {
+            k++;
+            used += (size_t)snprintf(out + used, used < n ? n - used : 0, "%s ", e->d_name);
+            if (used >= n) used = n - 1;
+        }
+    if (d) closedir(d);
+    return k;
+}
+
+/* Checkpoint ckpt_<step> of run and of ref have byte-identical files. */
+static void check_same_ckpt(const char *run, const char *ref, int step) {
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        char a[1024], b[1024];
+        snprintf(a, sizeof a, "%s/ckpt_%08d/%s", wpath(run), step, files[k]);
+        snprintf(b, sizeof b, "%s/ckpt_%08d/%s", wpath(ref), step, files[k]);
+        size_t na, nb;
+        char *x = read_all(a, &na), *y = read_all(b, &nb);
+        CHECK(x && y && na == nb && !memcmp(x, y, na), "%s differs from %s (%zu vs %zu bytes)", a, b, na, nb);
+        free(x);
+        free(y);
+    }
+}
+
+/* A streamed checkpoint write (rank 0 writing, stage 1 sending its tensors, pp_ckpt.c)
+ * that fails midway, injected by the fault shim on rank 0: in the middle of the model
+ * file's writes (EIO) and of the optimizer file's (ENOSPC) of the final checkpoint
+ * (step 4): the job ends (no rank left waiting) with an error naming the errno, the
+ * failed step and the newest complete checkpoint; the step-2 checkpoint is intact (the
+ * clean run's bytes, `latest` names it), nothing of step 4 is left (no ckpt_00000004, no
+ * .tmp_* directory); a --pp 2 resume from it ends as the clean run (losses ==, the same
+ * final checkpoint bytes). And a disk that stays full from the step-2 checkpoint on with
+ * --max-ckpt-failures 1 stops the job with that message, leaving no checkpoint at all. */
+TEST(pp2_failed_streamed_checkpoint) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time; LD_PRELOAD under ASan)");
+    if (!fault_shim()) SKIP("no libanneal_fault_shim.so beside ANNEAL_BIN (the build makes it)");
+    REQUIRE(train(mpi2, "ckf_clean", "--steps 4 --ckpt-every 2 --pp 2") == 0);
+    /* counting: where the model and optimizer files of the step-4 checkpoint are written */
+    REQUIRE(train_faulty("ckf_count", "", "ckpt_00000004", 0, "EIO", false, true) == 0);
+    const char *t = tu_slurp(wpath("ckf_count.out"));
+    long first[2] = {0, 0}, last[2] = {0, 0};
+    int file = -1;
+    for (const char *q = strstr(t, "[fault] "); q; q = strstr(q + 1, "[fault] ")) {
+        long k = atol(q + 8);
+        const char *op = strchr(q + 8, ' ');
+        if (!op) break;
+        op++;
+        if (!strncmp(op, "open ", 5)) {
+            const char *eol = strchr(op, '\n');
+            const char *m = strstr(op, "model.safetensors.tmp"), *o = strstr(op, "optimizer.safetensors.tmp");
+            file = m && (!eol || m < eol) ? 0 : o && (!eol || o < eol) ? 1 : -1;
+        } else if (!strncmp(op, "write", 5) && file >= 0) {
+            if (!first[file]) first[file] = k;
+            last[file] = k;
+        } else if (strncmp(op, "write", 5)) {
+            file = -1;
+        }
+    }
+    printf("    step-4 checkpoint: model file writes %ld-%ld, optimizer file writes %ld-%ld\n", first[0], last[0],
+           first[1], last[1]);
+    REQUIRE(first[0] > 0 && last[0] - first[0] >= 4 && first[1] > 0 && last[1] - first[1] >= 4);
+    static const char *const errs[2] = {"EIO", "ENOSPC"}, *const texts[2] = {"Input/output error",
+                                                                               "No space left on device"};
+    static const char *const runs[2] = {"ckf_model", "ckf_optim"};
+    for (int k = 0; k < 2; k++) {
+        long at = (first[k] + last[k]) / 2;
+        int rc = train_faulty(runs[k], "", "ckpt_00000004", at, errs[k], false, false);
+        char outp[700];
+        snprintf(outp, sizeof outp, "%s.out", wpath(runs[k]));
+        const char *o = tu_slurp(outp);
+        printf("    %s: write %ld of the step-4 checkpoint fails with %s: exit %d\n", runs[k], at, errs[k], rc);
+        CHECK(rc > 0 && rc < 128, "%s: the job must fail with an error (not crash or hang): exit %d: %s", runs[k], rc, o);
+        CHECK(strstr(o, "the checkpoint of step 4 failed") && strstr(o, texts[k]) &&
+              strstr(o, "the newest complete checkpoint is") && strstr(o, "ckpt_00000002"),
+              "%s: no clear error: %s", runs[k], o);
+        char names[1024];
+        CHECK(names_with(runs[k], ".tmp", names, sizeof names) == 0, "%s: left behind: %s", runs[k], names);
+        CHECK(names_with(runs[k], "ckpt_00000004", names, sizeof names) == 0, "%s: left behind: %s", runs[k], names);
+        char ck[1024];
+        REQUIRE(anneal_checkpoint_resolve(wpath(runs[k]), ck, sizeof ck) == ANNEAL_OK);
+        CHECK(strstr(ck, "ckpt_00000002") != NULL, "%s: latest is %s", runs[k], ck);
+        check_same_ckpt(runs[k], "ckf_clean", 2);
+        REQUIRE(resume(mpi2, runs[k], "--pp 2") == 0);
+        check_same_losses(runs[k], "ckf_clean", 4, true);
+        check_same_files(runs[k], "ckf_clean");
+    }
+    /* a disk that stays full from the first checkpoint on, --max-ckpt-failures 1 */
+    int rc = train_faulty("ckf_full", "--max-ckpt-failures 1", "ckpt_00000002", 5, "ENOSPC", true, false);
+    const char *o = tu_slurp(wpath("ckf_full.out"));
+    CHECK(rc > 0 && rc < 128, "ckf_full: exit %d: %s", rc, o);
+    CHECK(strstr(o, "No space left on device") && strstr(o, "1 checkpoint write in a row failed (step 2)") &&
+          strstr(o, "the newest complete checkpoint is none"), "ckf_full: no clear error: %s", o);
+    char names[1024];
+    CHECK(names_with("ckf_full", ".tmp", names, sizeof names) == 0 &&
+          names_with("ckf_full", "ckpt_", names, sizeof names) == 0, "ckf_full: left behind: %s", names);
 }
 
 /* A job whose layout cannot work: refused with a message naming the setting. */
@@ -739,6 +1050,9 @@ int main(void) {
     RUN(resume_tp2_pp2_and_one_process);
     RUN(resume_between_layouts);
     RUN(pp2_eval_samples_checkpoints);
+    RUN(pp4_samples_through_middle_stages);
+    RUN(pp2_init_reads_the_stage_only);
+    RUN(pp2_failed_streamed_checkpoint);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
