@@ -85,6 +85,12 @@ typedef struct anneal_decode_attn {
     float *out;               /* (n, Hq*D) rows ld_out apart */
     int64_t ld_out;
     float *scratch;           /* n * Hq * max_len floats */
+    /* Optional (NULL: none): when the n rows are one slot's consecutive positions (a
+     * prompt's chunk, n >= 2), Hq * n + 2 * Hkv * (pos[n-1] + 1) * D floats (Hq * n for an
+     * f32 cache) let the chunk attend through the tensor path's flash kernel over the
+     * widened keys and values instead of row by row. */
+    float *kv_scratch;
+    int64_t kv_scratch_floats;
 } anneal_decode_attn;
 void anneal_decode_attention(const anneal_decode_attn *a);
 

@@ -317,7 +317,8 @@ anneal_status anneal_model_quantize_head(anneal_model *m);
 void anneal_kv_cache_slot_reset(anneal_kv_cache *kv, int64_t slot);
 /* Positions cached in slot. */
 int64_t anneal_kv_cache_slot_len(const anneal_kv_cache *kv, int64_t slot);
-/* Prefill: the n ids appended to slot `slot` (batched GEMMs over the n rows); returns
+/* Prefill: the n ids appended to slot `slot` (batched GEMMs over the n rows; under bf16
+ * compute on the CPU the decode engine's chunks over its bf16 weight copies); returns
  * the logits (1, vocab) f32 of the last one, in the caller's scope. No autograd, no
  * dropout; intermediates die inside. ANNEAL_ERR_ARG for a slot out of range, n < 1 or
  * past max_len / n_ctx (cache unchanged). */
