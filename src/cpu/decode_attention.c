@@ -263,16 +263,14 @@ static inline float widen_bf16(uint16_t h) {
     return f;
 }
 
-/* Rows [0, n) all of one slot at consecutive positions (a prompt's chunk), with a
- * kv_scratch large enough: the slot's keys and values [0, pos[n-1]] widened to f32 (an
+/* Rows [0, n) of a, all of one slot at consecutive positions (a prompt's chunk), with
+ * a kv_scratch large enough: the slot's keys and values [0, pos[n-1]] widened to f32 (an
  * f32 cache is read in place) and the tensor path's flash attention over them, causal
  * with the chunk's offset (anneal_cpu_attention_fwd, f32 tiles): no per-row pass over
  * the cache. False (nothing done) when the rows are not such a run (n < 2 included). */
 static bool attend_run(const anneal_decode_attn *a) {
     const int64_t n = a->n, D = a->D, Hkv = a->Hkv, Hq = a->Hq, M = a->max_len;
     if (n < 2 || !a->kv_scratch) return false;
-    for (int64_t i = 1; i < n; i++)
-        if (a->slots[i] != a->slots[0] || a->pos[i] != a->pos[0] + i) return false;
     const int64_t Tk = a->pos[n - 1] + 1;
     const bool in_place = a->dtype == ANNEAL_F32;
     if (a->kv_scratch_floats < Hq * n + (in_place ? 0 : 2 * Hkv * Tk * D)) return false;
@@ -306,22 +304,9 @@ static bool attend_run(const anneal_decode_attn *a) {
     return true;
 }
 
-void anneal_decode_attention(const anneal_decode_attn *a) {
-    if (!a || a->n <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->D <= 0) return;
-    const int64_t D = a->D, Hkv = a->Hkv, M = a->max_len;
-    for (int64_t i = 0; i < a->n; i++) {
-        float *q = a->q + i * a->ld_qkv, *k = a->k + i * a->ld_qkv, *v = a->v + i * a->ld_qkv;
-        if (a->rope) {
-            rope_row(a->rope, q, a->Hq, D, a->pos[i]);
-            rope_row(a->rope, k, Hkv, D, a->pos[i]);
-        }
-        for (int64_t h = 0; h < Hkv; h++) {
-            int64_t row = (a->slots[i] * Hkv + h) * M + a->pos[i];
-            store_row(a, a->kc, a->k_scale, row, k + h * D);
-            store_row(a, a->vc, a->v_scale, row, v + h * D);
-        }
-    }
-    if (attend_run(a)) return;
+/* Rows [0, n) of a attended one at a time: work items are (row, head) pairs. */
+static void attend_rows(const anneal_decode_attn *a) {
+    const int64_t D = a->D;
     const int64_t items = a->n * a->Hq;
     int64_t work = 0;
     for (int64_t i = 0; i < a->n; i++) work += (a->pos[i] + 1) * a->Hq * D;
@@ -342,4 +327,58 @@ void anneal_decode_attention(const anneal_decode_attn *a) {
 #endif
 #pragma omp parallel for schedule(static) if (items > 1 && work >= 32768)
     for (int64_t it = 0; it < items; it++) attend(a, it / a->Hq, it % a->Hq);
+}
+
+/* Whether row i of a starts a run (the next row is the same slot's next position) that
+ * attend_run takes. */
+static bool starts_run(const anneal_decode_attn *a, int64_t i) {
+    return a->kv_scratch && i + 1 < a->n && a->slots[i + 1] == a->slots[i] && a->pos[i + 1] == a->pos[i] + 1;
+}
+
+/* Rows [i0, i1) of a as a descriptor of their own. */
+static anneal_decode_attn rows_of(const anneal_decode_attn *a, int64_t i0, int64_t i1) {
+    anneal_decode_attn b = *a;
+    b.n = i1 - i0;
+    b.slots += i0;
+    b.pos += i0;
+    b.q += i0 * a->ld_qkv;
+    b.k += i0 * a->ld_qkv;
+    b.v += i0 * a->ld_qkv;
+    b.out += i0 * a->ld_out;
+    return b;
+}
+
+void anneal_decode_attention(const anneal_decode_attn *a) {
+    if (!a || a->n <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->D <= 0) return;
+    const int64_t D = a->D, Hkv = a->Hkv, M = a->max_len;
+    for (int64_t i = 0; i < a->n; i++) {
+        float *q = a->q + i * a->ld_qkv, *k = a->k + i * a->ld_qkv, *v = a->v + i * a->ld_qkv;
+        if (a->rope) {
+            rope_row(a->rope, q, a->Hq, D, a->pos[i]);
+            rope_row(a->rope, k, Hkv, D, a->pos[i]);
+        }
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t row = (a->slots[i] * Hkv + h) * M + a->pos[i];
+            store_row(a, a->kc, a->k_scale, row, k + h * D);
+            store_row(a, a->vc, a->v_scale, row, v + h * D);
+        }
+    }
+    /* every key and value is stored: runs (a prompt's rows) through the flash kernel,
+     * the rows between them one at a time */
+    for (int64_t i0 = 0; i0 < a->n;) {
+        int64_t i1 = i0 + 1;
+        if (starts_run(a, i0)) {
+            while (i1 < a->n && a->slots[i1] == a->slots[i0] && a->pos[i1] == a->pos[i1 - 1] + 1) i1++;
+            anneal_decode_attn r = rows_of(a, i0, i1);
+            if (attend_run(&r)) {
+                i0 = i1;
+                continue;
+            }
+        } else {
+            while (i1 < a->n && !starts_run(a, i1)) i1++;
+        }
+        anneal_decode_attn r = rows_of(a, i0, i1);
+        attend_rows(&r);
+        i0 = i1;
+    }
 }

@@ -40,6 +40,7 @@ typedef struct engine {
     int64_t rows;      /* rows the workspace holds: the slots, or a prefill chunk if more */
     int64_t plan_C, plan_W, plan_A, plan_F; /* row widths: model, q|k|v, attention, MLP */
     int64_t *row_slot; /* (rows) a prefill chunk's slot per row */
+    int64_t *row_last; /* (slots) an extend's last row of each entry */
     float *kvs;        /* a prefill's attention scratch (anneal_decode_attn.kv_scratch), made on first use */
     int64_t kvs_floats;
     anneal_decode_plan plan;
@@ -67,6 +68,7 @@ static void engine_free(void *p) {
     free(e->scratch);
     free(e->pos);
     free(e->row_slot);
+    free(e->row_last);
     free(e->kvs);
     free(e);
 }
@@ -125,7 +127,8 @@ static engine *engine_get(anneal_model *m, anneal_kv_cache *kv) {
     e->plan_F = c->n_ff ? c->n_ff : 4 * (int64_t)c->n_embd;
     e->blocks = calloc((size_t)c->n_layer, sizeof *e->blocks);
     e->scratch = fbuf(S * Hq * M); /* rows one at a time: the steps' slots (a prefill's chunk attends as a run) */
-    if (!e->blocks || !e->scratch || !workspace(e, S)) {
+    e->row_last = calloc((size_t)S, sizeof *e->row_last);
+    if (!e->blocks || !e->scratch || !e->row_last || !workspace(e, S)) {
         engine_free(e);
         return NULL;
     }
@@ -256,11 +259,13 @@ static void residual(float *x, const float *a, int64_t count) {
             return anneal_set_error(ANNEAL_ERR_OOM, "decode step: no memory for an int8 product's workspace"); \
     } while (0)
 
-static _Atomic int64_t steps_run, prefills_run;
+static _Atomic int64_t steps_run, prefills_run, extends_run;
 
 int64_t anneal_decode_engine_steps(void) { return steps_run; }
 
 int64_t anneal_decode_engine_prefills(void) { return prefills_run; }
+
+int64_t anneal_decode_engine_extends(void) { return extends_run; }
 
 /* Rows of one engine call (at most e->rows): row i is ids[i] appended to slot slots[i]
  * at position e->pos[i]; rows of one slot come in increasing positions (a prompt's run
@@ -337,6 +342,27 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
     if (s != ANNEAL_OK) return s;
     for (int64_t i = 0; i < n; i++) anneal_kv_cache_slot_advance(kv, slots[i], 1);
     steps_run++;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                          const int32_t *ids, const int64_t *counts, int64_t n, float *out) {
+    if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
+    engine *e = engine_get(m, kv);
+    if (!e || !plan_step(e, m) || !prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n; i++) rows += counts[i];
+    if (rows > e->rows || n > e->slots) return ANNEAL_ERR_UNSUPPORTED;
+    int64_t *last = e->row_last;
+    for (int64_t i = 0, r = 0; i < n; i++) {
+        int64_t len = anneal_kv_cache_slot_len(kv, slots[i]);
+        for (int64_t j = 0; j < counts[i]; j++, r++) e->row_slot[r] = slots[i], e->pos[r] = len + j;
+        last[i] = r - 1;
+    }
+    anneal_status s = forward_rows(e, kv, e->row_slot, ids, rows, last, n, out);
+    if (s != ANNEAL_OK) return s;
+    for (int64_t i = 0; i < n; i++) anneal_kv_cache_slot_advance(kv, slots[i], counts[i]);
+    extends_run++;
     return ANNEAL_OK;
 }
 

@@ -64,8 +64,19 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
 anneal_status anneal_decode_engine_prefill(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
                                            int64_t n, float *out);
 
-/* Steps and prefills the engine has run in this process (tests check which path ran). */
+/* Continuous batching's mixed step (see anneal_model_extend_slots, whose checks have
+ * passed): entry i appends counts[i] ids (the entries' ids one after another in ids) to
+ * slot slots[i] (n distinct slots), all rows in one pass over the weights (a prompt's
+ * rows attend as a run), and row i of out (n, vocab) gets the logits of entry i's last
+ * id. ANNEAL_ERR_UNSUPPORTED, nothing changed, as for a step and when the rows do not
+ * fit the engine's prefill chunk; on another error nothing advanced. */
+anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                          const int32_t *ids, const int64_t *counts, int64_t n, float *out);
+
+/* Steps, prefills and extends the engine has run in this process (tests check which
+ * path ran). */
 int64_t anneal_decode_engine_steps(void);
 int64_t anneal_decode_engine_prefills(void);
+int64_t anneal_decode_engine_extends(void);
 
 #endif

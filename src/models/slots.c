@@ -154,3 +154,94 @@ anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, c
     anneal_no_grad_end();
     return s == ANNEAL_OK ? out : NULL;
 }
+
+/* anneal_model_extend_slots without one pass for all: each entry of more than one id
+ * prefilled on its own, the single ids stepped together; logits row i into out. On
+ * failure every slot is back at its length before the call. */
+static anneal_status extend_apart(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots, const int32_t *ids,
+                                  const int64_t *counts, int64_t n, float *out) {
+    int64_t V = m->cfg.vocab_size, *len = malloc((size_t)n * sizeof *len), *one = malloc((size_t)n * sizeof *one);
+    int32_t *one_ids = malloc((size_t)n * sizeof *one_ids);
+    anneal_status s = len && one && one_ids ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "model_extend_slots: out of memory");
+    int64_t n_one = 0, off = 0;
+    for (int64_t i = 0; i < n && len; i++) len[i] = anneal_kv_cache_slot_len(kv, slots[i]);
+    for (int64_t i = 0; i < n && s == ANNEAL_OK; off += counts[i], i++) {
+        if (counts[i] == 1) {
+            one[n_one] = i;
+            one_ids[n_one++] = ids[off];
+            continue;
+        }
+        anneal_scope *sc = anneal_scope_open();
+        anneal_tensor *lg = anneal_model_prefill_slot(m, kv, slots[i], ids + off, counts[i]);
+        s = lg ? anneal_to_f32_buffer(lg, out + i * V) : anneal_last_status();
+        anneal_scope_close(sc);
+    }
+    if (s == ANNEAL_OK && n_one > 0) {
+        anneal_scope *sc = anneal_scope_open();
+        int64_t *sl = malloc((size_t)n_one * sizeof *sl);
+        anneal_tensor *lg = NULL;
+        if (sl) {
+            for (int64_t k = 0; k < n_one; k++) sl[k] = slots[one[k]];
+            lg = anneal_model_decode_slots(m, kv, sl, one_ids, n_one);
+        }
+        s = lg ? ANNEAL_OK : sl ? anneal_last_status() : anneal_set_error(ANNEAL_ERR_OOM, "model_extend_slots: out of memory");
+        for (int64_t k = 0; lg && k < n_one; k++)
+            memcpy(out + one[k] * V, (const float *)anneal_data(lg) + k * V, (size_t)V * sizeof *out);
+        free(sl);
+        anneal_scope_close(sc);
+    }
+    if (s != ANNEAL_OK && len) /* take back what advanced */
+        for (int64_t i = 0; i < n; i++)
+            if (anneal_kv_cache_slot_len(kv, slots[i]) != len[i]) {
+                anneal_kv_cache_slot_reset(kv, slots[i]);
+                if (len[i] > 0) anneal_kv_cache_slot_advance(kv, slots[i], len[i]);
+            }
+    free(len);
+    free(one);
+    free(one_ids);
+    return s;
+}
+
+anneal_tensor *anneal_model_extend_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                         const int32_t *ids, const int64_t *counts, int64_t n) {
+    static const char fn[] = "model_extend_slots";
+    if (!cache_ok(m, kv, fn)) return NULL;
+    int64_t S = anneal_kv_cache_slots(kv);
+    if (!slots || !ids || !counts || n < 1 || n > S) {
+        anneal_set_error(ANNEAL_ERR_ARG, "%s: need 1 <= n <= %lld entries with slots, ids and counts (n = %lld%s)", fn,
+                         (long long)S, (long long)n, !slots || !ids || !counts ? ", a NULL array" : "");
+        return NULL;
+    }
+    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= S) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld (at %lld) is outside [0, %lld)", fn, (long long)slots[i],
+                             (long long)i, (long long)S);
+            return NULL;
+        }
+        for (int64_t j = 0; j < i; j++)
+            if (slots[j] == slots[i]) {
+                anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is given twice (at %lld and %lld)", fn,
+                                 (long long)slots[i], (long long)j, (long long)i);
+                return NULL;
+            }
+        int64_t len = anneal_kv_cache_slot_len(kv, slots[i]);
+        if (counts[i] < 1 || counts[i] > cap - len) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: %lld ids for slot %lld, which holds %lld of %lld positions", fn,
+                             (long long)counts[i], (long long)slots[i], (long long)len, (long long)cap);
+            return NULL;
+        }
+        total += counts[i];
+    }
+    if (!ids_ok(m, ids, total, fn)) return NULL;
+    int64_t V = m->cfg.vocab_size;
+    anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
+    if (!out) return NULL;
+    float *o = anneal_data(out);
+    anneal_no_grad_begin();
+    anneal_status s = anneal_decode_engine_extend(m, kv, slots, ids, counts, n, o);
+    if (s == ANNEAL_ERR_UNSUPPORTED) s = extend_apart(m, kv, slots, ids, counts, n, o);
+    anneal_no_grad_end();
+    return s == ANNEAL_OK ? out : NULL;
+}

@@ -233,6 +233,46 @@ static void sweep_locked(anneal_serve_engine *e, double t) {
     e->qlen = kept;
 }
 
+/* The ids of a mixed pass, grown as prompts need. */
+typedef struct mix_buf {
+    int64_t *slots, *counts; /* (slots) */
+    int32_t *ids;
+    int64_t cap;
+} mix_buf;
+
+/* The running jobs' next ids and the admitted jobs' prompts (their slots emptied first)
+ * in one pass over the model (anneal_model_extend_slots): e->logits rows [0, n_step)
+ * for step's jobs, then one row per admitted job. On failure the error is cleared and
+ * nothing advanced (the caller takes the one-by-one path). */
+static anneal_status mixed_pass(anneal_serve_engine *e, anneal_serve_job **step, int n_step, anneal_serve_job **admit,
+                                int n_admit, mix_buf *mb) {
+    int64_t total = n_step;
+    for (int i = 0; i < n_admit; i++) total += admit[i]->n_ids;
+    if (total > mb->cap) {
+        int32_t *ids = realloc(mb->ids, (size_t)total * sizeof *ids);
+        if (!ids) return ANNEAL_ERR_OOM;
+        mb->ids = ids;
+        mb->cap = total;
+    }
+    int64_t k = 0;
+    for (int i = 0; i < n_step; i++) {
+        mb->slots[i] = step[i]->slot;
+        mb->counts[i] = 1;
+        mb->ids[k++] = step[i]->next_id;
+    }
+    for (int i = 0; i < n_admit; i++) {
+        anneal_serve_job *j = admit[i];
+        anneal_serve_batch_reset(e->batch, j->slot);
+        mb->slots[n_step + i] = j->slot;
+        mb->counts[n_step + i] = j->n_ids;
+        memcpy(mb->ids + k, j->ids, (size_t)j->n_ids * sizeof *mb->ids);
+        k += j->n_ids;
+    }
+    anneal_status s = anneal_serve_batch_extend(e->batch, mb->slots, mb->ids, mb->counts, n_step + n_admit, e->logits);
+    if (s != ANNEAL_OK) anneal_clear_error();
+    return s;
+}
+
 static void *engine_main(void *arg) {
     anneal_serve_engine *e = arg;
     /* a new pthread starts from OpenMP's global default, not from the count the creating
@@ -244,7 +284,8 @@ static void *engine_main(void *arg) {
     int32_t *ids = calloc((size_t)e->slots, sizeof *ids);
     int32_t *sampled = calloc((size_t)e->slots, sizeof *sampled), *first = calloc((size_t)e->slots, sizeof *first);
     anneal_status *pre_status = calloc((size_t)e->slots, sizeof *pre_status);
-    bool oom = !admit || !step || !slot_ids || !ids || !sampled || !first || !pre_status;
+    mix_buf mix = {.slots = calloc((size_t)e->slots, sizeof(int64_t)), .counts = calloc((size_t)e->slots, sizeof(int64_t))};
+    bool oom = !admit || !step || !slot_ids || !ids || !sampled || !first || !pre_status || !mix.slots || !mix.counts;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         sweep_locked(e, now_s());
@@ -286,35 +327,57 @@ static void *engine_main(void *arg) {
         /* model work, outside the lock (the jobs stay: only this thread ends them) */
         double ph[ANNEAL_SERVE_PHASES] = {0}, t0 = now_s(), t1; /* wall seconds by phase (/metrics) */
         int64_t prefills = 0, prefill_rows = 0;
-        for (int i = 0; i < n_admit; i++) {
-            anneal_serve_job *j = admit[i];
-            anneal_serve_batch_reset(e->batch, j->slot);
-            pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
-            first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
-            if (pre_status[i] == ANNEAL_OK) prefills++, prefill_rows += j->n_ids;
-        }
-        t1 = now_s();
-        ph[0] = t1 - t0;
         anneal_status ds = ANNEAL_OK;
-        if (n_step > 0) {
-            if (e->step_delay_ms > 0) {
-                nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
-                t1 = now_s(); /* the test aid's sleep is no phase */
-            }
-            ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+        if (n_admit > 0 && n_step > 0 && e->step_delay_ms > 0) { /* the test aid delays every decode pass */
+            nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
             t0 = now_s();
-            ph[1] = t0 - t1;
-            /* each row's draw depends only on its logits, sampler and position: rows in
-             * parallel give the same ids as one after another */
-            if (ds == ANNEAL_OK) {
+        }
+        /* new prompts and the running rows in one pass (the model's mixed step); if it
+         * fails, each prompt alone and then the step, so a failure is the job's own */
+        bool mixed = n_admit > 0 && mixed_pass(e, step, n_step, admit, n_admit, &mix) == ANNEAL_OK;
+        if (mixed) {
+            t1 = now_s();
+            ph[n_step > 0 ? 4 : 0] = t1 - t0; /* mixed, or a pass of prompts alone */
+            for (int i = 0; i < n_admit; i++) pre_status[i] = ANNEAL_OK, prefills++, prefill_rows += admit[i]->n_ids;
+            /* the running rows' logits first, then each prompt's last row's */
+#pragma omp parallel for schedule(dynamic, 1) if (n_step + n_admit > 1)
+            for (int i = 0; i < n_step + n_admit; i++) {
+                anneal_serve_job *j = i < n_step ? step[i] : admit[i - n_step];
+                int32_t id = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &j->sampler, (uint64_t)j->pos);
+                if (i < n_step) sampled[i] = id;
+                else first[i - n_step] = id;
+            }
+            t0 = t1;
+        } else {
+            for (int i = 0; i < n_admit; i++) {
+                anneal_serve_job *j = admit[i];
+                anneal_serve_batch_reset(e->batch, j->slot);
+                pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
+                first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
+                if (pre_status[i] == ANNEAL_OK) prefills++, prefill_rows += j->n_ids;
+            }
+            t1 = now_s();
+            ph[0] = t1 - t0;
+            if (n_step > 0) {
+                if (e->step_delay_ms > 0 && n_admit == 0) {
+                    nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+                    t1 = now_s(); /* the test aid's sleep is no phase */
+                }
+                ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+                t0 = now_s();
+                ph[1] = t0 - t1;
+                /* each row's draw depends only on its logits, sampler and position: rows in
+                 * parallel give the same ids as one after another */
+                if (ds == ANNEAL_OK) {
 #pragma omp parallel for schedule(dynamic, 1) if (n_step > 1)
-                for (int i = 0; i < n_step; i++)
-                    sampled[i] = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &step[i]->sampler,
-                                                      (uint64_t)step[i]->pos);
+                    for (int i = 0; i < n_step; i++)
+                        sampled[i] = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &step[i]->sampler,
+                                                          (uint64_t)step[i]->pos);
+                }
             }
         }
         double t = now_s();
-        if (n_step > 0) ph[2] = t - t0;
+        if (n_step > 0 || mixed) ph[2] = t - t0;
         char msg[200];
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < n_admit; i++) {
@@ -347,6 +410,9 @@ static void *engine_main(void *arg) {
     free(sampled);
     free(first);
     free(pre_status);
+    free(mix.slots);
+    free(mix.counts);
+    free(mix.ids);
     return NULL;
 }
 

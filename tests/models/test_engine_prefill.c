@@ -180,10 +180,76 @@ TEST(bf16_compute_and_int8_models) {
     }
 }
 
+/* anneal_model_extend_slots: running rows and new prompts in one call. With chunks of
+ * 4 rows, a call of 1 + 3 rows is one engine pass; a call of 1 + 1 + 6 rows does not fit
+ * and takes the one-by-one path. Both give every entry's last logits as the full
+ * forward (f32, within 2e-5), for GPT-2 and llama-tiny; bad calls leave the cache as it
+ * was. */
+TEST(extend_slots_mixes_prompts_and_steps) {
+    anneal_clear_error();
+    const char *presets[2] = {"tiny", "llama-tiny"};
+    for (int p = 0; p < 2; p++) {
+        anneal_model *m = make_model(presets[p], p == 1, 59 + (uint64_t)p);
+        REQUIRE(m);
+        const int64_t V = m->cfg.vocab_size;
+        static int32_t seq[3][T];
+        static float full[3][T * 512];
+        REQUIRE(V <= 512);
+        uint64_t r = 31;
+        for (int s = 0; s < 3; s++) {
+            for (int t = 0; t < T; t++) seq[s][t] = lcg_id(&r, (int)V);
+            REQUIRE(full_logits(m, seq[s], T, full[s]));
+        }
+        anneal_kv_cache *kv = anneal_model_kv_cache_new(m, 3, 32);
+        REQUIRE(kv);
+        anneal_scope *sc = anneal_scope_open();
+        REQUIRE(anneal_model_prefill_slot(m, kv, 0, seq[0], 5));
+        /* slot 0 steps (1 id) while slot 2 takes a prompt of 3: 4 rows, one pass */
+        int64_t ext0 = anneal_decode_engine_extends();
+        int32_t ids1[4] = {seq[0][5], seq[2][0], seq[2][1], seq[2][2]};
+        anneal_tensor *lg = anneal_model_extend_slots(m, kv, (int64_t[]){0, 2}, ids1, (int64_t[]){1, 3}, 2);
+        REQUIRE(lg);
+        CHECK(lg->shape[0] == 2 && lg->shape[1] == V, "logits shape");
+        CHECK(anneal_decode_engine_extends() == ext0 + 1, "4 rows should be one engine pass");
+        double e0 = rel_err(anneal_data(lg), full[0] + 5 * V, V);
+        double e2 = rel_err((const float *)anneal_data(lg) + V, full[2] + 2 * V, V);
+        CHECK(e0 <= 2e-5 && e2 <= 2e-5, "%s one pass: rel err %g (step) %g (prompt)", presets[p], e0, e2);
+        /* bad calls: nothing changes */
+        int32_t bad[3] = {seq[0][6], seq[1][0], seq[1][1]};
+        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 0}, bad, (int64_t[]){1, 1}, 2), "a slot twice");
+        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 1}, bad, (int64_t[]){1, 0}, 2), "a count of 0");
+        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){1}, bad, (int64_t[]){30}, 1), "past max_len");
+        bad[2] = (int32_t)V;
+        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 1}, bad, (int64_t[]){1, 2}, 2), "an id past the vocabulary");
+        CHECK(anneal_last_status() == ANNEAL_ERR_ARG, "bad calls are ANNEAL_ERR_ARG");
+        anneal_clear_error();
+        CHECK(anneal_kv_cache_slot_len(kv, 0) == 6 && anneal_kv_cache_slot_len(kv, 1) == 0 &&
+                  anneal_kv_cache_slot_len(kv, 2) == 3,
+              "bad calls changed the cache");
+        /* 1 + 1 + 6 rows: more than a chunk, one by one */
+        int32_t ids2[8] = {seq[2][3], seq[0][6], seq[1][0], seq[1][1], seq[1][2], seq[1][3], seq[1][4], seq[1][5]};
+        ext0 = anneal_decode_engine_extends();
+        lg = anneal_model_extend_slots(m, kv, (int64_t[]){2, 0, 1}, ids2, (int64_t[]){1, 1, 6}, 3);
+        REQUIRE(lg);
+        CHECK(anneal_decode_engine_extends() == ext0, "8 rows do not fit a chunk of 4");
+        const float *L = anneal_data(lg);
+        double e = fmax(fmax(rel_err(L, full[2] + 3 * V, V), rel_err(L + V, full[0] + 6 * V, V)),
+                        rel_err(L + 2 * V, full[1] + 5 * V, V));
+        CHECK(e <= 2e-5, "%s one by one: rel err %g", presets[p], e);
+        CHECK(anneal_kv_cache_slot_len(kv, 0) == 7 && anneal_kv_cache_slot_len(kv, 1) == 6 &&
+                  anneal_kv_cache_slot_len(kv, 2) == 4,
+              "lengths after the second call");
+        anneal_scope_close(sc);
+        anneal_kv_cache_free(kv);
+        anneal_model_free(m);
+    }
+}
+
 int main(void) {
     setenv("ANNEAL_PREFILL_ROWS", "4", 1); /* chunks of 4 rows: read when a cache's engine is made */
     RUN(f32_prefill_in_chunks_equals_the_full_forward);
     RUN(bf16_and_int8_caches_within_bound);
     RUN(bf16_compute_and_int8_models);
+    RUN(extend_slots_mixes_prompts_and_steps);
     return anneal_test_summary();
 }

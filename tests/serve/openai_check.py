@@ -288,9 +288,9 @@ def check_metrics(args, s):
           f"{pre_rows} vs {prompt}")
     check("engine threads: the default (OMP_NUM_THREADS or all cores)", (value("anneal_serve_threads") or 0) >= 1,
           str(value("anneal_serve_threads")))
-    for ph in ["prefill", "decode", "sample", "text"]:
+    for ph in ["prefill", "decode", "sample", "text", "mixed"]:
         v = value(f'anneal_serve_engine_seconds_total{{phase="{ph}"}}')
-        check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph == "text" or v > 0), str(v))
+        check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph in ("text", "mixed") or v > 0), str(v))
 
 
 def check_load(args, s, seconds):
