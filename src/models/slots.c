@@ -43,6 +43,39 @@ static bool engine_prefills(const anneal_model *m) {
     return m->device == ANNEAL_CPU && m->ctx.compute == ANNEAL_BF16;
 }
 
+/* True when the n slots are in range and distinct and each has room for counts[i] more
+ * positions (counts NULL: one each); else ANNEAL_ERR_ARG naming fn. */
+static bool slots_ok(const anneal_model *m, const anneal_kv_cache *kv, const int64_t *slots, const int64_t *counts,
+                     int64_t n, const char *fn) {
+    int64_t S = anneal_kv_cache_slots(kv);
+    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
+    for (int64_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= S) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld (at %lld) is outside [0, %lld)", fn, (long long)slots[i],
+                             (long long)i, (long long)S);
+            return false;
+        }
+        for (int64_t j = 0; j < i; j++)
+            if (slots[j] == slots[i]) {
+                anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is given twice (at %lld and %lld)", fn,
+                                 (long long)slots[i], (long long)j, (long long)i);
+                return false;
+            }
+        int64_t len = anneal_kv_cache_slot_len(kv, slots[i]), c = counts ? counts[i] : 1;
+        if (!counts && len >= cap) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is full (%lld positions)", fn, (long long)slots[i],
+                             (long long)cap);
+            return false;
+        }
+        if (c < 1 || c > cap - len) {
+            anneal_set_error(ANNEAL_ERR_ARG, "%s: %lld ids for slot %lld, which holds %lld of %lld positions", fn,
+                             (long long)c, (long long)slots[i], (long long)len, (long long)cap);
+            return false;
+        }
+    }
+    return true;
+}
+
 anneal_tensor *anneal_model_prefill_slot(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
                                          int64_t n) {
     static const char fn[] = "model_prefill_slot";
@@ -125,25 +158,7 @@ anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, c
                          (long long)n, !slots || !ids ? ", NULL slots or ids" : "");
         return NULL;
     }
-    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
-    for (int64_t i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= S) {
-            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld (at %lld) is outside [0, %lld)", fn, (long long)slots[i],
-                             (long long)i, (long long)S);
-            return NULL;
-        }
-        for (int64_t j = 0; j < i; j++)
-            if (slots[j] == slots[i]) {
-                anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is given twice (at %lld and %lld)", fn,
-                                 (long long)slots[i], (long long)j, (long long)i);
-                return NULL;
-            }
-        if (anneal_kv_cache_slot_len(kv, slots[i]) >= cap) {
-            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is full (%lld positions)", fn, (long long)slots[i],
-                             (long long)cap);
-            return NULL;
-        }
-    }
+    if (!slots_ok(m, kv, slots, NULL, n, fn)) return NULL;
     if (!ids_ok(m, ids, n, fn)) return NULL;
     int64_t V = m->cfg.vocab_size;
     anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
@@ -212,28 +227,9 @@ anneal_tensor *anneal_model_extend_slots(anneal_model *m, anneal_kv_cache *kv, c
                          (long long)S, (long long)n, !slots || !ids || !counts ? ", a NULL array" : "");
         return NULL;
     }
-    int64_t cap = anneal_kv_cache_max_len(kv) < m->cfg.n_ctx ? anneal_kv_cache_max_len(kv) : m->cfg.n_ctx;
+    if (!slots_ok(m, kv, slots, counts, n, fn)) return NULL;
     int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= S) {
-            anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld (at %lld) is outside [0, %lld)", fn, (long long)slots[i],
-                             (long long)i, (long long)S);
-            return NULL;
-        }
-        for (int64_t j = 0; j < i; j++)
-            if (slots[j] == slots[i]) {
-                anneal_set_error(ANNEAL_ERR_ARG, "%s: slot %lld is given twice (at %lld and %lld)", fn,
-                                 (long long)slots[i], (long long)j, (long long)i);
-                return NULL;
-            }
-        int64_t len = anneal_kv_cache_slot_len(kv, slots[i]);
-        if (counts[i] < 1 || counts[i] > cap - len) {
-            anneal_set_error(ANNEAL_ERR_ARG, "%s: %lld ids for slot %lld, which holds %lld of %lld positions", fn,
-                             (long long)counts[i], (long long)slots[i], (long long)len, (long long)cap);
-            return NULL;
-        }
-        total += counts[i];
-    }
+    for (int64_t i = 0; i < n; i++) total += counts[i];
     if (!ids_ok(m, ids, total, fn)) return NULL;
     int64_t V = m->cfg.vocab_size;
     anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
