@@ -82,6 +82,7 @@ typedef struct anneal_serve_job {
     anneal_serve_job_state state;
     bool cancelled; /* the client went away: free the slot at the next step */
     int64_t slot, n_gen, pos;
+    int64_t fed;     /* prompt ids in the cache: the job steps once fed == n_ids */
     int32_t next_id; /* sampled, to feed at the next step */
     double t_last;
     anneal_stream_decoder dec;
