@@ -137,8 +137,8 @@ static engine *engine_get(anneal_model *m, anneal_kv_cache *kv) {
 }
 
 /* Readies e for a prefill: the workspace grown to a chunk of rows (up to PREFILL_ROWS,
- * fewer where the chunk's activations would pass PREFILL_BYTES; at least the slots;
- * ANNEAL_PREFILL_ROWS overrides, for tests and tuning) and the chunk attention's scratch
+ * fewer where the chunk's activations would pass PREFILL_BYTES; ANNEAL_PREFILL_ROWS
+ * overrides, for tests and tuning) plus one row per slot (a mixed pass) and the chunk attention's scratch
  * (anneal_decode_attn.kv_scratch: the keys and values widened, max_len positions). Done
  * once per cache; false when out of memory. */
 static bool prefill_ready(engine *e) {
@@ -150,7 +150,7 @@ static bool prefill_ready(engine *e) {
     R = R > PREFILL_ROWS ? PREFILL_ROWS : R < 1 ? 1 : R;
     const char *env = getenv("ANNEAL_PREFILL_ROWS");
     if (env && atoll(env) > 0) R = atoll(env);
-    if (R < e->slots) R = e->slots;
+    R += e->slots; /* a mixed pass: a chunk of prompt rows beside one row per slot */
     if (R != e->rows && !workspace(e, R)) return false;
     const anneal_decode_plan *p = &e->plan;
     int64_t nf = p->Hq * e->rows + 2 * p->Hkv * e->max_len * p->D;

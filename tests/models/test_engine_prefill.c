@@ -1,5 +1,5 @@
 /* The decode engine's prefill (anneal_decode_engine_prefill): a prompt appended to one
- * slot in chunks (here 4 rows, ANNEAL_PREFILL_ROWS, so a prompt of 9 runs as 4 + 4 + 1
+ * slot in chunks (here 4 rows: ANNEAL_PREFILL_ROWS=1 plus one per slot; a prompt of 9 runs as 4 + 4 + 1
  * and a continuation of 6 as 4 + 2), each chunk attending causally within itself and to
  * the slot's earlier positions. Checked against the full forward of each sequence alone:
  * the last prompt row's logits, a continuation prefilled into a slot that already holds
@@ -198,7 +198,9 @@ TEST(extend_slots_mixes_prompts_and_steps) {
 }
 
 int main(void) {
-    setenv("ANNEAL_PREFILL_ROWS", "4", 1); /* chunks of 4 rows: read when a cache's engine is made */
+    /* chunks of 1 + 3 = 4 rows (ANNEAL_PREFILL_ROWS plus one per slot of the 3-slot caches),
+     * read when a cache's engine is made */
+    setenv("ANNEAL_PREFILL_ROWS", "1", 1);
     RUN(f32_prefill_in_chunks_equals_the_full_forward);
     RUN(bf16_and_int8_caches_within_bound);
     RUN(bf16_compute_and_int8_models);
