@@ -1,16 +1,19 @@
 /* Prompt and decode speed of a model directory (float or anneal-int8, anything
- * anneal_model_load_hf reads), batch 1: the prefill of a P-token prompt (one batched
- * forward through the KV cache; only the last row through the lm head), then N tokens
- * one at a time (greedy). Best of R runs. Prints one line:
+ * anneal_model_load_hf reads), batch 1, through the slots API that `anneal generate` and
+ * `anneal serve` use: the prefill of a P-token prompt (anneal_model_prefill_slot: one
+ * batched forward, only the last row through the lm head), then N tokens one at a time
+ * (greedy; anneal_model_decode_slots: the decode engine). KV cache f32 unless KV says
+ * bf16 or int8. Best of R runs. Prints one line:
  *   prefill_tok_s X decode_tok_s Y
  * Built and run by bench/quant_speed.py:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude bench/bench_quant.c build/libanneal.a \
  *       $(pkg-config --libs libcjson libpcre2-8 libprotobuf-c libmicrohttpd cairo) -fopenmp -lm -lpthread
- *   ./bench_quant DIR [P] [N] [threads] [R] */
+ *   ./bench_quant DIR [P] [N] [threads] [R] [KV] */
 #include "anneal/anneal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -21,7 +24,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_quant DIR [P] [N] [threads] [R]\n");
+        fprintf(stderr, "usage: bench_quant DIR [P] [N] [threads] [R] [f32|bf16|int8]\n");
         return 2;
     }
     int P = argc > 2 ? atoi(argv[2]) : 512, N = argc > 3 ? atoi(argv[3]) : 64;
@@ -32,6 +35,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_quant: %s: %s\n", argv[1], anneal_last_error());
         return 1;
     }
+    const char *kvs = argc > 6 ? argv[6] : "f32";
+    anneal_dtype kvd = !strcmp(kvs, "bf16") ? ANNEAL_BF16 : !strcmp(kvs, "int8") ? ANNEAL_I8 : ANNEAL_F32;
+    if (anneal_model_set_kv_dtype(m, kvd) != ANNEAL_OK) return fprintf(stderr, "bench_quant: %s\n", anneal_last_error()), 1;
     if (P < 1 || N < 1 || P + N > m->cfg.n_ctx) {
         fprintf(stderr, "bench_quant: P + N must be in [2, n_ctx %lld]\n", (long long)m->cfg.n_ctx);
         return 2;
@@ -48,7 +54,7 @@ int main(int argc, char **argv) {
         if (!kv) return fprintf(stderr, "bench_quant: %s\n", anneal_last_error()), 1;
         anneal_scope *sc = anneal_scope_open();
         double t0 = now_s();
-        anneal_tensor *l = anneal_model_forward_cached_last(m, kv, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, P}, ids), 1);
+        anneal_tensor *l = anneal_model_prefill_slot(m, kv, 0, ids, P);
         if (!l) return fprintf(stderr, "bench_quant: prefill: %s\n", anneal_last_error()), 1;
         double t1 = now_s();
         int64_t V = m->cfg.vocab_size;
@@ -60,7 +66,7 @@ int main(int argc, char **argv) {
                 if (x > best) best = x, next = (int32_t)v;
             }
             anneal_scope *st = anneal_scope_open();
-            l = anneal_model_forward_cached_last(m, kv, anneal_from_data(ANNEAL_I32, 2, (int64_t[]){1, 1}, &next), 1);
+            l = anneal_model_decode_slots(m, kv, (const int64_t[]){0}, &next, 1);
             if (!l) return fprintf(stderr, "bench_quant: decode: %s\n", anneal_last_error()), 1;
             anneal_keep(l, sc);
             anneal_scope_close(st);

@@ -4,6 +4,7 @@
 #   decode_int8.log   anneal int8 dynamic (int8 head, bf16 KV) vs llama.cpp Q8_0, batch 1
 #   decode_bf16.log   anneal bf16 (bf16 KV) vs llama.cpp F16, batch 1
 #   serve_int8.log    anneal serve, the int8 model: 16 streams vs 1 stream (+ the load test)
+#   serve_bf16.log    anneal serve --dtype bf16 (the f32 model's bf16 copies): 16 streams vs 1
 #   with FULL=1 also:
 #   load_test.log     the load test at its size: 64 streams for 60 s, 1,000 malformed requests
 #   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (TORCH_PY, default python3: a
@@ -38,6 +39,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$BIN" quantize --model "$tmp/hf" --out "$tmp/q" --mode dynamic > /dev/null
 $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --seconds 20 --compare-seconds 15 \
     --malformed 300 --engine-baseline -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_int8.log"
+load "serve bf16"
+$PY bench/serve_load.py --bin "$BIN" --model "$tmp/hf" --tokenizer gpt2 --seconds 10 --compare-seconds 15 \
+    --malformed 100 --engine-baseline -- --dtype bf16 --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/serve_bf16.log"
 if [ "${FULL:-0}" = 1 ]; then
     load "load test"
     $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --streams 64 --seconds 60 --malformed 1000 \

@@ -13,6 +13,8 @@ does not touch (it quantizes nn.Linear only), so they are turned into the equiva
 nn.Linear first (weight transposed); the lm head is int8 on both sides (anneal quantize's
 default `--head int8`; lm_head is in quantize_dynamic's set). Both run the prompt as one batched forward with the KV cache,
 then --decode tokens one at a time (greedy), with --threads threads; best of --rounds.
+anneal goes through the slots API `anneal generate` uses (bench/bench_quant.c: prefill,
+then the decode engine), with an f32 KV cache like PyTorch's unless --kv-dtype says.
 Prints tokens/s and the ratios anneal / PyTorch.
 """
 import argparse
@@ -44,7 +46,7 @@ def build_bench():
 
 
 def anneal_speed(bench, model_dir, a):
-    line = sh([bench, model_dir, str(a.prompt), str(a.decode), str(a.threads), str(a.rounds)])
+    line = sh([bench, model_dir, str(a.prompt), str(a.decode), str(a.threads), str(a.rounds), a.kv_dtype])
     f = line.split()
     return float(f[1]), float(f[3])
 
@@ -86,6 +88,8 @@ def main():
     p.add_argument("--decode", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16", "int8"],
+                   help="anneal's KV cache (PyTorch's is f32, the default here too)")
     p.add_argument("--bin", default=os.environ.get("ANNEAL_BIN", os.path.join(ROOT, "build", "anneal")))
     a = p.parse_args()
     from transformers import GPT2LMHeadModel
@@ -116,7 +120,7 @@ def main():
         qmodel = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
         rows["torch quantize_dynamic int8"] = torch_speed(qmodel, vocab, a)
         print(f"model {a.model}, batch 1, prompt {a.prompt} tokens, decode {a.decode} tokens, {a.threads} threads, "
-              f"best of {a.rounds}; torch {torch.__version__} ({torch.backends.quantized.engine})")
+              f"best of {a.rounds}; anneal KV cache {a.kv_dtype}; torch {torch.__version__} ({torch.backends.quantized.engine})")
         print(f"{'':32} {'prompt tok/s':>14} {'decode tok/s':>14}")
         for k, (pp, dd) in rows.items():
             print(f"{k:32} {pp:14.1f} {dd:14.2f}")

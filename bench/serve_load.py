@@ -193,7 +193,7 @@ def load(base, streams, seconds, max_tokens):
             "ttft_p99_s": pct(ttft, 99)}
 
 
-PHASES = ["prefill", "decode", "sample", "text"]
+PHASES = ["prefill", "decode", "sample", "text", "mixed"]
 
 
 def engine_counters(base):

@@ -84,7 +84,15 @@ typedef struct anneal_decode_attn {
     int64_t max_len;
     float *out;               /* (n, Hq*D) rows ld_out apart */
     int64_t ld_out;
-    float *scratch;           /* n * Hq * max_len floats */
+    float *scratch;           /* Hq * max_len floats per row attended one at a time (n rows without kv_scratch) */
+    /* Optional (NULL: none): with it, each run of rows of one slot at consecutive
+     * positions (a prompt's rows, 2 or more; the runs and single rows may come in any
+     * order, a slot in one place) attends through the tensor path's flash kernel over
+     * the slot's keys and values widened to f32, instead of row by row. It must hold
+     * Hq * r + 2 * Hkv * (last position + 1) * D floats for the largest run of r rows (Hq * r
+     * for an f32 cache); a run it cannot hold is attended row by row. */
+    float *kv_scratch;
+    int64_t kv_scratch_floats;
 } anneal_decode_attn;
 void anneal_decode_attention(const anneal_decode_attn *a);
 

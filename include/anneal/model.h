@@ -318,7 +318,8 @@ anneal_status anneal_model_quantize_head(anneal_model *m);
 void anneal_kv_cache_slot_reset(anneal_kv_cache *kv, int64_t slot);
 /* Positions cached in slot. */
 int64_t anneal_kv_cache_slot_len(const anneal_kv_cache *kv, int64_t slot);
-/* Prefill: the n ids appended to slot `slot` (batched GEMMs over the n rows); returns
+/* Prefill: the n ids appended to slot `slot` (batched GEMMs over the n rows; under bf16
+ * compute on the CPU the decode engine's chunks over its bf16 weight copies); returns
  * the logits (1, vocab) f32 of the last one, in the caller's scope. No autograd, no
  * dropout; intermediates die inside. ANNEAL_ERR_ARG for a slot out of range, n < 1 or
  * past max_len / n_ctx (cache unchanged). */
@@ -332,6 +333,16 @@ anneal_tensor *anneal_model_prefill_slot(anneal_model *m, anneal_kv_cache *kv, i
  * the cache's dtype); elsewhere, one cached forward per slot. */
 anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
                                          const int32_t *ids, int64_t n);
+/* Continuous batching's mixed step: entry i appends counts[i] >= 1 ids to slot slots[i]
+ * (n distinct slots; the entries' ids one after another in ids): new prompts and
+ * running sequences' next tokens at once. Logits (n, vocab) f32, row i after entry i's
+ * last id; equal (to rounding) to prefilling each prompt and stepping the single ids.
+ * Errors as anneal_model_decode_slots and _prefill_slot (ANNEAL_ERR_ARG, cache
+ * unchanged). On the CPU, one pass of the decode engine over the weights for all rows
+ * where they fit its prefill chunk (256 rows for GPT-2 124M); otherwise, or on another
+ * device, the prompts are prefilled one by one and the single ids stepped together. */
+anneal_tensor *anneal_model_extend_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                         const int32_t *ids, const int64_t *counts, int64_t n);
 
 /* ------------------------------------------------------- loss over batches */
 

@@ -1,7 +1,7 @@
 /* The serve layer: an OpenAI-compatible HTTP server over a model and its tokenizer
- * (`anneal serve`). One engine thread runs continuous batching: every decode step
- * advances all running requests together through the model's slots API, and queued
- * requests are prefilled into free slots between steps. HTTP (libmicrohttpd, one
+ * (`anneal serve`). One engine thread runs continuous batching: every pass over the
+ * model advances all running requests together through the model's slots API and
+ * carries the next chunk of the prompts of requests that took a free slot. HTTP (libmicrohttpd, one
  * thread per connection) parses and validates requests, tokenizes them, and waits on
  * the engine's output.
  *
@@ -115,6 +115,7 @@ typedef struct anneal_serve_config {
     int64_t max_tokens;        /* largest max_tokens; also the default of a chat request */
     double request_timeout_s;  /* deadline of a request from its arrival */
     int step_delay_ms;         /* test aid: sleep before each decode step (0: none) */
+    int64_t prefill_chunk;     /* prompt rows per pass over the model, over all new prompts (0: 256) */
 } anneal_serve_config;
 
 typedef struct anneal_server anneal_server;

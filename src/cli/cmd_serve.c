@@ -33,7 +33,7 @@ int anneal_cmd_serve(int argc, char **argv) {
     const char *ckpt = NULL, *model_arg = NULL, *tok_spec = NULL, *host = "127.0.0.1", *dtype = "fp32", *kv_dtype_arg = "f32",
                *model_name = NULL, *device = "cpu";
     int64_t port = 8000, slots = 16, queue = 64, max_conn = 256, max_body = 1 << 20, max_tokens = 0, threads = 0,
-            step_delay = 0;
+            step_delay = 0, prefill_chunk = 256;
     double timeout = 600, grace = 10;
     bool help = false;
     cli_flag flags[] = {
@@ -61,6 +61,9 @@ int anneal_cmd_serve(int argc, char **argv) {
         {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_dtype_arg, 0},
         {"device", ARG_STRING, "where the model runs: cpu only for now (the server's batched decoding is not "
                                "built for GPUs yet)", &device, 0},
+        {"prefill-chunk", ARG_INT, "prompt tokens per pass over the model, over all new prompts: a longer prompt "
+                                   "is prefilled over several passes while the running requests keep stepping "
+                                   "(default 256)", &prefill_chunk, 0},
         {"step-delay-ms", ARG_INT, "test aid: sleep this long before each decode step (default 0)", &step_delay, 0},
         {"help", ARG_BOOL, "show this help", &help, 0},
     };
@@ -74,6 +77,8 @@ int anneal_cmd_serve(int argc, char **argv) {
     if ((ckpt != NULL) + (model_arg != NULL) != 1) return USAGE_ERR("give one of --ckpt DIR or --model DIR|PRESET");
     if (port < 0 || port > 65535) return USAGE_ERR("--port: %lld is out of range [0, 65535]", (long long)port);
     if (slots < 1 || slots > 4096) return USAGE_ERR("--slots: %lld must be in [1, 4096]", (long long)slots);
+    if (prefill_chunk < 1 || prefill_chunk > 1000000)
+        return USAGE_ERR("--prefill-chunk: %lld must be in [1, 1000000]", (long long)prefill_chunk);
     if (queue < 1 || queue > 1000000) return USAGE_ERR("--queue: %lld must be in [1, 1000000]", (long long)queue);
     if (max_conn < 1 || max_conn > 100000) return USAGE_ERR("--max-connections: %lld must be in [1, 100000]", (long long)max_conn);
     if (max_body < 64 || max_body > (1LL << 30)) return USAGE_ERR("--max-body: %lld must be in [64, 2^30]", (long long)max_body);
@@ -113,7 +118,7 @@ int anneal_cmd_serve(int argc, char **argv) {
         .model_name = model_name ? model_name : base_name(ckpt ? ckpt : model_arg, namebuf, sizeof namebuf),
         .slots = (int)slots, .queue = (int)queue, .max_connections = (int)max_conn, .max_body = (size_t)max_body,
         .max_tokens = max_tokens ? max_tokens : m->cfg.n_ctx, .request_timeout_s = timeout,
-        .step_delay_ms = (int)step_delay};
+        .step_delay_ms = (int)step_delay, .prefill_chunk = prefill_chunk};
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -12,12 +12,15 @@
  * of 8, explicit kernels (attend_avx2: 4 positions' scores at a time, the output row in
  * registers); otherwise the dot products and the value accumulation are plain loops
  * that GCC vectorizes, compiled twice (AVX-512 and the baseline) and picked at load
- * time. */
+ * time. A prompt's chunk (rows of one slot at consecutive positions, with kv_scratch
+ * given) instead attends through the tensor path's flash kernel over the slot's keys
+ * and values widened once to f32 (attend_run). */
 #include "anneal/decode_kernels.h"
 #include "cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DK_CLONES __attribute__((target_clones("avx512f", "default")))
@@ -252,21 +255,58 @@ static bool use_avx2(const anneal_decode_attn *a) {
 }
 #endif
 
-void anneal_decode_attention(const anneal_decode_attn *a) {
-    if (!a || a->n <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->D <= 0) return;
-    const int64_t D = a->D, Hkv = a->Hkv, M = a->max_len;
-    for (int64_t i = 0; i < a->n; i++) {
-        float *q = a->q + i * a->ld_qkv, *k = a->k + i * a->ld_qkv, *v = a->v + i * a->ld_qkv;
-        if (a->rope) {
-            rope_row(a->rope, q, a->Hq, D, a->pos[i]);
-            rope_row(a->rope, k, Hkv, D, a->pos[i]);
+/* The f32 value of bf16 bits h (exact). */
+static inline float widen_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Rows [0, n) of a, all of one slot at consecutive positions (a prompt's chunk), with
+ * a kv_scratch large enough: the slot's keys and values [0, pos[n-1]] widened to f32 (an
+ * f32 cache is read in place) and the tensor path's flash attention over them, causal
+ * with the chunk's offset (anneal_cpu_attention_fwd, f32 tiles): no per-row pass over
+ * the cache. False (nothing done) when the rows are not such a run (n < 2 included). */
+static bool attend_run(const anneal_decode_attn *a) {
+    const int64_t n = a->n, D = a->D, Hkv = a->Hkv, Hq = a->Hq, M = a->max_len;
+    if (n < 2 || !a->kv_scratch) return false;
+    const int64_t Tk = a->pos[n - 1] + 1;
+    const bool in_place = a->dtype == ANNEAL_F32;
+    if (a->kv_scratch_floats < Hq * n + (in_place ? 0 : 2 * Hkv * Tk * D)) return false;
+    float *lse = a->kv_scratch, *kw = lse + Hq * n, *vw = kw + Hkv * Tk * D;
+    const int64_t base = a->slots[0] * Hkv * M; /* the slot's first cache row */
+    int64_t k_sh = M * D;
+    const float *k = (const float *)a->kc + base * D, *v = (const float *)a->vc + base * D;
+    if (!in_place) {
+#pragma omp parallel for schedule(static) if (Hkv * Tk * D >= 65536)
+        for (int64_t hp = 0; hp < Hkv * Tk; hp++) {
+            const int64_t h = hp / Tk, p = hp % Tk, row = base + h * M + p;
+            float *kd = kw + hp * D, *vd = vw + hp * D;
+            if (a->dtype == ANNEAL_BF16) {
+                const uint16_t *ks = (const uint16_t *)a->kc + row * D, *vs = (const uint16_t *)a->vc + row * D;
+                for (int64_t d = 0; d < D; d++) kd[d] = widen_bf16(ks[d]), vd[d] = widen_bf16(vs[d]);
+            } else {
+                const int8_t *ks = (const int8_t *)a->kc + row * D, *vs = (const int8_t *)a->vc + row * D;
+                const float fk = a->k_scale[row], fv = a->v_scale[row];
+                for (int64_t d = 0; d < D; d++) kd[d] = (float)ks[d] * fk, vd[d] = (float)vs[d] * fv;
+            }
         }
-        for (int64_t h = 0; h < Hkv; h++) {
-            int64_t row = (a->slots[i] * Hkv + h) * M + a->pos[i];
-            store_row(a, a->kc, a->k_scale, row, k + h * D);
-            store_row(a, a->vc, a->v_scale, row, v + h * D);
-        }
+        k = kw, v = vw, k_sh = Tk * D;
     }
+    anneal_cpu_attn_desc d = {.B = 1, .H = Hq, .Tq = n, .Tk = Tk, .D = D,
+                              .q_sb = 0, .q_sh = D, .q_st = a->ld_qkv,
+                              .k_sb = 0, .k_sh = k_sh, .k_st = D,
+                              .v_sb = 0, .v_sh = k_sh, .v_st = D,
+                              .o_sb = 0, .o_sh = D, .o_st = a->ld_out,
+                              .scale = 1.0f / sqrtf((float)D), .causal = true, .Hkv = Hkv};
+    anneal_cpu_attention_fwd(&d, a->q, k, v, a->out, lse, ANNEAL_F32);
+    return true;
+}
+
+/* Rows [0, n) of a attended one at a time: work items are (row, head) pairs. */
+static void attend_rows(const anneal_decode_attn *a) {
+    const int64_t D = a->D;
     const int64_t items = a->n * a->Hq;
     int64_t work = 0;
     for (int64_t i = 0; i < a->n; i++) work += (a->pos[i] + 1) * a->Hq * D;
@@ -287,4 +327,58 @@ void anneal_decode_attention(const anneal_decode_attn *a) {
 #endif
 #pragma omp parallel for schedule(static) if (items > 1 && work >= 32768)
     for (int64_t it = 0; it < items; it++) attend(a, it / a->Hq, it % a->Hq);
+}
+
+/* Whether row i of a starts a run (the next row is the same slot's next position) that
+ * attend_run takes. */
+static bool starts_run(const anneal_decode_attn *a, int64_t i) {
+    return a->kv_scratch && i + 1 < a->n && a->slots[i + 1] == a->slots[i] && a->pos[i + 1] == a->pos[i] + 1;
+}
+
+/* Rows [i0, i1) of a as a descriptor of their own. */
+static anneal_decode_attn rows_of(const anneal_decode_attn *a, int64_t i0, int64_t i1) {
+    anneal_decode_attn b = *a;
+    b.n = i1 - i0;
+    b.slots += i0;
+    b.pos += i0;
+    b.q += i0 * a->ld_qkv;
+    b.k += i0 * a->ld_qkv;
+    b.v += i0 * a->ld_qkv;
+    b.out += i0 * a->ld_out;
+    return b;
+}
+
+void anneal_decode_attention(const anneal_decode_attn *a) {
+    if (!a || a->n <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->D <= 0) return;
+    const int64_t D = a->D, Hkv = a->Hkv, M = a->max_len;
+    for (int64_t i = 0; i < a->n; i++) {
+        float *q = a->q + i * a->ld_qkv, *k = a->k + i * a->ld_qkv, *v = a->v + i * a->ld_qkv;
+        if (a->rope) {
+            rope_row(a->rope, q, a->Hq, D, a->pos[i]);
+            rope_row(a->rope, k, Hkv, D, a->pos[i]);
+        }
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t row = (a->slots[i] * Hkv + h) * M + a->pos[i];
+            store_row(a, a->kc, a->k_scale, row, k + h * D);
+            store_row(a, a->vc, a->v_scale, row, v + h * D);
+        }
+    }
+    /* every key and value is stored: runs (a prompt's rows) through the flash kernel,
+     * the rows between them one at a time */
+    for (int64_t i0 = 0; i0 < a->n;) {
+        int64_t i1 = i0 + 1;
+        if (starts_run(a, i0)) {
+            while (i1 < a->n && a->slots[i1] == a->slots[i0] && a->pos[i1] == a->pos[i1 - 1] + 1) i1++;
+            anneal_decode_attn r = rows_of(a, i0, i1);
+            if (attend_run(&r)) {
+                i0 = i1;
+                continue;
+            }
+        } else {
+            while (i1 < a->n && !starts_run(a, i1)) i1++;
+        }
+        anneal_decode_attn r = rows_of(a, i0, i1);
+        attend_rows(&r);
+        i0 = i1;
+    }
 }

@@ -8,6 +8,12 @@
  * lm head GEMV straight into the caller's logits. Each weight matrix is read once per
  * step for all n rows; the norms and activations are the tensor path's CPU kernels.
  *
+ * A prefill (anneal_decode_engine_prefill) runs the same pass on a prompt's rows, all of
+ * one slot at consecutive positions, in chunks of up to 256 rows: the chunk's keys and
+ * values are stored first, then it attends causally (to the slot's earlier positions
+ * and to the rows before it) through the chunk path of anneal_decode_attention, and
+ * only the prompt's last row goes through the lm head.
+ *
  * State kept in the cache (anneal_kv_cache_set_aux), made on the first step: the
  * workspace for `slots` rows (activations, attention scratch of max_len per row and
  * head) and the plan's block array, so a step allocates nothing. Under bf16 compute
@@ -31,6 +37,12 @@ typedef struct bf16_copy {
 typedef struct engine {
     const anneal_model *model;
     int64_t slots, max_len;
+    int64_t rows;      /* rows the workspace holds: the slots, or a prefill chunk if more */
+    int64_t plan_C, plan_W, plan_A, plan_F; /* row widths: model, q|k|v, attention, MLP */
+    int64_t *row_slot; /* (rows) a prefill chunk's slot per row */
+    int64_t *row_last; /* (slots) an extend's last row of each entry */
+    float *kvs;        /* a prefill's attention scratch (anneal_decode_attn.kv_scratch), made on first use */
+    int64_t kvs_floats;
     anneal_decode_plan plan;
     anneal_decode_block_plan *blocks;
     float *x, *h, *qkv, *att, *a, *f, *u, *scratch;
@@ -55,6 +67,9 @@ static void engine_free(void *p) {
     free(e->u);
     free(e->scratch);
     free(e->pos);
+    free(e->row_slot);
+    free(e->row_last);
+    free(e->kvs);
     free(e);
 }
 
@@ -73,35 +88,75 @@ static float *fbuf(int64_t n) {
 
 /* The engine of kv for m, made on first use (NULL without an error: out of memory is
  * reported by the caller's fallback path). */
+/* The activation buffers of e for R rows (the old ones freed; their contents are not
+ * kept); false when out of memory (e->rows then 0: the caller gives up the engine). */
+static bool workspace(engine *e, int64_t R) {
+    const int64_t C = e->plan_C, W = e->plan_W, A = e->plan_A, F = e->plan_F;
+    float **bufs[7] = {&e->x, &e->h, &e->qkv, &e->att, &e->a, &e->f, &e->u};
+    const int64_t widths[7] = {C, C, W, A, C, F, F};
+    for (int i = 0; i < 7; i++) {
+        free(*bufs[i]);
+        *bufs[i] = fbuf(R * widths[i]);
+    }
+    free(e->pos);
+    free(e->row_slot);
+    e->pos = calloc((size_t)R, sizeof *e->pos);
+    e->row_slot = calloc((size_t)R, sizeof *e->row_slot);
+    bool ok = e->pos && e->row_slot;
+    for (int i = 0; i < 7; i++) ok = ok && *bufs[i];
+    e->rows = ok ? R : 0;
+    return ok;
+}
+
+/* The engine of kv for m, made on first use with a workspace for the cache's slots (NULL
+ * without an error: out of memory is reported by the caller's fallback path). */
 static engine *engine_get(anneal_model *m, anneal_kv_cache *kv) {
     engine *e = anneal_kv_cache_aux(kv);
     if (e && e->model == m) return e;
     const anneal_model_config *c = &m->cfg;
     int64_t S = anneal_kv_cache_slots(kv), M = anneal_kv_cache_max_len(kv);
     int64_t Hq = c->n_head, Hkv = c->n_kv_head ? c->n_kv_head : c->n_head, D = c->n_embd / c->n_head;
-    int64_t F = c->n_ff ? c->n_ff : 4 * (int64_t)c->n_embd, C = c->n_embd;
-    int64_t W = (Hq + 2 * Hkv) * D;
     e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->model = m;
     e->slots = S;
     e->max_len = M;
+    e->plan_C = c->n_embd;
+    e->plan_W = (Hq + 2 * Hkv) * D;
+    e->plan_A = Hq * D;
+    e->plan_F = c->n_ff ? c->n_ff : 4 * (int64_t)c->n_embd;
     e->blocks = calloc((size_t)c->n_layer, sizeof *e->blocks);
-    e->x = fbuf(S * C);
-    e->h = fbuf(S * C);
-    e->qkv = fbuf(S * W);
-    e->att = fbuf(S * Hq * D);
-    e->a = fbuf(S * C);
-    e->f = fbuf(S * F);
-    e->u = fbuf(S * F);
-    e->scratch = fbuf(S * Hq * M);
-    e->pos = calloc((size_t)S, sizeof *e->pos);
-    if (!e->blocks || !e->x || !e->h || !e->qkv || !e->att || !e->a || !e->f || !e->u || !e->scratch || !e->pos) {
+    e->scratch = fbuf(S * Hq * M); /* rows one at a time: the steps' slots (a prefill's chunk attends as a run) */
+    e->row_last = calloc((size_t)S, sizeof *e->row_last);
+    if (!e->blocks || !e->scratch || !e->row_last || !workspace(e, S)) {
         engine_free(e);
         return NULL;
     }
     anneal_kv_cache_set_aux(kv, e, engine_free);
     return e;
+}
+
+/* Readies e for a prefill: the workspace grown to a chunk of rows (up to PREFILL_ROWS,
+ * fewer where the chunk's activations would pass PREFILL_BYTES; ANNEAL_PREFILL_ROWS
+ * overrides, for tests and tuning) plus one row per slot (a mixed pass) and the chunk attention's scratch
+ * (anneal_decode_attn.kv_scratch: the keys and values widened, max_len positions). Done
+ * once per cache; false when out of memory. */
+static bool prefill_ready(engine *e) {
+    if (e->kvs) return true;
+    enum { PREFILL_ROWS = 256 };
+    const int64_t PREFILL_BYTES = (int64_t)64 << 20;
+    const int64_t row_bytes = (int64_t)sizeof(float) * (3 * e->plan_C + e->plan_W + e->plan_A + 2 * e->plan_F);
+    int64_t R = PREFILL_BYTES / row_bytes;
+    R = R > PREFILL_ROWS ? PREFILL_ROWS : R < 1 ? 1 : R;
+    const char *env = getenv("ANNEAL_PREFILL_ROWS");
+    if (env && atoll(env) > 0) R = atoll(env);
+    R += e->slots; /* a mixed pass: a chunk of prompt rows beside one row per slot */
+    if (R != e->rows && !workspace(e, R)) return false;
+    const anneal_decode_plan *p = &e->plan;
+    int64_t nf = p->Hq * e->rows + 2 * p->Hkv * e->max_len * p->D;
+    e->kvs = fbuf(nf);
+    e->kvs_floats = e->kvs ? nf : 0;
+    return e->kvs != NULL;
 }
 
 /* f to bf16 as anneal_f32_to_bf16 (round to nearest even, NaNs quieted), inline for the
@@ -204,19 +259,25 @@ static void residual(float *x, const float *a, int64_t count) {
             return anneal_set_error(ANNEAL_ERR_OOM, "decode step: no memory for an int8 product's workspace"); \
     } while (0)
 
-static _Atomic int64_t steps_run;
+static _Atomic int64_t steps_run, prefills_run, extends_run;
 
 int64_t anneal_decode_engine_steps(void) { return steps_run; }
 
-anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
-                                        const int32_t *ids, int64_t n, float *out) {
-    if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
-    engine *e = engine_get(m, kv);
-    if (!e || !plan_step(e, m)) return ANNEAL_ERR_UNSUPPORTED;
+int64_t anneal_decode_engine_prefills(void) { return prefills_run; }
+
+int64_t anneal_decode_engine_extends(void) { return extends_run; }
+
+/* Rows of one engine call (at most e->rows): row i is ids[i] appended to slot slots[i]
+ * at position e->pos[i]; rows of one slot come in increasing positions (a prompt's run
+ * of positions), so each attends to the rows before it, which are stored into the cache
+ * before attention reads it. Logits go to out for the n_out rows listed in out_rows
+ * (row r's at out + r' * V for the r'-th entry); the cache's lengths are not advanced
+ * here. An error (an int8 product's workspace) before anything is returned. */
+static anneal_status forward_rows(engine *e, anneal_kv_cache *kv, const int64_t *slots, const int32_t *ids,
+                                  int64_t n, const int64_t *out_rows, int64_t n_out, float *out) {
     const anneal_decode_plan *p = &e->plan;
     const int64_t C = p->C, Hq = p->Hq, Hkv = p->Hkv, D = p->D, F = p->F;
     const int64_t W = (Hq + 2 * Hkv) * D;
-    for (int64_t i = 0; i < n; i++) e->pos[i] = anneal_kv_cache_slot_len(kv, slots[i]);
     /* embeddings (+ learned positions) */
     for (int64_t i = 0; i < n; i++) {
         const float *t = p->tok_emb + (int64_t)ids[i] * C;
@@ -244,7 +305,8 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
                                  .v = e->qkv + (Hq + Hkv) * D, .ld_qkv = W, .Hq = Hq, .Hkv = Hkv, .D = D,
                                  .rope = p->rope, .kc = cl.k, .vc = cl.v, .k_scale = cl.k_scale,
                                  .v_scale = cl.v_scale, .dtype = cl.dtype, .max_len = cl.max_len, .out = e->att,
-                                 .ld_out = Hq * D, .scratch = e->scratch};
+                                 .ld_out = Hq * D, .scratch = e->scratch, .kv_scratch = e->kvs,
+                                 .kv_scratch_floats = e->kvs_floats};
         anneal_decode_attention(&at);
         GEMV(&b->o, e->att, Hq * D, n, e->a, C, ANNEAL_GEMV_NONE);
         residual(e->x, e->a, n * C);
@@ -259,9 +321,74 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
         GEMV(&b->down, e->f, F, n, e->a, C, ANNEAL_GEMV_NONE);
         residual(e->x, e->a, n * C);
     }
-    norm(p, n, e->x, p->nf_w, p->nf_b, e->h);
-    GEMV(&p->head, e->h, C, n, out, p->V, ANNEAL_GEMV_NONE);
+    if (n_out == 0) return ANNEAL_OK;
+    if (n_out == n) { /* every row: the norm in place of the gather */
+        norm(p, n, e->x, p->nf_w, p->nf_b, e->h);
+    } else {
+        for (int64_t r = 0; r < n_out; r++) memcpy(e->a + r * C, e->x + out_rows[r] * C, (size_t)C * sizeof(float));
+        norm(p, n_out, e->a, p->nf_w, p->nf_b, e->h);
+    }
+    GEMV(&p->head, e->h, C, n_out, out, p->V, ANNEAL_GEMV_NONE);
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                        const int32_t *ids, int64_t n, float *out) {
+    if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
+    engine *e = engine_get(m, kv);
+    if (!e || n > e->rows || !plan_step(e, m)) return ANNEAL_ERR_UNSUPPORTED;
+    for (int64_t i = 0; i < n; i++) e->pos[i] = anneal_kv_cache_slot_len(kv, slots[i]);
+    anneal_status s = forward_rows(e, kv, slots, ids, n, NULL, n, out);
+    if (s != ANNEAL_OK) return s;
     for (int64_t i = 0; i < n; i++) anneal_kv_cache_slot_advance(kv, slots[i], 1);
     steps_run++;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                          const int32_t *ids, const int64_t *counts, int64_t n, float *out) {
+    if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
+    engine *e = engine_get(m, kv);
+    if (!e || !plan_step(e, m) || !prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n; i++) rows += counts[i];
+    if (rows > e->rows || n > e->slots) return ANNEAL_ERR_UNSUPPORTED;
+    int64_t *last = e->row_last;
+    for (int64_t i = 0, r = 0; i < n; i++) {
+        int64_t len = anneal_kv_cache_slot_len(kv, slots[i]);
+        for (int64_t j = 0; j < counts[i]; j++, r++) e->row_slot[r] = slots[i], e->pos[r] = len + j;
+        last[i] = r - 1;
+    }
+    anneal_status s = forward_rows(e, kv, e->row_slot, ids, rows, last, n, out);
+    if (s != ANNEAL_OK) return s;
+    for (int64_t i = 0; i < n; i++) anneal_kv_cache_slot_advance(kv, slots[i], counts[i]);
+    extends_run++;
+    return ANNEAL_OK;
+}
+
+anneal_status anneal_decode_engine_prefill(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
+                                           int64_t n, float *out) {
+    if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
+    engine *e = engine_get(m, kv);
+    if (!e || !plan_step(e, m)) return ANNEAL_ERR_UNSUPPORTED;
+    if (!prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
+    const int64_t len0 = anneal_kv_cache_slot_len(kv, slot);
+    for (int64_t i = 0; i < e->rows; i++) e->row_slot[i] = slot;
+    for (int64_t done = 0; done < n;) {
+        int64_t k = n - done < e->rows ? n - done : e->rows;
+        for (int64_t i = 0; i < k; i++) e->pos[i] = len0 + done + i;
+        bool last = done + k == n;
+        int64_t last_row = k - 1;
+        /* a chunk before the last wants no logits: its head product is skipped */
+        anneal_status s = forward_rows(e, kv, e->row_slot, ids + done, k, &last_row, last ? 1 : 0, out);
+        if (s != ANNEAL_OK) { /* the chunks before advanced the slot: take them back */
+            anneal_kv_cache_slot_reset(kv, slot);
+            if (len0) anneal_kv_cache_slot_advance(kv, slot, len0);
+            return s;
+        }
+        anneal_kv_cache_slot_advance(kv, slot, k);
+        done += k;
+    }
+    prefills_run++;
     return ANNEAL_OK;
 }

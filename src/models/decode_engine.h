@@ -56,7 +56,27 @@ bool anneal_llama_decode_plan(anneal_model *m, anneal_decode_plan *p);
 anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
                                         const int32_t *ids, int64_t n, float *out);
 
-/* Steps the engine has run in this process (tests check which path ran). */
+/* A prompt's prefill (see anneal_model_prefill_slot, whose checks have passed): the n ids
+ * appended to slot `slot` in chunks of up to the engine's rows (128 for GPT-2 124M),
+ * each chunk one pass over the weights with causal attention inside it, and the logits
+ * (vocab) of the last id into out. ANNEAL_ERR_UNSUPPORTED as for a step (nothing
+ * changed); on another error the slot is back at its length before the call. */
+anneal_status anneal_decode_engine_prefill(anneal_model *m, anneal_kv_cache *kv, int64_t slot, const int32_t *ids,
+                                           int64_t n, float *out);
+
+/* Continuous batching's mixed step (see anneal_model_extend_slots, whose checks have
+ * passed): entry i appends counts[i] ids (the entries' ids one after another in ids) to
+ * slot slots[i] (n distinct slots), all rows in one pass over the weights (a prompt's
+ * rows attend as a run), and row i of out (n, vocab) gets the logits of entry i's last
+ * id. ANNEAL_ERR_UNSUPPORTED, nothing changed, as for a step and when the rows do not
+ * fit the engine's prefill chunk; on another error nothing advanced. */
+anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
+                                          const int32_t *ids, const int64_t *counts, int64_t n, float *out);
+
+/* Steps, prefills and extends the engine has run in this process (tests check which
+ * path ran). */
 int64_t anneal_decode_engine_steps(void);
+int64_t anneal_decode_engine_prefills(void);
+int64_t anneal_decode_engine_extends(void);
 
 #endif

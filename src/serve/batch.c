@@ -1,6 +1,6 @@
 /* The engine's view of the model: `slots` independent sequences in one KV cache
- * (the model's slots API, include/anneal/model.h), a prefill of one slot and a decode
- * step over many in one pass over the weights. Logits come back as host f32 rows. */
+ * (the model's slots API, include/anneal/model.h), a prefill of one slot, a decode
+ * step over many in one pass over the weights, and both at once (a mixed pass). Logits come back as host f32 rows. */
 #include "serve_internal.h"
 
 #include <stdlib.h>
@@ -54,4 +54,10 @@ anneal_status anneal_serve_batch_decode(anneal_serve_batch *b, const int64_t *sl
                                         float *logits) {
     anneal_scope *sc = anneal_scope_open();
     return take(sc, anneal_model_decode_slots(b->m, b->kv, slots, ids, n), logits);
+}
+
+anneal_status anneal_serve_batch_extend(anneal_serve_batch *b, const int64_t *slots, const int32_t *ids,
+                                        const int64_t *counts, int64_t n, float *logits) {
+    anneal_scope *sc = anneal_scope_open();
+    return take(sc, anneal_model_extend_slots(b->m, b->kv, slots, ids, counts, n), logits);
 }

@@ -1,7 +1,9 @@
 /* The engine: one thread that owns the model and runs continuous batching. Between
- * decode steps it drops requests whose client left or whose deadline passed, prefills
- * queued requests into free KV-cache slots, then advances every running request by one
- * token in a single decode step. Model work runs outside the lock; the HTTP side only
+ * passes it drops requests whose client left or whose deadline passed and moves queued
+ * requests into free KV-cache slots; each pass over the model then advances every
+ * running request by one token and carries the next chunk of the prompts not yet in the
+ * cache (up to --prefill-chunk rows in all: a long prompt is prefilled over several
+ * passes instead of stalling the running streams). Model work runs outside the lock; the HTTP side only
  * ever waits on a job's condition and reads its text under the lock. */
 #include "serve_internal.h"
 
@@ -16,6 +18,7 @@ struct anneal_serve_engine {
     anneal_serve_metrics *metrics;
     anneal_serve_batch *batch;
     int slots, qcap, step_delay_ms;
+    int64_t prefill_chunk; /* prompt rows per pass over the model, over all prompts */
     int threads; /* the creating thread's OpenMP thread count (--threads) */
     int32_t eot, tok_vocab;
     int64_t V, max_len;
@@ -233,18 +236,67 @@ static void sweep_locked(anneal_serve_engine *e, double t) {
     e->qlen = kept;
 }
 
+/* The ids of a mixed pass, grown as prompts need. */
+typedef struct mix_buf {
+    int64_t *slots, *counts; /* (slots) */
+    int32_t *ids;
+    int64_t cap;
+} mix_buf;
+
+/* The running jobs' next ids and the feeding jobs' next prompt chunks (chunk[i] ids of
+ * feed[i] from its fed-th; a slot about to take its first chunk emptied first) in one
+ * pass over the model (anneal_model_extend_slots): e->logits rows [0, n_step) for
+ * step's jobs, then one row per feeding job (its chunk's last id). On failure the error
+ * is cleared and nothing advanced (the caller takes the one-by-one path). */
+static anneal_status mixed_pass(anneal_serve_engine *e, anneal_serve_job **step, int n_step, anneal_serve_job **feed,
+                                const int64_t *chunk, int n_feed, mix_buf *mb) {
+    int64_t total = n_step;
+    for (int i = 0; i < n_feed; i++) total += chunk[i];
+    if (total > mb->cap) {
+        int32_t *ids = realloc(mb->ids, (size_t)total * sizeof *ids);
+        if (!ids) return ANNEAL_ERR_OOM;
+        mb->ids = ids;
+        mb->cap = total;
+    }
+    int64_t k = 0;
+    for (int i = 0; i < n_step; i++) {
+        mb->slots[i] = step[i]->slot;
+        mb->counts[i] = 1;
+        mb->ids[k++] = step[i]->next_id;
+    }
+    for (int i = 0; i < n_feed; i++) {
+        anneal_serve_job *j = feed[i];
+        if (j->fed == 0) anneal_serve_batch_reset(e->batch, j->slot);
+        mb->slots[n_step + i] = j->slot;
+        mb->counts[n_step + i] = chunk[i];
+        memcpy(mb->ids + k, j->ids + j->fed, (size_t)chunk[i] * sizeof *mb->ids);
+        k += chunk[i];
+    }
+    anneal_status s = anneal_serve_batch_extend(e->batch, mb->slots, mb->ids, mb->counts, n_step + n_feed, e->logits);
+    if (s != ANNEAL_OK) anneal_clear_error();
+    return s;
+}
+
+/* Sleeps the test aid's delay (--step-delay-ms) before a pass that advances running jobs. */
+static void step_delay(const anneal_serve_engine *e) {
+    if (e->step_delay_ms > 0)
+        nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
+}
+
 static void *engine_main(void *arg) {
     anneal_serve_engine *e = arg;
     /* a new pthread starts from OpenMP's global default, not from the count the creating
      * thread set (--threads): take that count over, and show it in /metrics */
     anneal_set_num_threads(e->threads);
     anneal_serve_metrics_threads(e->metrics, anneal_get_num_threads());
-    anneal_serve_job **admit = calloc((size_t)e->slots, sizeof *admit), **step = calloc((size_t)e->slots, sizeof *step);
-    int64_t *slot_ids = calloc((size_t)e->slots, sizeof *slot_ids);
+    anneal_serve_job **feed = calloc((size_t)e->slots, sizeof *feed), **step = calloc((size_t)e->slots, sizeof *step);
+    int64_t *slot_ids = calloc((size_t)e->slots, sizeof *slot_ids), *chunk = calloc((size_t)e->slots, sizeof *chunk);
     int32_t *ids = calloc((size_t)e->slots, sizeof *ids);
     int32_t *sampled = calloc((size_t)e->slots, sizeof *sampled), *first = calloc((size_t)e->slots, sizeof *first);
     anneal_status *pre_status = calloc((size_t)e->slots, sizeof *pre_status);
-    bool oom = !admit || !step || !slot_ids || !ids || !sampled || !first || !pre_status;
+    mix_buf mix = {.slots = calloc((size_t)e->slots, sizeof(int64_t)), .counts = calloc((size_t)e->slots, sizeof(int64_t))};
+    bool oom = !feed || !step || !slot_ids || !chunk || !ids || !sampled || !first || !pre_status || !mix.slots ||
+               !mix.counts;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         sweep_locked(e, now_s());
@@ -261,10 +313,9 @@ static void *engine_main(void *arg) {
             e->qlen = 0;
             continue;
         }
-        /* the running jobs step together; queued ones take free slots and prefill */
-        int n_step = 0, n_admit = 0;
-        for (int s = 0; s < e->slots; s++)
-            if (e->running[s]) step[n_step++] = e->running[s];
+        /* queued jobs take free slots; jobs whose prompt is not all in the cache feed
+         * their next chunk (up to --prefill-chunk prompt rows per pass over all of them,
+         * the earlier slots first), the others step by one token */
         for (int s = 0; s < e->slots && e->qlen > 0; s++) {
             if (e->running[s]) continue;
             anneal_serve_job *j = e->queue[e->qhead];
@@ -273,10 +324,23 @@ static void *engine_main(void *arg) {
             j->state = ANNEAL_JOB_RUNNING;
             j->slot = s;
             j->pos = j->n_ids;
+            j->fed = 0;
             anneal_stream_decoder_init(&j->dec, e->tok);
             e->running[s] = j;
             e->n_running++;
-            admit[n_admit++] = j;
+        }
+        int n_step = 0, n_feed = 0;
+        int64_t budget = e->prefill_chunk;
+        for (int s = 0; s < e->slots; s++) {
+            anneal_serve_job *j = e->running[s];
+            if (!j) continue;
+            if (j->fed == j->n_ids) {
+                step[n_step++] = j;
+            } else if (budget > 0) {
+                chunk[n_feed] = j->n_ids - j->fed < budget ? j->n_ids - j->fed : budget;
+                budget -= chunk[n_feed];
+                feed[n_feed++] = j;
+            }
         }
         for (int i = 0; i < n_step; i++) {
             slot_ids[i] = step[i]->slot;
@@ -286,44 +350,73 @@ static void *engine_main(void *arg) {
         /* model work, outside the lock (the jobs stay: only this thread ends them) */
         double ph[ANNEAL_SERVE_PHASES] = {0}, t0 = now_s(), t1; /* wall seconds by phase (/metrics) */
         int64_t prefills = 0, prefill_rows = 0;
-        for (int i = 0; i < n_admit; i++) {
-            anneal_serve_job *j = admit[i];
-            anneal_serve_batch_reset(e->batch, j->slot);
-            pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids, j->n_ids, e->logits);
-            first[i] = pre_status[i] == ANNEAL_OK ? anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos) : -1;
-            if (pre_status[i] == ANNEAL_OK) prefills++, prefill_rows += j->n_ids;
-        }
-        t1 = now_s();
-        ph[0] = t1 - t0;
         anneal_status ds = ANNEAL_OK;
-        if (n_step > 0) {
-            if (e->step_delay_ms > 0) {
-                nanosleep(&(struct timespec){e->step_delay_ms / 1000, (e->step_delay_ms % 1000) * 1000000L}, NULL);
-                t1 = now_s(); /* the test aid's sleep is no phase */
-            }
-            ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+        if (n_feed > 0 && n_step > 0 && e->step_delay_ms > 0) { /* the test aid delays every decode pass */
+            step_delay(e);
             t0 = now_s();
-            ph[1] = t0 - t1;
-            /* each row's draw depends only on its logits, sampler and position: rows in
-             * parallel give the same ids as one after another */
-            if (ds == ANNEAL_OK) {
+        }
+        /* prompt chunks and the running rows in one pass (the model's mixed step); if it
+         * fails, each chunk alone and then the step, so a failure is the job's own. A
+         * job's first token is drawn from its last chunk's logits. */
+        bool mixed = n_feed > 0 && mixed_pass(e, step, n_step, feed, chunk, n_feed, &mix) == ANNEAL_OK;
+        if (mixed) {
+            t1 = now_s();
+            ph[n_step > 0 ? 4 : 0] = t1 - t0; /* mixed, or a pass of prompts alone */
+            for (int i = 0; i < n_feed; i++) pre_status[i] = ANNEAL_OK;
+            /* the running rows' logits first, then each chunk's last row's */
+#pragma omp parallel for schedule(dynamic, 1) if (n_step + n_feed > 1)
+            for (int i = 0; i < n_step + n_feed; i++) {
+                anneal_serve_job *j = i < n_step ? step[i] : feed[i - n_step];
+                if (i >= n_step && j->fed + chunk[i - n_step] < j->n_ids) continue; /* more prompt to come */
+                int32_t id = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &j->sampler, (uint64_t)j->pos);
+                if (i < n_step) sampled[i] = id;
+                else first[i - n_step] = id;
+            }
+            t0 = t1;
+        } else {
+            for (int i = 0; i < n_feed; i++) {
+                anneal_serve_job *j = feed[i];
+                if (j->fed == 0) anneal_serve_batch_reset(e->batch, j->slot);
+                pre_status[i] = anneal_serve_batch_prefill(e->batch, j->slot, j->ids + j->fed, chunk[i], e->logits);
+                if (pre_status[i] == ANNEAL_OK && j->fed + chunk[i] == j->n_ids)
+                    first[i] = anneal_sample_logits(e->logits, e->V, &j->sampler, (uint64_t)j->pos);
+            }
+            t1 = now_s();
+            ph[0] = t1 - t0;
+            if (n_step > 0) {
+                if (n_feed == 0) {
+                    step_delay(e);
+                    t1 = now_s(); /* the test aid's sleep is no phase */
+                }
+                ds = anneal_serve_batch_decode(e->batch, slot_ids, ids, n_step, e->logits);
+                t0 = now_s();
+                ph[1] = t0 - t1;
+                /* each row's draw depends only on its logits, sampler and position: rows in
+                 * parallel give the same ids as one after another */
+                if (ds == ANNEAL_OK) {
 #pragma omp parallel for schedule(dynamic, 1) if (n_step > 1)
-                for (int i = 0; i < n_step; i++)
-                    sampled[i] = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &step[i]->sampler,
-                                                      (uint64_t)step[i]->pos);
+                    for (int i = 0; i < n_step; i++)
+                        sampled[i] = anneal_sample_logits(e->logits + (int64_t)i * e->V, e->V, &step[i]->sampler,
+                                                          (uint64_t)step[i]->pos);
+                }
             }
         }
         double t = now_s();
-        if (n_step > 0) ph[2] = t - t0;
+        if (n_step > 0 || mixed) ph[2] = t - t0;
         char msg[200];
         pthread_mutex_lock(&e->mu);
-        for (int i = 0; i < n_admit; i++) {
-            anneal_serve_job *j = admit[i];
+        for (int i = 0; i < n_feed; i++) {
+            anneal_serve_job *j = feed[i];
             if (pre_status[i] != ANNEAL_OK) {
                 snprintf(msg, sizeof msg, "prefill failed: %s", anneal_last_error());
                 anneal_clear_error();
                 finish_locked(e, j, NULL, 500, "server_error", msg);
-            } else {
+                continue;
+            }
+            j->fed += chunk[i];
+            prefill_rows += chunk[i];
+            if (j->fed == j->n_ids) {
+                prefills++;
                 take_token(e, j, first[i], t);
             }
         }
@@ -340,13 +433,17 @@ static void *engine_main(void *arg) {
         anneal_serve_metrics_engine(e->metrics, ds == ANNEAL_OK ? n_step : 0, prefills, prefill_rows, ph);
     }
     pthread_mutex_unlock(&e->mu);
-    free(admit);
+    free(feed);
     free(step);
     free(slot_ids);
+    free(chunk);
     free(ids);
     free(sampled);
     free(first);
     free(pre_status);
+    free(mix.slots);
+    free(mix.counts);
+    free(mix.ids);
     return NULL;
 }
 
@@ -363,6 +460,7 @@ anneal_serve_engine *anneal_serve_engine_new(anneal_model *m, const anneal_token
     e->slots = cfg->slots;
     e->qcap = cfg->queue > 0 ? cfg->queue : 1;
     e->step_delay_ms = cfg->step_delay_ms;
+    e->prefill_chunk = cfg->prefill_chunk > 0 ? cfg->prefill_chunk : 256;
     e->threads = anneal_get_num_threads();
     e->eot = anneal_tokenizer_eot(tok);
     e->tok_vocab = anneal_tokenizer_vocab_size(tok);

@@ -31,7 +31,7 @@ struct anneal_serve_metrics {
     int threads;
 };
 
-static const char *const phase_names[ANNEAL_SERVE_PHASES] = {"prefill", "decode", "sample", "text"};
+static const char *const phase_names[ANNEAL_SERVE_PHASES] = {"prefill", "decode", "sample", "text", "mixed"};
 
 static const char *const ep_names[ANNEAL_EP_COUNT] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                                       "/health", "/metrics", "other"};

@@ -25,6 +25,10 @@ anneal_status anneal_serve_batch_prefill(anneal_serve_batch *b, int64_t slot, co
  * f32) for slots[i]. */
 anneal_status anneal_serve_batch_decode(anneal_serve_batch *b, const int64_t *slots, const int32_t *ids, int64_t n,
                                         float *logits);
+/* A mixed pass: entry i appends counts[i] ids (one after another in ids) to slots[i]
+ * (distinct); row i of logits (n x vocab f32) after entry i's last id. */
+anneal_status anneal_serve_batch_extend(anneal_serve_batch *b, const int64_t *slots, const int32_t *ids,
+                                        const int64_t *counts, int64_t n, float *logits);
 
 /* ------------------------------------------------------------ metrics.c */
 
@@ -47,10 +51,12 @@ void anneal_serve_metrics_token_latency(anneal_serve_metrics *m, double s);
 /* The Prometheus text (malloc'd) with the engine's gauges. */
 /* The engine's work in one round: the rows of its decode step (0: none ran or it
  * failed), the prefills that succeeded and their prompt rows, and wall seconds by phase
- * (prefill: the prompt passes and their first draws; decode: the step; sample: the
- * step's draws; text: detokenization, stop strings and waking the handlers). Each
- * generated token is one prefill or one decode row. */
-enum { ANNEAL_SERVE_PHASES = 4 };
+ * (prefill: passes of new prompts alone and, one by one, their first draws; decode: a
+ * step of the running rows alone; sample: the draws after a step or a mixed pass; text:
+ * detokenization, stop strings and waking the handlers; mixed: one pass carrying new
+ * prompts and the running rows together). Each generated token is one prefill or one
+ * decode row. */
+enum { ANNEAL_SERVE_PHASES = 5 };
 /* The engine thread's OpenMP thread count (set once it runs). */
 void anneal_serve_metrics_threads(anneal_serve_metrics *m, int threads);
 void anneal_serve_metrics_engine(anneal_serve_metrics *m, int64_t step_rows, int64_t prefills, int64_t prefill_rows,
@@ -76,6 +82,7 @@ typedef struct anneal_serve_job {
     anneal_serve_job_state state;
     bool cancelled; /* the client went away: free the slot at the next step */
     int64_t slot, n_gen, pos;
+    int64_t fed;     /* prompt ids in the cache: the job steps once fed == n_ids */
     int32_t next_id; /* sampled, to feed at the next step */
     double t_last;
     anneal_stream_decoder dec;

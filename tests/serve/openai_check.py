@@ -288,9 +288,9 @@ def check_metrics(args, s):
           f"{pre_rows} vs {prompt}")
     check("engine threads: the default (OMP_NUM_THREADS or all cores)", (value("anneal_serve_threads") or 0) >= 1,
           str(value("anneal_serve_threads")))
-    for ph in ["prefill", "decode", "sample", "text"]:
+    for ph in ["prefill", "decode", "sample", "text", "mixed"]:
         v = value(f'anneal_serve_engine_seconds_total{{phase="{ph}"}}')
-        check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph == "text" or v > 0), str(v))
+        check(f"engine seconds of {ph}", v is not None and v >= 0 and (ph in ("text", "mixed") or v > 0), str(v))
 
 
 def check_load(args, s, seconds):
@@ -404,6 +404,48 @@ def check_limits(args):
         s.stop()
 
 
+def check_chunked(args):
+    """--prefill-chunk 3: prompts of many tokens are prefilled 3 rows per pass, beside the
+    running streams; the text is still that of `anneal generate`."""
+    s = Server(args, ["--slots", "3", "--prefill-chunk", "3"])
+    try:
+        c = s.client
+        p = "In the beginning God created the heaven and the earth, and the earth was without form"
+        r = c.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0)
+        want = generate(args, p, 12)
+        check("chunked prefill: completion greedy = generate", p + r.choices[0].text + "\n" == want,
+              f"{r.choices[0].text!r} vs {want!r}")
+        jobs = [dict(prompt=f"Number {i} says that the quick brown fox jumps over {i} lazy dogs", max_tokens=10 + i,
+                     temperature=0.8, seed=200 + i) for i in range(5)]
+        alone = [c.completions.create(model="tiny", **j).choices[0].text for j in jobs]
+        together = [None] * len(jobs)
+
+        def run(i):
+            together[i] = c.completions.create(model="tiny", **jobs[i]).choices[0].text
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        check("chunked prefill: concurrent = one at a time", together == alone,
+              "; ".join(f"{i}: {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(together, alone)) if a != b))
+        m = s.metrics()
+
+        def value(name):
+            x = re.search(r"^" + name + r" (\S+)$", m, re.M)
+            return float(x.group(1)) if x else None
+        rows, prompt = value("anneal_serve_prefill_rows_total"), value("anneal_serve_prompt_tokens_total")
+        check("chunked prefill: every prompt row went through the model", rows is not None and rows == prompt,
+              f"{rows} vs {prompt}")
+        check("chunked prefill: a prefill per request", value("anneal_serve_prefills_total") == 1 + 2 * len(jobs),
+              str(value("anneal_serve_prefills_total")))
+        rc = s.stop()
+        check("chunked prefill: SIGTERM exit 0", rc == 0, f"exit {rc}")
+    finally:
+        s.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -423,6 +465,7 @@ def main():
     finally:
         s.stop()
     check_limits(args)
+    check_chunked(args)
     print(f"{len(FAILS)} failure(s)" + (": " + ", ".join(FAILS) if FAILS else ""), flush=True)
     return len(FAILS)
 
