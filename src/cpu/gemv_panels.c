@@ -20,8 +20,9 @@
  * in L2 and reused by every strip of rows); rows in balanced strips of at most 6; per
  * (strip, block) the tiles of R rows x P panels (P = 4 for one row, 2 for two: enough
  * independent FMA chains to hide the FMA latency, the single row then being memory-bound)
- * walk k from 0 to in - 1. While a block is computed its successor is prefetched, spread
- * evenly over the block's tiles, so memory and arithmetic overlap. */
+ * walk k from 0 to in - 1. From 3 rows the first strip's tiles prefetch the next panel
+ * (into L2); for 1 and 2 rows the hardware prefetchers follow the linear stream alone
+ * (faster on Zen 3 than any software prefetch tried: a block ahead, a panel ahead, T0, T1). */
 #include "cpu/gemv_panels.h"
 
 #include "anneal/decode_kernels.h"
@@ -38,8 +39,8 @@
 
 enum { PW = 16, MAX_R = 6 };
 
-/* Bytes of weights per column block (L2 is 512 KiB a core on Zen 3: the block and its
- * prefetched successor fit with room for x). */
+/* Bytes of weights per column block (L2 is 512 KiB a core on Zen 3; 96 KiB and 384 KiB
+ * measured no different at 16 and 128 rows). */
 #ifndef PANEL_BLOCK
 #define PANEL_BLOCK (192 * 1024)
 #endif
@@ -49,18 +50,34 @@ static inline int lane_pos(int c) { return c < 8 ? 2 * c : 2 * (c - 8) + 1; }
 
 int64_t anneal_gemv_panels_bf16_len(int64_t in, int64_t out) { return (out + PW - 1) / PW * PW * in; }
 
+/* f to bf16 as anneal_f32_to_bf16 (nearest even, NaNs quieted), inline for the packing. */
+static inline uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 void anneal_gemv_pack_panels_bf16(const float *src, bool out_in, int64_t in, int64_t out, uint16_t *dst) {
     const int64_t panels = (out + PW - 1) / PW;
-#pragma omp parallel for schedule(static) if (in * out >= (1 << 20))
+#pragma omp parallel for schedule(static) if (in * out >= (1 << 18))
     for (int64_t p = 0; p < panels; p++) {
         uint16_t *d = dst + p * PW * in;
-        for (int64_t k = 0; k < in; k++)
-            for (int c = 0; c < PW; c++) {
-                const int64_t j = p * PW + c;
-                float v = 0.0f;
-                if (j < out) v = out_in ? src[j * in + k] : src[k * out + j];
-                d[k * PW + lane_pos(c)] = j < out ? anneal_f32_to_bf16(v) : 0;
+        const int cols = (int)(out - p * PW < PW ? out - p * PW : PW);
+        if (cols < PW) memset(d, 0, (size_t)(PW * in) * sizeof *d);
+        if (out_in) { /* column c is row p * 16 + c of src: read each row once, in order */
+            for (int c = 0; c < cols; c++) {
+                const float *s = src + (p * PW + c) * in;
+                const int pos = lane_pos(c);
+                for (int64_t k = 0; k < in; k++) d[k * PW + pos] = bf16_round(s[k]);
             }
+        } else { /* step k is 16 contiguous values of src's row k */
+            for (int64_t k = 0; k < in; k++) {
+                const float *s = src + k * out + p * PW;
+                for (int c = 0; c < cols; c++) d[k * PW + lane_pos(c)] = bf16_round(s[c]);
+            }
+        }
     }
 }
 
@@ -106,12 +123,6 @@ static void panels_scalar(const anneal_gemv_weight *w, const float *x, int64_t l
 #define PANELS_AVX2 __attribute__((target("avx2,fma")))
 #define PANELS_INLINE static inline __attribute__((always_inline))
 
-/* The prefetch of a tile: `lines` cache lines from `base`, spread evenly over its k loop. */
-typedef struct pf_slice {
-    const char *base;
-    int64_t lines;
-} pf_slice;
-
 /* The two widened halves of panel step u: columns 0..7 (shift) and 8..15 (mask). */
 #define WIDEN(u, wl, wh)                                                                                     \
     const __m256 wl = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));                                        \
@@ -123,12 +134,10 @@ typedef struct pf_slice {
  * (pair i = r * P + p): GCC keeps an array of them in memory, storing it every step. */
 PANELS_AVX2 PANELS_INLINE void tile(const uint16_t *pan, size_t pst, const float *const *xr, float *const *yr,
                                     const int R, const int P, int64_t in, int64_t j0, int64_t out, const float *bias,
-                                    int act, pf_slice pf) {
+                                    int act, const char *pf) {
     __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0, l4 = l0,
            h4 = l0, l5 = l0, h5 = l0;
     const __m256i mask = _mm256_set1_epi32((int)0xffff0000u);
-    int64_t pf_acc = 0;
-    const char *pf_at = pf.base;
     const float *x0 = xr[0], *x1 = xr[R > 1 ? 1 : 0], *x2 = xr[R > 2 ? 2 : 0], *x3 = xr[R > 3 ? 3 : 0],
                 *x4 = xr[R > 4 ? 4 : 0], *x5 = xr[R > 5 ? 5 : 0];
     for (int64_t k = 0; k < in; k++) {
@@ -165,10 +174,7 @@ PANELS_AVX2 PANELS_INLINE void tile(const uint16_t *pan, size_t pst, const float
             l2 = _mm256_fmadd_ps(b1, wl0, l2), h2 = _mm256_fmadd_ps(b1, wh0, h2);
             l3 = _mm256_fmadd_ps(b1, wl1, l3), h3 = _mm256_fmadd_ps(b1, wh1, h3);
         }
-        for (pf_acc += pf.lines; pf_acc >= in; pf_acc -= in) {
-            _mm_prefetch(pf_at, _MM_HINT_T0);
-            pf_at += 64;
-        }
+        if (pf && !(k & 1)) _mm_prefetch(pf + (size_t)k * PW * 2, _MM_HINT_T1);
     }
     float s[6][PW];
     _mm256_storeu_ps(s[0], l0), _mm256_storeu_ps(s[0] + 8, h0);
@@ -187,7 +193,7 @@ PANELS_AVX2 PANELS_INLINE void tile(const uint16_t *pan, size_t pst, const float
 
 /* tile() with R and P as constants (the shapes the blocking uses). */
 PANELS_AVX2 static void tile_rp(const uint16_t *pan, size_t pst, const float *const *xr, float *const *yr, int R,
-                                int P, int64_t in, int64_t j0, int64_t out, const float *bias, int act, pf_slice pf) {
+                                int P, int64_t in, int64_t j0, int64_t out, const float *bias, int act, const char *pf) {
 #define T(RR, PP) tile(pan, pst, xr, yr, RR, PP, in, j0, out, bias, act, pf)
     if (P == 4) { T(1, 4); return; }
     if (P == 2) { T(2, 2); return; }
@@ -208,31 +214,24 @@ PANELS_AVX2 static void panels_avx2(const anneal_gemv_weight *w, const float *x,
     const uint16_t *W = w->w;
     const int64_t in = w->in;
     const size_t pst = (size_t)(PW * in);
-    const int P = n == 1 ? 4 : n == 2 ? 2 : 1;
+    const int P = n == 1 ? 4 : n == 2 ? 2 : 1; /* tile_rp's shapes: (1, 4), (2, 2), (R, 1) */
     const int64_t pbytes = PW * in * 2;
     int64_t cb = PANEL_BLOCK / pbytes / P * P;
     if (cb < P) cb = P;
     const int64_t strips = (n + MAX_R - 1) / MAX_R;
-    const int64_t lines_per_panel = (pbytes + 63) / 64;
     for (int64_t b0 = p0; b0 < p1; b0 += cb) {
         const int64_t b1 = b0 + cb < p1 ? b0 + cb : p1;
-        const int64_t nb1 = b1 + cb < p1 ? b1 + cb : p1; /* the next block: [b1, nb1) */
-        const int64_t tiles = strips * ((b1 - b0) / P + (b1 - b0) % P);
-        const int64_t pf_total = (nb1 - b1) * lines_per_panel;
-        const int64_t pf_per = (pf_total + tiles - 1) / tiles;
-        int64_t t = 0;
         for (int64_t s = 0; s < strips; s++) {
             const int64_t r0 = n * s / strips, r1 = n * (s + 1) / strips;
             const int R = (int)(r1 - r0);
             const float *xr[MAX_R];
             float *yr[MAX_R];
             for (int r = 0; r < R; r++) xr[r] = x + (r0 + r) * ldx, yr[r] = y + (r0 + r) * ldy;
-            for (int64_t p = b0; p < b1; t++) {
+            for (int64_t p = b0; p < b1;) {
                 const int pp = b1 - p >= P ? P : 1;
-                int64_t first = t * pf_per, lines = pf_per;
-                if (first > pf_total) first = pf_total;
-                if (first + lines > pf_total) lines = pf_total - first;
-                const pf_slice pf = {(const char *)(W + (size_t)b1 * pst) + first * 64, lines};
+                /* from 3 rows the first strip prefetches the next panel into L2 (for
+                 * 1 and 2 rows the hardware prefetchers alone were faster) */
+                const char *pf = n > 2 && s == 0 && p + 1 < p1 ? (const char *)(W + (size_t)(p + 1) * pst) : NULL;
                 tile_rp(W + (size_t)p * pst, pst, xr, yr, R, pp, in, p * PW, w->out, w->bias, act, pf);
                 p += pp;
             }

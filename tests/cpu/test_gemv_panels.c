@@ -63,6 +63,10 @@ TEST(panels_pack_layout) {
         const int64_t in = shapes[si][0], out = shapes[si][1], len = anneal_gemv_panels_bf16_len(in, out);
         CHECK(len == (out + 15) / 16 * 16 * in, "len %lld", (long long)len);
         problem p = make(in, out, 1, 3 + si);
+        /* rounding: NaN (quieted), infinity, a tie to even (1 + 2^-8 -> 1), one rounding up */
+        const float special[] = {NAN, INFINITY, 1.00390625f, 1.01171875f};
+        for (int i = 0; i < 4 && i < in * out; i++) p.wf[i * 7 % (in * out)] = special[i];
+        anneal_gemv_pack_panels_bf16(p.wf, true, in, out, p.wp);
         float *t = malloc(sizeof(float) * (size_t)(in * out));
         uint16_t *q = malloc(sizeof(uint16_t) * (size_t)len);
         for (int64_t j = 0; j < out; j++)
