@@ -1,7 +1,8 @@
 /* GFLOP/s and GB/s of anneal_gemv (decode_kernels.h) on GPT-2 124M's W (out, in) bf16
  * shapes (q/k/v fused, attention out, MLP up, MLP down, tied head), for n rows (1 and 16
- * by default), bf16 weights plain and in pair order (anneal_gemv_pair_bf16, what the
- * decode engine's copies use), and f32 weights. Time is the fastest call's thread CPU time
+ * by default), bf16 weights plain, in pair order (anneal_gemv_pair_bf16) and in panels
+ * (anneal_gemv_pack_panels_bf16, what the decode engine's copies use), and f32 weights;
+ * --ab: only pairs and panels, alternated twice (A B A B) for each shape and n. Time is the fastest call's thread CPU time
  * with one thread (the least disturbed on a shared machine; memory-bound rows are then the
  * one-core stream rate), or its wall time with --threads N > 1.
  *
@@ -25,9 +26,10 @@ static double now(clockid_t c) {
 int main(int argc, char **argv) {
     int threads = 1;
     int64_t rows[8] = {1, 16};
-    int nrows = 2;
+    int nrows = 2, ab = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ab")) ab = 1;
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
             nrows = 0;
             for (char *s = strtok(argv[++i], ","); s && nrows < 8; s = strtok(NULL, ",")) rows[nrows++] = atoll(s);
@@ -40,27 +42,33 @@ int main(int argc, char **argv) {
     printf("anneal_gemv, path %s, %d thread(s), %s time\n", anneal_gemv_path_name(), threads,
            threads == 1 ? "thread CPU" : "wall");
     printf("%-9s %5s  %-10s %9s %9s %9s\n", "shape", "rows", "weights", "ms", "GFLOP/s", "GB/s(W)");
+    int64_t maxn = 1;
+    for (int ri = 0; ri < nrows; ri++) maxn = rows[ri] > maxn ? rows[ri] : maxn;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t in = shapes[si].in, out = shapes[si].out;
         /* 64-byte aligned, as the decode engine's buffers and weight copies */
         float *wf = aligned_alloc(64, sizeof(float) * (size_t)(in * out));
         uint16_t *wb = aligned_alloc(64, 2 * (size_t)(in * out)), *wp = aligned_alloc(64, 2 * (size_t)(in * out));
-        float *x = aligned_alloc(64, sizeof(float) * (size_t)(64 * in)), *y = aligned_alloc(64, sizeof(float) * (size_t)(64 * out));
+        float *x = aligned_alloc(64, sizeof(float) * (size_t)(maxn * in)), *y = aligned_alloc(64, sizeof(float) * (size_t)(maxn * out));
+        uint16_t *wq = aligned_alloc(64, 2 * (size_t)anneal_gemv_panels_bf16_len(in, out));
         uint64_t s = 1;
         for (int64_t i = 0; i < in * out; i++) {
             s = s * 6364136223846793005ULL + 1442695040888963407ULL;
             wf[i] = (float)((double)(s >> 40) / 16777216.0 - 0.5);
         }
-        for (int64_t i = 0; i < 64 * in; i++) x[i] = wf[i % (in * out)];
+        for (int64_t i = 0; i < maxn * in; i++) x[i] = wf[i % (in * out)];
+        anneal_gemv_pack_panels_bf16(wf, true, in, out, wq);
         anneal_gemv_to_bf16(wf, wb, in * out);
         memcpy(wp, wb, 2 * (size_t)(in * out));
         anneal_gemv_pair_bf16(wp, out, in);
         for (int ri = 0; ri < nrows; ri++) {
             const int64_t n = rows[ri];
-            for (int kind = 0; kind < 3; kind++) {
-                anneal_gemv_weight w = {.w = kind == 0 ? (void *)wp : kind == 1 ? (void *)wb : (void *)wf,
+            static const int all[] = {0, 3, 1, 2}, abk[] = {0, 3, 0, 3};
+            for (int ki = 0; ki < 4; ki++) {
+                const int kind = ab ? abk[ki] : all[ki];
+                anneal_gemv_weight w = {.w = kind == 0 ? (void *)wp : kind == 1 ? (void *)wb : kind == 3 ? (void *)wq : (void *)wf,
                                         .dtype = kind == 2 ? ANNEAL_F32 : ANNEAL_BF16, .out_in = true, .in = in,
-                                        .out = out, .bf16_pairs = kind == 0};
+                                        .out = out, .bf16_pairs = kind == 0, .bf16_panels = kind == 3};
                 anneal_gemv(&w, x, in, n, y, out, ANNEAL_GEMV_NONE); /* warm */
                 double per = 1e30, t0 = now(CLOCK_MONOTONIC);
                 do { /* the fastest call: the least disturbed by other processes */
@@ -71,11 +79,11 @@ int main(int argc, char **argv) {
                 } while (now(CLOCK_MONOTONIC) - t0 < 0.4);
                 const double bytes = (double)(in * out) * (kind == 2 ? 4 : 2);
                 printf("%-9s %5lld  %-10s %9.3f %9.1f %9.2f\n", shapes[si].name, (long long)n,
-                       kind == 0 ? "bf16 pairs" : kind == 1 ? "bf16" : "f32", per * 1e3,
+                       kind == 0 ? "bf16 pairs" : kind == 1 ? "bf16" : kind == 3 ? "bf16 panel" : "f32", per * 1e3,
                        2.0 * (double)(n * in * out) / per * 1e-9, bytes / per * 1e-9);
             }
         }
-        free(wf), free(wb), free(wp), free(x), free(y);
+        free(wf), free(wb), free(wp), free(wq), free(x), free(y);
     }
     return 0;
 }

@@ -24,6 +24,9 @@ typedef struct anneal_gemv_weight {
     const float *bias; /* (out) f32, or NULL */
     bool bf16_pairs;   /* bf16 (out, in) only: each row's whole 16-chunks in anneal_gemv_pair_bf16's
                         * order (cheaper to widen; the same sums, so the same bits) */
+    bool bf16_panels;  /* bf16 packed by anneal_gemv_pack_panels_bf16 (out_in ignored): the panel
+                        * GEMM, each element one FMA chain in k order (other bits than the
+                        * (out, in) kernels', the same for every n, thread count and path) */
     /* int8 weights only: the quantized dense product of the tensor path, same kernel */
     anneal_quant_mode qmode;   /* WEIGHT_ONLY, DYNAMIC or STATIC */
     anneal_dtype qcompute;     /* weight-only: ANNEAL_F32 or ANNEAL_BF16 (x rounded to bf16) */
@@ -57,6 +60,15 @@ const char *anneal_gemv_path_name(void);
  * chunk of 16 at k, 32-bit word l (l < 8) holds w[k + l] in its low half and w[k + 8 + l]
  * in its high half; the last in % 16 values of a row stay as they are. */
 void anneal_gemv_pair_bf16(uint16_t *w, int64_t rows, int64_t in);
+
+/* Panel packing for .bf16_panels (src/cpu/gemv_panels.c): the output columns in panels
+ * of 16, the last zero-padded; panel p holds `in` steps of 16 bf16 values (columns 16 p
+ * ..), step k's 32-bit word l (l < 8) = column l in its low half, column 8 + l in its
+ * high half; panels one after another. src is f32 (out, in) when out_in, else (in, out);
+ * values rounded as anneal_gemv_to_bf16. dst holds anneal_gemv_panels_bf16_len(in, out)
+ * values (64-byte aligned is best). */
+int64_t anneal_gemv_panels_bf16_len(int64_t in, int64_t out);
+void anneal_gemv_pack_panels_bf16(const float *src, bool out_in, int64_t in, int64_t out, uint16_t *dst);
 
 /* Converts n f32 values to bf16 (round to nearest even, as anneal_f32_to_bf16). */
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n);

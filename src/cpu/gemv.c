@@ -20,6 +20,7 @@
 #include "anneal/decode_kernels.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
+#include "cpu/gemv_panels.h"
 
 #include <math.h>
 #include <omp.h>
@@ -640,6 +641,10 @@ bool anneal_gemv(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64
                  int act) {
     if (!w || !x || !y || n <= 0 || w->in <= 0 || w->out <= 0) return true;
     if (w->dtype == ANNEAL_I8) return gemv_int8(w, x, ldx, n, y, ldy, act);
+    if (w->dtype == ANNEAL_BF16 && w->bf16_panels) {
+        anneal_gemv_panels(w, x, ldx, n, y, ldy, act);
+        return true;
+    }
     /* threads only pay off past ~64K multiply-adds */
     const bool par = w->out > 16 && w->in * w->out * n >= 65536;
     const int path = gemv_path();

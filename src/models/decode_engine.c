@@ -18,7 +18,7 @@
  * workspace for `slots` rows (activations, attention scratch of max_len per row and
  * head) and the plan's block array, so a step allocates nothing. Under bf16 compute
  * (anneal_model_set_compute) the engine reads bf16 copies of the f32 weight matrices
- * (transposed to (out, in), the layout the GEMV streams fastest, in pair order),
+ * (packed in panels of 16 output columns: anneal_gemv_pack_panels_bf16),
  * made on the cache's first step and kept with it (they reflect the weights at that
  * moment); bf16 weights (a frozen model converted with anneal_params_replace) are read
  * as they are. */
@@ -159,32 +159,11 @@ static bool prefill_ready(engine *e) {
     return e->kvs != NULL;
 }
 
-/* f to bf16 as anneal_f32_to_bf16 (round to nearest even, NaNs quieted), inline for the
- * transposing copy below. */
-static inline uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* dst (out, in) = src (in, out) transposed, rounded to bf16, in 32 x 32 tiles. */
-static void transpose_to_bf16(const float *src, int64_t in, int64_t out, uint16_t *dst) {
-    enum { TB = 32 };
-#pragma omp parallel for schedule(static) if (in * out >= (1 << 20))
-    for (int64_t j0 = 0; j0 < out; j0 += TB)
-        for (int64_t k0 = 0; k0 < in; k0 += TB)
-            for (int64_t j = j0; j < j0 + TB && j < out; j++)
-                for (int64_t k = k0; k < k0 + TB && k < in; k++) dst[j * in + k] = bf16_of(src[k * out + j]);
-}
-
-/* The bf16 copy of f32 matrix w (made on first use), always in (out, in) layout with each
- * row's 16-chunks in pair order (anneal_gemv_pair_bf16: widened by a shift and a mask
- * instead of a zero-extension, the same bits): the
- * W (out, in) kernel walks the weight as one linear stream, which a (in, out) matrix
- * read by column ranges is not (the bf16 decode step took about 1.5x as long on Zen 3); false when
- * out of memory. */
+/* The bf16 copy of f32 matrix w (made on first use), packed in panels of 16 output
+ * columns (anneal_gemv_pack_panels_bf16, from either source layout): the panel GEMM reads
+ * a thread's range as one linear stream for one row and register-blocks 6 rows x 16
+ * columns for many, each output one FMA chain in k order, so a row's logits do not
+ * depend on how many rows share the step; false when out of memory. */
 static bool to_bf16(engine *e, anneal_gemv_weight *w) {
     if (w->dtype == ANNEAL_I8) w->qcompute = ANNEAL_BF16; /* weight-only rounds x, as the tensor path */
     if (!w->w || w->dtype != ANNEAL_F32) return true;
@@ -192,8 +171,7 @@ static bool to_bf16(engine *e, anneal_gemv_weight *w) {
         if (e->copies[i].src == w->w) {
             w->w = e->copies[i].data;
             w->dtype = ANNEAL_BF16;
-            w->out_in = true;
-            w->bf16_pairs = true;
+            w->bf16_panels = true;
             return true;
         }
     if (e->n_copies == e->cap_copies) {
@@ -203,18 +181,14 @@ static bool to_bf16(engine *e, anneal_gemv_weight *w) {
         e->copies = nc;
         e->cap_copies = cap;
     }
-    uint16_t *data = aligned_alloc(64, ((size_t)(w->in * w->out) * sizeof *data + 63) & ~(size_t)63);
+    const size_t bytes = (size_t)anneal_gemv_panels_bf16_len(w->in, w->out) * sizeof(uint16_t);
+    uint16_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!data) return false;
-    if (w->out_in)
-        anneal_gemv_to_bf16(w->w, data, w->in * w->out);
-    else
-        transpose_to_bf16(w->w, w->in, w->out, data);
-    anneal_gemv_pair_bf16(data, w->out, w->in);
+    anneal_gemv_pack_panels_bf16(w->w, w->out_in, w->in, w->out, data);
     e->copies[e->n_copies++] = (bf16_copy){.src = w->w, .data = data};
     w->w = data;
     w->dtype = ANNEAL_BF16;
-    w->out_in = true;
-    w->bf16_pairs = true;
+    w->bf16_panels = true;
     return true;
 }
 
