@@ -54,9 +54,12 @@ def worker_hf(a):
     steps = []
     with torch.inference_mode():
         model(input_ids=ids[:, :8], use_cache=True)  # warm-up (first-call allocations)
-        t0 = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True)
-        prefill = time.perf_counter() - t0
+        rounds = []
+        for _ in range(a.prompt_rounds):  # the median of --prompt-rounds prefills
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, use_cache=True)
+            rounds.append(time.perf_counter() - t0)
+        prefill = statistics.median(rounds)
         past = out.past_key_values
         nxt = out.logits[:, -1, :].argmax(-1, keepdim=True)
         for _ in range(a.gen):
@@ -79,10 +82,13 @@ def worker_llama(a):
     V = llm.n_vocab()
     ids = prompt_ids(V, a.prompt_len, 7)
     llm.eval(ids[:8])  # warm-up, then start over
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    prefill = time.perf_counter() - t0
+    rounds = []
+    for _ in range(a.prompt_rounds):  # the median of --prompt-rounds prefills, the cache emptied between
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        rounds.append(time.perf_counter() - t0)
+    prefill = statistics.median(rounds)
     def last_logits():  # the last evaluated row (llama-cpp-python keeps scores only with logits_all)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(V,))
 
@@ -100,7 +106,7 @@ def worker_llama(a):
 def run_anneal(a, model_dir):
     cmd = [a.bin, "bench", "decode", "--model", model_dir, "--prompt-len", str(a.prompt_len), "--gen", str(a.gen),
            "--threads", str(a.threads), "--dtype", a.dtype, "--kv-dtype", a.kv_dtype, "--batch", str(a.batch),
-           "--json"]
+           "--prompt-rounds", str(a.prompt_rounds), "--json"]
     r = subprocess.run(cmd, check=True, capture_output=True, text=True)
     j = json.loads(r.stdout.strip().splitlines()[-1])
     w = f"int8 {a.quant}, {a.head} head, {a.dtype}" if a.quant != "none" else a.dtype
@@ -112,7 +118,8 @@ def run_anneal(a, model_dir):
 def run_worker(a, kind, **extra):
     """This script as a worker process (its own RSS); its JSON result or an error string."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--prompt-len", str(a.prompt_len),
-           "--gen", str(a.gen), "--threads", str(a.threads), "--dtype", a.dtype, "--batch", str(a.batch)]
+           "--gen", str(a.gen), "--threads", str(a.threads), "--dtype", a.dtype, "--batch", str(a.batch),
+           "--prompt-rounds", str(a.prompt_rounds)]
     for k, v in extra.items():
         cmd += [f"--{k}", v]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -142,6 +149,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "anneal"))
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--prompt-rounds", type=int, default=3,
+                    help="prefill the prompt this many times on every engine; prompt tok/s is the median")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16", "int8"])
@@ -195,7 +204,8 @@ def main():
             else:
                 notes.append(f"llama.cpp: skipped: {err}")
     load1 = os.getloadavg()
-    print(f"decode benchmark: prompt {a.prompt_len} x batch {a.batch}, {a.gen} steps, {a.threads} threads; "
+    print(f"decode benchmark: prompt {a.prompt_len} x batch {a.batch} (median of {a.prompt_rounds} prefills), "
+          f"{a.gen} steps, {a.threads} threads; "
           f"load average {load0[0]:.2f} before, {load1[0]:.2f} after (above ~1 the figures are noise)")
     print(f"{'engine':34s} {'prompt tok/s':>13s} {'decode tok/s':>13s} {'ms/token':>9s} {'peak RSS MiB':>13s}")
     for r in rows:

@@ -3,7 +3,8 @@
  *
  * After a warm-up (a short prefill and one step on slot 0, then emptied), B slots of one
  * KV cache each get a random prompt of --prompt-len ids (prefill, timed
- * as a whole: prompt tok/s), then --gen decode steps run all B slots at once (the
+ * as a whole: prompt tok/s; with --prompt-rounds R the prompts are prefilled R times,
+ * the slots emptied between, and the median round counts), then --gen decode steps run all B slots at once (the
  * slots API, greedy: each step feeds the argmax of the last), each step timed; the
  * figures are the median step's. Bytes per step = the weight matrices as the decode
  * engine reads them (f32, or bf16 under --dtype bf16 or for bf16 weights; the lm head
@@ -78,13 +79,15 @@ static int32_t argmax(const float *x, int64_t V) {
 
 int anneal_cmd_bench_decode(int argc, char **argv) {
     const char *model_arg = NULL, *ckpt = NULL, *dtype = "fp32", *kv_arg = "f32";
-    int64_t prompt_len = 512, gen = 128, batch = 1, threads = 0;
+    int64_t prompt_len = 512, gen = 128, batch = 1, threads = 0, prompt_rounds = 1;
     bool json = false, help = false;
     cli_flag flags[] = {
         {"model", ARG_STRING, "a preset (random weights), a Hugging Face model directory or a checkpoint", &model_arg, 0},
         {"ckpt", ARG_STRING, "instead of --model: a checkpoint or run directory", &ckpt, 0},
         {"prompt-len", ARG_INT, "prompt ids per slot (default 512)", &prompt_len, 0},
         {"gen", ARG_INT, "decode steps (default 128)", &gen, 0},
+        {"prompt-rounds", ARG_INT, "prefill the prompts this many times (the slots emptied between): prompt tok/s "
+                                   "is the median round's (default 1)", &prompt_rounds, 0},
         {"dtype", ARG_STRING, "matmul precision: fp32 or bf16 (default fp32)", &dtype, 0},
         {"kv-dtype", ARG_STRING, "KV cache storage: f32, bf16 or int8 (default f32)", &kv_arg, 0},
         {"batch", ARG_INT, "slots decoded together (default 1)", &batch, 0},
@@ -101,6 +104,8 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
     }
     if ((model_arg != NULL) + (ckpt != NULL) != 1) return USAGE_ERR("give one of --model PRESET|DIR or --ckpt RUN");
     if (prompt_len < 1 || prompt_len > 1 << 20) return USAGE_ERR("--prompt-len %lld: expected >= 1", (long long)prompt_len);
+    if (prompt_rounds < 1 || prompt_rounds > 1000)
+        return USAGE_ERR("--prompt-rounds %lld: expected 1 to 1000", (long long)prompt_rounds);
     if (gen < 1 || gen > 1 << 20) return USAGE_ERR("--gen %lld: expected >= 1", (long long)gen);
     if (batch < 1 || batch > 1024) return USAGE_ERR("--batch %lld: expected 1..1024", (long long)batch);
     if (threads < 0 || threads > 4096) return USAGE_ERR("--threads %lld: expected 0..4096", (long long)threads);
@@ -153,24 +158,37 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
             goto done;
         }
     }
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t i = 0; i < prompt_len; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            prompt[i] = (int32_t)((rng >> 33) % (uint64_t)V);
-        }
-        anneal_scope *sc = anneal_scope_open();
-        double t0 = now_s();
-        anneal_tensor *lg = anneal_model_prefill_slot(m, kv, b, prompt, prompt_len);
-        prefill_s += now_s() - t0;
-        if (lg) ids[b] = argmax(anneal_data(lg), V);
-        anneal_scope_close(sc);
-        if (!lg) {
-            fprintf(stderr, "anneal bench decode: prefill: %s\n", anneal_last_error());
-            rc = 1;
-            goto done;
-        }
-        slots[b] = b;
+    double *round_s = calloc((size_t)prompt_rounds, sizeof *round_s);
+    if (!round_s) {
+        rc = 1;
+        goto done;
     }
+    for (int64_t r = 0; r < prompt_rounds; r++) { /* the same prompts each round; the last one's stay */
+        rng = 7;
+        for (int64_t b = 0; b < batch; b++) {
+            for (int64_t i = 0; i < prompt_len; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                prompt[i] = (int32_t)((rng >> 33) % (uint64_t)V);
+            }
+            anneal_scope *sc = anneal_scope_open();
+            double t0 = now_s();
+            anneal_tensor *lg = anneal_model_prefill_slot(m, kv, b, prompt, prompt_len);
+            round_s[r] += now_s() - t0;
+            if (lg) ids[b] = argmax(anneal_data(lg), V);
+            anneal_scope_close(sc);
+            if (!lg) {
+                fprintf(stderr, "anneal bench decode: prefill: %s\n", anneal_last_error());
+                free(round_s);
+                rc = 1;
+                goto done;
+            }
+            slots[b] = b;
+            if (r + 1 < prompt_rounds) anneal_kv_cache_slot_reset(kv, b);
+        }
+    }
+    qsort(round_s, (size_t)prompt_rounds, sizeof *round_s, cmp_double);
+    prefill_s = round_s[prompt_rounds / 2];
+    free(round_s);
     for (int64_t s = 0; s < gen; s++) {
         anneal_scope *sc = anneal_scope_open();
         double t0 = now_s(), c0 = cpu_s();

@@ -36,7 +36,7 @@ TEST(bench_decode_json_per_kv_dtype) {
     for (int i = 0; i < 3; i++) {
         char cmd[1024];
         snprintf(cmd, sizeof cmd, "'%s' bench decode --model tiny --prompt-len 24 --gen 6 --batch 2 --threads 2 "
-                                  "--kv-dtype %s --json", bin, kvs[i]);
+                                  "--kv-dtype %s --json%s", bin, kvs[i], i == 1 ? " --prompt-rounds 3" : "");
         int rc = sh(cmd, buf, sizeof buf);
         CHECK(rc == 0, "exit %d: %s", rc, buf);
         const char *js = strchr(buf, '{');
@@ -76,6 +76,7 @@ TEST(bench_decode_bad_flags) {
         {"bench decode --model tiny --batch 0", "--batch", 2},
         {"bench decode --model tiny --gen 0", "--gen", 2},
         {"bench decode --model tiny --prompt-len 0", "--prompt-len", 2},
+        {"bench decode --model tiny --prompt-rounds 0", "--prompt-rounds", 2},
         {"bench decode --model tiny --prompt-len 250 --gen 10", "n_ctx", 2},
         {"bench decode --model no_such_preset_or_dir", "--model", 2},
         {"bench decode --ckpt /nonexistent/anneal_run", "--ckpt", 1},
