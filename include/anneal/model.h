@@ -339,8 +339,10 @@ anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, c
  * last id; equal (to rounding) to prefilling each prompt and stepping the single ids.
  * Errors as anneal_model_decode_slots and _prefill_slot (ANNEAL_ERR_ARG, cache
  * unchanged). On the CPU, one pass of the decode engine over the weights for all rows
- * where they fit its prefill chunk (256 rows for GPT-2 124M); otherwise, or on another
- * device, the prompts are prefilled one by one and the single ids stepped together. */
+ * where they fit its prefill chunk (256 rows for GPT-2 124M, plus one per slot) and the
+ * weights are bf16 copies or int8, or the prompts hold at most 16 rows (f32); otherwise,
+ * or on another device, the prompts are prefilled one by one and the single ids stepped
+ * together. */
 anneal_tensor *anneal_model_extend_slots(anneal_model *m, anneal_kv_cache *kv, const int64_t *slots,
                                          const int32_t *ids, const int64_t *counts, int64_t n);
 

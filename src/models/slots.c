@@ -170,6 +170,17 @@ anneal_tensor *anneal_model_decode_slots(anneal_model *m, anneal_kv_cache *kv, c
     return s == ANNEAL_OK ? out : NULL;
 }
 
+/* Whether a mixed pass with prompt_rows prompt rows runs as one engine pass: bf16
+ * compute (the panel GEMM) and int8 models (the tensor path's int8 kernel) always; f32
+ * weights only for a few prompt rows: the f32 GEMV's time grows with every row (a
+ * 64-row prompt took 2.4x the tensor path's GEMM, GPT-2 124M on 2 Zen 3 cores) while a
+ * 9-row one rode cheaper in the pass than a prefill of its own. */
+static bool engine_extends(const anneal_model *m, int64_t prompt_rows) {
+    if (m->device != ANNEAL_CPU) return false;
+    if (m->ctx.compute == ANNEAL_BF16 || (m->params && m->params->quant != ANNEAL_QUANT_NONE)) return true;
+    return prompt_rows <= 16;
+}
+
 /* anneal_model_extend_slots without one pass for all: each entry of more than one id
  * prefilled on its own, the single ids stepped together; logits row i into out. On
  * failure every slot is back at its length before the call. */
@@ -235,8 +246,11 @@ anneal_tensor *anneal_model_extend_slots(anneal_model *m, anneal_kv_cache *kv, c
     anneal_tensor *out = anneal_empty(ANNEAL_F32, 2, (int64_t[]){n, V});
     if (!out) return NULL;
     float *o = anneal_data(out);
+    int64_t prompt_rows = 0;
+    for (int64_t i = 0; i < n; i++) prompt_rows += counts[i] > 1 ? counts[i] : 0;
     anneal_no_grad_begin();
-    anneal_status s = anneal_decode_engine_extend(m, kv, slots, ids, counts, n, o);
+    anneal_status s = engine_extends(m, prompt_rows) ? anneal_decode_engine_extend(m, kv, slots, ids, counts, n, o)
+                                                     : ANNEAL_ERR_UNSUPPORTED;
     if (s == ANNEAL_ERR_UNSUPPORTED) s = extend_apart(m, kv, slots, ids, counts, n, o);
     anneal_no_grad_end();
     return s == ANNEAL_OK ? out : NULL;
