@@ -170,7 +170,7 @@ TEST(extend_slots_mixes_prompts_and_steps) {
         int32_t bad[3] = {seq[0][6], seq[1][0], seq[1][1]};
         CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 0}, bad, (int64_t[]){1, 1}, 2), "a slot twice");
         CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 1}, bad, (int64_t[]){1, 0}, 2), "a count of 0");
-        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){1}, bad, (int64_t[]){30}, 1), "past max_len");
+        CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){1}, bad, (int64_t[]){33}, 1), "past max_len (32)");
         bad[2] = (int32_t)V;
         CHECK(!anneal_model_extend_slots(m, kv, (int64_t[]){0, 1}, bad, (int64_t[]){1, 2}, 2), "an id past the vocabulary");
         CHECK(anneal_last_status() == ANNEAL_ERR_ARG, "bad calls are ANNEAL_ERR_ARG");
