@@ -33,6 +33,8 @@ typedef struct anneal_gemv_weight {
     int64_t qgroup;            /* weight-only group size, 0: one scale per output row */
     const float *qscale;       /* (out) or (out, in / qgroup) */
     float qact_scale;          /* static: the activations' scale */
+    const int8_t *qpanels;     /* dynamic/static: the weight packed by anneal_gemv_pack_qpanels, or NULL:
+                                * 2 or more rows then take the panel kernel (the same bits) */
 } anneal_gemv_weight;
 
 /* Epilogues of anneal_gemv. */
@@ -69,6 +71,15 @@ void anneal_gemv_pair_bf16(uint16_t *w, int64_t rows, int64_t in);
  * values (64-byte aligned is best). */
 int64_t anneal_gemv_panels_bf16_len(int64_t in, int64_t out);
 void anneal_gemv_pack_panels_bf16(const float *src, bool out_in, int64_t in, int64_t out, uint16_t *dst);
+
+/* Panel packing for .qpanels (src/cpu/qpanels_avx2.c): an int8 (out, in) weight's rows in
+ * panels of 16, for the int8 kernel of 2 or more rows. anneal_gemv_qpanels_useful says
+ * whether that kernel runs on this CPU (the int8 products on the AVX2 path: otherwise
+ * .qpanels is ignored and a copy is wasted memory); dst holds anneal_gemv_qpanels_len(in,
+ * out) bytes (64-byte aligned is best). */
+bool anneal_gemv_qpanels_useful(void);
+int64_t anneal_gemv_qpanels_len(int64_t in, int64_t out);
+void anneal_gemv_pack_qpanels(const int8_t *w, int64_t in, int64_t out, int8_t *dst);
 
 /* Converts n f32 values to bf16 (round to nearest even, as anneal_f32_to_bf16). */
 void anneal_gemv_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -258,6 +258,8 @@ typedef struct anneal_cpu_qmatmul_args {
     const float *bias;    /* N or NULL */
     float act_scale;      /* static: the activations' scale */
     float *y;             /* M x N, overwritten */
+    const int8_t *wpanels; /* dynamic/static: w packed by anneal_gemv_pack_qpanels, or NULL; from 2 rows
+                            * on AVX2 the panel kernel reads it (the same bits as from w) */
 } anneal_cpu_qmatmul_args;
 /* Runs it; 0, or -1 when a workspace could not be allocated. */
 int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a);

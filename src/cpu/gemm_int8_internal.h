@@ -58,6 +58,16 @@ void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1)
  * with vpmaddwd. AVX2. */
 void anneal_qrows_s8_wide_avx2(const anneal_qrows_s8_args *q, const int16_t *x16, int64_t n0, int64_t n1);
 
+/* The same product and bits for any M over weights packed in panels of 16 rows
+ * (qpanels_avx2.c: the layout there): anneal_qpanels_s8_len(N, K) bytes, packed from
+ * w (N x K) by anneal_qpanels_s8_pack; x16 = xq widened to int16 with rows Kp = K
+ * rounded up to even long (a zero past K when K is odd); panels [p0, p1) give outputs
+ * [16 p0, min(16 p1, N)). 6 rows x 16 outputs a tile, vpmaddwd on pairs of k. AVX2. */
+int64_t anneal_qpanels_s8_len(int64_t N, int64_t K);
+void anneal_qpanels_s8_pack(const int8_t *w, int64_t N, int64_t K, int8_t *dst);
+void anneal_qpanels_s8_avx2(const anneal_qrows_s8_args *q, const int8_t *panels, const int16_t *x16, int64_t p0,
+                            int64_t p1);
+
 /* The same product for many rows (prompt processing), rows [m0, m1) of xq by every
  * weight row: the same sign trick and int32 sums (exact, so the same bits as the GEMM
  * then the epilogue), tiles of 3 rows of xq by 2 rows of w, the weight in L2-sized blocks.

@@ -624,7 +624,8 @@ static bool gemv_int8(const anneal_gemv_weight *w, const float *x, int64_t ldx, 
         for (int64_t r = 0; r < n; r++) memcpy(xb + r * w->in, x + r * ldx, (size_t)w->in * sizeof *xb);
     anneal_cpu_qmatmul_args a = {.mode = modes[w->qmode], .compute = (int)w->qcompute, .M = n, .N = w->out,
                                  .K = w->in, .group = w->qgroup, .x = gx ? xb : x, .w = w->w, .wscale = w->qscale,
-                                 .bias = w->bias, .act_scale = w->qact_scale, .y = gy ? yb : y};
+                                 .bias = w->bias, .act_scale = w->qact_scale, .y = gy ? yb : y,
+                                 .wpanels = w->qpanels};
     ok = ok && anneal_cpu_qmatmul(&a) == 0;
     for (int64_t r = 0; ok && r < n; r++) {
         float *yr = y + r * ldy;

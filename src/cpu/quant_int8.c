@@ -15,9 +15,11 @@
  *   same int32 sums and the same epilogue, so the same bits: up to QROWS_MAX rows
  *   gemm_int8_avx2.c's anneal_qrows_s8_avx2 (the weight streamed once), more rows its
  *   blocked anneal_qgemm_s8_avx2 (prompt processing), the activations quantized row by
- *   row in AVX2 in both.
+ *   row in AVX2 in both; 2 or more rows over a weight packed in panels (.wpanels, the
+ *   decode engine's copy) the panel kernel of qpanels_avx2.c.
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
+#include "anneal/decode_kernels.h"
 #include "cpu_kernels.h"
 #include "gemm_int8_internal.h"
 #include "gemm_internal.h"
@@ -212,6 +214,19 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
  * BENCH_X16_OFFSET=16, Zen 3). */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
+/* The panel copies of decode_kernels.h: the AVX2 path's panel kernel reads them
+ * (ANNEAL_INT8_PANELS=0 turns them off, for side-by-side timing). */
+bool anneal_gemv_qpanels_useful(void) {
+    const char *env = getenv("ANNEAL_INT8_PANELS");
+    return anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2 && !(env && !strcmp(env, "0"));
+}
+
+int64_t anneal_gemv_qpanels_len(int64_t in, int64_t out) { return anneal_qpanels_s8_len(out, in); }
+
+void anneal_gemv_pack_qpanels(const int8_t *w, int64_t in, int64_t out, int8_t *dst) {
+    anneal_qpanels_s8_pack(w, out, in, dst);
+}
+
 /* Rows of x up to which dynamic and static products take the few-rows kernel on AVX2
  * (anneal_qrows_s8_avx2): decoding and serving steps; more rows, the blocked one. */
 enum { QROWS_MAX = 32 };
@@ -276,7 +291,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     if (rows) {
         anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = a->w, .wscale = a->wscale,
                                   .bias = a->bias, .y = a->y};
-        if (M <= QROWS_MAX) {
+        /* 2+ rows over a panel copy (the decode engine's serving steps and prompt chunks):
+         * the panel kernel, same bits; without memory for its x16, the kernels below */
+        const int64_t Kp = (K + 1) & ~(int64_t)1;
+        int16_t *x16p = a->wpanels && M >= 2 ? alloc64((size_t)(M * Kp) * sizeof *x16p) : NULL;
+        if (x16p) {
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < Kp; k++) x16p[m * Kp + k] = k < K ? xq[m * K + k] : 0;
+            const int64_t np = (N + 15) / 16;
+#pragma omp parallel for schedule(static) if (N * K * M > 65536)
+            for (int64_t p = 0; p < np; p++) anneal_qpanels_s8_avx2(&q, a->wpanels, x16p, p, p + 1);
+            free(x16p);
+        } else if (M <= QROWS_MAX) {
             const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
             /* 2+ rows (serving steps, short prompts): the int16 kernel, same bits, while the
              * widened rows stay in L1 (K <= 1024: GPT-2 124M's 768-wide products; its

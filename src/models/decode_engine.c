@@ -21,18 +21,21 @@
  * (packed in panels of 16 output columns: anneal_gemv_pack_panels_bf16),
  * made on the cache's first step and kept with it (they reflect the weights at that
  * moment); bf16 weights (a frozen model converted with anneal_params_replace) are read
- * as they are. */
+ * as they are. Dynamic and static int8 weights get int8 copies packed in panels of 16
+ * rows (anneal_gemv_pack_qpanels) once a call has 2 or more rows, where the CPU runs
+ * that kernel: serving steps and prompt chunks read them, same bits as the row layout. */
 #include "decode_engine.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A bf16 copy of one f32 weight matrix. */
-typedef struct bf16_copy {
+/* A packed copy of one weight matrix: bf16 panels of an f32 one, or int8 panels of an
+ * int8 one. */
+typedef struct weight_copy {
     const void *src;
-    uint16_t *data;
-} bf16_copy;
+    void *data;
+} weight_copy;
 
 typedef struct engine {
     const anneal_model *model;
@@ -48,7 +51,7 @@ typedef struct engine {
     float *x, *h, *qkv, *att, *a, *f, *u, *scratch;
     int64_t *pos;
     anneal_dtype compute;
-    bf16_copy *copies;
+    weight_copy *copies;
     int n_copies, cap_copies;
 } engine;
 
@@ -159,6 +162,34 @@ static bool prefill_ready(engine *e) {
     return e->kvs != NULL;
 }
 
+static _Atomic int64_t qpanel_copies;
+
+int64_t anneal_decode_engine_qpanel_copies(void) { return qpanel_copies; }
+
+/* The copy of src in e, or NULL. */
+static void *copy_of(const engine *e, const void *src) {
+    for (int i = 0; i < e->n_copies; i++)
+        if (e->copies[i].src == src) return e->copies[i].data;
+    return NULL;
+}
+
+/* Keeps data (bytes allocated by the caller) as the copy of src; false (data freed) when
+ * out of memory. */
+static bool keep_copy(engine *e, const void *src, void *data) {
+    if (e->n_copies == e->cap_copies) {
+        int cap = e->cap_copies ? 2 * e->cap_copies : 32;
+        weight_copy *nc = realloc(e->copies, (size_t)cap * sizeof *nc);
+        if (!nc) {
+            free(data);
+            return false;
+        }
+        e->copies = nc;
+        e->cap_copies = cap;
+    }
+    e->copies[e->n_copies++] = (weight_copy){.src = src, .data = data};
+    return true;
+}
+
 /* The bf16 copy of f32 matrix w (made on first use), packed in panels of 16 output
  * columns (anneal_gemv_pack_panels_bf16, from either source layout): the panel GEMM reads
  * a thread's range as one linear stream for one row and register-blocks 6 rows x 16
@@ -167,41 +198,59 @@ static bool prefill_ready(engine *e) {
 static bool to_bf16(engine *e, anneal_gemv_weight *w) {
     if (w->dtype == ANNEAL_I8) w->qcompute = ANNEAL_BF16; /* weight-only rounds x, as the tensor path */
     if (!w->w || w->dtype != ANNEAL_F32) return true;
-    for (int i = 0; i < e->n_copies; i++)
-        if (e->copies[i].src == w->w) {
-            w->w = e->copies[i].data;
-            w->dtype = ANNEAL_BF16;
-            w->bf16_panels = true;
-            return true;
-        }
-    if (e->n_copies == e->cap_copies) {
-        int cap = e->cap_copies ? 2 * e->cap_copies : 32;
-        bf16_copy *nc = realloc(e->copies, (size_t)cap * sizeof *nc);
-        if (!nc) return false;
-        e->copies = nc;
-        e->cap_copies = cap;
+    void *data = copy_of(e, w->w);
+    if (!data) {
+        const size_t bytes = (size_t)anneal_gemv_panels_bf16_len(w->in, w->out) * sizeof(uint16_t);
+        if (!(data = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) return false;
+        anneal_gemv_pack_panels_bf16(w->w, w->out_in, w->in, w->out, data);
+        if (!keep_copy(e, w->w, data)) return false;
     }
-    const size_t bytes = (size_t)anneal_gemv_panels_bf16_len(w->in, w->out) * sizeof(uint16_t);
-    uint16_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!data) return false;
-    anneal_gemv_pack_panels_bf16(w->w, w->out_in, w->in, w->out, data);
-    e->copies[e->n_copies++] = (bf16_copy){.src = w->w, .data = data};
     w->w = data;
     w->dtype = ANNEAL_BF16;
     w->bf16_panels = true;
     return true;
 }
 
-/* Fills e->plan for this step: the architecture's plan, bf16 copies under bf16 compute.
- * False when the engine cannot run the model. */
-static bool plan_step(engine *e, anneal_model *m) {
+/* For a dynamic or static int8 weight where the int8 panel kernel runs
+ * (anneal_gemv_qpanels_useful): its copy in panels of 16 rows (made on first use), which
+ * a product of 2 or more rows reads at two to three times the row kernels' speed with
+ * the same bits. Made only once a call has 2 or more rows (a batch-1 decoder never pays
+ * its memory); false when out of memory. */
+static bool to_qpanels(engine *e, anneal_gemv_weight *w) {
+    if (!w->w || w->dtype != ANNEAL_I8 || (w->qmode != ANNEAL_QUANT_DYNAMIC && w->qmode != ANNEAL_QUANT_STATIC) ||
+        !anneal_gemv_qpanels_useful())
+        return true;
+    if ((w->qpanels = copy_of(e, w->w))) return true;
+    const size_t bytes = (size_t)anneal_gemv_qpanels_len(w->in, w->out);
+    int8_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!data) return false;
+    anneal_gemv_pack_qpanels(w->w, w->in, w->out, data);
+    if (!keep_copy(e, w->w, data)) return false;
+    qpanel_copies++;
+    w->qpanels = data;
+    return true;
+}
+
+/* Fills e->plan for a call of `rows` rows: the architecture's plan, bf16 copies under
+ * bf16 compute, int8 panel copies from 2 rows. False when the engine cannot run the
+ * model. */
+static bool plan_step(engine *e, anneal_model *m, int64_t rows) {
     bool (*fill)(anneal_model *, anneal_decode_plan *) = plan_fn(m);
     memset(&e->plan, 0, sizeof e->plan);
     e->plan.blocks = e->blocks;
     if (!fill || !fill(m, &e->plan) || !anneal_decode_head(m->params, &e->plan.head)) return false;
     if (m->ctx.compute == ANNEAL_F16) return false; /* f16 products: the tensor path */
-    if (m->ctx.compute != ANNEAL_BF16) return true;
     anneal_decode_plan *p = &e->plan;
+    if (rows >= 2) {
+        bool ok = to_qpanels(e, &p->head);
+        for (int l = 0; l < p->n_layer && ok; l++) {
+            anneal_decode_block_plan *b = &p->blocks[l];
+            anneal_gemv_weight *ws[7] = {&b->q, &b->k, &b->v, &b->o, &b->fc, &b->up, &b->down};
+            for (int i = 0; i < 7 && ok; i++) ok = to_qpanels(e, ws[i]);
+        }
+        if (!ok) return false;
+    }
+    if (m->ctx.compute != ANNEAL_BF16) return true;
     bool ok = to_bf16(e, &p->head);
     for (int l = 0; l < p->n_layer && ok; l++) {
         anneal_decode_block_plan *b = &p->blocks[l];
@@ -310,7 +359,7 @@ anneal_status anneal_decode_engine_step(anneal_model *m, anneal_kv_cache *kv, co
                                         const int32_t *ids, int64_t n, float *out) {
     if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
     engine *e = engine_get(m, kv);
-    if (!e || n > e->rows || !plan_step(e, m)) return ANNEAL_ERR_UNSUPPORTED;
+    if (!e || n > e->rows || !plan_step(e, m, n)) return ANNEAL_ERR_UNSUPPORTED;
     for (int64_t i = 0; i < n; i++) e->pos[i] = anneal_kv_cache_slot_len(kv, slots[i]);
     anneal_status s = forward_rows(e, kv, slots, ids, n, NULL, n, out);
     if (s != ANNEAL_OK) return s;
@@ -323,9 +372,9 @@ anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, 
                                           const int32_t *ids, const int64_t *counts, int64_t n, float *out) {
     if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
     engine *e = engine_get(m, kv);
-    if (!e || !plan_step(e, m) || !prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
     int64_t rows = 0;
     for (int64_t i = 0; i < n; i++) rows += counts[i];
+    if (!e || !plan_step(e, m, rows) || !prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
     if (rows > e->rows || n > e->slots) return ANNEAL_ERR_UNSUPPORTED;
     int64_t *last = e->row_last;
     for (int64_t i = 0, r = 0; i < n; i++) {
@@ -344,7 +393,7 @@ anneal_status anneal_decode_engine_prefill(anneal_model *m, anneal_kv_cache *kv,
                                            int64_t n, float *out) {
     if (m->device != ANNEAL_CPU || !plan_fn(m)) return ANNEAL_ERR_UNSUPPORTED;
     engine *e = engine_get(m, kv);
-    if (!e || !plan_step(e, m)) return ANNEAL_ERR_UNSUPPORTED;
+    if (!e || !plan_step(e, m, n)) return ANNEAL_ERR_UNSUPPORTED;
     if (!prefill_ready(e)) return ANNEAL_ERR_UNSUPPORTED;
     const int64_t len0 = anneal_kv_cache_slot_len(kv, slot);
     for (int64_t i = 0; i < e->rows; i++) e->row_slot[i] = slot;

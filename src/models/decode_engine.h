@@ -78,5 +78,7 @@ anneal_status anneal_decode_engine_extend(anneal_model *m, anneal_kv_cache *kv, 
 int64_t anneal_decode_engine_steps(void);
 int64_t anneal_decode_engine_prefills(void);
 int64_t anneal_decode_engine_extends(void);
+/* int8 panel copies (anneal_gemv_pack_qpanels) the engines have made in this process. */
+int64_t anneal_decode_engine_qpanel_copies(void);
 
 #endif

@@ -2,11 +2,15 @@
  * decode engine reads panel-packed bf16 weights (src/cpu/gemv_panels.c, one FMA chain
  * per output in k order), so slot 0 decoded alone and slot 0 decoded with 2 or 7 other
  * slots (other prompts, other lengths, slot 0 in another row of the step) give the same
- * logits bit for bit, step after step (GPT-2 tiny and llama-tiny). */
+ * logits bit for bit, step after step (GPT-2 tiny and llama-tiny). So do int8 models
+ * (dynamic, int8 head): from 2 rows the engine reads int8 copies packed in panels
+ * (src/cpu/qpanels_avx2.c) with the row kernels' exact int32 sums. */
 #include "anneal/anneal.h"
+#include "anneal/decode_kernels.h"
 #include "models/decode_engine.h"
 #include "test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,7 +105,45 @@ TEST(bf16_decode_logits_do_not_depend_on_the_batch) {
     }
 }
 
+TEST(int8_decode_logits_do_not_depend_on_the_batch) {
+    anneal_clear_error();
+    const char *presets[2] = {"tiny", "llama-tiny"};
+    for (int p = 0; p < 2; p++) {
+        anneal_model *m = make_model(presets[p], 43 + (uint64_t)p);
+        REQUIRE(m);
+        REQUIRE(anneal_nn_quantize(m->params, ANNEAL_QUANT_DYNAMIC, 0) == ANNEAL_OK);
+        REQUIRE(anneal_model_quantize_head(m) == ANNEAL_OK);
+        const int V = m->cfg.vocab_size;
+        uint64_t s = 9;
+        int32_t prompt[PROMPT], next[STEPS];
+        for (int t = 0; t < PROMPT; t++) prompt[t] = lcg_id(&s, V);
+        for (int t = 0; t < STEPS; t++) next[t] = lcg_id(&s, V);
+        float *alone = malloc(sizeof(float) * (size_t)(STEPS * V)), *shared = malloc(sizeof(float) * (size_t)(STEPS * V));
+        REQUIRE(alone && shared);
+        const int64_t before = anneal_decode_engine_steps(), copies = anneal_decode_engine_qpanel_copies();
+        REQUIRE(run(m, 1, 0, prompt, next, alone));
+        CHECK(anneal_decode_engine_steps() - before == STEPS, "%s: the decode engine did not run", presets[p]);
+        CHECK(anneal_decode_engine_qpanel_copies() == copies, "%s: batch 1 made panel copies", presets[p]);
+        const int64_t cases[][2] = {{3, 0}, {3, 2}, {8, 5}};
+        for (int c = 0; c < 3; c++) {
+            REQUIRE(run(m, cases[c][0], cases[c][1], prompt, next, shared));
+            for (int step = 0; step < STEPS; step++)
+                CHECK(memcmp(alone + step * V, shared + step * V, sizeof(float) * (size_t)V) == 0,
+                      "%s int8: step %d, slot 0 as row %lld of %lld differs from slot 0 alone", presets[p], step,
+                      (long long)cases[c][1], (long long)cases[c][0]);
+        }
+        if (anneal_gemv_qpanels_useful()) /* the blocks' matrices and the head: at least 5 copies a cache */
+            CHECK(anneal_decode_engine_qpanel_copies() - copies >= 5 * 3, "%s: the panel kernel did not run (%lld copies)",
+                  presets[p], (long long)(anneal_decode_engine_qpanel_copies() - copies));
+        else
+            fprintf(stderr, "    (int8 panel kernel not on this CPU's int8 path: the row kernels ran)\n");
+        free(alone), free(shared);
+        anneal_model_free(m);
+    }
+}
+
 int main(void) {
     RUN(bf16_decode_logits_do_not_depend_on_the_batch);
+    RUN(int8_decode_logits_do_not_depend_on_the_batch);
     return anneal_test_summary();
 }

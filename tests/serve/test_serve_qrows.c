@@ -3,7 +3,9 @@
  * anneal_qrows_s8_avx2 (the sign-trick kernel decoding uses) on shapes with K and N
  * tails, M from 1 to 33 (8-row and 4-row blocks, the last over zero padding), weights with -128; and anneal_cpu_qmatmul (dynamic and static)
  * on 16 rows against each row alone; the driver on 1 to 33 rows against a scalar
- * reference. */
+ * reference, with and without the panel copy of the weight (anneal_qpanels_s8_avx2, the
+ * decode engine's kernel from 2 rows: also against the sign trick on every shape above). */
+#include "anneal/decode_kernels.h"
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_int8_internal.h"
@@ -34,12 +36,20 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
         int16_t *x16 = calloc((size_t)(((M + 3) & ~3) * K), sizeof *x16); /* zero rows to a multiple of 4 */
         float *sx = malloc((size_t)M * sizeof *sx), *ws = malloc((size_t)N * sizeof *ws), *bias = malloc((size_t)N * 4);
         float *y0 = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)(M * N) * 4);
-        REQUIRE(xq && w && x16 && sx && ws && bias && y0 && y1);
+        const int64_t Kp = (K + 1) & ~(int64_t)1, np = (N + 15) / 16;
+        int8_t *panels = malloc((size_t)anneal_qpanels_s8_len(N, K));
+        int16_t *x16p = malloc((size_t)(M * Kp) * sizeof *x16p);
+        REQUIRE(xq && w && x16 && sx && ws && bias && y0 && y1 && panels && x16p);
+        CHECK(anneal_qpanels_s8_len(N, K) == np * 16 * Kp, "panel bytes");
         for (int64_t i = 0; i < M * K; i++) x16[i] = xq[i] = (int8_t)((int)(next() % 255) - 127);
         for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128); /* -128 included */
         if (K >= 2) w[0] = -128, w[1] = -128, xq[0] = x16[0] = -127, xq[1] = x16[1] = -127; /* the largest pair sum */
         for (int64_t k = 0; k < K; k++) w[(N - 1) * K + k] = -128, xq[(M - 1) * K + k] = -127; /* the largest sum */
         for (int64_t k = 0; k < K; k++) x16[(M - 1) * K + k] = -127;
+        anneal_qpanels_s8_pack(w, N, K, panels);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < Kp; k++) /* the even pad (odd K) meets the panels' zero weights */
+                x16p[m * Kp + k] = k < K ? xq[m * K + k] : 777;
         for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
         for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
         for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -52,8 +62,13 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
             anneal_qrows_s8_wide_avx2(&q, x16, N / 2, N);
             CHECK(!memcmp(y0, y1, (size_t)(M * N) * 4), "M %lld N %lld K %lld bias %d: bits differ", (long long)M,
                   (long long)N, (long long)K, with_bias);
+            memset(y1, 0xff, (size_t)(M * N) * 4);
+            anneal_qpanels_s8_avx2(&q, panels, x16p, 0, np / 2); /* two ranges of panels, as the threads */
+            anneal_qpanels_s8_avx2(&q, panels, x16p, np / 2, np);
+            CHECK(!memcmp(y0, y1, (size_t)(M * N) * 4), "panels: M %lld N %lld K %lld bias %d: bits differ",
+                  (long long)M, (long long)N, (long long)K, with_bias);
         }
-        free(xq), free(w), free(x16), free(sx), free(ws), free(bias), free(y0), free(y1);
+        free(xq), free(w), free(x16), free(sx), free(ws), free(bias), free(y0), free(y1), free(panels), free(x16p);
     }
 }
 
@@ -101,16 +116,18 @@ TEST(driver_equals_the_scalar_reference_on_1_to_33_rows) {
         float *x = malloc((size_t)(MM * K) * 4), *ws = malloc((size_t)N * 4), *bias = malloc((size_t)N * 4);
         float *y = malloc((size_t)(MM * N) * 4), *r = malloc((size_t)(MM * N) * 4), *sx = malloc((size_t)MM * 4);
         int8_t *w = malloc((size_t)(N * K)), *xq = malloc((size_t)(MM * K));
-        REQUIRE(x && ws && bias && y && r && sx && w && xq);
+        int8_t *panels = malloc((size_t)anneal_gemv_qpanels_len(K, N));
+        REQUIRE(x && ws && bias && y && r && sx && w && xq && panels);
         for (int64_t i = 0; i < MM * K; i++) x[i] = ((float)(next() % 20001) - 10000.0f) * 1e-3f;
         for (int64_t i = 0; i < N * K; i++) w[i] = (int8_t)((int)(next() % 256) - 128);
         for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
-        for (int mode = 0; mode < 2; mode++) {
+        anneal_gemv_pack_qpanels(w, K, N, panels);
+        for (int mode = 0; mode < 4; mode++) { /* 0, 1 dynamic, static; 2, 3 the same with panels */
             const float act = 0.07f; /* static: some values clamp at +-127 */
             for (int64_t m = 0; m < MM; m++) { /* the reference quantizer, row by row */
                 float amax = 0.0f;
                 for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[m * K + k]));
-                sx[m] = mode == 0 ? fmaxf(amax / 127.0f, FLT_EPSILON) : act;
+                sx[m] = mode % 2 == 0 ? fmaxf(amax / 127.0f, FLT_EPSILON) : act;
                 for (int64_t k = 0; k < K; k++) {
                     float q = nearbyintf(x[m * K + k] / sx[m]);
                     xq[m * K + k] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
@@ -125,9 +142,10 @@ TEST(driver_equals_the_scalar_reference_on_1_to_33_rows) {
                 }
             int bad = 0;
             for (int64_t M = 1; M <= MM; M++) {
-                anneal_cpu_qmatmul_args a = {.mode = mode == 0 ? ANNEAL_CPU_QUANT_DYNAMIC : ANNEAL_CPU_QUANT_STATIC,
+                anneal_cpu_qmatmul_args a = {.mode = mode % 2 == 0 ? ANNEAL_CPU_QUANT_DYNAMIC : ANNEAL_CPU_QUANT_STATIC,
                                              .compute = ANNEAL_F32, .M = M, .N = N, .K = K, .x = x, .w = w,
-                                             .wscale = ws, .bias = bias, .act_scale = act, .y = y};
+                                             .wscale = ws, .bias = bias, .act_scale = act, .y = y,
+                                             .wpanels = mode >= 2 ? panels : NULL};
                 REQUIRE(anneal_cpu_qmatmul(&a) == 0);
                 if (memcmp(y, r, (size_t)(M * N) * 4)) {
                     if (!bad) fprintf(stderr, "    N %lld K %lld mode %d: %lld rows differ\n", (long long)N, (long long)K, mode, (long long)M);
@@ -137,7 +155,7 @@ TEST(driver_equals_the_scalar_reference_on_1_to_33_rows) {
             CHECK(bad == 0, "N %lld K %lld mode %d: %d row counts differ from the reference", (long long)N,
                   (long long)K, mode, bad);
         }
-        free(x), free(ws), free(bias), free(y), free(r), free(sx), free(w), free(xq);
+        free(x), free(ws), free(bias), free(y), free(r), free(sx), free(w), free(xq), free(panels);
     }
 }
 
