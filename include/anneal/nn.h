@@ -29,6 +29,9 @@ typedef struct anneal_nn_tp {
     anneal_tensor *(*vocab_embed)(void *user, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
     anneal_tensor *(*vocab_loss)(void *user, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
                                  int32_t ignore_index);
+    /* vocab_gather: the whole (..., V) logits from every rank's (..., V/N) columns, in
+     * rank order (inference: no gradient flows back). NULL: not available. */
+    anneal_tensor *(*vocab_gather)(void *user, anneal_tensor *logits);
     void *user;
     /* ctx.deterministic (parallel's tp_det.c): a column-parallel projection (outputs in
      * `parts` segments of `chunks` chunks each on this rank) and a row-parallel one

@@ -387,6 +387,11 @@ anneal_tensor *anneal_tp_reduce_out(anneal_comm *c, anneal_tensor *x);
 anneal_tensor *anneal_tp_vocab_embedding(anneal_comm *c, anneal_tensor *weight, anneal_tensor *ids, int64_t lo);
 anneal_tensor *anneal_tp_vocab_cross_entropy(anneal_comm *c, anneal_tensor *logits, anneal_tensor *targets, int64_t lo,
                                              int32_t ignore_index);
+/* The whole (..., V) logits from this rank's columns (..., V/N) of f32 CPU logits and
+ * the other ranks', rank r's at columns [r V/N, (r + 1) V/N): an all-gather over c, the
+ * same bits on every rank. A new tensor outside autograd (samples, evaluation of
+ * logits); every rank of c calls it with the same shape. */
+anneal_tensor *anneal_tp_vocab_gather(anneal_comm *c, anneal_tensor *logits);
 /* --deterministic (tp_det.c): a column-parallel projection x W + b whose outputs (in
  * `parts` segments, [q | k | v]: 3) this rank holds `chunks` of the group's canonical
  * chunks of, and a row-parallel one x W over this rank's `chunks` input chunks, every

@@ -315,10 +315,15 @@ anneal_tensor *anneal_gpt2_hidden(anneal_gpt2 *m, anneal_tensor *ids) { return h
 
 /* The tied lm head: logits = h @ wte^T. */
 static anneal_tensor *lm_head(anneal_gpt2 *m, anneal_tensor *h) {
-    if (vocab_parallel(&m->base.cfg)) {
-        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gpt2: the logits of a vocabulary-parallel model (--tp %d) are split "
-                         "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
-        return NULL;
+    if (vocab_parallel(&m->base.cfg)) { /* this rank's columns, then every rank's (inference) */
+        const anneal_nn_tp *tp = m->base.ctx.tp;
+        if (!h || !tp || !tp->vocab_gather) {
+            if (h) anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "gpt2: the logits of a vocabulary-parallel model (--tp %d) "
+                                    "need its group's gather (ctx.tp)", m->base.cfg.tp_size);
+            return NULL;
+        }
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+        return tp->vocab_gather(tp->user, anneal_dense(h, m->wte.weight, NULL, &o));
     }
     if (m->base.params->head) return anneal_nn_quant_head_forward(m->base.params, &m->base.ctx, h); /* int8 head */
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};

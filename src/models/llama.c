@@ -379,10 +379,15 @@ static anneal_tensor *head_weight(const anneal_llama *m) {
 
 /* logits = h @ W^T (B, T, vocab). */
 static anneal_tensor *lm_head(anneal_llama *m, anneal_tensor *h) {
-    if (vocab_parallel(&m->base.cfg)) {
-        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "llama: the logits of a vocabulary-parallel model (--tp %d) are split "
-                         "over its group: gathering them is not built (the loss is)", m->base.cfg.tp_size);
-        return NULL;
+    if (vocab_parallel(&m->base.cfg)) { /* this rank's columns, then every rank's (inference) */
+        const anneal_nn_tp *tp = m->base.ctx.tp;
+        if (!h || !tp || !tp->vocab_gather) {
+            if (h) anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "llama: the logits of a vocabulary-parallel model (--tp %d) "
+                                    "need its group's gather (ctx.tp)", m->base.cfg.tp_size);
+            return NULL;
+        }
+        anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};
+        return tp->vocab_gather(tp->user, anneal_dense(h, head_weight(m), NULL, &o));
     }
     if (m->base.params->head) return anneal_nn_quant_head_forward(m->base.params, &m->base.ctx, h); /* int8 head */
     anneal_dense_opts o = {.layout = ANNEAL_WEIGHT_OUT_IN, .compute = m->base.ctx.compute};

@@ -257,6 +257,39 @@ anneal_tensor *anneal_tp_vocab_cross_entropy(anneal_comm *c, anneal_tensor *logi
     return anneal_custom_op_call(op, in, &p);
 }
 
+anneal_tensor *anneal_tp_vocab_gather(anneal_comm *c, anneal_tensor *logits) {
+    if (!c || !logits) {
+        if (!c) anneal_set_error(ANNEAL_ERR_ARG, "tp vocab gather: NULL group");
+        return NULL;
+    }
+    if (logits->dtype != ANNEAL_F32 || logits->device != ANNEAL_CPU || logits->ndim < 1) {
+        anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "tp vocab gather: f32 CPU logits");
+        return NULL;
+    }
+    const int N = anneal_comm_size(c);
+    const int64_t Vl = logits->shape[logits->ndim - 1], rows = Vl > 0 ? anneal_numel(logits) / Vl : 0;
+    int64_t shape[ANNEAL_MAX_DIMS];
+    memcpy(shape, logits->shape, sizeof(int64_t) * (size_t)logits->ndim);
+    shape[logits->ndim - 1] = Vl * N;
+    anneal_tensor *src = anneal_contiguous(anneal_detach(logits));
+    anneal_tensor *out = anneal_empty(ANNEAL_F32, logits->ndim, shape);
+    float *all = src && out ? malloc((size_t)(rows * Vl * N) * sizeof *all) : NULL;
+    if (!all) {
+        if (src && out) anneal_set_error(ANNEAL_ERR_OOM, "tp vocab gather: out of memory");
+        return NULL;
+    }
+    anneal_status st = anneal_comm_all_gather(c, anneal_data(src), all, rows * Vl, ANNEAL_F32);
+    if (st == ANNEAL_OK) { /* rank r's block (rows, V/N) into columns r V/N.. of every row */
+        float *o = anneal_data(out);
+        for (int r = 0; r < N; r++)
+            for (int64_t i = 0; i < rows; i++)
+                memcpy(o + i * Vl * N + r * Vl, all + ((int64_t)r * rows + i) * Vl, (size_t)Vl * sizeof *o);
+    }
+    free(all);
+    return st == ANNEAL_OK ? out : NULL;
+}
+
+static anneal_tensor *nn_vocab_gather(void *user, anneal_tensor *logits) { return anneal_tp_vocab_gather(user, logits); }
 static anneal_tensor *nn_copy_in(void *user, anneal_tensor *x) { return anneal_tp_copy_in(user, x); }
 static anneal_tensor *nn_reduce_out(void *user, anneal_tensor *x) { return anneal_tp_reduce_out(user, x); }
 static anneal_tensor *nn_vocab_embed(void *user, anneal_tensor *w, anneal_tensor *ids, int64_t lo) {
@@ -280,7 +313,8 @@ anneal_tp *anneal_tp_new(anneal_comm *group) {
     tp->c = group;
     tp->nn = (anneal_nn_tp){.rank = anneal_comm_rank(group), .size = anneal_comm_size(group), .copy_in = nn_copy_in,
                             .reduce_out = nn_reduce_out, .vocab_embed = nn_vocab_embed,
-                            .vocab_loss = nn_vocab_loss, .user = group, .det_col = anneal_tp_det_nn_col,
+                            .vocab_loss = nn_vocab_loss, .vocab_gather = nn_vocab_gather, .user = group,
+                            .det_col = anneal_tp_det_nn_col,
                             .det_row = anneal_tp_det_nn_row};
     return tp;
 }

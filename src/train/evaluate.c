@@ -68,8 +68,12 @@ anneal_status anneal_train_sample(trainer *t, char **text) {
     anneal_sampler_config sc = {.temperature = (float)c->sample_temperature, .top_k = 40, .top_p = 1.0f,
                                 .seed = (uint64_t)c->seed};
     sample_sink sink = {0};
-    st = t->pp ? anneal_train_pp_generate(t, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink)
-               : anneal_model_generate(t->model, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
+    if (t->pp)
+        st = anneal_train_pp_generate(t, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
+    else if (anneal_train_tp_active(t))
+        st = anneal_train_tp_generate(t, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
+    else
+        st = anneal_model_generate(t->model, prompt.ids + first, n_prompt - first, max_new, &sc, eot, collect, &sink);
     if (st == ANNEAL_OK && sink.failed) st = anneal_set_error(ANNEAL_ERR_OOM, "sample: out of memory");
     /* the text: the prompt as given (without a leading end-of-text) and what followed */
     char *gen = NULL;

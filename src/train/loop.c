@@ -288,7 +288,9 @@ static anneal_status do_eval(trainer *t, double *val) {
 }
 
 static anneal_status do_sample(trainer *t) {
-    if (t->pp && t->rank != 0) { /* --pp: every stage runs its blocks for rank 0's sample (pp_sample.c) */
+    if ((t->pp || anneal_train_tp_active(t)) && t->rank != 0) {
+        /* --pp: every stage runs its blocks for rank 0's sample; --tp: the group runs the
+         * forward on its shards (split_sample.c) */
         char *discard = NULL;
         anneal_status ps = anneal_train_sample(t, &discard);
         free(discard);

@@ -32,7 +32,7 @@
  *
  * Evaluation runs through the stages (anneal_train_pp_evaluate): each rank runs its
  * blocks on every val batch and the last stage's loss is broadcast. So do samples
- * (pp_sample.c): each token's full-context forward goes stage to stage, the last stage
+ * (split_sample.c): each token's full-context forward goes stage to stage, the last stage
  * samples it (one process's sampler and positions) and broadcasts the id.
  *
  * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
@@ -46,7 +46,7 @@
  * the norm.
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * pp_sample.c; --tp refuses samples); with --tp checkpoints still gather the whole
+ * split_sample.c; --tp x --pp refuses samples); with --tp checkpoints still gather the whole
  * (shard) model on stage 0's tp group; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
@@ -624,7 +624,7 @@ update:
 
 /* Only stage 0 of replica 0 (rank 0 and, with --tp, its tensor-parallel group) gathers:
  * with --tp it hands the shards to tp.c's checkpoint (samples run through the stages,
- * pp_sample.c); the other stages send their own parameters and hold nothing more. */
+ * split_sample.c); the other stages send their own parameters and hold nothing more. */
 anneal_status anneal_train_pp_sync_params(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp || pp->replica != 0) return ANNEAL_OK;

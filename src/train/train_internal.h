@@ -316,10 +316,16 @@ anneal_status anneal_train_pp_sync_params(trainer *t);
  * its current cursor) through the stages, no rank gathering another stage's parameters;
  * the mean over replicas as the other layouts take it. */
 anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss);
-/* pp_sample.c, collective over replica 0's pipeline (other replicas return at once):
+/* split_sample.c, collective over replica 0's pipeline (other replicas return at once):
  * anneal_model_generate's contract, each token's forward run through the stages and
  * sampled on the last (the id broadcast), no rank holding another stage's parameters. */
 anneal_status anneal_train_pp_generate(trainer *t, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
+                                       const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
+                                       void *user);
+/* split_sample.c, --tp without --pp, collective over replica 0's tensor-parallel group
+ * (other replicas return at once): the same contract, each token's forward run by the
+ * whole group on its shards, the logits gathered, tp rank 0 sampling (the id broadcast). */
+anneal_status anneal_train_tp_generate(trainer *t, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
                                        const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
                                        void *user);
 /* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */

@@ -631,29 +631,15 @@ TEST(tp2_pp2_dp2_zero_matches_single_process) {
 
 /* Every "text" ("sample") or "val_loss" ("eval") of run's log, joined with '|'. */
 static void log_values(const char *run, const char *type, char *out, size_t n) {
-    char path[600], line[16384];
+    char path[600];
     snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
-    FILE *f = fopen(path, "r");
-    size_t k = 0;
-    out[0] = '\0';
-    while (f && fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, type) && k + 64 < n) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, strcmp(type, "sample") ? "val_loss" : "text");
-            if (cJSON_IsString(v)) k += (size_t)snprintf(out + k, n - k, "%.*s|", (int)(n - k - 2), v->valuestring);
-            else if (cJSON_IsNumber(v)) k += (size_t)snprintf(out + k, n - k, "%.17g|", v->valuedouble);
-            if (k >= n) k = n - 1;
-        }
-        cJSON_Delete(o);
-    }
-    if (f) fclose(f);
+    tr_log_values(path, type, out, n);
 }
 
 /* Real text with a tokenizer, llama-tiny (bit-identical through the pipeline):
  * evaluations (through the stages, the last one's double mean broadcast), samples
  * (through the stages too: each token's forward goes stage to stage, the last samples
- * and broadcasts the id, pp_sample.c) and checkpoints every 5 steps in the middle of a
+ * and broadcasts the id, split_sample.c) and checkpoints every 5 steps in the middle of a
  * --pp 2 run leave training on its course, and give the very values of one process: the
  * same losses, sample texts, parameters and val losses (==); and no rank ever held more
  * parameters than its stage's (before, rank 0 gathered the whole model to sample). */

@@ -5,7 +5,9 @@
  * (layout-independent checkpoints: the shards gathered, sliced again on load); a
  * rank's parameter memory at --tp 2 is below data parallelism's; bad layouts (--tp not
  * dividing the world, heads not divisible by --tp, --tp with --zero) end with clear
- * messages.
+ * messages; samples under --tp (the group runs each token's forward on its shards, the
+ * vocabulary-split logits gathered, tp rank 0 samples: src/train/split_sample.c) are one
+ * process's texts.
  *
  * Tolerances (the same as tests/parallel/test_train_dist.c, where they are derived):
  * the row-parallel projections add each output's two half-sums over the group (g)
@@ -251,6 +253,49 @@ TEST(resume_across_layouts) {
     CHECK(strstr(o, "resumed from") && strstr(o, "tensor-parallel 2"), "resume output: %s", o);
 }
 
+/* Real text with a tokenizer: samples every 5 steps at --tp 2 (GPT-2 tiny: vocabulary
+ * split, so the head's logits are gathered over the group; llama-tiny: GQA, untied
+ * head) and at --tp 2 x 2 replicas are the one-process run's texts (the weights agree to
+ * float-summation tolerance, the logits to rounding: a draw would have to land within
+ * that of a boundary between two tokens), and training goes on within tolerance. A
+ * gather that put the ranks' columns in the wrong order changes the texts. */
+TEST(tp2_samples_equal_one_process) {
+    NEED_MPI();
+    if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
+    TU_DIR_AND_DATA(dir, data, "tp_data");
+    static const char *models[2] = {"tiny", "llama-tiny"};
+    for (int mi = 0; mi < 2; mi++) {
+        char extra[2048], runs[3][64];
+        snprintf(extra, sizeof extra, "--data %s --model %s --sample-every 5 --sample-tokens 8", data,
+                 models[mi]);
+        static const char *layout[3] = {"", " --tp 2", " --tp 2"};
+        int rc[3];
+        for (int k = 0; k < 3; k++) {
+            char cmd[4096], out[600];
+            snprintf(runs[k], sizeof runs[k], "s_%s_%d", models[mi], k);
+            snprintf(cmd, sizeof cmd, "exec %s %s train %s %s%s --out %s", k == 0 ? "" : mpi_np(k == 1 ? 2 : 4), bin,
+                     common + strlen("--synthetic "), extra, layout[k], wpath(runs[k]));
+            snprintf(out, sizeof out, "%s.out", wpath(runs[k]));
+            rc[k] = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+            if (rc[k] != 0) dump(out);
+        }
+        REQUIRE(rc[0] == 0 && rc[1] == 0 && rc[2] == 0);
+        static char a[8192], b[8192];
+        char path[600];
+        snprintf(path, sizeof path, "%s/log.jsonl", wpath(runs[0]));
+        tr_log_values(path, "sample", b, sizeof b);
+        CHECK(b[0] != '\0', "%s: the one-process run logged no samples", models[mi]);
+        for (int k = 1; k < 3; k++) {
+            snprintf(path, sizeof path, "%s/log.jsonl", wpath(runs[k]));
+            tr_log_values(path, "sample", a, sizeof a);
+            printf("    %s %s samples: %s\n", models[mi], k == 1 ? "tp 2" : "tp 2 x dp 2", a);
+            CHECK(!strcmp(a, b), "%s: samples of %s: %s; one process: %s", models[mi], layout[k], a, b);
+            check_same_losses(runs[k], runs[0], 0, steps);
+        }
+    }
+    tu_rmrf(dir);
+}
+
 /* A run that must fail with `expect` in its output. */
 static void refused(const char *launcher, const char *run, const char *extra, const char *expect) {
     char cmd[4096], out[600];
@@ -291,6 +336,7 @@ int main(void) {
     RUN(tp2_zero_matches_single_process);
     RUN(llama_tp2_matches_single_process);
     RUN(resume_across_layouts);
+    RUN(tp2_samples_equal_one_process);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);

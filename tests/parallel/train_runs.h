@@ -1,12 +1,14 @@
 /* What the command-line tests of distributed training share (test_train_dist.c and the
  * tests of each parallel layout): shell commands run with a time limit in their own
- * process group, and the parameters of a run's newest checkpoint. Header-only, like
+ * process group, the parameters of a run's newest checkpoint and the sample texts and
+ * val losses of a run's log. Header-only, like
  * train/train_util.h, which it builds on. */
 #ifndef ANNEAL_TESTS_TRAIN_RUNS_H
 #define ANNEAL_TESTS_TRAIN_RUNS_H
 
 #include "train/train_util.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 
 /* Monotonic milliseconds. */
@@ -86,6 +88,27 @@ static inline float *tr_ckpt_params(const char *dir, int64_t *n) {
     }
     anneal_model_free(m);
     return out;
+}
+
+/* Every "text" (type "sample") or "val_loss" (type "eval") of the JSON-lines log at
+ * path, joined with '|' into out (n bytes). */
+static inline void tr_log_values(const char *path, const char *type, char *out, size_t n) {
+    char line[16384];
+    FILE *f = fopen(path, "r");
+    size_t k = 0;
+    out[0] = '\0';
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, type) && k + 64 < n) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, strcmp(type, "sample") ? "val_loss" : "text");
+            if (cJSON_IsString(v)) k += (size_t)snprintf(out + k, n - k, "%.*s|", (int)(n - k - 2), v->valuestring);
+            else if (cJSON_IsNumber(v)) k += (size_t)snprintf(out + k, n - k, "%.17g|", v->valuedouble);
+            if (k >= n) k = n - 1;
+        }
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
 }
 
 /* True when mpirun is on the PATH. */
