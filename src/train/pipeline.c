@@ -46,7 +46,7 @@
  * the norm.
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * split_sample.c; --tp x --pp refuses samples); with --tp checkpoints still gather the whole
+ * split_sample.c); with --tp checkpoints still gather the whole
  * (shard) model on stage 0's tp group; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic

@@ -12,8 +12,10 @@
  * ends with the final norm and head (the stage forward without targets gives the
  * logits) and samples. --tp: every rank of the group runs the whole forward on its
  * shards (the group's all-reduces inside the blocks), the head's vocabulary columns
- * gathered over the group (ctx.tp's vocab_gather), and tp rank 0 samples. (--tp with
- * --pp refuses samples: tp.c.)
+ * gathered over the group (ctx.tp's vocab_gather), and tp rank 0 samples. Both: each
+ * tensor-parallel index has its own pipeline of stages (pp->pipe), every stage's group
+ * runs its blocks on its shards, the last stage's tp rank 0 samples and broadcasts the
+ * id over its group, and each of those ranks over its pipeline.
  *
  * Why no KV cache: the models' cached forward (forward_cached, prefill/decode slots, the
  * decode engine) runs the whole model from ids to logits with one cache of every layer
@@ -88,15 +90,18 @@ static anneal_status tp_pass(trainer *t, const int32_t *win, int64_t w, float *b
 typedef anneal_status (*window_pass)(trainer *t, const int32_t *win, int64_t w, float *buf, float *logits);
 
 /* anneal_model_generate's contract over the window: pass gives the logits on the ranks
- * that have them (with_logits), root samples and broadcasts each id over comm; buf_floats
- * of scratch for pass. */
-static anneal_status window_generate(trainer *t, anneal_comm *comm, int root, bool with_logits, window_pass pass,
-                                     int64_t buf_floats, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
-                                     const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
-                                     void *user) {
+ * that have them (with_logits); one of them samples and each id is broadcast over comm
+ * from root. Without group, root samples; with group (--tp x --pp: the last stage's
+ * tensor-parallel ranks, every one of them with the logits and root of its own comm),
+ * group rank 0 samples and broadcasts over group first, so every pipeline takes the same
+ * id. buf_floats of scratch for pass. */
+static anneal_status window_generate(trainer *t, anneal_comm *comm, int root, anneal_comm *group, bool with_logits,
+                                     window_pass pass, int64_t buf_floats, const int32_t *prompt, int64_t n_prompt,
+                                     int64_t max_new, const anneal_sampler_config *cfg, int32_t stop_id,
+                                     anneal_token_fn on_token, void *user) {
     if (n_prompt <= 0) return anneal_set_error(ANNEAL_ERR_ARG, "sample: the prompt is empty");
     int64_t n_ctx = t->mcfg.n_ctx, keep = n_ctx / 2 > 0 ? n_ctx / 2 : 1, V = t->mcfg.vocab_size;
-    bool samples = anneal_comm_rank(comm) == root;
+    bool samples = with_logits && (group ? anneal_comm_rank(group) == 0 : anneal_comm_rank(comm) == root);
     int32_t *win = malloc((size_t)(n_ctx + 1) * sizeof *win);
     float *buf = buf_floats > 0 ? malloc((size_t)buf_floats * sizeof *buf) : NULL;
     float *logits = with_logits ? malloc((size_t)V * sizeof *logits) : NULL;
@@ -118,6 +123,7 @@ static anneal_status window_generate(trainer *t, anneal_comm *comm, int root, bo
         st = pass(t, win, w, buf, logits);
         int32_t id = 0;
         if (st == ANNEAL_OK && samples) id = anneal_sample_logits(logits, V, cfg, (uint64_t)pos);
+        if (st == ANNEAL_OK && group && with_logits) st = anneal_comm_broadcast(group, &id, 1, ANNEAL_I32, 0);
         if (st == ANNEAL_OK) st = anneal_comm_broadcast(comm, &id, 1, ANNEAL_I32, root);
         if (st != ANNEAL_OK || (stop_id >= 0 && id == stop_id)) break;
         if (taking) taking = on_token(id, user);
@@ -141,7 +147,8 @@ anneal_status anneal_train_pp_generate(trainer *t, const int32_t *prompt, int64_
     struct train_pp *pp = t->pp;
     if (!pp || pp->replica != 0 || max_new <= 0) return ANNEAL_OK;
     bool last = pp->stage == pp->n - 1;
-    return window_generate(t, pp->pipe, pp->n - 1, last, stage_pass, t->mcfg.n_ctx * t->mcfg.n_embd, prompt, n_prompt,
+    anneal_comm *group = pp->tp > 1 ? anneal_train_tp_group(t) : NULL; /* this stage's tensor-parallel ranks */
+    return window_generate(t, pp->pipe, pp->n - 1, group, last, stage_pass, t->mcfg.n_ctx * t->mcfg.n_embd, prompt, n_prompt,
                            max_new, cfg, stop_id, on_token, user);
 }
 
@@ -150,5 +157,5 @@ anneal_status anneal_train_tp_generate(trainer *t, const int32_t *prompt, int64_
                                        void *user) {
     anneal_comm *group = anneal_train_tp_group(t);
     if (!group || anneal_train_tp_data_rank(t) != 0 || max_new <= 0) return ANNEAL_OK;
-    return window_generate(t, group, 0, true, tp_pass, 0, prompt, n_prompt, max_new, cfg, stop_id, on_token, user);
+    return window_generate(t, group, 0, NULL, true, tp_pass, 0, prompt, n_prompt, max_new, cfg, stop_id, on_token, user);
 }

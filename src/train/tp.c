@@ -59,9 +59,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
         return USAGE("--tp %d with --zero %lld: ZeRO-3's per-block gathering does not know the shards yet; use --zero 0, "
                      "1 or 2", n, (long long)c->zero);
     if (c->lora_rank > 0) return USAGE("--tp %d with --lora-rank: not built (LoRA adapters are not sharded)", n);
-    if (c->sample_every > 0 && c->pp > 1)
-        return USAGE("--tp %d --pp %lld with --sample-every: not built (samples run through the stages under --pp and "
-                     "through the group under --tp, not both yet); set --sample-every 0", n, (long long)c->pp);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return USAGE("--tp %d with --grad-compress %s: not built yet", n, c->grad_compress);
     if (c->offload && strcmp(c->offload, "none"))

@@ -683,7 +683,10 @@ TEST(pp2_eval_samples_checkpoints) {
 
 /* Samples through 4 stages (two middle stages receive and send the window's hidden
  * state): a 4-block untied Llama, one block per stage, samples the text one process
- * samples; at pp 2 x 2 replicas every sample is printed (no rank waits). */
+ * samples; at pp 2 x 2 replicas every sample is printed (no rank waits); at tp 2 x pp 2
+ * (each stage's group runs its blocks on its shards, the last stage's logits gathered
+ * over the vocabulary, its tp rank 0 samples for both pipelines) the text is one
+ * process's too. */
 TEST(pp4_samples_through_middle_stages) {
     NEED_MPI();
     if (anneal_test_sanitized()) SKIP("sanitized build: Release only (time)");
@@ -698,9 +701,10 @@ TEST(pp4_samples_through_middle_stages) {
     fclose(f);
     snprintf(extra, sizeof extra, "--data %s --config %s --steps %d --sample-every 5 --sample-tokens 12", data, cfg,
              steps / 2);
-    int rc[3];
-    static const char *const runs[3] = {"s4_single", "s4_pp4", "s4_pp2dp2"}, *const how[3] = {"", " --pp 4", " --pp 2"};
-    for (int k = 0; k < 3; k++) {
+    int rc[4];
+    static const char *const runs[4] = {"s4_single", "s4_pp4", "s4_pp2dp2", "s4_tp2pp2"},
+                             *const how[4] = {"", " --pp 4", " --pp 2", " --tp 2 --pp 2"};
+    for (int k = 0; k < 4; k++) {
         char cmd[4096], out[600];
         snprintf(cmd, sizeof cmd, "exec %s %s train %s %s%s --out %s", k ? mpi4 : "", bin, common + strlen("--synthetic "),
                  extra, how[k], wpath(runs[k]));
@@ -709,8 +713,9 @@ TEST(pp4_samples_through_middle_stages) {
         if (rc[k] != 0) dump(out);
     }
     tu_rmrf(dir);
-    REQUIRE(rc[0] == 0 && rc[1] == 0 && rc[2] == 0);
+    REQUIRE(rc[0] == 0 && rc[1] == 0 && rc[2] == 0 && rc[3] == 0);
     check_same_losses("s4_pp4", "s4_single", steps / 2, true);
+    check_same_losses("s4_tp2pp2", "s4_single", steps / 2, false);
     static char a[8192], b[8192];
     log_values("s4_pp4", "sample", a, sizeof a);
     log_values("s4_single", "sample", b, sizeof b);
@@ -723,6 +728,9 @@ TEST(pp4_samples_through_middle_stages) {
     for (const char *p = a; *p; p++) na += *p == '|';
     for (const char *p = b; *p; p++) nb += *p == '|';
     CHECK(na == nb && nb == 2, "--pp 2 x 2 replicas: %d samples (%s), one process %d", na, a, nb);
+    log_values("s4_tp2pp2", "sample", a, sizeof a);
+    printf("    tp 2 x pp 2 sample records: %s\n", a);
+    CHECK(!strcmp(a, b), "samples of --tp 2 --pp 2: %s; one process: %s", a, b);
 }
 
 /* `launcher anneal train <common> --init from <extra> --out work/<run>` (no --model:
