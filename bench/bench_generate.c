@@ -3,10 +3,8 @@
  * tokens by recomputing the whole sequence each time (no cache); and the sampler's
  * cost per token over GPT-2's 50257 logits (flat ones from random weights, the worst
  * case for top-p alone, and peaked ones).
- * Build and run (from the repository root):
- *   gcc -std=c11 -O3 -D_GNU_SOURCE -DANNEAL_VERSION='"0.1.0"' -fopenmp -Iinclude -Isrc \
- *       bench/bench_generate.c $(find src/core src/autograd src/ops src/cpu src/nn src/models \
- *       -name '*.c') $(pkg-config --libs libcjson) -lm -lpthread -o /tmp/bench_generate && /tmp/bench_generate [preset] [P] [N] [threads] */
+ * Build and run (from the repository root, after make build):
+ *   cmake --build build --target bench_generate && build/bench_generate [preset] [P] [N] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

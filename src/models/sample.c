@@ -3,7 +3,8 @@
  * The id depends only on the logits, the config and the position: no hidden state,
  * so a generation replays exactly and any position can be re-drawn on its own.
  * Candidates are ordered by (logit descending, id ascending), a total order, so ties
- * and truncation boundaries are deterministic. */
+ * and truncation boundaries are deterministic; many of them (a wide nucleus, a large
+ * top-k) by a stable radix sort that gives qsort's order in a few passes over them. */
 #include "anneal/model.h"
 
 #include <float.h>
@@ -86,15 +87,71 @@ static void sift_down(cand *h, int64_t k, int64_t i) {
     }
 }
 
-/* Fills c with the best min(k, n_valid) candidates in order (k <= 0: all); returns
- * how many. A heap
- * of the k best so far makes this O(V log k), not a sort of all V. */
-static int64_t candidates(const float *x, int64_t V, int64_t k, cand *c) {
+/* The radix key of a candidate's logit (never NaN): keys ascend as logits descend, both
+ * zeros one key (they compare equal). */
+static inline uint32_t desc_key(float l) {
+    if (l == 0.0f) l = 0.0f;
+    uint32_t b;
+    memcpy(&b, &l, sizeof b);
+    b = b & 0x80000000u ? ~b : b | 0x80000000u; /* ascending with the float */
+    return ~b;
+}
+
+#define RADIX_BITS 11
+#define RADIX_SIZE (1 << RADIX_BITS)
+
+/* Sorts c[0..n) (ids below V) into before()'s order by stable LSD radix passes of 11
+ * bits: over the ids first unless in_id_order, then over the keys; false (c untouched)
+ * when out of memory. */
+static bool radix_sort(cand *c, int64_t n, int64_t V, bool in_id_order) {
+    cand *tmp = malloc((size_t)n * sizeof *tmp);
+    size_t *count = malloc(RADIX_SIZE * sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        return false;
+    }
+    int id_passes = 0;
+    if (!in_id_order)
+        while (id_passes < 3 && ((V - 1) >> (RADIX_BITS * id_passes)) > 0) id_passes++;
+    cand *src = c, *dst = tmp;
+    for (int pass = 0; pass < id_passes + 3; pass++) {
+        const bool by_id = pass < id_passes;
+        const int shift = RADIX_BITS * (by_id ? pass : pass - id_passes);
+        memset(count, 0, RADIX_SIZE * sizeof *count);
+        for (int64_t i = 0; i < n; i++)
+            count[((by_id ? (uint32_t)src[i].id : desc_key(src[i].logit)) >> shift) & (RADIX_SIZE - 1)]++;
+        size_t at = 0;
+        for (int b = 0; b < RADIX_SIZE; b++) {
+            size_t k = count[b];
+            count[b] = at;
+            at += k;
+        }
+        for (int64_t i = 0; i < n; i++)
+            dst[count[((by_id ? (uint32_t)src[i].id : desc_key(src[i].logit)) >> shift) & (RADIX_SIZE - 1)]++] =
+                src[i];
+        cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c) memcpy(c, src, (size_t)n * sizeof *c);
+    free(tmp);
+    free(count);
+    return true;
+}
+
+/* The bucket of a key: its top 11 bits (buckets in logit order, highest first). */
+static inline uint32_t bucket_of(float l) { return desc_key(l) >> (32 - RADIX_BITS); }
+
+/* Fills c with the best min(k, n_valid) candidates in order (k <= 0: all those in
+ * buckets up to cap); returns how many. A heap of the k best so far makes this
+ * O(V log k), not a sort of all V. */
+static int64_t candidates(const float *x, int64_t V, int64_t k, uint32_t cap, cand *c) {
     int64_t n = 0;
     bool heap = k > 0 && k < V;
     for (int64_t i = 0; i < V; i++) {
         float l = x[i];
-        if (!valid(l)) continue;
+        if (!valid(l) || (!heap && bucket_of(clamp_inf(l)) > cap)) continue;
         cand e = {clamp_inf(l), (int32_t)i};
         if (!heap || n < k) {
             c[n++] = e;
@@ -105,8 +162,37 @@ static int64_t candidates(const float *x, int64_t V, int64_t k, cand *c) {
             sift_down(c, k, 0);
         }
     }
-    qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    /* many: radix passes (the candidates are in id order unless they went through the heap) */
+    if (n < 2048 || !radix_sort(c, n, V, !heap)) qsort(c, (size_t)n, sizeof *c, cmp_cand);
     return n;
+}
+
+/* The last of the leading buckets (bucket_of) that hold want of the weights w, plus a
+ * margin for the order of the sum and one non-empty bucket more: the candidates up to
+ * it are a prefix of the order that contains the nucleus (the last bucket when out of
+ * memory). A wide nucleus (a flat distribution) then takes one ordering of those, not
+ * a top-64, a top-1024 and then all of them. */
+static uint32_t nucleus_bucket(const float *x, int64_t V, const double *w, double want) {
+    double *mass = calloc(RADIX_SIZE, sizeof *mass);
+    int64_t *count = calloc(RADIX_SIZE, sizeof *count);
+    if (!mass || !count) {
+        free(mass);
+        free(count);
+        return RADIX_SIZE - 1;
+    }
+    for (int64_t i = 0; i < V; i++)
+        if (valid(x[i])) {
+            const uint32_t b = bucket_of(clamp_inf(x[i]));
+            mass[b] += w[i];
+            count[b]++;
+        }
+    double cum = 0.0;
+    int b = 0;
+    for (; b < RADIX_SIZE && cum < want * (1.0 + 1e-9); b++) cum += mass[b];
+    while (b < RADIX_SIZE - 1 && count[b] == 0) b++;
+    free(mass);
+    free(count);
+    return (uint32_t)(b < RADIX_SIZE ? b : RADIX_SIZE - 1);
 }
 
 /* The unnormalised weight exp((logit - max) / T) of a valid logit. */
@@ -234,20 +320,31 @@ int32_t anneal_sample_logits(const float *logits, int64_t V, const anneal_sample
         free(p);
         return argmax(logits, V);
     }
-    /* The candidates in order: the top k, or (nucleus alone) the best k for a k grown
-     * until they hold top_p of the whole mass, which then contains the nucleus. */
+    /* The candidates in order: the top k, or (nucleus alone) the best 64 if they hold
+     * top_p of the whole mass (a peaked distribution), else those of the leading buckets
+     * that hold it, which then contain the nucleus. */
     double total = 0.0;
-    if (!top_k)
-        for (int64_t i = 0; i < V; i++)
-            if (valid(logits[i])) total += weight(logits[i], lmax, inv_t);
     int64_t k = top_k ? cfg->top_k : 64, n;
+    uint32_t cap = RADIX_SIZE - 1;
+    if (!top_k) {
+        /* p as scratch: the weights (weights() gives weight()'s bits), summed in id order */
+        weights(logits, V, lmax, inv_t, p);
+        for (int64_t i = 0; i < V; i++)
+            if (valid(logits[i])) total += p[i];
+    }
     for (;;) {
-        n = candidates(logits, V, k < n_valid ? k : 0, c);
+        n = candidates(logits, V, k < n_valid ? k : 0, cap, c);
         double cum = 0.0;
         for (int64_t i = 0; i < n; i++) cum += p[i] = weight(c[i].logit, lmax, inv_t);
         if (top_k) total = cum;
         if (top_k || n >= n_valid || cum >= (double)cfg->top_p * total) break;
-        k = k * 16 < n_valid / 4 ? k * 16 : n_valid; /* a wide nucleus: sort them all */
+        if (k > 0) { /* a wide nucleus: the leading buckets (p was overwritten: the weights again) */
+            weights(logits, V, lmax, inv_t, p);
+            cap = nucleus_bucket(logits, V, p, (double)cfg->top_p * total);
+            k = 0;
+        } else {
+            cap = RADIX_SIZE - 1; /* (the bound's margin fell short: all of them) */
+        }
     }
     /* nucleus: the smallest prefix whose probability reaches top_p (at least one) */
     if (nucleus) {

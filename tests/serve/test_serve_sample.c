@@ -3,7 +3,10 @@
  * with libm's exp and an in-order sum: the sampler's own vectorized exp must pick the same
  * id on draws placed within about 1e-7 (relative) of the boundary between two ids, over
  * NaN, -inf, +inf and underflowing logits in the vector lanes and in the tail, and on the
- * full GPT-2 vocabulary. */
+ * full GPT-2 vocabulary. With top-p and top-k over a wide candidate set (the sampler
+ * orders thousands of candidates with a radix sort): each draw is the reference's,
+ * which orders them with qsort by (logit descending, id ascending), on logits full of
+ * ties, both zeros, infinities and NaNs. */
 #include "anneal/model.h"
 #include "test.h"
 
@@ -122,9 +125,113 @@ TEST(full_vocabulary_matches_libm) {
     free(x);
 }
 
+typedef struct ref_cand {
+    float logit;
+    int32_t id;
+} ref_cand;
+
+static int ref_cmp(const void *pa, const void *pb) {
+    const ref_cand *a = pa, *b = pb;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* The reference top-k / top-p draw: the valid logits in (logit descending, id
+ * ascending) order by qsort, the best k (0: all), the smallest prefix whose weight
+ * reaches top_p of the whole mass (of the k with top-k), an inverse-CDF draw over it;
+ * *margin = the smaller of the cut's and the draw's distance to a boundary / total. */
+static int32_t reference_sorted(const float *x, int64_t V, float T, int64_t k, float top_p, double u,
+                                double *margin) {
+    ref_cand *c = malloc((size_t)V * sizeof *c);
+    double *w = malloc((size_t)V * sizeof *w);
+    int64_t n = 0;
+    float lmax = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (ok(x[i])) {
+            c[n++] = (ref_cand){clampf(x[i]), (int32_t)i};
+            if (clampf(x[i]) > lmax) lmax = clampf(x[i]);
+        }
+    double total = 0.0; /* the whole mass, in id order (the sampler's order for it) */
+    for (int64_t i = 0; i < V; i++)
+        if (ok(x[i])) total += exp(((double)clampf(x[i]) - lmax) / (double)T);
+    qsort(c, (size_t)n, sizeof *c, ref_cmp);
+    if (k > 0 && k < n) n = k;
+    double cum = 0.0;
+    for (int64_t i = 0; i < n; i++) cum += w[i] = exp(((double)c[i].logit - lmax) / (double)T);
+    if (k > 0) total = cum;
+    *margin = INFINITY;
+    if (top_p < 1.0f) {
+        double want = (double)top_p * total;
+        int64_t keep = 0;
+        cum = 0.0;
+        while (keep < n && (keep == 0 || cum < want)) {
+            cum += w[keep++];
+            if (fabs(cum - want) / total < *margin) *margin = fabs(cum - want) / total;
+        }
+        n = keep;
+        total = cum;
+    }
+    double target = u * total;
+    int32_t id = c[n - 1].id;
+    cum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        cum += w[i];
+        if (fabs(target - cum) / total < *margin) *margin = fabs(target - cum) / total;
+        if (target < cum) {
+            id = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    free(w);
+    return id;
+}
+
+TEST(wide_nucleus_and_top_k_match_a_sorted_reference) {
+    const int64_t V = 50257;
+    float *x = malloc((size_t)V * sizeof *x);
+    REQUIRE(x);
+    uint64_t s = 7;
+    for (int64_t i = 0; i < V; i++) { /* flat: 64 distinct values (ties everywhere) */
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const int v = (int)(s >> 58);
+        x[i] = v == 0 ? (i % 2 ? -0.0f : 0.0f) : (float)(v - 32) * 0.03125f;
+        if (i % 997 == 5) x[i] = NAN;
+        if (i % 1009 == 6) x[i] = -INFINITY;
+    }
+    x[40000] = 0.5f; /* +inf at the end */
+    static const struct {
+        float T, top_p;
+        int64_t k;
+    } runs[] = {{1.0f, 0.9f, 0}, {0.7f, 0.5f, 0}, {2.0f, 0.95f, 0}, {1.0f, 1.0f, 3000}, {1.0f, 0.8f, 20000}};
+    int tested = 0, agree = 0;
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+        for (int pos = 0; pos < 40; pos++) {
+            anneal_sampler_config c = {.temperature = runs[r].T, .top_k = (int)runs[r].k, .top_p = runs[r].top_p,
+                                       .seed = 11 + r};
+            double margin;
+            const int32_t want =
+                reference_sorted(x, V, runs[r].T, runs[r].k, runs[r].top_p, uniform(11 + r, (uint64_t)pos), &margin);
+            if (margin < 1e-12) continue;
+            const int32_t got = anneal_sample_logits(x, V, &c, (uint64_t)pos);
+            tested++;
+            agree += got == want;
+            if (got != want && tested - agree <= 3)
+                CHECK(false, "run %zu position %d: sampled %d, reference %d (margin %.3g)", r, pos, got, want, margin);
+        }
+    printf("    %d of %d draws agree (the rest within 1e-12 of a boundary)\n", agree, tested);
+    CHECK(agree == tested && tested > 150, "%d of %d draws agree", agree, tested);
+    /* +inf (clamped to FLT_MAX) holds all the mass: every draw is it */
+    x[40000] = INFINITY;
+    anneal_sampler_config c = {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .seed = 3};
+    for (int pos = 0; pos < 5; pos++) CHECK(anneal_sample_logits(x, V, &c, (uint64_t)pos) == 40000, "+inf not drawn");
+    free(x);
+}
+
 int main(void) {
     RUN(draws_next_to_a_boundary_match_libm);
     RUN(invalid_and_underflowing_logits_in_lanes_and_tail);
     RUN(full_vocabulary_matches_libm);
+    RUN(wide_nucleus_and_top_k_match_a_sorted_reference);
     return anneal_test_summary();
 }
