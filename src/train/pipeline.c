@@ -136,7 +136,7 @@ static anneal_status make_stage_optimizer(trainer *t) {
     if (!o) return restate(anneal_last_status(), "pipeline optimizer: ");
     anneal_status st = ANNEAL_OK;
     if (t->resume_ckpt[0] && anneal_train_pp_stage_only(t)) { /* only the stage's state, read by name */
-        st = pp->tp > 1 ? anneal_train_pp_load_tp_state(t, &pp->view, o) /* whole-width, sliced (pp_setup.c) */
+        st = pp->tp > 1 ? anneal_train_pp_load_tp_state(t, &pp->view, o, INT64_MAX) /* whole-width, sliced (pp_setup.c) */
                         : anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &pp->view, o);
         if (st != ANNEAL_OK) st = restate(st, "--resume: ");
     } else if (t->resume_ckpt[0]) {

@@ -21,6 +21,14 @@
  * directory or file through the architecture's import, which skips the parameters
  * without storage after checking every tensor's name and shape (hf_import.c).
  *
+ * --tp alone (anneal_train_tp_by_param): the whole model is made without storage at
+ * all (every source checked, nothing read) and make_shards fills it a batch of tensors
+ * at a time, at most 1/T of the model's elements or the largest tensor, from the same
+ * source (anneal_train_fill_held: the initialisation, --init or the resumed checkpoint),
+ * cuts the batch into this rank's shards and drops it; a resume's AdamW state comes in
+ * batches of the same size (anneal_train_pp_load_tp_state). A rank so holds its shards
+ * and one batch at most, never the whole model.
+ *
  * Not for LoRA (refused with --pp anyway; a LoRA checkpoint given to --resume or
  * --init): that builds the whole model first, as before. */
 #include "train_internal.h"
@@ -38,11 +46,11 @@ int anneal_train_pp_stage_of(int l, int n, int L) {
     return n - 1;
 }
 
-bool anneal_train_pp_stage_only(const trainer *t) {
+/* Whether a rank builds only its part: ways (--tp x --pp) dividing the world, no LoRA,
+ * on the CPU, and no LoRA checkpoint to start from. */
+static bool part_build(const trainer *t, int ways) {
     const anneal_train_config *c = &t->cfg;
-    int tp = c->tp > 1 ? (int)c->tp : 1;
-    if (!(c->pp > 1 && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 &&
-          t->world % (tp * (int)c->pp) == 0))
+    if (!(ways > 1 && c->lora_rank == 0 && t->device == ANNEAL_CPU && t->world > 1 && t->world % ways == 0))
         return false;
     /* a LoRA checkpoint (its adapter_config.json) resumed or given to --init: the whole
      * model, as before (the checkpoint reader then refuses it by name or merges it) */
@@ -52,6 +60,26 @@ bool anneal_train_pp_stage_only(const trainer *t) {
     if (!t->resume_ckpt[0] && c->init && anneal_checkpoint_resolve(c->init, ck, sizeof ck) == ANNEAL_OK) from = ck;
     anneal_clear_error(); /* (an --init that is no checkpoint: a Hugging Face model) */
     return !(from && (size_t)snprintf(p, sizeof p, "%s/adapter_config.json", from) < sizeof p && stat(p, &sb) == 0);
+}
+
+bool anneal_train_pp_stage_only(const trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    return c->pp > 1 && part_build(t, (c->tp > 1 ? (int)c->tp : 1) * (int)c->pp);
+}
+
+bool anneal_train_tp_by_param(const trainer *t) {
+    const anneal_train_config *c = &t->cfg;
+    return c->tp > 1 && c->pp <= 1 && part_build(t, (int)c->tp);
+}
+
+int64_t anneal_train_tp_batch_elems(const anneal_params *ps, int tp) {
+    int64_t total = 0, largest = 0;
+    for (int i = 0; i < ps->n; i++) {
+        int64_t n = anneal_numel(ps->items[i].tensor);
+        total += n;
+        if (n > largest) largest = n;
+    }
+    return total / tp > largest ? total / tp : largest;
 }
 
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x) {
@@ -83,7 +111,8 @@ anneal_status anneal_train_pp_hold_stage(trainer *t) {
     return st;
 }
 
-anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o) {
+anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o,
+                                           int64_t batch_elems) {
     int T = (int)t->cfg.tp, tpr = t->rank % T;
     /* the whole-width tensors' shapes: a whole model without storage */
     anneal_params_defer_storage(true);
@@ -91,32 +120,43 @@ anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *vie
     anneal_params_defer_storage(false);
     if (!w) return anneal_last_status();
     anneal_params wide = {.items = calloc((size_t)view->n + 1, sizeof *wide.items), .n = view->n, .device = ANNEAL_CPU};
-    anneal_status st = wide.items ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "--tp --pp resume: out of memory");
+    anneal_status st = wide.items ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "--tp resume: out of memory");
     for (int j = 0; j < view->n && st == ANNEAL_OK; j++) {
         anneal_param *p = anneal_params_find(w->params, view->items[j].name);
-        if (!p) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp --pp resume: no whole-width %s", view->items[j].name);
+        if (!p) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp resume: no whole-width %s", view->items[j].name);
         else wide.items[j] = *p;
     }
-    /* the stage's whole-width state read by name, then this rank's slices of it */
+    /* the stage's whole-width state read by name, a batch of at most batch_elems
+     * elements (one tensor at least) at a time, then this rank's slices of it */
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_OPTIMIZER);
-    anneal_optimizer *wo = st == ANNEAL_OK ? anneal_optimizer_new(&wide, anneal_optimizer_config(o)) : NULL;
-    if (st == ANNEAL_OK && !wo) st = anneal_last_status();
-    if (st == ANNEAL_OK) st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &wide, wo);
-    if (st == ANNEAL_OK) st = anneal_optimizer_init_state(o);
     static const char *const names[] = {"exp_avg", "exp_avg_sq"};
-    for (int j = 0; j < view->n && st == ANNEAL_OK; j++) {
-        anneal_tp_split sp;
-        st = anneal_tp_split_of(view->items[j].name, wide.items[j].tensor, view->items[j].tensor, T, &sp);
-        for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
-            anneal_tensor *src = anneal_optimizer_state(wo, j, names[k]), *dst = anneal_optimizer_state(o, j, names[k]);
-            st = src && dst ? anneal_tp_slice(src, dst, sp, tpr)
-                            : anneal_set_error(ANNEAL_ERR_STATE, "--tp --pp resume: no %s state for %s", names[k],
-                                               view->items[j].name);
+    int64_t step_count = 0;
+    for (int j0 = 0, j1; j0 < view->n && st == ANNEAL_OK; j0 = j1) {
+        int64_t elems = anneal_numel(wide.items[j0].tensor);
+        for (j1 = j0 + 1; j1 < view->n && elems + anneal_numel(wide.items[j1].tensor) <= batch_elems; j1++)
+            elems += anneal_numel(wide.items[j1].tensor);
+        anneal_params part = {.items = wide.items + j0, .n = j1 - j0, .device = ANNEAL_CPU};
+        anneal_optimizer *wo = anneal_optimizer_new(&part, anneal_optimizer_config(o));
+        if (!wo) st = anneal_last_status();
+        if (st == ANNEAL_OK) st = anneal_checkpoint_load_optimizer_part(t->resume_ckpt, &part, wo);
+        /* o's state once the first batch is read (the reader's conversion buffers gone) */
+        if (st == ANNEAL_OK && j0 == 0) st = anneal_optimizer_init_state(o);
+        for (int j = j0; j < j1 && st == ANNEAL_OK; j++) {
+            anneal_tp_split sp;
+            st = anneal_tp_split_of(view->items[j].name, wide.items[j].tensor, view->items[j].tensor, T, &sp);
+            for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
+                anneal_tensor *src = anneal_optimizer_state(wo, j - j0, names[k]);
+                anneal_tensor *dst = anneal_optimizer_state(o, j, names[k]);
+                st = src && dst ? anneal_tp_slice(src, dst, sp, tpr)
+                                : anneal_set_error(ANNEAL_ERR_STATE, "--tp resume: no %s state for %s", names[k],
+                                                   view->items[j].name);
+            }
+            if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(o, j, anneal_optimizer_param_steps(wo, j - j0));
         }
-        if (st == ANNEAL_OK) st = anneal_optimizer_set_param_steps(o, j, anneal_optimizer_param_steps(wo, j));
+        if (st == ANNEAL_OK) step_count = anneal_optimizer_step_count(wo);
+        anneal_optimizer_free(wo);
     }
-    if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(o, anneal_optimizer_step_count(wo));
-    anneal_optimizer_free(wo);
+    if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(o, step_count);
     anneal_memory_category_set(mc);
     free(wide.items);
     anneal_model_free(w);

@@ -400,7 +400,10 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
     anneal_train_config *c = &t->cfg;
     /* on the device of --device (resolved in setup); checkpoints and --init load into it */
     bool stage_only = anneal_train_pp_stage_only(t); /* --pp: only this stage's parameters (pp_setup.c) */
-    anneal_params_defer_storage(stage_only);
+    /* --tp alone: none here (every source checked, nothing read); tp.c's make_shards fills
+     * and cuts the tensors a batch at a time (anneal_train_fill_held) */
+    bool part = stage_only || anneal_train_tp_by_param(t);
+    anneal_params_defer_storage(part);
     t->model = anneal_model_new(&t->mcfg, t->device);
     anneal_params_defer_storage(false);
     if (!t->model) return prefix_error("model: ");
@@ -441,8 +444,9 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
     t->st.tokenizer_fingerprint = t->data_fingerprint;
     if (c->resume) {
         anneal_train_state st;
-        /* --pp stage only: the stage's optimizer state is read with its optimizer (pipeline.c) */
-        if (anneal_checkpoint_load(t->resume_ckpt, t->model, stage_only ? NULL : t->opt, &st) != ANNEAL_OK)
+        /* --pp stage only: the stage's optimizer state is read with its optimizer (pipeline.c);
+         * --tp alone by parameter: in batches, sliced (tp.c) */
+        if (anneal_checkpoint_load(t->resume_ckpt, t->model, part ? NULL : t->opt, &st) != ANNEAL_OK)
             return prefix_error("--resume: ");
         if (st.tokenizer_fingerprint && t->data_fingerprint && st.tokenizer_fingerprint != t->data_fingerprint)
             return USAGE("--resume: the checkpoint was trained on data of tokenizer %016llx but --data %s has %016llx",
@@ -454,6 +458,17 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
         anneal_rng_set(st.rng);
     }
     return ANNEAL_OK;
+}
+
+anneal_status anneal_train_fill_held(trainer *t, anneal_model *m) {
+    const anneal_train_config *c = &t->cfg;
+    if (c->resume) return anneal_checkpoint_load(t->resume_ckpt, m, NULL, NULL);
+    anneal_status st = anneal_model_init(m, (uint64_t)c->seed);
+    if (st != ANNEAL_OK || !c->init) return st;
+    if (!init_is_checkpoint(c->init)) return anneal_model_load_hf_weights(m, c->init);
+    char ck[PATH_MAX];
+    st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
+    return st == ANNEAL_OK ? anneal_checkpoint_load(ck, m, NULL, NULL) : st;
 }
 
 /* The MFU denominator of a CPU run without --peak-gflops: the FMA (or bf16 dot-product)

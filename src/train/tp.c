@@ -6,10 +6,13 @@
  * batches (the data is split over the replicas only); the gradient sync (DDP) runs over
  * the replica group, for this rank's shards.
  *
- * The weights start whole: setup builds, initialises or loads the whole model as
- * without --tp, then this file builds the rank's shard model, copies its slices (and
- * of a resumed optimizer state) into it and frees the whole one. So initialisation and
- * checkpoints are those of a one-process run, and a checkpoint is layout-independent:
+ * The weights start whole, never all at once: setup makes the whole model without
+ * storage (pp_setup.c's anneal_train_tp_by_param; with --pp, with the stage's tensors),
+ * then this file builds the rank's shard model and, a batch of tensors at a time (at
+ * most 1/N of the model), fills the whole-width ones as one process would (the seeded
+ * initialisation, --init or the resumed checkpoint), copies their slices (and of a
+ * resumed optimizer state) into it and drops them. So initialisation and checkpoints
+ * are those of a one-process run, and a checkpoint is layout-independent:
  * the writing rank's group gathers the shards (and the AdamW moments) into a whole
  * model for rank 0 to save, and a resume slices whatever layout wrote it. The lm head
  * (tied to the token embedding), the embeddings, LayerNorms and the row-parallel biases
@@ -118,6 +121,21 @@ static anneal_status slice_optimizer(trainer *t, anneal_optimizer *whole, anneal
     return st;
 }
 
+/* --tp alone by parameter: storage for whole's tensors from i on, up to the batch size
+ * (one at least), filled from the run's source (setup.c's anneal_train_fill_held). */
+static anneal_status fill_batch(trainer *t, anneal_model *whole, int i, int64_t batch_elems) {
+    anneal_params *ws = whole->params;
+    anneal_status st = ANNEAL_OK;
+    for (int64_t elems = 0; i < ws->n && st == ANNEAL_OK; i++) {
+        anneal_tensor *x = ws->items[i].tensor;
+        if (x->storage) continue;
+        if (elems > 0 && elems + anneal_numel(x) > batch_elems) break;
+        elems += anneal_numel(x);
+        st = anneal_train_pp_hold_tensor(x);
+    }
+    return st == ANNEAL_OK ? anneal_train_fill_held(t, whole) : st;
+}
+
 /* The shard model of the whole one t->model holds (weights copied). */
 static anneal_status make_shards(trainer *t, anneal_model *whole) {
     struct train_tp *p = t->tp;
@@ -127,6 +145,9 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
     cfg.tp_vocab_whole = t->cfg.deterministic; /* the lm head and loss whole on every rank (tp_det.c) */
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
     bool stage = anneal_train_pp_stage_only(t); /* --pp: only the shards of what the whole holds (pp_setup.c) */
+    bool by_param = anneal_train_tp_by_param(t); /* --tp alone: the whole filled a batch at a time */
+    int64_t batch = by_param ? anneal_train_tp_batch_elems(whole->params, p->size) : 0;
+    stage = stage || by_param;
     anneal_params_defer_storage(stage);
     anneal_model *m = anneal_model_new(&cfg, t->device);
     anneal_params_defer_storage(false);
@@ -145,6 +166,7 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
         if (!w) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp: the whole model has no %s", ps->items[i].name);
         if (st == ANNEAL_OK)
             st = anneal_tp_split_of(ps->items[i].name, w->tensor, ps->items[i].tensor, p->size, &p->split[i]);
+        if (st == ANNEAL_OK && by_param && !w->tensor->storage) st = fill_batch(t, whole, (int)(w - whole->params->items), batch);
         if (st == ANNEAL_OK && stage && !w->tensor->storage) continue;
         if (st == ANNEAL_OK && stage) st = anneal_train_pp_hold_tensor(ps->items[i].tensor);
         if (st == ANNEAL_OK) st = anneal_tp_slice(w->tensor, ps->items[i].tensor, p->split[i], p->rank);
@@ -173,6 +195,9 @@ anneal_status anneal_train_tp_shard(trainer *t, bool *usage) {
     t->opt = anneal_optimizer_new(t->model->params, anneal_optimizer_config(wopt));
     anneal_memory_category_set(mc);
     if (!t->opt) st = anneal_last_status();
+    else if (t->resume_ckpt[0] && anneal_train_tp_by_param(t)) /* the whole-width state in batches, sliced */
+        st = anneal_train_pp_load_tp_state(t, t->model->params, t->opt,
+                                           anneal_train_tp_batch_elems(whole->params, t->tp->size));
     else if (anneal_optimizer_step_count(wopt) > 0) st = slice_optimizer(t, wopt, t->opt, whole);
     anneal_optimizer_free(wopt);
     anneal_model_free(whole);

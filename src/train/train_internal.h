@@ -299,10 +299,21 @@ int anneal_train_pp_stage_of(int l, int n, int L);
  * (anneal_params_defer_storage), the storage of the parameters its stage holds. */
 bool anneal_train_pp_stage_only(const trainer *t);
 anneal_status anneal_train_pp_hold_stage(trainer *t);
-/* --tp x --pp stage-only resume: the AdamW state of the stage's whole-width tensors read
- * from t->resume_ckpt by name, and this rank's slices of it put into o (over view, the
- * stage's shard parameters), with the step counts. */
-anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o);
+/* pp_setup.c: whether --tp alone builds the whole model without storage and make_shards
+ * fills and cuts it a batch of tensors at a time (no LoRA, on the CPU); a batch's size
+ * in elements: 1/tp of ps's, or its largest tensor. */
+bool anneal_train_tp_by_param(const trainer *t);
+int64_t anneal_train_tp_batch_elems(const anneal_params *ps, int tp);
+/* setup.c: the weights of m's tensors with storage from the run's source: the resumed
+ * checkpoint, or the seeded initialisation then --init (each tensor the bits a whole
+ * model gets). */
+anneal_status anneal_train_fill_held(trainer *t, anneal_model *m);
+/* --tp stage-only resume (--pp) or --tp alone: the AdamW state of the whole-width
+ * tensors read from t->resume_ckpt by name, batch_elems elements (one tensor at least)
+ * at a time, and this rank's slices of it put into o (over view, the shard parameters),
+ * with the step counts. */
+anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *view, anneal_optimizer *o,
+                                           int64_t batch_elems);
 /* Zeroed storage for a parameter tensor without (charged to the parameters); none if it has. */
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x);
 /* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */

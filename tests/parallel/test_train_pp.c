@@ -271,25 +271,9 @@ static void check_memory(const char *run, const char *preset, int tp, int pp, in
  * step: for a resume, the resumed run's): rank r's measured peaks of the allocator's
  * parameter and optimizer-state categories since the process started, in MiB. */
 static bool start_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
-    char path[600], line[16384];
+    char path[600];
     snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
-    FILE *f = fopen(path, "r");
-    bool got = false;
-    while (f && fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type"), *w = cJSON_GetObjectItemCaseSensitive(o, "when");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory") && cJSON_IsString(w) &&
-            !strcmp(w->valuestring, "at start")) {
-            const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
-            const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param_peak_mib");
-            const cJSON *q = cJSON_GetObjectItemCaseSensitive(e, "optim_peak_mib");
-            got = cJSON_IsNumber(p) && cJSON_IsNumber(q);
-            if (got) *param_peak = p->valuedouble, *optim_peak = q->valuedouble;
-        }
-        cJSON_Delete(o);
-    }
-    if (f) fclose(f);
-    return got;
+    return tr_start_peaks(path, r, param_peak, optim_peak);
 }
 
 /* Setup (and a resume) allocate only the stage's parameters: each rank's peak of

@@ -253,6 +253,133 @@ TEST(resume_across_layouts) {
     CHECK(strstr(o, "resumed from") && strstr(o, "tensor-parallel 2"), "resume output: %s", o);
 }
 
+/* --tp alone never holds the whole model (pp_setup.c, tp.c's make_shards): the whole
+ * one is made without storage and filled a batch of tensors at a time (at most 1/T of
+ * its elements, or its largest tensor), each batch cut into this rank's shards and
+ * dropped. The allocator's measured peak of parameter bytes during setup is the replay
+ * of that rule over the parameter list (whole-width and shard sizes from models made
+ * with each config), below the whole model plus the shards it had before; a resume's
+ * AdamW state comes in the same batches (x 8 bytes: both moments): the shard state and
+ * a batch's whole-width state, plus at most one tensor of the file being converted (the
+ * reader copies an entry that is not aligned in the file), below the whole state plus
+ * the shards' that a resume held before. *largest: the largest tensor's elements. */
+static void replay(const char *preset, int tp, int tpr, int64_t *param_peak, int64_t *optim_peak, int64_t *before,
+                   int64_t *largest_out) {
+    anneal_model_config cw, cs;
+    *param_peak = *optim_peak = *before = -1;
+    if (!anneal_model_preset(preset, &cw)) return;
+    cs = cw;
+    cs.tp_size = tp, cs.tp_rank = tpr;
+    anneal_model *w = anneal_model_new(&cw, ANNEAL_CPU), *s = anneal_model_new(&cs, ANNEAL_CPU);
+    if (!w || !s || w->params->n != s->params->n) return;
+    const int n = w->params->n;
+    int64_t total = 0, largest = 0, shards = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t k = anneal_numel(w->params->items[i].tensor);
+        total += k;
+        largest = k > largest ? k : largest;
+        shards += anneal_numel(s->params->items[i].tensor);
+    }
+    const int64_t batch = total / tp > largest ? total / tp : largest;
+    int64_t held = 0, peak = 0, opeak = 0, shard_state = 0;
+    bool *in = calloc((size_t)n, sizeof *in);
+    for (int i = 0, filled = 0; i < n; i++) {
+        if (!in[i]) { /* a batch from i on */
+            for (int64_t e = 0; filled < n; filled++) {
+                int64_t k = anneal_numel(w->params->items[filled].tensor);
+                if (e > 0 && e + k > batch) break;
+                e += k, held += k, in[filled] = true;
+            }
+            peak = held > peak ? held : peak;
+        }
+        held += anneal_numel(s->params->items[i].tensor); /* the shard, then the whole-width one dropped */
+        peak = held > peak ? held : peak;
+        held -= anneal_numel(w->params->items[i].tensor);
+    }
+    /* the optimizer state: the shard optimizer's moments made whole first, then each batch's */
+    shard_state = shards;
+    for (int j0 = 0, j1; j0 < n; j0 = j1) {
+        int64_t e = anneal_numel(w->params->items[j0].tensor);
+        for (j1 = j0 + 1; j1 < n && e + anneal_numel(w->params->items[j1].tensor) <= batch; j1++)
+            e += anneal_numel(w->params->items[j1].tensor);
+        opeak = shard_state + e > opeak ? shard_state + e : opeak;
+    }
+    free(in);
+    *param_peak = peak;
+    *optim_peak = opeak * 2; /* exp_avg and exp_avg_sq */
+    *before = total + shards;
+    *largest_out = largest;
+    anneal_model_free(w);
+    anneal_model_free(s);
+}
+
+TEST(setup_holds_one_batch_of_the_whole_model) {
+    NEED_MPI();
+    static const struct {
+        const char *run, *preset;
+        bool resumed;
+    } runs[] = {{"tp2", "tiny", false}, {"ltp2", "llama-tiny", false}, {"r12", "tiny", true}};
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++)
+        for (int r = 0; r < 2; r++) {
+            int64_t peak, opeak, before, largest;
+            replay(runs[k].preset, 2, r, &peak, &opeak, &before, &largest);
+            REQUIRE(peak > 0);
+            const double mib = 4.0 / 1048576.0;
+            double pk = NAN, ok = NAN, want = peak * mib, want_o = runs[k].resumed ? opeak * mib : 0;
+            double most_o = runs[k].resumed ? (opeak + largest) * mib : 0, before_o = 2 * before * mib;
+            char path[600];
+            snprintf(path, sizeof path, "%s/log.jsonl", wpath(runs[k].run));
+            CHECK(tr_start_peaks(path, r, &pk, &ok), "%s: no memory record at start for rank %d", runs[k].run, r);
+            printf("    %s rank %d at start: parameter peak %.6f MiB (replay %.6f; whole model + shards %.6f), "
+                   "optimizer peak %.6f (replay %.6f to %.6f; whole + shards %.6f)\n", runs[k].run, r, pk, want,
+                   before * mib, ok, want_o, most_o, runs[k].resumed ? before_o : 0);
+            CHECK(fabs(pk - want) <= 1e-6 * want, "%s rank %d: parameter peak %.6f MiB during setup, the replay %.6f",
+                  runs[k].run, r, pk, want);
+            CHECK(ok >= want_o * (1 - 1e-6) && ok <= most_o * (1 + 1e-6) && (!runs[k].resumed || ok < before_o),
+                  "%s rank %d: optimizer-state peak %.6f MiB during setup, the replay %.6f to %.6f (whole + shards %.6f)",
+                  runs[k].run, r, ok, want_o, most_o, before_o);
+            CHECK(peak < before, "%s: the replay's peak %lld elements", runs[k].run, (long long)peak);
+        }
+}
+
+/* `launcher anneal train <common without --model> --init from --out work/<run>`: the
+ * exit code. */
+static int train_init(const char *launcher, const char *run, const char *from) {
+    char base[1100], cmd[4096], out[600];
+    const char *m = strstr(common, "--model tiny ");
+    snprintf(base, sizeof base, "%.*s%s", m ? (int)(m - common) : 0, common, m ? m + strlen("--model tiny ") : common);
+    snprintf(cmd, sizeof cmd, "exec %s %s train %s --init %s --out %s", launcher, bin, base, from, wpath(run));
+    snprintf(out, sizeof out, "%s.out", wpath(run));
+    int rc = tr_sh_run(cmd, out, RUN_TIMEOUT_S);
+    if (rc != 0) dump(out);
+    return rc;
+}
+
+/* --init at --tp 2 (filled a batch at a time, read only the batch's tensors: above)
+ * from a checkpoint and from a Hugging Face directory in 3 safetensors shards (anneal
+ * export) trains as one process does from the same weights. */
+TEST(init_at_tp2_matches_one_process) {
+    NEED_MPI();
+    char cmd[2048], out[600];
+    snprintf(cmd, sizeof cmd, "exec %s export --ckpt %s --out %s --max-shard-size 120000 --tokenizer none", bin,
+             wpath("single"), wpath("hf_single"));
+    snprintf(out, sizeof out, "%s.out", wpath("hf_single"));
+    REQUIRE(tr_sh_run(cmd, out, RUN_TIMEOUT_S) == 0);
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", wpath("hf_single"));
+    CHECK(tu_slurp(idx) != NULL, "the export is not sharded: %s", tu_slurp(out));
+    static const char *const from[2] = {"single", "hf_single"};
+    for (int k = 0; k < 2; k++) {
+        char one[64], two[64];
+        snprintf(one, sizeof one, "init1_%s", from[k]);
+        snprintf(two, sizeof two, "init2_%s", from[k]);
+        REQUIRE(train_init("", one, wpath(from[k])) == 0);
+        REQUIRE(train_init(mpi_np(2), two, wpath(from[k])) == 0);
+        check_same_losses(two, one, 0, steps);
+        check_same_params(two, one);
+    }
+}
+
 /* Real text with a tokenizer: samples every 5 steps at --tp 2 (GPT-2 tiny: vocabulary
  * split, so the head's logits are gathered over the group; llama-tiny: GQA, untied
  * head) and at --tp 2 x 2 replicas are the one-process run's texts (the weights agree to
@@ -336,6 +463,8 @@ int main(void) {
     RUN(tp2_zero_matches_single_process);
     RUN(llama_tp2_matches_single_process);
     RUN(resume_across_layouts);
+    RUN(setup_holds_one_batch_of_the_whole_model);
+    RUN(init_at_tp2_matches_one_process);
     RUN(tp2_samples_equal_one_process);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
