@@ -273,7 +273,7 @@ static void check_memory(const char *run, const char *preset, int tp, int pp, in
 static bool start_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
     char path[600];
     snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
-    return tr_start_peaks(path, r, param_peak, optim_peak);
+    return tr_memory_peaks(path, "at start", r, param_peak, optim_peak);
 }
 
 /* Setup (and a resume) allocate only the stage's parameters: each rank's peak of
@@ -368,24 +368,9 @@ static void check_setup_peak_tp(const char *run, const char *preset, int tp, int
 /* The last memory record of run's log (after the final checkpoint): rank r's measured
  * peaks over the whole run of the parameter and optimizer-state categories, MiB. */
 static bool end_peaks(const char *run, int r, double *param_peak, double *optim_peak) {
-    char path[600], line[16384];
+    char path[600];
     snprintf(path, sizeof path, "%s/log.jsonl", wpath(run));
-    FILE *f = fopen(path, "r");
-    bool got = false;
-    while (f && fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory")) {
-            const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
-            const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param_peak_mib");
-            const cJSON *q = cJSON_GetObjectItemCaseSensitive(e, "optim_peak_mib");
-            got = cJSON_IsNumber(p) && cJSON_IsNumber(q);
-            if (got) *param_peak = p->valuedouble, *optim_peak = q->valuedouble;
-        }
-        cJSON_Delete(o);
-    }
-    if (f) fclose(f);
-    return got;
+    return tr_memory_peaks(path, NULL, r, param_peak, optim_peak);
 }
 
 /* Over a whole run with its final checkpoint (written by rank 0 one tensor at a time,

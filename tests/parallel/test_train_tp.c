@@ -329,7 +329,7 @@ TEST(setup_holds_one_batch_of_the_whole_model) {
             double most_o = runs[k].resumed ? (opeak + largest) * mib : 0, before_o = 2 * before * mib;
             char path[600];
             snprintf(path, sizeof path, "%s/log.jsonl", wpath(runs[k].run));
-            CHECK(tr_start_peaks(path, r, &pk, &ok), "%s: no memory record at start for rank %d", runs[k].run, r);
+            CHECK(tr_memory_peaks(path, "at start", r, &pk, &ok), "%s: no memory record at start for rank %d", runs[k].run, r);
             printf("    %s rank %d at start: parameter peak %.6f MiB (replay %.6f; whole model + shards %.6f), "
                    "optimizer peak %.6f (replay %.6f to %.6f; whole + shards %.6f)\n", runs[k].run, r, pk, want,
                    before * mib, ok, want_o, most_o, runs[k].resumed ? before_o : 0);

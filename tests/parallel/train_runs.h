@@ -112,18 +112,20 @@ static inline void tr_log_values(const char *path, const char *type, char *out, 
 }
 
 /* True when mpirun is on the PATH. */
-/* The last "memory" record of the log at path taken "at start" (after setup, before the
- * first step: for a resume, the resumed run's): rank r's measured peaks of the
- * allocator's parameter and optimizer-state categories since the process started, MiB. */
-static inline bool tr_start_peaks(const char *path, int r, double *param_peak, double *optim_peak) {
+/* The last "memory" record of the log at path (taken `when`, e.g. "at start": after
+ * setup, before the first step, for a resume the resumed run's; NULL: any): rank r's
+ * measured peaks of the allocator's parameter and optimizer-state categories since the
+ * process started, MiB. */
+static inline bool tr_memory_peaks(const char *path, const char *when, int r, double *param_peak,
+                                   double *optim_peak) {
     char line[16384];
     FILE *f = fopen(path, "r");
     bool got = false;
     while (f && fgets(line, sizeof line, f)) {
         cJSON *o = cJSON_Parse(line);
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type"), *w = cJSON_GetObjectItemCaseSensitive(o, "when");
-        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory") && cJSON_IsString(w) &&
-            !strcmp(w->valuestring, "at start")) {
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "memory") &&
+            (!when || (cJSON_IsString(w) && !strcmp(w->valuestring, when)))) {
             const cJSON *e = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
             const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param_peak_mib");
             const cJSON *q = cJSON_GetObjectItemCaseSensitive(e, "optim_peak_mib");
