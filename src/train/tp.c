@@ -166,7 +166,8 @@ static anneal_status make_shards(trainer *t, anneal_model *whole) {
         if (!w) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp: the whole model has no %s", ps->items[i].name);
         if (st == ANNEAL_OK)
             st = anneal_tp_split_of(ps->items[i].name, w->tensor, ps->items[i].tensor, p->size, &p->split[i]);
-        if (st == ANNEAL_OK && by_param && !w->tensor->storage) st = fill_batch(t, whole, (int)(w - whole->params->items), batch);
+        if (st == ANNEAL_OK && by_param && !w->tensor->storage)
+            st = fill_batch(t, whole, (int)(w - whole->params->items), batch);
         if (st == ANNEAL_OK && stage && !w->tensor->storage) continue;
         if (st == ANNEAL_OK && stage) st = anneal_train_pp_hold_tensor(ps->items[i].tensor);
         if (st == ANNEAL_OK) st = anneal_tp_slice(w->tensor, ps->items[i].tensor, p->split[i], p->rank);
