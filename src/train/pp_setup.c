@@ -82,6 +82,27 @@ int64_t anneal_train_tp_batch_elems(const anneal_params *ps, int tp) {
     return total / tp > largest ? total / tp : largest;
 }
 
+bool anneal_train_init_is_checkpoint(const char *p) {
+    char f[PATH_MAX + 16];
+    struct stat sb;
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+    static const char *const marks[2] = {"state.json", "latest"};
+    for (int k = 0; k < 2; k++)
+        if ((size_t)snprintf(f, sizeof f, "%s/%s", p, marks[k]) < sizeof f && stat(f, &sb) == 0) return true;
+    return !((size_t)snprintf(f, sizeof f, "%s/config.json", p) < sizeof f && stat(f, &sb) == 0);
+}
+
+anneal_status anneal_train_fill_held(trainer *t, anneal_model *m) {
+    const anneal_train_config *c = &t->cfg;
+    if (c->resume) return anneal_checkpoint_load(t->resume_ckpt, m, NULL, NULL);
+    anneal_status st = anneal_model_init(m, (uint64_t)c->seed);
+    if (st != ANNEAL_OK || !c->init) return st;
+    if (!anneal_train_init_is_checkpoint(c->init)) return anneal_model_load_hf_weights(m, c->init);
+    char ck[PATH_MAX];
+    st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
+    return st == ANNEAL_OK ? anneal_checkpoint_load(ck, m, NULL, NULL) : st;
+}
+
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x) {
     if (x->storage) return ANNEAL_OK;
     anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);

@@ -294,17 +294,6 @@ static anneal_status open_data(trainer *t, bool *usage, int32_t synth_vocab) {
     return ANNEAL_OK;
 }
 
-/* True when an --init path is a checkpoint or run directory (state.json, a latest
- * pointer, or no config.json: the checkpoint code names what is missing), false for
- * a Hugging Face model directory or a weights file. */
-static bool init_is_checkpoint(const char *p) {
-    char f[PATH_MAX + 16];
-    if (!is_dir(p)) return false;
-    if (path_join(f, sizeof f, p, "state.json") && exists(f)) return true;
-    if (path_join(f, sizeof f, p, "latest") && exists(f)) return true;
-    return !(path_join(f, sizeof f, p, "config.json") && exists(f));
-}
-
 /* The model config: --config, --model, the checkpoint being resumed, --init's, or
  * the tiny preset; the data's vocabulary for presets. */
 static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_config *ck_cfg) {
@@ -329,7 +318,7 @@ static anneal_status resolve_model(trainer *t, bool *usage, const anneal_model_c
         if (anneal_quant_dir_is_quantized(c->init))
             return USAGE("--init %s: an int8 quantized model cannot be trained (it runs inference only): "
                          "train the float model it was quantized from", c->init);
-        if (init_is_checkpoint(c->init)) {
+        if (anneal_train_init_is_checkpoint(c->init)) {
             char ck[PATH_MAX];
             if (anneal_checkpoint_resolve(c->init, ck, sizeof ck) != ANNEAL_OK ||
                 anneal_checkpoint_read_config(ck, &mc, NULL) != ANNEAL_OK)
@@ -412,7 +401,7 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
         if (anneal_model_init(t->model, (uint64_t)c->seed) != ANNEAL_OK) return prefix_error("model init: ");
         if (c->init) {
             anneal_status st;
-            if (init_is_checkpoint(c->init)) {
+            if (anneal_train_init_is_checkpoint(c->init)) {
                 char ck[PATH_MAX];
                 anneal_train_state tmp;
                 st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
@@ -458,17 +447,6 @@ static anneal_status build_model_tagged(trainer *t, bool *usage) {
         anneal_rng_set(st.rng);
     }
     return ANNEAL_OK;
-}
-
-anneal_status anneal_train_fill_held(trainer *t, anneal_model *m) {
-    const anneal_train_config *c = &t->cfg;
-    if (c->resume) return anneal_checkpoint_load(t->resume_ckpt, m, NULL, NULL);
-    anneal_status st = anneal_model_init(m, (uint64_t)c->seed);
-    if (st != ANNEAL_OK || !c->init) return st;
-    if (!init_is_checkpoint(c->init)) return anneal_model_load_hf_weights(m, c->init);
-    char ck[PATH_MAX];
-    st = anneal_checkpoint_resolve(c->init, ck, sizeof ck);
-    return st == ANNEAL_OK ? anneal_checkpoint_load(ck, m, NULL, NULL) : st;
 }
 
 /* The MFU denominator of a CPU run without --peak-gflops: the FMA (or bf16 dot-product)
@@ -633,7 +611,7 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->config && anneal_model_config_from_hf_file(c->config, &pre) == ANNEAL_OK) synth_vocab = pre.vocab_size;
     else if (c->model && anneal_model_preset(c->model, &pre)) synth_vocab = pre.vocab_size;
     else if (c->resume) synth_vocab = ck_cfg.vocab_size;
-    else if (c->init && !init_is_checkpoint(c->init)) { /* a Hugging Face model's vocabulary */
+    else if (c->init && !anneal_train_init_is_checkpoint(c->init)) { /* a Hugging Face model's vocabulary */
         char cfgp[PATH_MAX + 16];
         if (anneal_hf_config_path(c->init, cfgp, sizeof cfgp) == ANNEAL_OK &&
             anneal_model_config_from_hf_file(cfgp, &pre) == ANNEAL_OK)

@@ -122,7 +122,7 @@ static anneal_status slice_optimizer(trainer *t, anneal_optimizer *whole, anneal
 }
 
 /* --tp alone by parameter: storage for whole's tensors from i on, up to the batch size
- * (one at least), filled from the run's source (setup.c's anneal_train_fill_held). */
+ * (one at least), filled from the run's source (pp_setup.c's anneal_train_fill_held). */
 static anneal_status fill_batch(trainer *t, anneal_model *whole, int i, int64_t batch_elems) {
     anneal_params *ws = whole->params;
     anneal_status st = ANNEAL_OK;

@@ -304,10 +304,14 @@ anneal_status anneal_train_pp_hold_stage(trainer *t);
  * in elements: 1/tp of ps's, or its largest tensor. */
 bool anneal_train_tp_by_param(const trainer *t);
 int64_t anneal_train_tp_batch_elems(const anneal_params *ps, int tp);
-/* setup.c: the weights of m's tensors with storage from the run's source: the resumed
- * checkpoint, or the seeded initialisation then --init (each tensor the bits a whole
- * model gets). */
+/* pp_setup.c: the weights of m's tensors with storage from the run's source: the
+ * resumed checkpoint, or the seeded initialisation then --init (each tensor the bits a
+ * whole model gets). */
 anneal_status anneal_train_fill_held(trainer *t, anneal_model *m);
+/* pp_setup.c: true when an --init path is a checkpoint or run directory (state.json, a
+ * latest pointer, or no config.json: the checkpoint code names what is missing), false
+ * for a Hugging Face model directory or a weights file. */
+bool anneal_train_init_is_checkpoint(const char *p);
 /* --tp stage-only resume (--pp) or --tp alone: the AdamW state of the whole-width
  * tensors read from t->resume_ckpt by name, batch_elems elements (one tensor at least)
  * at a time, and this rank's slices of it put into o (over view, the shard parameters),
