@@ -1,8 +1,10 @@
 /* Stop requests (SIGINT/SIGTERM handlers call anneal_train_request_stop) and the test
- * hook that makes chosen steps non-finite (ANNEAL_TEST_INJECT_NAN), so the skip-and-
- * count path is exercised through the real loop. */
+ * hooks that make chosen steps non-finite (ANNEAL_TEST_INJECT_NAN), so the skip-and-
+ * count path is exercised through the real loop, or one rank's gradient infinite
+ * (ANNEAL_TEST_INF_GRAD), so the fp16 scaler's agreement over split parameters is. */
 #include "train_internal.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,4 +75,32 @@ bool anneal_train_inject_nan(const trainer *t, int64_t step1) {
     for (int i = 0; i < t->n_nan_steps; i++)
         if (t->nan_steps[i] == step1) return true;
     return false;
+}
+
+anneal_status anneal_train_parse_inf_grad(const char *spec, int *rank, int64_t **steps, int *n) {
+    *rank = -1;
+    *steps = NULL;
+    *n = 0;
+    if (!spec || !*spec) return ANNEAL_OK;
+    char *end;
+    long r = strtol(spec, &end, 10);
+    if (end == spec || *end != ':' || r < 0 || r > 1000000)
+        return anneal_set_error(ANNEAL_ERR_ARG, "ANNEAL_TEST_INF_GRAD: expected RANK:STEPS like \"1:3,7-9\", got '%s'",
+                                spec);
+    anneal_status st = anneal_train_parse_nan_steps(end + 1, steps, n);
+    if (st == ANNEAL_OK) *rank = (int)r;
+    return st;
+}
+
+void anneal_train_inject_inf_grad(trainer *t, int64_t step1) {
+    if (t->rank != t->inf_rank) return;
+    bool hit = false;
+    for (int i = 0; i < t->n_inf_steps && !hit; i++) hit = t->inf_steps[i] == step1;
+    anneal_params *ps = t->model->params;
+    for (int i = 0; hit && i < ps->n; i++) {
+        anneal_tensor *g = ps->items[i].tensor->grad;
+        if (!g || g->device != ANNEAL_CPU || g->dtype != ANNEAL_F32 || anneal_numel(g) < 1) continue;
+        ((float *)anneal_data(g))[0] = INFINITY;
+        return;
+    }
 }

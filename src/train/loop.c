@@ -71,7 +71,8 @@ static anneal_status run_step(trainer *t, int64_t step, step_out *o) {
         o->overflow = false;
         o->loss_scale = 0;
         o->lr = anneal_schedule_lr(&t->sch, step);
-        anneal_status ps = anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped);
+        anneal_status ps =
+            anneal_train_pp_step(t, step, inject, o->lr, &o->loss, &o->norm, &o->skipped, &o->overflow, &o->loss_scale);
         anneal_train_dist_note_memory(t); /* the stage's steady state, at every replica count */
         return ps;
     }
@@ -161,7 +162,7 @@ static anneal_status optimizer_phase(trainer *t, step_out *o) {
     }
     if (st != ANNEAL_OK) return st;
     o->norm = norm;
-    o->skipped = !isfinite(o->loss) || !isfinite(norm);
+    o->skipped = !isfinite(o->loss) || !isfinite(norm) || o->overflow; /* fp16: an overflow on any rank */
     /* PowerSGD: a non-finite gradient went into the error feedback and Q (every rank
      * sees the same global norm, so every rank resets) */
     if (o->skipped && t->psgd) anneal_powersgd_reset(t->psgd);

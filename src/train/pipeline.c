@@ -47,7 +47,7 @@
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
  * split_sample.c); with --tp checkpoints still gather the whole
- * (shard) model on stage 0's tp group; the fp16 loss scaler, PowerSGD, --offload and LoRA are refused with
+ * (shard) model on stage 0's tp group; PowerSGD, --offload and LoRA are refused with
  * --pp; dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
@@ -116,7 +116,6 @@ static anneal_status refuse(trainer *t, bool *usage) {
     if (c->pp > t->mcfg.n_layer)
         return USAGE("--pp %lld: more pipeline stages than the model's %d blocks (each stage needs a block)", n,
                      t->mcfg.n_layer);
-    if (t->use_scaler) return USAGE("--pp %lld: not available with the fp16 loss scaler (use --dtype bf16 or fp32)", n);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return USAGE("--pp %lld with --grad-compress %s: not built", n, c->grad_compress);
     if (c->offload && strcmp(c->offload, "none")) return USAGE("--pp %lld with --offload %s: not built", n, c->offload);
@@ -390,6 +389,7 @@ static anneal_status forward(trainer *t, int k, bool inject) {
         if (inject) out = anneal_scale(out, NAN); /* test hook: a non-finite loss and gradient */
         st = out ? anneal_to_f32_buffer(out, &t->host_losses[k]) : anneal_last_status();
         if (st == ANNEAL_OK && c->accum > 1) out = anneal_scale(out, 1.0f / (float)c->accum);
+        if (st == ANNEAL_OK && out) out = anneal_train_scale_loss(t, out); /* fp16: loss * scale (precision.c) */
         if (!out) st = anneal_last_status();
     } else if (st == ANNEAL_OK) {
         float *buf = pp->send_act + (size_t)k * (size_t)pp->act;
@@ -545,7 +545,7 @@ static anneal_status norm_and_clip(trainer *t, float max_norm, float *norm_out) 
 }
 
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
-                                   bool *skipped) {
+                                   bool *skipped, bool *overflow, float *loss_scale) {
     struct train_pp *pp = t->pp;
     const anneal_train_config *c = &t->cfg;
     /* --deterministic: the replica's accum / replicas micro-batches of --batch rows */
@@ -600,8 +600,10 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     }
 update:
     *loss = mean;
+    /* fp16: gradients * 1/scale, the overflow agreed over the world, the scaler updated */
+    if ((st = anneal_train_unscale_grads(t, mean, overflow, loss_scale)) != ANNEAL_OK) return st;
     if ((st = norm_and_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, norm)) != ANNEAL_OK) return st;
-    *skipped = !isfinite(mean) || !isfinite(*norm);
+    *skipped = !isfinite(mean) || !isfinite(*norm) || *overflow; /* an overflow anywhere (a tied copy too) */
     if (!*skipped) st = anneal_optimizer_step(t->opt, lr);
     anneal_params_zero_grad(t->model->params);
     anneal_span_end(ANNEAL_SPAN_STEP, "optimizer", span_t0, 0, 0);

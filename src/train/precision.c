@@ -6,7 +6,9 @@
  * scale before backward and the gradients by 1/scale after it (and after the
  * gradient all-reduce), before the norm and clipping. With a dynamic scale, NaN/Inf
  * gradients under a finite loss are an overflow: the update is skipped, the scale
- * backs off, and the step is not counted toward --max-bad-steps. The scaler's state
+ * backs off, and the step is not counted toward --max-bad-steps. With --tp or --pp each
+ * rank holds other gradients (shards, stages): the overflow is agreed over the world
+ * (one scalar per step) so every rank skips, backs off or grows at once. The scaler's state
  * rides in every checkpoint so a resumed run scales exactly as a straight one. */
 #include "train_internal.h"
 
@@ -88,8 +90,14 @@ anneal_status anneal_train_unscale_grads(trainer *t, double loss, bool *overflow
     if (!t->use_scaler) return ANNEAL_OK;
     *scale_used = t->scaler.scale;
     bool found_inf = false;
+    anneal_train_inject_inf_grad(t, t->st.step + 1); /* test hook (faults.c) */
     anneal_status st = anneal_loss_scaler_unscale(&t->scaler, t->model->params, &found_inf);
     if (st != ANNEAL_OK) return st;
+    if (t->tp || t->pp) { /* split parameters: every rank skips, backs off or grows together */
+        float any = found_inf ? 1.0f : 0.0f;
+        if ((st = anneal_comm_allreduce(t->comm, &any, 1, ANNEAL_F32, ANNEAL_REDUCE_SUM)) != ANNEAL_OK) return st;
+        found_inf = any > 0;
+    }
     /* a non-finite loss is not the scale's doing: a bad step, the scaler untouched */
     if (isfinite(loss)) {
         *overflow = found_inf && t->scaler.cfg.dynamic;

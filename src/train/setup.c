@@ -600,6 +600,9 @@ anneal_status anneal_train_setup(trainer *t, const anneal_train_config *cfg, FIL
     if (c->tokenizer && exists(c->tokenizer)) absolutize(&c->tokenizer);
     const char *hook = getenv("ANNEAL_TEST_INJECT_NAN");
     if (anneal_train_parse_nan_steps(hook, &t->nan_steps, &t->n_nan_steps) != ANNEAL_OK) return anneal_last_status();
+    if (anneal_train_parse_inf_grad(getenv("ANNEAL_TEST_INF_GRAD"), &t->inf_rank, &t->inf_steps, &t->n_inf_steps) !=
+        ANNEAL_OK)
+        return anneal_last_status();
 
     anneal_model_config ck_cfg;
     memset(&ck_cfg, 0, sizeof ck_cfg);
@@ -690,6 +693,7 @@ void anneal_train_teardown(trainer *t) {
     anneal_progress_free(t->prog);
     free(t->config_json);
     free(t->nan_steps);
+    free(t->inf_steps);
     free(t->host_ids);
     free(t->host_tg);
     free(t->losses);

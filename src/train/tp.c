@@ -66,10 +66,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
         return USAGE("--tp %d with --grad-compress %s: not built yet", n, c->grad_compress);
     if (c->offload && strcmp(c->offload, "none"))
         return USAGE("--tp %d with --offload %s: not built yet", n, c->offload);
-    anneal_dtype dt = ANNEAL_F32;
-    if (c->dtype && anneal_train_dtype_parse(c->dtype, &dt) && dt == ANNEAL_F16)
-        return USAGE("--tp %d with --dtype fp16: not built yet (the loss scaler's overflow check would have to agree "
-                     "over the group's different shards); use --dtype bf16 or fp32", n);
     if (c->device && strcmp(c->device, "cpu"))
         return USAGE("--tp %d with --device %s: the group's collectives run on CPU tensors only", n, c->device);
     struct train_tp *p = calloc(1, sizeof *p);

@@ -85,6 +85,8 @@ typedef struct trainer {
     char pin_desc[64];        /* --pin-threads: the CPUs in worker order ("0,1"), "" when off */
     int64_t *nan_steps;        /* test hook: 1-based steps whose loss is made NaN */
     int n_nan_steps;
+    int64_t *inf_steps;        /* test hook: 1-based steps where rank inf_rank's scaler finds an Inf gradient */
+    int n_inf_steps, inf_rank;
     int64_t last_ckpt_step;    /* step of the newest checkpoint started (written or in flight) */
     bool ckpt_good;            /* that checkpoint has not failed (so far) */
     int ckpt_failures;
@@ -172,7 +174,8 @@ anneal_tensor *anneal_train_scale_loss(trainer *t, anneal_tensor *obj);
  * multiplied by 1/scale. With a dynamic scale and a finite loss, NaN/Inf gradients
  * are an overflow (*overflow: the caller skips the update without counting a bad
  * step); the scaler is updated (backoff or growth) and its state copied into t->st.
- * *scale_used: the scale this step ran with (0 without a scaler). */
+ * *scale_used: the scale this step ran with (0 without a scaler). Collective over the
+ * world with --tp or --pp (the ranks' overflow agreed). */
 anneal_status anneal_train_unscale_grads(trainer *t, double loss, bool *overflow, float *scale_used);
 
 /* faults.c: the stop request and the test hooks. */
@@ -181,6 +184,13 @@ void anneal_train_stop_reset(void);
 /* Parses ANNEAL_TEST_INJECT_NAN ("3,7-9": 1-based steps whose loss becomes NaN). */
 anneal_status anneal_train_parse_nan_steps(const char *spec, int64_t **steps, int *n);
 bool anneal_train_inject_nan(const trainer *t, int64_t step1);
+/* The test hook ANNEAL_TEST_INF_GRAD="R:STEPS" (STEPS as ANNEAL_TEST_INJECT_NAN's):
+ * rank R's fp16 scaler finds an infinite gradient at those steps, whatever the others
+ * hold (the overflow of one shard or stage). Unset or empty: none. */
+anneal_status anneal_train_parse_inf_grad(const char *spec, int *rank, int64_t **steps, int *n);
+/* Under that hook, at this rank and 1-based step: one element of this rank's first
+ * CPU gradient set to +Inf (before the scaler looks). */
+void anneal_train_inject_inf_grad(trainer *t, int64_t step1);
 
 /* Milliseconds on the monotonic clock. */
 double anneal_train_now_ms(void);
@@ -320,9 +330,11 @@ anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *vie
                                            int64_t batch_elems);
 /* Zeroed storage for a parameter tensor without (charged to the parameters); none if it has. */
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x);
-/* One step: 1F1B forward/backward, tied-embedding sum, norm, clipping, update. */
+/* One step: 1F1B forward/backward (fp16: the loss scaled), tied-embedding sum, the
+ * gradients unscaled (fp16: *overflow, *loss_scale as anneal_train_unscale_grads), norm,
+ * clipping, update. */
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
-                                   bool *skipped);
+                                   bool *skipped, bool *overflow, float *loss_scale);
 /* Collective over replica 0's pipeline (no-op without --pp): stage 0 of replica 0 (rank 0,
  * with --tp its tensor-parallel group) gets every stage's parameters (until the next
  * step); the other stages send theirs and hold nothing more. */

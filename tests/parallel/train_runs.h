@@ -111,6 +111,25 @@ static inline void tr_log_values(const char *path, const char *type, char *out, 
     if (f) fclose(f);
 }
 
+/* Each step record's "loss_scale" of the JSON-lines log at path, followed by "O" when
+ * it reports an overflow, joined with '|' into out (n bytes): "65536|131072O|...". */
+static inline void tr_scale_trace(const char *path, char *out, size_t n) {
+    char line[16384];
+    FILE *f = fopen(path, "r");
+    size_t k = 0;
+    out[0] = '\0';
+    while (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "loss_scale");
+        if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "step") && cJSON_IsNumber(s) && k + 32 < n)
+            k += (size_t)snprintf(out + k, n - k, "%.9g%s|", s->valuedouble,
+                                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "overflow")) ? "O" : "");
+        cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+}
+
 /* True when mpirun is on the PATH. */
 /* The last "memory" record of the log at path (taken `when`, e.g. "at start": after
  * setup, before the first step, for a resume the resumed run's; NULL: any): rank r's
