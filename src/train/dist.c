@@ -350,9 +350,13 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
     anneal_train_tp_ckpt_end(t); /* --tp: back to the shards */
+    if (t->pp) { /* the stage's optimizer back first (with --tp stage 0 held a gathered one) */
+        anneal_status sp = anneal_train_pp_ckpt_end(t);
+        anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
+        return sp != ANNEAL_OK ? sp : so;
+    }
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
-    if (t->pp) return anneal_train_pp_ckpt_end(t);
     if (t->psgd) {
         /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
          * directory exists on rank 0's host, the others make it on theirs */

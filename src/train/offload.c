@@ -1,6 +1,7 @@
 /* --offload optimizer in the trainer: the AdamW made by setup (with the state a resume
  * restored into it) is replaced by the file-backed one of src/optim/offload.c, in
- * --offload-dir or the run directory. Checkpoints take the state out of the file and
+ * --offload-dir or the run directory (one file per rank: with --tp over the rank's
+ * shards, with --pp over its stage). Checkpoints take the state out of the file and
  * put it back (dist.c's ckpt_begin / ckpt_end). */
 #include "train_internal.h"
 
@@ -48,12 +49,14 @@ anneal_status anneal_train_setup_offload(trainer *t, bool *usage) {
                                 "optimizer keeps its own shard of the state)", (long long)c->zero);
     }
     const char *dir = c->offload_dir ? c->offload_dir : t->run_dir;
-    anneal_optimizer *off = anneal_optimizer_new_offload(t->model->params, anneal_optimizer_config(t->opt), dir, 0);
+    /* the parameters t->opt steps: the model's (with --tp its shards), or with --pp the stage's */
+    anneal_params *ps = t->pp ? anneal_train_pp_opt_params(t) : t->model->params;
+    anneal_optimizer *off = anneal_optimizer_new_offload(ps, anneal_optimizer_config(t->opt), dir, 0);
     if (!off) {
         *usage = anneal_last_status() == ANNEAL_ERR_ARG;
         return anneal_last_status();
     }
-    anneal_status st = move_state(t->opt, off, t->model->params);
+    anneal_status st = move_state(t->opt, off, ps);
     if (st != ANNEAL_OK) {
         anneal_optimizer_free(off);
         return st;
@@ -61,7 +64,8 @@ anneal_status anneal_train_setup_offload(trainer *t, bool *usage) {
     anneal_optimizer_free(t->opt);
     t->opt = off;
     if (t->rank == 0)
-        anneal_progress_note(t->prog, "optimizer state offloaded: %.1f MiB in a memory-mapped file in %s (stepped in 16 MiB "
-                             "chunks)", (double)anneal_optimizer_offload_bytes(off) / 1048576.0, dir);
+        anneal_progress_note(t->prog, "optimizer state offloaded: %.1f MiB%s in a memory-mapped file in %s (stepped in 16 "
+                             "MiB chunks)", (double)anneal_optimizer_offload_bytes(off) / 1048576.0,
+                             t->world > 1 ? " (rank 0's; every rank has a file of its own)" : "", dir);
     return ANNEAL_OK;
 }

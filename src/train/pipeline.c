@@ -47,8 +47,9 @@
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
  * split_sample.c); with --tp checkpoints still gather the whole
- * (shard) model on stage 0's tp group; PowerSGD, --offload and LoRA are refused with
- * --pp; dropout masks are drawn from per-rank generator positions that differ from a
+ * (shard) model on stage 0's tp group; PowerSGD and LoRA are refused with --pp
+ * (--offload optimizer keeps the stage's AdamW state in its file, --offload activations
+ * every micro-batch's saved tensors); dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
  * (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
@@ -118,7 +119,6 @@ static anneal_status refuse(trainer *t, bool *usage) {
                      t->mcfg.n_layer);
     if (c->grad_compress && strcmp(c->grad_compress, "none"))
         return USAGE("--pp %lld with --grad-compress %s: not built", n, c->grad_compress);
-    if (c->offload && strcmp(c->offload, "none")) return USAGE("--pp %lld with --offload %s: not built", n, c->offload);
     if (anneal_lora_count(t->model->params) > 0) return USAGE("--pp %lld with LoRA adapters: not built", n);
     if (t->device != ANNEAL_CPU) return USAGE("--pp %lld: CPU runs only", n);
     if (c->zero > 2)
@@ -800,6 +800,8 @@ void anneal_train_pp_note_summary(trainer *t) {
                          (long long)pp->bubble_steps, ideal_bubble(t));
 }
 
+anneal_params *anneal_train_pp_opt_params(trainer *t) { return t->pp ? &t->pp->view : NULL; }
+
 void anneal_train_pp_memory(trainer *t, double out[3]) {
     struct train_pp *pp = t->pp;
     if (!pp) return;
@@ -811,6 +813,7 @@ void anneal_train_pp_memory(trainer *t, double out[3]) {
     if (!t->ddp) out[1] = (double)owned * sizeof(float);
     out[2] = (double)owned * 2.0 * sizeof(float);
     if (t->ddp && anneal_ddp_stage(t->ddp) > 0) out[2] = (double)anneal_ddp_shard_numel(t->ddp) * 2.0 * sizeof(float);
+    if (anneal_optimizer_is_offloaded(t->opt)) out[2] = 0; /* in its file (--offload optimizer) */
 }
 
 void anneal_train_pp_teardown(trainer *t) {

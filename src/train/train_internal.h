@@ -330,6 +330,8 @@ anneal_status anneal_train_pp_load_tp_state(trainer *t, const anneal_params *vie
                                            int64_t batch_elems);
 /* Zeroed storage for a parameter tensor without (charged to the parameters); none if it has. */
 anneal_status anneal_train_pp_hold_tensor(anneal_tensor *x);
+/* The parameters the optimizer steps with --pp: the stage's view (NULL without --pp). */
+anneal_params *anneal_train_pp_opt_params(trainer *t);
 /* One step: 1F1B forward/backward (fp16: the loss scaled), tied-embedding sum, the
  * gradients unscaled (fp16: *overflow, *loss_scale as anneal_train_unscale_grads), norm,
  * clipping, update. */

@@ -847,6 +847,35 @@ TEST(fp16_overflow_agreed_over_stages) {
     CHECK(n == steps && finite == steps, "f16tp2pp2nd: %d steps, %d finite losses", n, finite);
 }
 
+/* --offload through the stages: each rank keeps its stage's AdamW state in a file of its
+ * own (--offload optimizer) and every in-flight micro-batch's saved tensors in another
+ * (activations). Under --deterministic the runs are one process's bits: pp 2 with both
+ * tiers and checkpoints every 7 steps (the state taken out of the file and put back),
+ * tp 2 x pp 2 with the optimizer tier, and a pp 2 run with it stopped at half and
+ * resumed on one process. */
+TEST(offload_through_stages) {
+    NEED_MPI();
+    REQUIRE(train("", "det1", "--deterministic") == 0);
+    REQUIRE(train(mpi2, "offpp2", "--pp 2 --offload optimizer,activations --deterministic --ckpt-every 7") == 0);
+    REQUIRE(train(mpi4, "offtp2pp2", "--tp 2 --pp 2 --offload optimizer --deterministic --ckpt-every 7") == 0);
+    char extra[256];
+    snprintf(extra, sizeof extra, "--pp 2 --offload optimizer --deterministic --stop-at %d", steps / 2);
+    REQUIRE(train(mpi2, "offr21", extra) == 0);
+    REQUIRE(resume("", "offr21", "--pp 1") == 0);
+    const char *runs[] = {"offpp2", "offtp2pp2", "offr21"};
+    for (int i = 0; i < 3; i++) {
+        check_same_losses(runs[i], "det1", steps, true);
+        check_same_params(runs[i], "det1", true);
+        char out[600];
+        snprintf(out, sizeof out, "%s.out", wpath(runs[i]));
+        const char *o = tu_slurp(out);
+        CHECK(o && strstr(o, "optimizer state offloaded: ") && strstr(o, "every rank has a file of its own"),
+              "%s: no offload note: %s", runs[i], o ? o : "");
+    }
+    const char *o = tu_slurp(wpath("offpp2.out"));
+    CHECK(o && strstr(o, "activations offloaded:"), "offpp2: no activation offload note: %s", o ? o : "");
+}
+
 /* Stopped at half with --pp 2, resumed with --pp 1 (one process); and the other way
  * round: both continue the single-process run. */
 TEST(resume_between_layouts) {
@@ -1025,7 +1054,7 @@ TEST(bad_layouts) {
     refused("", "bad_one", "--pp 2", "--pp 2 does not divide the 1 rank of the job");
     refused(mpi2, "bad_accum", "--pp 2 --accum 1", "--accum 1 is below --pp 2");
     refused(mpi4, "bad_blocks", "--pp 4", "--pp 4: more pipeline stages than the model's 2 blocks");
-    refused(mpi2, "bad_offload", "--pp 2 --offload optimizer", "--pp 2 with --offload optimizer: not built");
+    refused(mpi2, "bad_psgd", "--pp 2 --grad-compress powersgd", "--pp 2 with --grad-compress powersgd: not built");
     refused(mpi2, "bad_tppp", "--tp 2 --pp 2", "--tp 2 x --pp 2 = 4 does not divide the 2 ranks of the job");
 }
 
@@ -1067,6 +1096,7 @@ int main(void) {
     RUN(pp2_init_reads_the_stage_only);
     RUN(pp2_failed_streamed_checkpoint);
     RUN(fp16_overflow_agreed_over_stages);
+    RUN(offload_through_stages);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);

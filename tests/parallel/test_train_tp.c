@@ -458,6 +458,37 @@ TEST(fp16_tp2_agrees_on_overflow) {
     free(p2);
 }
 
+/* --tp 2 with --offload optimizer,activations: each rank's AdamW state over its shards
+ * in a file of its own, saved tensors in another; under --deterministic one process's
+ * bits, with checkpoints every 7 steps (the state out of the file, gathered into the
+ * whole one, put back) and a resume of the offloaded run on one process. */
+TEST(tp2_offload_is_one_process) {
+    NEED_MPI();
+    REQUIRE(train("", "det1", "--deterministic") == 0);
+    REQUIRE(train(mpi_np(2), "offtp2", "--tp 2 --offload optimizer,activations --deterministic --ckpt-every 7") == 0);
+    char extra[256];
+    snprintf(extra, sizeof extra, "--tp 2 --offload optimizer --deterministic --stop-at %d", steps / 2);
+    REQUIRE(train(mpi_np(2), "offr", extra) == 0);
+    REQUIRE(resume("", "offr", "--tp 1") == 0);
+    const char *runs[] = {"offtp2", "offr"};
+    for (int i = 0; i < 2; i++) {
+        double a[64], b[64];
+        int na = losses_of(runs[i], a), nb = losses_of("det1", b);
+        CHECK(na == steps && nb == steps && memcmp(a, b, sizeof(double) * (size_t)steps) == 0,
+              "%s: losses not one process's bits (%d and %d steps; last %.17g vs %.17g)", runs[i], na, nb,
+              a[steps - 1], b[steps - 1]);
+        int64_t n1, n2;
+        float *p1 = tr_ckpt_params(wpath(runs[i]), &n1), *p2 = tr_ckpt_params(wpath("det1"), &n2);
+        CHECK(p1 && p2 && n1 == n2 && memcmp(p1, p2, sizeof(float) * (size_t)n1) == 0,
+              "%s: parameters not one process's bits", runs[i]);
+        free(p1);
+        free(p2);
+    }
+    const char *o = tu_slurp(wpath("offtp2.out"));
+    CHECK(o && strstr(o, "optimizer state offloaded: ") && strstr(o, "activations offloaded:"), "offload notes: %s",
+          o ? o : "");
+}
+
 /* A run that must fail with `expect` in its output. */
 static void refused(const char *launcher, const char *run, const char *extra, const char *expect) {
     char cmd[4096], out[600];
@@ -502,6 +533,7 @@ int main(void) {
     RUN(init_at_tp2_matches_one_process);
     RUN(tp2_samples_equal_one_process);
     RUN(fp16_tp2_agrees_on_overflow);
+    RUN(tp2_offload_is_one_process);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);
