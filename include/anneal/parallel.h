@@ -213,6 +213,11 @@ anneal_status anneal_ddp_set_full_norm(anneal_ddp *d);
 /* After a synchronised step under anneal_ddp_set_full_norm: each parameter's sum of
  * squares (registration order of d's parameters), else NULL. */
 const double *anneal_ddp_full_norm_sums(const anneal_ddp *d);
+/* Stages 1-2 under such a hook: anneal_ddp_finish also leaves each parameter's whole
+ * agreed gradient in its .grad (full-size gradients, as the hook holds them anyway), for
+ * a caller that needs whole tensors (tensor parallelism's deterministic norm gathers them
+ * over its group); the optimizer still steps the shard. */
+anneal_status anneal_ddp_set_keep_full_grads(anneal_ddp *d);
 
 /* ------------------------------------------------ ZeRO-3 (zero3.c) */
 
@@ -423,6 +428,9 @@ anneal_status anneal_tp_split_of(const char *name, const anneal_tensor *whole, c
                                  anneal_tp_split *out);
 /* Copies rank's part of whole into shard (f32 contiguous CPU tensors). */
 anneal_status anneal_tp_slice(const anneal_tensor *whole, anneal_tensor *shard, anneal_tp_split sp, int rank);
+/* Copies shard, rank's part, into its place in whole (f32 contiguous CPU tensors): the
+ * inverse of anneal_tp_slice. A replicated parameter (sp.dim < 0) is copied whole. */
+anneal_status anneal_tp_place(const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp, int rank);
 /* Collective over c: every rank's shard into whole (each rank gets all of it). */
 anneal_status anneal_tp_gather(anneal_comm *c, const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp);
 

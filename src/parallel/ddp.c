@@ -102,6 +102,7 @@ struct anneal_ddp {
     anneal_status (*param_gather)(void *user); /* stage 3: anneal_ddp_gather_params */
     void *param_gather_user;
     double *param_ss;     /* anneal_ddp_set_full_norm: each parameter's sum of squares from the agreed buckets */
+    bool keep_full_grads; /* anneal_ddp_set_keep_full_grads: the agreed gradients into .grad too */
     /* ANNEAL_DDP_PROGRESS=thread: a thread tests the in-flight requests during backward
      * instead of the hook; every MPI call between begin_backward and finish happens
      * under mu (so MPI_THREAD_SERIALIZED is enough). */
@@ -422,6 +423,12 @@ static anneal_status complete(anneal_ddp *d, int k) {
         anneal_tensor *v = view(b->buf, d->offset[p] - b->start, t->ndim, t->shape);
         anneal_status s = v ? sums_of_squares(d, 1, (const anneal_tensor *const *)&v, &d->param_ss[p]) : anneal_last_status();
         anneal_release(v);
+        if (s != ANNEAL_OK) return s;
+    }
+    for (int p = b->lo; d->keep_full_grads && d->hook && p <= b->hi; p++) { /* the whole agreed gradient */
+        anneal_tensor *t = d->ps->items[p].tensor;
+        if (!t->grad && !new_grad(t)) return anneal_last_status();
+        anneal_status s = copy_release(d, anneal_retain(t->grad), view(b->buf, d->offset[p] - b->start, t->ndim, t->shape));
         if (s != ANNEAL_OK) return s;
     }
     if (b->shard_len > 0) {
@@ -841,6 +848,12 @@ anneal_status anneal_ddp_set_full_norm(anneal_ddp *d) {
     if (d->cfg.zero_stage == 0 || d->param_ss) return ANNEAL_OK; /* stage 0: full_norm already */
     d->param_ss = calloc((size_t)(d->n > 0 ? d->n : 1), sizeof *d->param_ss);
     return d->param_ss ? ANNEAL_OK : anneal_set_error(ANNEAL_ERR_OOM, "out of memory for the gradient norm");
+}
+
+anneal_status anneal_ddp_set_keep_full_grads(anneal_ddp *d) {
+    if (!d) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_ddp_set_keep_full_grads: NULL sync");
+    d->keep_full_grads = d->cfg.zero_stage > 0;
+    return ANNEAL_OK;
 }
 
 const double *anneal_ddp_full_norm_sums(const anneal_ddp *d) {

@@ -399,6 +399,25 @@ anneal_status anneal_tp_slice(const anneal_tensor *whole, anneal_tensor *shard, 
     return ANNEAL_OK;
 }
 
+anneal_status anneal_tp_place(const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp, int rank) {
+    anneal_status s = check_f32(whole, "the whole parameter");
+    if (s == ANNEAL_OK) s = check_f32(shard, "the shard");
+    if (s != ANNEAL_OK) return s;
+    if (sp.dim < 0) {
+        if (anneal_numel(whole) != anneal_numel(shard))
+            return anneal_set_error(ANNEAL_ERR_SHAPE, "tensor parallelism: a replicated parameter changed size");
+        memcpy(anneal_data(whole), anneal_data(shard), (size_t)anneal_numel(shard) * sizeof(float));
+        return ANNEAL_OK;
+    }
+    bool ok = whole->ndim == shard->ndim && sp.dim < whole->ndim && sp.parts > 0 && shard->shape[sp.dim] > 0 &&
+              whole->shape[sp.dim] % shard->shape[sp.dim] == 0 && shard->shape[sp.dim] % sp.parts == 0 && rank >= 0 &&
+              rank < whole->shape[sp.dim] / shard->shape[sp.dim];
+    for (int d = 0; ok && d < whole->ndim; d++) ok = d == sp.dim || whole->shape[d] == shard->shape[d];
+    if (!ok) return anneal_set_error(ANNEAL_ERR_SHAPE, "tensor parallelism: shard %d does not fit the whole parameter", rank);
+    move_shard(anneal_data(whole), whole, anneal_data((anneal_tensor *)shard), shard, sp, rank, true);
+    return ANNEAL_OK;
+}
+
 anneal_status anneal_tp_gather(anneal_comm *c, const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp) {
     anneal_status s = check_f32(whole, "the whole parameter");
     if (s == ANNEAL_OK) s = check_f32(shard, "the shard");

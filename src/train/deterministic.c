@@ -185,7 +185,10 @@ anneal_status anneal_train_det_attach(trainer *t) {
     anneal_status st = get_state(t, &d);
     if (st != ANNEAL_OK) return st;
     d->sync = anneal_det_sync_new(t->ddp);
-    return d->sync ? ANNEAL_OK : anneal_last_status();
+    if (!d->sync) return anneal_last_status();
+    /* --tp with ZeRO 1-2: the norm gathers whole gradients over the group (tp_det.c), which
+     * the shards alone do not hold: the agreed ones stay in .grad too */
+    return anneal_train_tp_active(t) && t->cfg.zero > 0 ? anneal_ddp_set_keep_full_grads(t->ddp) : ANNEAL_OK;
 }
 
 void anneal_train_det_free(trainer *t) {

@@ -340,21 +340,14 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     /* --offload optimizer: the state comes out of its file for the snapshot */
     anneal_status so = anneal_optimizer_offload_gather(t->opt);
     if (so != ANNEAL_OK) return so;
-    if (t->pp) return anneal_train_pp_ckpt_begin(t); /* --pp: parameters and full state on rank 0 */
     if (t->ddp && t->cfg.zero > 0) {
         if (t->z3 && (so = anneal_zero3_gather_all(t->z3)) != ANNEAL_OK) return so; /* the full parameters */
         if ((so = anneal_optimizer_gather_state(t->opt)) != ANNEAL_OK) return so;
     }
-    return anneal_train_tp_ckpt_begin(t); /* --tp: the whole model from the shards, after ZeRO's gather (tp.c) */
+    return ANNEAL_OK;
 }
 
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
-    anneal_train_tp_ckpt_end(t); /* --tp: back to the shards */
-    if (t->pp) { /* the stage's optimizer back first (with --tp stage 0 held a gathered one) */
-        anneal_status sp = anneal_train_pp_ckpt_end(t);
-        anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
-        return sp != ANNEAL_OK ? sp : so;
-    }
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
     if (t->psgd) {

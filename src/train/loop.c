@@ -238,8 +238,11 @@ static anneal_status save_checkpoint(trainer *t) {
     double t1 = anneal_train_now_ms();
     /* distributed: every rank takes part in assembling the (ZeRO) optimizer state, rank
      * 0 alone snapshots and writes the world-size independent checkpoint */
-    bool streamed = anneal_train_pp_ckpt_streamed(t); /* --pp: rank 0 writes tensor by tensor (pp_ckpt.c) */
-    anneal_status st = streamed ? anneal_train_pp_ckpt_save(t) : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_begin(t));
+    /* --tp (tp_ckpt.c) and --pp (pp_ckpt.c): rank 0 writes tensor by tensor, fetching them */
+    bool tp_streamed = anneal_train_tp_ckpt_streamed(t), streamed = tp_streamed || anneal_train_pp_ckpt_streamed(t);
+    anneal_status st = tp_streamed ? anneal_train_tp_ckpt_save(t)
+                       : streamed  ? anneal_train_pp_ckpt_save(t)
+                                   : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_begin(t));
     if (st == ANNEAL_OK && t->rank == 0 && !streamed)
         st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
     anneal_status se = streamed ? ANNEAL_OK : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_end(t));

@@ -35,19 +35,16 @@
  * (split_sample.c): each token's full-context forward goes stage to stage, the last stage
  * samples it (one process's sampler and positions) and broadcasts the id.
  *
- * Layout independence: a checkpoint is the single-process one. Without --tp rank 0
- * writes it tensor by tensor, fetching each other stage's parameter and optimizer state
- * when the file reaches it (pp_ckpt.c): no rank holds more than its stage. With --tp,
- * stage 0 of replica 0 gathers every stage's parameters (anneal_train_pp_sync_params)
- * and the full optimizer state into a single-process optimizer (ckpt_begin), and its
- * shards then go through tp.c's gathering to rank 0. So a run saved with --pp 2 resumes with --pp 1
+ * Layout independence: a checkpoint is the single-process one. Rank 0 writes it tensor
+ * by tensor, fetching each other stage's parameter and optimizer state when the file
+ * reaches it (pp_ckpt.c; with --tp each tensor's shards from the owning stage's group,
+ * tp_ckpt.c): no rank holds more than its stage. So a run saved with --pp 2 resumes with --pp 1
  * (or any other layout) and the other way. With --tp, the activations go between ranks
  * of the same tp index, sharded parameters' squares are summed over the tp group for
  * the norm.
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * split_sample.c); with --tp checkpoints still gather the whole
- * (shard) model on stage 0's tp group; PowerSGD and LoRA are refused with --pp
+ * split_sample.c); PowerSGD and LoRA are refused with --pp
  * (--offload optimizer keeps the stage's AdamW state in its file, --offload activations
  * every micro-batch's saved tensors); dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
@@ -239,28 +236,6 @@ static void release_others(trainer *t) {
     anneal_params *ps = t->model->params;
     for (int i = 0; i < ps->n; i++)
         if (!holds(pp, i)) anneal_tensor_set_storage(ps->items[i].tensor, NULL, 0);
-    pp->whole = false;
-}
-
-/* Gives every parameter the stage does not hold fresh storage (values: see
- * anneal_train_pp_sync_params), charged to the parameters in the memory breakdown. */
-static anneal_status hold_whole(trainer *t) {
-    struct train_pp *pp = t->pp;
-    if (pp->whole) return ANNEAL_OK;
-    anneal_params *ps = t->model->params;
-    anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS);
-    anneal_scope *s = anneal_scope_open();
-    anneal_status st = ANNEAL_OK;
-    for (int i = 0; i < ps->n && st == ANNEAL_OK; i++) {
-        anneal_tensor *x = ps->items[i].tensor;
-        if (x->storage) continue;
-        anneal_tensor *buf = anneal_empty_on(x->device, x->dtype, x->ndim, x->shape);
-        st = buf ? anneal_tensor_set_storage(x, buf, 0) : anneal_last_status();
-    }
-    anneal_scope_close(s);
-    anneal_memory_category_set(mc);
-    pp->whole = st == ANNEAL_OK;
-    return st;
 }
 
 /* --zero 1-2: the stage optimizer replaced by one sharded over the data group (t->ddp),
@@ -552,7 +527,6 @@ anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double
     int M = (int)(c->deterministic ? c->accum / pp->replicas : c->accum), N = pp->n, p = pp->stage;
     pp->step = step;
     int warm = N - p - 1 < M ? N - p - 1 : M;
-    if (pp->whole) release_others(t); /* after an evaluation or a sample: the stage's part again */
     double t0 = now_ms();
     pp->idle_ms = 0;
     pp->n_reqs = 0;
@@ -624,26 +598,6 @@ update:
     return st;
 }
 
-/* Only stage 0 of replica 0 (rank 0 and, with --tp, its tensor-parallel group) gathers:
- * with --tp it hands the shards to tp.c's checkpoint (samples run through the stages,
- * split_sample.c); the other stages send their own parameters and hold nothing more. */
-anneal_status anneal_train_pp_sync_params(trainer *t) {
-    struct train_pp *pp = t->pp;
-    if (!pp || pp->replica != 0) return ANNEAL_OK;
-    anneal_params *ps = t->model->params;
-    anneal_status st = pp->stage == 0 ? hold_whole(t) : ANNEAL_OK;
-    if (st != ANNEAL_OK) return restate(st, "pipeline: storage for the whole model: "); /* (peers wait: fatal) */
-    for (int i = 0; i < ps->n; i++) {
-        anneal_tensor *x = ps->items[i].tensor;
-        int o = pp->owner[i];
-        if (o == 0 || (pp->stage != 0 && pp->stage != o)) continue;
-        st = pp->stage == 0 ? anneal_comm_recv(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, o, 3)
-                            : anneal_comm_send(pp->pipe, anneal_data(x), anneal_numel(x), ANNEAL_F32, 0, 3);
-        if (st != ANNEAL_OK) return restate(st, "pipeline: gathering the parameters: ");
-    }
-    return ANNEAL_OK;
-}
-
 /* Validation through the stages, as training's forward runs (dropout off, no autograd):
  * each val batch's hidden state goes from stage to stage (blocking sends: stage p works
  * on batch i + 1 while stage p + 1 takes batch i), the last stage takes its loss, and the
@@ -696,70 +650,6 @@ anneal_status anneal_train_pp_evaluate(trainer *t, double *val_loss) {
         mean = v;
     }
     *val_loss = mean;
-    return ANNEAL_OK;
-}
-
-/* Rank 0 (stage 0 of replica 0): a full optimizer holding every stage's state, gathered
- * over replica 0's pipeline group, installed in t->opt for the snapshot. */
-anneal_status anneal_train_pp_ckpt_begin(trainer *t) {
-    struct train_pp *pp = t->pp;
-    anneal_status st = anneal_train_pp_sync_params(t);
-    bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
-    /* ZeRO 1-2: the stage's full state assembled over the data group (collective) */
-    if (st == ANNEAL_OK && sharded) st = anneal_optimizer_gather_state(t->opt);
-    if (st != ANNEAL_OK || pp->replica != 0) return st;
-    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
-    anneal_params *ps = t->model->params;
-    anneal_optimizer *full = NULL;
-    if (pp->stage == 0) {
-        full = anneal_optimizer_new(ps, anneal_optimizer_config(t->opt));
-        st = full ? anneal_optimizer_init_state(full) : anneal_last_status();
-        if (st == ANNEAL_OK) st = anneal_optimizer_set_step_count(full, anneal_optimizer_step_count(t->opt));
-    }
-    if (st == ANNEAL_OK && !sharded) st = anneal_optimizer_init_state(t->opt);
-    /* (an error here leaves a peer in a receive: the caller ends the job) */
-    for (int j = 0, v = 0; st == ANNEAL_OK && j < ps->n; j++) {
-        int o = pp->owner[j];
-        while (v < pp->view.n && pp->view_of[v] < j) v++;
-        bool mine = v < pp->view.n && pp->view_of[v] == j && o == pp->stage;
-        if (pp->stage != 0 && !mine) continue;
-        int64_t steps = mine ? anneal_optimizer_param_steps(t->opt, v) : 0;
-        for (int k = 0; k < 2 && st == ANNEAL_OK; k++) {
-            anneal_tensor *src = mine ? anneal_optimizer_state(t->opt, v, names[k]) : NULL;
-            anneal_tensor *dst = full ? anneal_optimizer_state(full, j, names[k]) : NULL;
-            int64_t n = anneal_numel(ps->items[j].tensor);
-            if (o == 0) st = src && dst ? anneal_copy_(dst, src) : anneal_last_status();
-            else if (mine) st = anneal_comm_send(pp->pipe, anneal_data(src), n, ANNEAL_F32, 0, k);
-            else st = anneal_comm_recv(pp->pipe, anneal_data(dst), n, ANNEAL_F32, o, k);
-        }
-        if (st == ANNEAL_OK && o != 0) {
-            if (mine) st = anneal_comm_send(pp->pipe, &steps, 1, ANNEAL_I64, 0, 2);
-            else if (pp->stage == 0) st = anneal_comm_recv(pp->pipe, &steps, 1, ANNEAL_I64, o, 2);
-        }
-        if (st == ANNEAL_OK && full) st = anneal_optimizer_set_param_steps(full, j, steps);
-    }
-    if (st != ANNEAL_OK) {
-        anneal_optimizer_free(full);
-        return restate(st, "pipeline: gathering the optimizer state: ");
-    }
-    if (full) {
-        pp->stage_opt = t->opt;
-        t->opt = full;
-    }
-    /* --tp: stage 0 of replica 0 (ranks 0..T-1) now holds each tensor-parallel shard of
-     * the whole model and its full optimizer; tp.c gathers them into rank 0's whole one */
-    return anneal_train_tp_ckpt_begin(t);
-}
-
-anneal_status anneal_train_pp_ckpt_end(trainer *t) {
-    struct train_pp *pp = t->pp;
-    if (pp && pp->stage_opt) {
-        anneal_optimizer_free(t->opt);
-        t->opt = pp->stage_opt;
-        pp->stage_opt = NULL;
-    }
-    if (pp) release_others(t); /* the stage's parameters only, again */
-    if (pp && t->ddp && anneal_ddp_stage(t->ddp) > 0) return anneal_optimizer_scatter_state(t->opt);
     return ANNEAL_OK;
 }
 
@@ -819,10 +709,6 @@ void anneal_train_pp_memory(trainer *t, double out[3]) {
 void anneal_train_pp_teardown(trainer *t) {
     struct train_pp *pp = t->pp;
     if (!pp) return;
-    if (pp->stage_opt) { /* a failed checkpoint left the full optimizer installed */
-        anneal_optimizer_free(t->opt);
-        t->opt = pp->stage_opt;
-    }
     for (int r = 0; r < pp->n_reqs; r++) anneal_comm_wait(pp->reqs[r]);
     for (int k = 0; pp->scopes && k < (int)t->cfg.accum; k++)
         if (pp->scopes[k]) anneal_scope_free(pp->scopes[k]);

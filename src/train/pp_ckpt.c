@@ -11,7 +11,7 @@
  * first assembled over the data group (collective) and scattered again after. Other
  * replicas take no part but the ZeRO collectives.
  *
- * With --tp the shards are gathered as before (pipeline.c's ckpt_begin, tp.c). */
+ * With --tp each tensor comes in shards from the owning stage's group (tp_ckpt.c). */
 #include "pp_internal.h"
 
 #include <stdlib.h>

@@ -12,7 +12,6 @@
 struct train_pp {
     int n, stage, replicas, replica; /* N stages, this rank's stage, D replicas, this rank's replica */
     int tp, tp_rank;                 /* --tp T: the tensor-parallel group's size (1 without), this rank's index */
-    bool whole;                      /* the non-owned parameters hold storage (eval, samples, a checkpoint) */
     int first, last;                 /* this stage's blocks [first, last) */
     anneal_comm *pipe, *data, *embed; /* pipeline group, data group, tied-embedding group (or NULL) */
     anneal_params view;              /* the owned parameters (aliases of the model's; not freed here) */
@@ -31,7 +30,6 @@ struct train_pp {
     double bubble_mean, bubble_max;  /* the last step's idle fraction over the ranks */
     double bubble_sum;               /* bubble_mean summed over this run's steps */
     int64_t bubble_steps;
-    anneal_optimizer *stage_opt;     /* while a checkpoint's full optimizer is installed in t->opt */
     bool tied_before_sync;           /* tied gradients summed before the data group's sync (ZeRO 1-2: the
                                       * sync, without overlap, reads .grad in anneal_ddp_finish) */
     double *view_ss, *view_ss_all;   /* ZeRO 1-2: per view parameter, this rank's and every replica's shard sums */

@@ -12,9 +12,9 @@
  * most 1/N of the model), fills the whole-width ones as one process would (the seeded
  * initialisation, --init or the resumed checkpoint), copies their slices (and of a
  * resumed optimizer state) into it and drops them. So initialisation and checkpoints
- * are those of a one-process run, and a checkpoint is layout-independent:
- * the writing rank's group gathers the shards (and the AdamW moments) into a whole
- * model for rank 0 to save, and a resume slices whatever layout wrote it. The lm head
+ * are those of a one-process run, and a checkpoint is layout-independent: rank 0 writes
+ * the one-process files fetching each tensor's shards (and AdamW moments) from the
+ * group in turn (tp_ckpt.c), and a resume slices whatever layout wrote it. The lm head
  * (tied to the token embedding), the embeddings, LayerNorms and the row-parallel biases
  * are replicated: their gradients are the same on every rank of a group. */
 #include "train_internal.h"
@@ -30,8 +30,6 @@ struct train_tp {
     anneal_tp *tp;
     anneal_tp_split *split;  /* per parameter of the shard model */
     int n_split;
-    anneal_model *keep_model;      /* the shard model and optimizer while a checkpoint holds the whole ones */
-    anneal_optimizer *keep_opt;
 };
 
 static const char *const moments[] = {"exp_avg", "exp_avg_sq"};
@@ -268,81 +266,9 @@ anneal_status anneal_train_tp_clip(trainer *t, float max_norm, float *norm_out) 
     return coef < 1.0f ? anneal_ddp_scale_grads(t->ddp, coef) : ANNEAL_OK;
 }
 
-anneal_status anneal_train_tp_ckpt_begin(trainer *t) {
-    struct train_tp *p = t->tp;
-    if (!p || t->rank >= p->size) return ANNEAL_OK; /* rank 0's group gathers; rank 0 writes */
-    anneal_model_config cfg = t->model->cfg;
-    cfg.tp_size = cfg.tp_rank = 0;
-    anneal_params *ps = t->model->params;
-    bool moments_too = anneal_optimizer_step_count(t->opt) > 0;
-    anneal_model *whole = NULL;
-    anneal_optimizer *wopt = NULL;
-    anneal_status st = ANNEAL_OK;
-    if (t->rank == 0) {
-        whole = anneal_model_new(&cfg, t->device);
-        if (whole) whole->ctx = t->model->ctx, whole->ctx.tp = NULL;
-        wopt = whole ? anneal_optimizer_new(whole->params, anneal_optimizer_config(t->opt)) : NULL;
-        if (wopt && moments_too) st = anneal_optimizer_init_state(wopt);
-        if (!wopt) st = anneal_last_status();
-    }
-    /* every rank of the group runs every gather, in parameter order, even after a local
-     * failure (the others wait in it) */
-    anneal_scope *sc = anneal_scope_open();
-    for (int i = 0; i < ps->n; i++) {
-        for (int j = -1; j < (moments_too ? 2 : 0); j++) {
-            anneal_tensor *shard = j < 0 ? ps->items[i].tensor : anneal_optimizer_state(t->opt, i, moments[j]);
-            anneal_tensor *dst = NULL;
-            if (whole && st == ANNEAL_OK) {
-                anneal_param *w = anneal_params_find(whole->params, ps->items[i].name);
-                int wi = w ? (int)(w - whole->params->items) : 0;
-                dst = j < 0 ? (w ? w->tensor : NULL) : anneal_optimizer_state(wopt, wi, moments[j]);
-                if (!dst) st = anneal_set_error(ANNEAL_ERR_STATE, "--tp checkpoint: no whole tensor for %s",
-                                                ps->items[i].name);
-                if (j == 1 && st == ANNEAL_OK)
-                    st = anneal_optimizer_set_param_steps(wopt, wi, anneal_optimizer_param_steps(t->opt, i));
-            }
-            if (!dst) { /* the other ranks (or after a failure): a scratch whole */
-                int64_t shape[ANNEAL_MAX_DIMS];
-                memcpy(shape, shard->shape, sizeof(int64_t) * (size_t)shard->ndim);
-                if (p->split[i].dim >= 0) shape[p->split[i].dim] *= p->size;
-                dst = anneal_empty(ANNEAL_F32, shard->ndim, shape);
-            }
-            anneal_status g = dst ? anneal_tp_gather(p->tp_comm, shard, dst, p->split[i]) : anneal_last_status();
-            if (st == ANNEAL_OK) st = g;
-        }
-    }
-    anneal_scope_close(sc);
-    if (wopt && st == ANNEAL_OK) st = anneal_optimizer_set_step_count(wopt, anneal_optimizer_step_count(t->opt));
-    if (t->rank == 0) {
-        if (st != ANNEAL_OK) {
-            anneal_optimizer_free(wopt);
-            anneal_model_free(whole);
-            return st;
-        }
-        /* the checkpoint writes t->model and t->opt: the whole ones until ckpt_end */
-        p->keep_model = t->model;
-        p->keep_opt = t->opt;
-        t->model = whole;
-        t->opt = wopt;
-    }
-    return st;
-}
-
-void anneal_train_tp_ckpt_end(trainer *t) {
-    struct train_tp *p = t->tp;
-    if (!p || !p->keep_model) return;
-    anneal_optimizer_free(t->opt);
-    anneal_model_free(t->model);
-    t->model = p->keep_model;
-    t->opt = p->keep_opt;
-    p->keep_model = NULL;
-    p->keep_opt = NULL;
-}
-
 void anneal_train_tp_teardown(trainer *t) {
     struct train_tp *p = t->tp;
     if (!p) return;
-    anneal_train_tp_ckpt_end(t);
     /* the model runs with p->tp: the caller frees the model first (teardown order) */
     anneal_tp_free(p->tp);
     if (p->dp_comm) anneal_comm_free(p->dp_comm);
@@ -356,6 +282,10 @@ void anneal_train_tp_teardown(trainer *t) {
  * split along (-1: replicated on every rank of the group), and the group. */
 int anneal_train_tp_split_dim(const trainer *t, int i) {
     return t->tp && t->tp->split && i >= 0 && i < t->tp->n_split ? t->tp->split[i].dim : -1;
+}
+
+int anneal_train_tp_split_parts(const trainer *t, int i) {
+    return t->tp && t->tp->split && i >= 0 && i < t->tp->n_split && t->tp->split[i].parts > 0 ? t->tp->split[i].parts : 1;
 }
 
 anneal_comm *anneal_train_tp_group(const trainer *t) { return t->tp ? t->tp->tp_comm : NULL; }

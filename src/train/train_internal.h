@@ -337,10 +337,6 @@ anneal_params *anneal_train_pp_opt_params(trainer *t);
  * clipping, update. */
 anneal_status anneal_train_pp_step(trainer *t, int64_t step, bool inject, double lr, double *loss, float *norm,
                                    bool *skipped, bool *overflow, float *loss_scale);
-/* Collective over replica 0's pipeline (no-op without --pp): stage 0 of replica 0 (rank 0,
- * with --tp its tensor-parallel group) gets every stage's parameters (until the next
- * step); the other stages send theirs and hold nothing more. */
-anneal_status anneal_train_pp_sync_params(trainer *t);
 /* Collective (--pp only): the val loss of t->eval_batches batches of the val source (at
  * its current cursor) through the stages, no rank gathering another stage's parameters;
  * the mean over replicas as the other layouts take it. */
@@ -357,9 +353,6 @@ anneal_status anneal_train_pp_generate(trainer *t, const int32_t *prompt, int64_
 anneal_status anneal_train_tp_generate(trainer *t, const int32_t *prompt, int64_t n_prompt, int64_t max_new,
                                        const anneal_sampler_config *cfg, int32_t stop_id, anneal_token_fn on_token,
                                        void *user);
-/* Checkpoint brackets: parameters and the full optimizer state on rank 0 (begin). */
-anneal_status anneal_train_pp_ckpt_begin(trainer *t);
-anneal_status anneal_train_pp_ckpt_end(trainer *t);
 /* pp_ckpt.c: whether a checkpoint is written without gathering (--pp without --tp), and
  * that write, collective (rank 0 writes, its pipeline's other stages send it each
  * tensor in turn; a failed write is rank 0's error, a failed message ends the job). */
@@ -399,14 +392,18 @@ anneal_status anneal_train_tp_det_setup(trainer *t, bool *usage);
 /* The gradients' squares summed as one process does (sharded ones gathered whole over
  * group, split per parameter), in registration order. Collective over group. */
 anneal_status anneal_train_tp_det_sumsq(trainer *t, anneal_comm *group, const anneal_tp_split *split, double *total);
-/* Brackets a checkpoint snapshot (collective over rank 0's group): rank 0's t->model
- * and t->opt become the gathered whole ones until end. */
-anneal_status anneal_train_tp_ckpt_begin(trainer *t);
-void anneal_train_tp_ckpt_end(trainer *t);
 void anneal_train_tp_teardown(trainer *t);
 /* --tp with --pp (pipeline.c): the split dimension of model parameter i (-1:
  * replicated, and always without --tp) and the tensor-parallel group (NULL without). */
 int anneal_train_tp_split_dim(const trainer *t, int i);
+/* The interleaved blocks of that split (3 for a fused q/k/v: each block cut alike; 1 otherwise). */
+int anneal_train_tp_split_parts(const trainer *t, int i);
 anneal_comm *anneal_train_tp_group(const trainer *t);
+/* tp_ckpt.c: whether a checkpoint is written without gathering (every --tp run, under
+ * --pp too), and that write, collective (rank 0 writes, the other ranks of replica 0
+ * send it each shard in turn; a failed write is rank 0's error, a failed message ends
+ * the job). */
+bool anneal_train_tp_ckpt_streamed(const trainer *t);
+anneal_status anneal_train_tp_ckpt_save(trainer *t);
 
 #endif

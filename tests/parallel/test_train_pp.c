@@ -394,23 +394,6 @@ static void check_run_peak(const char *run, const char *preset, int pp, int worl
     }
 }
 
-/* The whole of file path (malloc'd; NULL when unreadable), its size in *n. */
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *n = b ? (size_t)len : 0;
-    return b;
-}
-
 /* The newest checkpoints of run and ref have byte-identical model and optimizer files. */
 static void check_same_files(const char *run, const char *ref) {
     static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
@@ -422,7 +405,7 @@ static void check_same_files(const char *run, const char *ref) {
         snprintf(pa, sizeof pa, "%s/%s", a, files[k]);
         snprintf(pb, sizeof pb, "%s/%s", b, files[k]);
         size_t na = 0, nb = 0;
-        char *x = read_all(pa, &na), *y = read_all(pb, &nb);
+        char *x = tr_read_all(pa, &na), *y = tr_read_all(pb, &nb);
         CHECK(x && y && na == nb && memcmp(x, y, na) == 0, "%s of %s (%zu bytes) and %s (%zu bytes) differ", files[k],
               run, na, ref, nb);
         free(x);
@@ -953,7 +936,7 @@ static void check_same_ckpt(const char *run, const char *ref, int step) {
         snprintf(a, sizeof a, "%s/ckpt_%08d/%s", wpath(run), step, files[k]);
         snprintf(b, sizeof b, "%s/ckpt_%08d/%s", wpath(ref), step, files[k]);
         size_t na, nb;
-        char *x = read_all(a, &na), *y = read_all(b, &nb);
+        char *x = tr_read_all(a, &na), *y = tr_read_all(b, &nb);
         CHECK(x && y && na == nb && !memcmp(x, y, na), "%s differs from %s (%zu vs %zu bytes)", a, b, na, nb);
         free(x);
         free(y);

@@ -167,6 +167,16 @@ static double logged_param_mib(const char *run, int rank) {
     return v;
 }
 
+/* MiB of one rank's shard model of GPT-2 tiny (V 512, C 64, n_ctx 256, 2 layers) at
+ * --tp N (vocabulary split): whole on every rank wpe (n_ctx C), per layer ln_1, ln_2 (2C
+ * each) and the two c_proj biases (C each), ln_f (2C); 1/N each of wte (V C), c_attn
+ * (3C^2 + 3C), attn c_proj (C^2), c_fc (4C^2 + 4C) and mlp c_proj (4C^2) per layer. */
+static double tiny_shard_mib(int N) {
+    double V = 512, C = 64, ctx = 256, L = 2;
+    double whole = ctx * C + L * 6 * C + 2 * C, split = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
+    return (whole + split / N) * 4 / 1048576.0;
+}
+
 /* --tp 2 on 2 ranks = one process: losses, parameters; the layout printed; half the
  * blocks' parameters per rank. */
 TEST(tp2_matches_single_process) {
@@ -184,13 +194,7 @@ TEST(tp2_matches_single_process) {
     /* blocks and token embedding halved, positions and norms whole: 0.50 here (0.67 if
      * the vocabulary were not split) */
     CHECK(a < 0.6 * b, "--tp 2 holds %.2f MiB of parameters per rank, data parallelism %.2f", a, b);
-    /* the formula, GPT-2 tiny (V 512, C 64, n_ctx 256, 2 layers) at N = 2: whole on every
-     * rank wpe (n_ctx C), per layer ln_1, ln_2 (2C each) and the two c_proj biases (C
-     * each), ln_f (2C); 1/N each of wte (V C), c_attn (3C^2 + 3C), attn c_proj (C^2),
-     * c_fc (4C^2 + 4C) and mlp c_proj (4C^2) per layer */
-    double V = 512, C = 64, ctx = 256, L = 2, N = 2;
-    double whole = ctx * C + L * 6 * C + 2 * C, split = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
-    double want = (whole + split / N) * 4 / 1048576.0;
+    double want = tiny_shard_mib(2);
     for (int r = 0; r < 2; r++) {
         double got = logged_param_mib("tp2", r);
         printf("    rank %d: parameters %.6f MiB logged, %.6f MiB by the formula\n", r, got, want);
@@ -489,6 +493,80 @@ TEST(tp2_offload_is_one_process) {
           o ? o : "");
 }
 
+/* Byte-identical model and optimizer files of run's checkpoints of steps `at` and
+ * ref's. */
+static void check_same_ckpt_files(const char *run, const char *ref, const int *at, int n) {
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            char pa[700], pb[700];
+            snprintf(pa, sizeof pa, "%s/ckpt_%08d/%s", wpath(run), at[i], files[k]);
+            snprintf(pb, sizeof pb, "%s/ckpt_%08d/%s", wpath(ref), at[i], files[k]);
+            size_t na = 0, nb = 0;
+            char *x = tr_read_all(pa, &na), *y = tr_read_all(pb, &nb);
+            CHECK(x && y && na == nb && memcmp(x, y, na) == 0, "%s: %s of step %d (%zu bytes) differs from %s's (%zu)",
+                  run, files[k], at[i], na, ref, nb);
+            free(x);
+            free(y);
+        }
+}
+
+/* Checkpoints stream the shards: rank 0 writes the one-process files fetching each
+ * tensor's shards from the group when the file reaches it. Under --deterministic the
+ * files of steps 7, 14 and 20 are one process's byte for byte: tp 2, tp 2 x 2 replicas
+ * (ZeRO 0, 1 and 2: the shards' moments assembled over the replicas first; the norm
+ * from the whole agreed gradients, which ZeRO alone would not leave in .grad), tp 2 with
+ * the optimizer state offloaded, llama-tiny at tp 2 x pp 2 (GQA shards). Without
+ * it, checkpoints add nothing to any rank's measured peaks: over the run the
+ * parameters' peak is setup's (one batch of whole tensors) and the optimizer state's its
+ * shards' AdamW moments (2 x the shard model), where the gathered checkpoint before
+ * made rank 0 hold the whole model's moments too (the optimizer category). */
+TEST(checkpoints_stream_the_shards) {
+    NEED_MPI();
+    const int at[] = {7, 14, 20}, nat = steps >= 20 ? 3 : 0;
+    const char *every = "--deterministic --ckpt-every 7 --accum 2"; /* 2 micro-batches: 1 per replica at dp 2 */
+    char extra[256];
+    REQUIRE(train("", "ck1", every) == 0);
+    snprintf(extra, sizeof extra, "--tp 2 %s", every);
+    REQUIRE(train(mpi_np(2), "cktp2", extra) == 0);
+    REQUIRE(train(mpi_np(4), "cktp2dp2", extra) == 0);
+    snprintf(extra, sizeof extra, "--tp 2 --zero 1 %s", every);
+    REQUIRE(train(mpi_np(4), "cktp2z1", extra) == 0);
+    snprintf(extra, sizeof extra, "--tp 2 --zero 2 %s", every);
+    REQUIRE(train(mpi_np(4), "cktp2z2", extra) == 0);
+    snprintf(extra, sizeof extra, "--tp 2 --offload optimizer %s", every);
+    REQUIRE(train(mpi_np(2), "cktp2off", extra) == 0);
+    snprintf(extra, sizeof extra, "--model llama-tiny %s", every);
+    REQUIRE(train("", "lck1", extra) == 0);
+    snprintf(extra, sizeof extra, "--model llama-tiny --tp 2 --pp 2 %s", every);
+    REQUIRE(train(mpi_np(4), "lcktp2pp2", extra) == 0);
+    check_same_ckpt_files("cktp2", "ck1", at, nat);
+    check_same_ckpt_files("cktp2dp2", "ck1", at, nat);
+    check_same_ckpt_files("cktp2z1", "ck1", at, nat);
+    check_same_ckpt_files("cktp2z2", "ck1", at, nat);
+    check_same_ckpt_files("cktp2off", "ck1", at, nat);
+    check_same_ckpt_files("lcktp2pp2", "lck1", at, nat);
+    const int last[] = {steps};
+    check_same_ckpt_files("cktp2", "ck1", last, 1);
+    check_same_ckpt_files("lcktp2pp2", "lck1", last, 1);
+    /* the measured peaks of a run with checkpoints (vocabulary split: no --deterministic) */
+    REQUIRE(train(mpi_np(2), "ckmem", "--tp 2 --ckpt-every 3") == 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/log.jsonl", wpath("ckmem"));
+    double shard = tiny_shard_mib(2);
+    for (int r = 0; r < 2; r++) {
+        double p0 = NAN, o0 = NAN, p1 = NAN, o1 = NAN;
+        CHECK(tr_memory_peaks(path, "at start", r, &p0, &o0), "ckmem: no memory record at start for rank %d", r);
+        CHECK(tr_memory_peaks(path, NULL, r, &p1, &o1), "ckmem: no memory record for rank %d", r);
+        printf("    ckmem rank %d: parameter peak %.6f MiB at start, %.6f over the run; optimizer peak %.6f MiB "
+               "over the run (2 x the shard model: %.6f)\n", r, p0, p1, o1, 2 * shard);
+        CHECK(p1 == p0, "rank %d: the parameters' peak grew from %.6f MiB (setup) to %.6f over a run with checkpoints",
+              r, p0, p1);
+        CHECK(fabs(o1 - 2 * shard) <= 1e-6 * shard, "rank %d: optimizer-state peak %.6f MiB, the shards' moments %.6f",
+              r, o1, 2 * shard);
+    }
+}
+
 /* A run that must fail with `expect` in its output. */
 static void refused(const char *launcher, const char *run, const char *extra, const char *expect) {
     char cmd[4096], out[600];
@@ -534,6 +612,7 @@ int main(void) {
     RUN(tp2_samples_equal_one_process);
     RUN(fp16_tp2_agrees_on_overflow);
     RUN(tp2_offload_is_one_process);
+    RUN(checkpoints_stream_the_shards);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);

@@ -130,7 +130,6 @@ static inline void tr_scale_trace(const char *path, char *out, size_t n) {
     if (f) fclose(f);
 }
 
-/* True when mpirun is on the PATH. */
 /* The last "memory" record of the log at path (taken `when`, e.g. "at start": after
  * setup, before the first step, for a resume the resumed run's; NULL: any): rank r's
  * measured peaks of the allocator's parameter and optimizer-state categories since the
@@ -157,6 +156,25 @@ static inline bool tr_memory_peaks(const char *path, const char *when, int r, do
     return got;
 }
 
+/* The whole of file path (malloc'd; NULL when unreadable), its size in *n. */
+static inline char *tr_read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = b ? (size_t)len : 0;
+    return b;
+}
+
+/* True when mpirun is on the PATH. */
 static inline bool tr_have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 #endif
