@@ -129,7 +129,7 @@ static const option_def defs[] = {
      OFF(offload_dir), 0, 0, 0, 0, NULL},
     {{"deterministic", ANNEAL_OPT_ONOFF, "losses and parameters bit-identical whatever the number of ranks: a step is "
       "--accum micro-batches of --batch rows, rank r of W runs accum/W of them (a power of two), gradients and losses "
-      "summed in one fixed binary tree; CPU, also --zero 1-3 and --pp (x replicas), no --grad-compress or --tp; same "
+      "summed in one fixed binary tree; CPU, also --zero 1-3, --pp (x replicas) and --tp, no --grad-compress; same "
       "--threads per rank (default off)"},
      OFF(deterministic), 0, 0, 0, 0, NULL},
 };

@@ -268,14 +268,6 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
     if (!distributed(t)) return ANNEAL_OK;
     anneal_status st = t->world > 1 ? check_same_run(t, usage) : ANNEAL_OK;
     if (st != ANNEAL_OK) return st;
-    if (t->cfg.pp > 1) { /* --pp: stages x replicas (pipeline.c) */
-        st = anneal_train_dist_agree(t, anneal_train_pp_build(t, usage), "setting up the pipeline");
-        if (st == ANNEAL_OK) st = anneal_train_dist_agree(t, anneal_train_pp_optimizer(t), "setting up the optimizer");
-        if (st == ANNEAL_OK)
-            st = anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
-                                         "creating the run directory");
-        return st;
-    }
     /* the fp16 loss scaler unscales and checks the full gradients in .grad, which ZeRO
      * replaces by each rank's shard (every rank takes this branch: same settings) */
     if (t->use_scaler && t->cfg.zero > 0) {
@@ -289,6 +281,17 @@ anneal_status anneal_train_dist_setup(trainer *t, bool *usage) {
         *usage = true;
         return anneal_set_error(ANNEAL_ERR_ARG, "--grad-compress powersgd: not available with the fp16 loss scaler "
                                                 "(use --dtype bf16 or fp32)");
+    }
+    if (t->cfg.pp > 1) { /* --pp: stages x replicas (pipeline.c) */
+        st = anneal_train_dist_agree(t, anneal_train_pp_build(t, usage), "setting up the pipeline");
+        if (st == ANNEAL_OK) st = anneal_train_dist_agree(t, anneal_train_pp_optimizer(t), "setting up the optimizer");
+        /* PowerSGD on the stage's sync over its data group (the replicas of the stage) */
+        if (st == ANNEAL_OK && compressing(t))
+            st = anneal_train_dist_agree(t, t->ddp ? make_powersgd(t) : ANNEAL_OK, "setting up PowerSGD");
+        if (st == ANNEAL_OK)
+            st = anneal_train_dist_agree(t, t->rank == 0 ? anneal_train_create_run_dir(t) : ANNEAL_OK,
+                                         "creating the run directory");
+        return st;
     }
     if (t->cfg.zero == 3 && (st = anneal_train_zero3_check(t, usage)) != ANNEAL_OK) return st;
     anneal_ddp_config dc = anneal_ddp_defaults();
@@ -347,19 +350,23 @@ anneal_status anneal_train_dist_ckpt_begin(trainer *t) {
     return ANNEAL_OK;
 }
 
+anneal_status anneal_train_dist_save_powersgd(trainer *t) {
+    if (!t->psgd) return ANNEAL_OK;
+    /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
+     * directory exists on rank 0's host, the others make it on theirs */
+    char path[PATH_MAX + 64];
+    mkdir(t->run_dir, 0755);
+    psgd_path(t, t->run_dir, t->st.step, path, sizeof path);
+    anneal_status st = anneal_powersgd_save(t->psgd, path);
+    if (st != ANNEAL_OK) return restate(st, "PowerSGD state: ");
+    prune_powersgd(t, t->st.step);
+    return ANNEAL_OK;
+}
+
 anneal_status anneal_train_dist_ckpt_end(trainer *t) {
     anneal_status so = anneal_optimizer_offload_scatter(t->opt); /* back into the file */
     if (so != ANNEAL_OK) return so;
-    if (t->psgd) {
-        /* every rank's own error feedback and Q, next to rank 0's checkpoint; the run
-         * directory exists on rank 0's host, the others make it on theirs */
-        char path[PATH_MAX + 64];
-        mkdir(t->run_dir, 0755);
-        psgd_path(t, t->run_dir, t->st.step, path, sizeof path);
-        anneal_status st = anneal_powersgd_save(t->psgd, path);
-        if (st != ANNEAL_OK) return restate(st, "PowerSGD state: ");
-        prune_powersgd(t, t->st.step);
-    }
+    if ((so = anneal_train_dist_save_powersgd(t)) != ANNEAL_OK) return so;
     if (!t->ddp || t->cfg.zero == 0) return ANNEAL_OK;
     if (t->z3 && (so = anneal_zero3_release_all(t->z3)) != ANNEAL_OK) return so;
     return anneal_optimizer_scatter_state(t->opt);

@@ -245,7 +245,8 @@ static anneal_status save_checkpoint(trainer *t) {
                                    : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_begin(t));
     if (st == ANNEAL_OK && t->rank == 0 && !streamed)
         st = anneal_checkpointer_save(t->ckpt, t->model, t->opt, &t->st, t->config_json);
-    anneal_status se = streamed ? ANNEAL_OK : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_end(t));
+    anneal_status se = streamed ? (st == ANNEAL_OK ? anneal_train_dist_save_powersgd(t) : ANNEAL_OK)
+                                : anneal_train_dist_fatal(t, anneal_train_dist_ckpt_end(t));
     if (st == ANNEAL_OK) st = se;
     double t2 = anneal_train_now_ms();
     t->last_ckpt_step = t->st.step;

@@ -44,7 +44,8 @@
  * the norm.
  *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * split_sample.c); PowerSGD and LoRA are refused with --pp
+ * split_sample.c); LoRA is refused with --pp (PowerSGD compresses the stage's sync over
+ * its replicas)
  * (--offload optimizer keeps the stage's AdamW state in its file, --offload activations
  * every micro-batch's saved tensors); dropout masks are drawn from per-rank generator positions that differ from a
  * single process's (the same distribution, other masks), except under --deterministic
@@ -114,8 +115,11 @@ static anneal_status refuse(trainer *t, bool *usage) {
     if (c->pp > t->mcfg.n_layer)
         return USAGE("--pp %lld: more pipeline stages than the model's %d blocks (each stage needs a block)", n,
                      t->mcfg.n_layer);
-    if (c->grad_compress && strcmp(c->grad_compress, "none"))
-        return USAGE("--pp %lld with --grad-compress %s: not built", n, c->grad_compress);
+    long long tpn = c->tp > 1 ? (long long)c->tp : 1;
+    if (c->grad_compress && strcmp(c->grad_compress, "none") && t->world / (tpn * n) < 2)
+        return USAGE("--pp %lld with --grad-compress %s: it compresses the sync between data-parallel replicas, and "
+                     "this job has none (start a multiple of %lld ranks: --pp x --tp x 2 or more)", n, c->grad_compress,
+                     2 * tpn * n);
     if (anneal_lora_count(t->model->params) > 0) return USAGE("--pp %lld with LoRA adapters: not built", n);
     if (t->device != ANNEAL_CPU) return USAGE("--pp %lld: CPU runs only", n);
     if (c->zero > 2)
@@ -299,7 +303,9 @@ anneal_status anneal_train_pp_optimizer(trainer *t) {
         dc.zero_stage = (int)t->cfg.zero;
         /* ZeRO 1-2 keep only a shard of the synced gradient: the tied sum must come first,
          * so the stage's buckets are filled from .grad in anneal_ddp_finish (no overlap) */
-        pp->tied_before_sync = dc.zero_stage > 0 && pp->embed;
+        bool psgd = t->cfg.grad_compress && !strcmp(t->cfg.grad_compress, "powersgd");
+        /* PowerSGD too: it must compress the tied gradient's sum, not each stage's half */
+        pp->tied_before_sync = (dc.zero_stage > 0 || psgd) && pp->embed;
         if (pp->tied_before_sync) dc.overlap = false;
         t->ddp = anneal_ddp_new(pp->data, &pp->view, dc);
         if (!t->ddp) st = restate(anneal_last_status(), "gradient sync of the stage: ");
@@ -578,6 +584,9 @@ update:
     if ((st = anneal_train_unscale_grads(t, mean, overflow, loss_scale)) != ANNEAL_OK) return st;
     if ((st = norm_and_clip(t, c->clip > 0 ? (float)c->clip : 0.0f, norm)) != ANNEAL_OK) return st;
     *skipped = !isfinite(mean) || !isfinite(*norm) || *overflow; /* an overflow anywhere (a tied copy too) */
+    /* PowerSGD: a non-finite gradient went into the error feedback and Q (every rank sees
+     * the same norm, so every rank resets) */
+    if (*skipped && t->psgd) anneal_powersgd_reset(t->psgd);
     if (!*skipped) st = anneal_optimizer_step(t->opt, lr);
     anneal_params_zero_grad(t->model->params);
     anneal_span_end(ANNEAL_SPAN_STEP, "optimizer", span_t0, 0, 0);

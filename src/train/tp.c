@@ -60,8 +60,6 @@ anneal_status anneal_train_tp_begin(trainer *t, bool *usage) {
         return USAGE("--tp %d with --zero %lld: ZeRO-3's per-block gathering does not know the shards yet; use --zero 0, "
                      "1 or 2", n, (long long)c->zero);
     if (c->lora_rank > 0) return USAGE("--tp %d with --lora-rank: not built (LoRA adapters are not sharded)", n);
-    if (c->grad_compress && strcmp(c->grad_compress, "none"))
-        return USAGE("--tp %d with --grad-compress %s: not built yet", n, c->grad_compress);
     if (c->device && strcmp(c->device, "cpu"))
         return USAGE("--tp %d with --device %s: the group's collectives run on CPU tensors only", n, c->device);
     struct train_tp *p = calloc(1, sizeof *p);

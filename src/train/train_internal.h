@@ -217,6 +217,9 @@ anneal_status anneal_train_dist_any(trainer *t, bool *flag);
  * rank (begin) and drops it again (end). */
 anneal_status anneal_train_dist_ckpt_begin(trainer *t);
 anneal_status anneal_train_dist_ckpt_end(trainer *t);
+/* PowerSGD: this rank's error feedback and Q next to the checkpoint just written
+ * (every rank; part of anneal_train_dist_ckpt_end, called alone after a streamed one). */
+anneal_status anneal_train_dist_save_powersgd(trainer *t);
 /* --zero 3: the settings it needs (usage errors otherwise; dist_zero3.c); every
  * parameter in full (on) and back to shards (off), collective, for rank 0's samples
  * (dist.c; a failure ends the job); the most parameter and gradient bytes this rank has

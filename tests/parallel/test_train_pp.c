@@ -859,6 +859,25 @@ TEST(offload_through_stages) {
     CHECK(o && strstr(o, "activations offloaded:"), "offpp2: no activation offload note: %s", o ? o : "");
 }
 
+/* PowerSGD over the replicas of --pp 2 x 2: each stage compresses its gradients over its
+ * data-parallel group, the tied embedding's summed over the first and last stage first
+ * (so the compressed gradient is the whole one). Warm-up steps as uncompressed, then at
+ * least 4x fewer bytes; stopped at half and resumed, the straight run's bits. */
+TEST(powersgd_over_stage_replicas) {
+    NEED_MPI();
+    const char *ps = "--pp 2 --grad-compress powersgd --powersgd-rank 2 --powersgd-warmup-steps 3";
+    char extra[256];
+    REQUIRE(train(mpi4, "pspp", ps) == 0);
+    snprintf(extra, sizeof extra, "%s --stop-at %d --ckpt-every %d", ps, steps / 2, steps / 2);
+    REQUIRE(train(mpi4, "psppr", extra) == 0);
+    REQUIRE(resume(mpi4, "psppr", "") == 0);
+    char a[600], b[600], c[600];
+    snprintf(a, sizeof a, "%s/log.jsonl", wpath("pspp"));
+    snprintf(b, sizeof b, "%s/log.jsonl", wpath("psppr"));
+    snprintf(c, sizeof c, "%s/log.jsonl", wpath("pp2dp2"));
+    tr_check_powersgd(a, b, c, steps, 3, LOSS_RTOL);
+}
+
 /* Stopped at half with --pp 2, resumed with --pp 1 (one process); and the other way
  * round: both continue the single-process run. */
 TEST(resume_between_layouts) {
@@ -1037,7 +1056,8 @@ TEST(bad_layouts) {
     refused("", "bad_one", "--pp 2", "--pp 2 does not divide the 1 rank of the job");
     refused(mpi2, "bad_accum", "--pp 2 --accum 1", "--accum 1 is below --pp 2");
     refused(mpi4, "bad_blocks", "--pp 4", "--pp 4: more pipeline stages than the model's 2 blocks");
-    refused(mpi2, "bad_psgd", "--pp 2 --grad-compress powersgd", "--pp 2 with --grad-compress powersgd: not built");
+    refused(mpi2, "bad_psgd", "--pp 2 --grad-compress powersgd", "this job has none (start a multiple of 4 ranks");
+    refused(mpi4, "bad_psgd16", "--pp 2 --grad-compress powersgd --dtype fp16", "not available with the fp16 loss scaler");
     refused(mpi2, "bad_tppp", "--tp 2 --pp 2", "--tp 2 x --pp 2 = 4 does not divide the 2 ranks of the job");
 }
 
@@ -1080,6 +1100,7 @@ int main(void) {
     RUN(pp2_failed_streamed_checkpoint);
     RUN(fp16_overflow_agreed_over_stages);
     RUN(offload_through_stages);
+    RUN(powersgd_over_stage_replicas);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);

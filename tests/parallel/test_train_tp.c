@@ -567,6 +567,21 @@ TEST(checkpoints_stream_the_shards) {
     }
 }
 
+/* PowerSGD over the replicas of --tp 2 x 2: each rank compresses its shards' gradients
+ * over its data-parallel group (the low-rank factors of a shard are not the whole
+ * matrix's: no one-process equivalent). Warm-up steps as uncompressed, then at least 4x
+ * fewer bytes; stopped at half and resumed, the straight run's bits. */
+TEST(powersgd_over_tp_replicas) {
+    NEED_MPI();
+    const char *ps = "--tp 2 --grad-compress powersgd --powersgd-rank 2 --powersgd-warmup-steps 3";
+    char extra[256];
+    REQUIRE(train(mpi_np(4), "pstp", ps) == 0);
+    snprintf(extra, sizeof extra, "%s --stop-at %d --ckpt-every %d", ps, steps / 2, steps / 2);
+    REQUIRE(train(mpi_np(4), "pstpr", extra) == 0);
+    REQUIRE(resume(mpi_np(4), "pstpr", "") == 0);
+    tr_check_powersgd(wpath("pstp/log.jsonl"), wpath("pstpr/log.jsonl"), wpath("tp2dp2/log.jsonl"), steps, 3, LOSS_RTOL);
+}
+
 /* A run that must fail with `expect` in its output. */
 static void refused(const char *launcher, const char *run, const char *extra, const char *expect) {
     char cmd[4096], out[600];
@@ -613,6 +628,7 @@ int main(void) {
     RUN(fp16_tp2_agrees_on_overflow);
     RUN(tp2_offload_is_one_process);
     RUN(checkpoints_stream_the_shards);
+    RUN(powersgd_over_tp_replicas);
     RUN(bad_layouts);
     if (anneal_test_failed == 0) tu_rmrf(work);
     else printf("kept %s for inspection\n", work);

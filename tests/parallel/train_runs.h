@@ -174,6 +174,32 @@ static inline char *tr_read_all(const char *path, size_t *n) {
     return b;
 }
 
+/* PowerSGD under a model-parallel layout (run, with `warmup` plain steps first, and
+ * resumed, a copy of it stopped at half and resumed in the same layout; plain, the same
+ * layout uncompressed): the warm-up steps and the first compressed step's loss (computed
+ * before its update) are plain's within rtol, every later step hands all-reduce at least
+ * 4x fewer bytes than uncompressed, and the resumed run is the straight one's bits (each
+ * rank's error feedback and Q saved next to the checkpoint). */
+static inline void tr_check_powersgd(const char *run, const char *resumed, const char *plain, int steps, int warmup,
+                                     double rtol) {
+    double a[64], b[64], r[64], bytes[64], full[64];
+    int na = tu_read_losses(run, a, NULL, 64), nb = tu_read_losses(plain, b, NULL, 64),
+        nr = tu_read_losses(resumed, r, NULL, 64);
+    CHECK(na == steps && nb == steps && nr == steps, "steps: %d compressed, %d plain, %d resumed (want %d)", na, nb,
+          nr, steps);
+    if (na != steps || nb != steps || nr != steps) return;
+    for (int i = 0; i <= warmup && i < steps; i++)
+        CHECK(fabs(a[i] - b[i]) <= rtol * fabs(b[i]), "step %d (warm-up): loss %.9g, uncompressed %.9g", i + 1, a[i], b[i]);
+    CHECK(memcmp(a, r, sizeof(double) * (size_t)steps) == 0, "the resumed run's losses are not the straight run's bits");
+    REQUIRE(tu_read_steps(run, "comm_bytes", NAN, bytes, "skipped", NULL, 64) == steps);
+    REQUIRE(tu_read_steps(run, "comm_bytes_uncompressed", NAN, full, "skipped", NULL, 64) == steps);
+    double worst = 0;
+    for (int i = warmup; i < steps; i++) worst = fmax(worst, bytes[i] / full[i]);
+    printf("    PowerSGD: steps 1-%d plain, then all-reduce bytes at most %.3f of uncompressed; loss %.5f -> %.5f "
+           "(uncompressed %.5f -> %.5f)\n", warmup, worst, a[0], a[steps - 1], b[0], b[steps - 1]);
+    CHECK(worst > 0 && worst <= 0.25, "compressed steps hand all-reduce %.3f of the uncompressed bytes", worst);
+}
+
 /* True when mpirun is on the PATH. */
 static inline bool tr_have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
 
