@@ -2,7 +2,8 @@
  * restored into it) is replaced by the file-backed one of src/optim/offload.c, in
  * --offload-dir or the run directory (one file per rank: with --tp over the rank's
  * shards, with --pp over its stage). Checkpoints take the state out of the file and
- * put it back (dist.c's ckpt_begin / ckpt_end). */
+ * put it back (dist.c's ckpt_begin / ckpt_end; the streamed ones of --tp and --pp,
+ * tp_ckpt.c and pp_ckpt.c, themselves). */
 #include "train_internal.h"
 
 #include <stdio.h>

@@ -43,13 +43,15 @@
  * of the same tp index, sharded parameters' squares are summed over the tp group for
  * the norm.
  *
+ * With the rest: fp16 scales the loss at the last stage (the overflow agreed over the
+ * world, precision.c); PowerSGD compresses the stage's sync over its replicas;
+ * --offload optimizer keeps the stage's AdamW state in the rank's file, --offload
+ * activations every in-flight micro-batch's saved tensors in another.
+ *
  * Not done: samples keep no KV cache per stage (a full-context forward per token, see
- * split_sample.c); LoRA is refused with --pp (PowerSGD compresses the stage's sync over
- * its replicas)
- * (--offload optimizer keeps the stage's AdamW state in its file, --offload activations
- * every micro-batch's saved tensors); dropout masks are drawn from per-rank generator positions that differ from a
- * single process's (the same distribution, other masks), except under --deterministic
- * (deterministic.c: bit-identical to one process). */
+ * split_sample.c); LoRA is refused with --pp; dropout masks are drawn from per-rank
+ * generator positions that differ from a single process's (the same distribution, other
+ * masks), except under --deterministic (deterministic.c: bit-identical to one process). */
 #include "anneal/backend.h"
 #include "anneal/trace.h"
 #include "pp_internal.h"

@@ -134,7 +134,8 @@ static anneal_status serve(trainer *t) {
 anneal_status anneal_train_pp_ckpt_save(trainer *t) {
     struct train_pp *pp = t->pp;
     bool sharded = t->ddp && anneal_ddp_stage(t->ddp) > 0;
-    /* the state exists from the first step on; before it, zeros (as a one-process save) */
+    /* the state exists from the first step on; before it, zeros (as a one-process save);
+     * --offload optimizer: out of its file (its init_state) */
     anneal_status st = sharded ? anneal_optimizer_gather_state(t->opt) : anneal_optimizer_init_state(t->opt);
     st = anneal_train_dist_fatal(t, st);
     if (st == ANNEAL_OK && pp->replica == 0) st = pp->stage == 0 ? write_on_rank0(t) : serve(t);
@@ -142,5 +143,7 @@ anneal_status anneal_train_pp_ckpt_save(trainer *t) {
         anneal_status sc = anneal_train_dist_fatal(t, anneal_optimizer_scatter_state(t->opt));
         if (st == ANNEAL_OK) st = sc;
     }
-    return st;
+    /* --offload optimizer: init_state took the state out of its file; back into it */
+    anneal_status so = anneal_train_dist_fatal(t, anneal_optimizer_offload_scatter(t->opt));
+    return st == ANNEAL_OK ? so : st;
 }
