@@ -354,12 +354,19 @@ anneal_status anneal_quant_load(const char *path, anneal_device dev, anneal_mode
     r = parse_record(cfgp, j, &rec);
     if (r == ANNEAL_OK) r = anneal_model_config_from_hf_file(cfgp, &cfg);
     if (r == ANNEAL_OK) r = anneal_safetensors_open(wpath, &st);
+    /* the layers and the quantized tensors' shapes checked on a model without storage
+     * first: a config.json with sizes the weights do not have allocates nothing */
+    anneal_params_defer_storage(true);
     if (r == ANNEAL_OK && !(m = anneal_model_new(&cfg, dev))) r = anneal_last_status();
+    anneal_params_defer_storage(false);
     if (r == ANNEAL_OK && !(listed = calloc((size_t)m->params->n_dense + 1, sizeof *listed)))
         r = anneal_set_error(ANNEAL_ERR_OOM, "%s: out of memory", path);
     if (r == ANNEAL_OK) r = mark_listed(cfgp, &rec, m->params, listed);
     if (r == ANNEAL_OK) r = check_tensors(st, &rec, m->params, listed);
     if (r == ANNEAL_OK) r = check_head(st, &rec, m);
+    anneal_model_free(m); /* then the model itself (the same layers, so the same list) */
+    m = NULL;
+    if (r == ANNEAL_OK && !(m = anneal_model_new(&cfg, dev))) r = anneal_last_status();
     if (r == ANNEAL_OK) r = qsource_init(&src, st, m->params, listed, rec.head);
     /* the int8 layers first: their f32 weights give way to stride-0 zeros before the import
      * would write (and so touch) 4 bytes a weight that nothing reads */
