@@ -385,28 +385,17 @@ static anneal_status check_f32(const anneal_tensor *t, const char *what) {
     return ANNEAL_OK;
 }
 
-anneal_status anneal_tp_slice(const anneal_tensor *whole, anneal_tensor *shard, anneal_tp_split sp, int rank) {
+/* Between whole and rank's shard (to_whole: shard -> whole), after checking both are
+ * f32 contiguous CPU tensors and that the shard fits: anneal_tp_slice and _place. */
+static anneal_status copy_part(anneal_tensor *whole, anneal_tensor *shard, anneal_tp_split sp, int rank, bool to_whole) {
     anneal_status s = check_f32(whole, "the whole parameter");
     if (s == ANNEAL_OK) s = check_f32(shard, "the shard");
     if (s != ANNEAL_OK) return s;
     if (sp.dim < 0) {
         if (anneal_numel(whole) != anneal_numel(shard))
             return anneal_set_error(ANNEAL_ERR_SHAPE, "tensor parallelism: a replicated parameter changed size");
-        memcpy(anneal_data(shard), anneal_data(whole), (size_t)anneal_numel(shard) * sizeof(float));
-        return ANNEAL_OK;
-    }
-    move_shard(anneal_data(whole), whole, anneal_data(shard), shard, sp, rank, false);
-    return ANNEAL_OK;
-}
-
-anneal_status anneal_tp_place(const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp, int rank) {
-    anneal_status s = check_f32(whole, "the whole parameter");
-    if (s == ANNEAL_OK) s = check_f32(shard, "the shard");
-    if (s != ANNEAL_OK) return s;
-    if (sp.dim < 0) {
-        if (anneal_numel(whole) != anneal_numel(shard))
-            return anneal_set_error(ANNEAL_ERR_SHAPE, "tensor parallelism: a replicated parameter changed size");
-        memcpy(anneal_data(whole), anneal_data(shard), (size_t)anneal_numel(shard) * sizeof(float));
+        if (to_whole) memcpy(anneal_data(whole), anneal_data(shard), (size_t)anneal_numel(shard) * sizeof(float));
+        else memcpy(anneal_data(shard), anneal_data(whole), (size_t)anneal_numel(shard) * sizeof(float));
         return ANNEAL_OK;
     }
     bool ok = whole->ndim == shard->ndim && sp.dim < whole->ndim && sp.parts > 0 && shard->shape[sp.dim] > 0 &&
@@ -414,8 +403,16 @@ anneal_status anneal_tp_place(const anneal_tensor *shard, anneal_tensor *whole, 
               rank < whole->shape[sp.dim] / shard->shape[sp.dim];
     for (int d = 0; ok && d < whole->ndim; d++) ok = d == sp.dim || whole->shape[d] == shard->shape[d];
     if (!ok) return anneal_set_error(ANNEAL_ERR_SHAPE, "tensor parallelism: shard %d does not fit the whole parameter", rank);
-    move_shard(anneal_data(whole), whole, anneal_data((anneal_tensor *)shard), shard, sp, rank, true);
+    move_shard(anneal_data(whole), whole, anneal_data(shard), shard, sp, rank, to_whole);
     return ANNEAL_OK;
+}
+
+anneal_status anneal_tp_slice(const anneal_tensor *whole, anneal_tensor *shard, anneal_tp_split sp, int rank) {
+    return copy_part((anneal_tensor *)whole, shard, sp, rank, false);
+}
+
+anneal_status anneal_tp_place(const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp, int rank) {
+    return copy_part(whole, (anneal_tensor *)shard, sp, rank, true);
 }
 
 anneal_status anneal_tp_gather(anneal_comm *c, const anneal_tensor *shard, anneal_tensor *whole, anneal_tp_split sp) {

@@ -37,12 +37,8 @@ typedef struct fetcher {
     float *buf; /* one tensor: the largest parameter's size */
 } fetcher;
 
-/* Rank 0's fetch: entry name -> (parameter, state) -> its owning stage's bytes. */
-static anneal_status fetch(void *ctx, const char *name, const void **data) {
-    fetcher *f = ctx;
-    struct train_pp *pp = f->t->pp;
-    anneal_params *ps = f->t->model->params;
-    int64_t req[2] = {-1, -1};
+bool anneal_train_ckpt_entry(const anneal_params *ps, const char *name, int64_t req[2]) {
+    req[0] = req[1] = -1;
     for (int j = 0; j < ps->n && req[0] < 0; j++) {
         size_t l = strlen(ps->items[j].name);
         if (strncmp(name, ps->items[j].name, l) != 0) continue;
@@ -50,7 +46,16 @@ static anneal_status fetch(void *ctx, const char *name, const void **data) {
         for (int k = 0; k < 2 && req[0] < 0; k++)
             if (name[l] == '.' && !strcmp(name + l + 1, state_names[k])) req[0] = j, req[1] = k;
     }
-    if (req[0] < 0) return anneal_set_error(ANNEAL_ERR_STATE, "pipeline checkpoint: no parameter for %s", name);
+    return req[0] >= 0;
+}
+
+/* Rank 0's fetch: entry name -> (parameter, state) -> its owning stage's bytes. */
+static anneal_status fetch(void *ctx, const char *name, const void **data) {
+    fetcher *f = ctx;
+    struct train_pp *pp = f->t->pp;
+    anneal_params *ps = f->t->model->params;
+    int64_t req[2];
+    if (!anneal_train_ckpt_entry(ps, name, req)) return anneal_set_error(ANNEAL_ERR_STATE, "pipeline checkpoint: no parameter for %s", name);
     int o = pp->owner[req[0]];
     if (o == 0) return anneal_set_error(ANNEAL_ERR_STATE, "pipeline checkpoint: %s is stage 0's but not here", name);
     anneal_status st = anneal_comm_send(pp->pipe, req, 2, ANNEAL_I64, o, TAG_REQ);

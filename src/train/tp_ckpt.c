@@ -64,15 +64,8 @@ static anneal_status fetch(void *ctx, const char *name, const void **data) {
     fetcher *f = ctx;
     trainer *t = f->t;
     anneal_params *ps = t->model->params;
-    int64_t req[2] = {-1, -1};
-    for (int j = 0; j < ps->n && req[0] < 0; j++) {
-        size_t l = strlen(ps->items[j].name);
-        if (strncmp(name, ps->items[j].name, l) != 0) continue;
-        if (name[l] == '\0') req[0] = j;
-        for (int k = 0; k < 2 && req[0] < 0; k++)
-            if (name[l] == '.' && !strcmp(name + l + 1, state_names[k])) req[0] = j, req[1] = k;
-    }
-    if (req[0] < 0) return anneal_set_error(ANNEAL_ERR_STATE, "--tp checkpoint: no parameter for %s", name);
+    int64_t req[2];
+    if (!anneal_train_ckpt_entry(ps, name, req)) return anneal_set_error(ANNEAL_ERR_STATE, "--tp checkpoint: no parameter for %s", name);
     int j = (int)req[0], k = (int)req[1], T = group_size(t), o = owner(t, j);
     const anneal_tensor *sh = ps->items[j].tensor; /* the shard's shape (storage or not) */
     anneal_param *wp = anneal_params_find(f->whole->params, ps->items[j].name);

@@ -360,6 +360,10 @@ anneal_status anneal_train_tp_generate(trainer *t, const int32_t *prompt, int64_
  * that write, collective (rank 0 writes, its pipeline's other stages send it each
  * tensor in turn; a failed write is rank 0's error, a failed message ends the job). */
 bool anneal_train_pp_ckpt_streamed(const trainer *t);
+/* A checkpoint entry's name -> req: [0] the parameter of ps, [1] -1 for the parameter
+ * itself or its AdamW moment (0 exp_avg, 1 exp_avg_sq); false when none matches. Used by
+ * the streamed writers of pp_ckpt.c and tp_ckpt.c. */
+bool anneal_train_ckpt_entry(const anneal_params *ps, const char *name, int64_t req[2]);
 anneal_status anneal_train_pp_ckpt_save(trainer *t);
 void anneal_train_pp_print_header(trainer *t);
 /* The step record's bubble fields (nothing without --pp). */
