@@ -10,6 +10,8 @@
 #   test_cuda_gpt2.log  step B: GPT-2 on the GPU next to a CPU twin
 #   bench_anneal.log    step C: anneal train on GPT-2 124M (bench/gpu_train.sh)
 #   bench_torch.log     step C: PyTorch eager and compiled (bench/torch_gpt2_cuda.py)
+#   host_cpu.log        step H: the host CPU: lscpu, the AMX GEMM tests (cpu_test_gemm_amx),
+#                       bf16 peaks and 124M bf16 training steps on AMX vs AVX512-BF16 vs fp32
 # What it needs from this machine's side: .gpu-pack/ (scripts/gpu-pack.sh: the binaries,
 # their libraries, the KJV shards, the -dev .debs), carried with the call:
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu-pack"], timeout_s=600)
@@ -223,6 +225,36 @@ if [ "$DO_BENCH" = 1 ]; then
     say "$(stamp)benchmark (bench/gpu_train.sh, ${tbench}s)"
     ANNEAL_BIN="$BIN_DIR/anneal" ANNEAL_LIBS="$ANNEAL_LIBS" DATA="$PACK/kjv" \
       timeout -k 5 $((tbench + 5)) bash bench/gpu_train.sh "$OUTDIR" "$tbench" 2>&1 | tee -a "$SUM"
+    RAN=1
+  fi
+fi
+
+# ------------------------------------------- step H: the host CPU (AMX, issue 17)
+if [ "$DO_TESTS" = 1 ] && [ -x "$BIN_DIR/cpu_test_gemm_amx" ]; then
+  th=$(box 150)
+  HLOG=$OUTDIR/host_cpu.log
+  if [ "$DRY" = 1 ]; then
+    say "(dry run) host CPU: cpu_test_gemm_amx, anneal bench peak and step (bf16 on amx / avx512bf16, fp32) > $HLOG"
+  elif [ "$th" -lt 40 ]; then
+    say "host CPU: NOT RUN (out of time)"
+  else
+    say "$(stamp)host CPU (${th}s): $(lscpu | sed -n 's/^Model name: *//p' | head -1), amx: $(grep -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    HOST_CPU=$(nproc)
+    host() { # one command under what is left of step H's box, logged
+      echo "== $*" >> "$HLOG"
+      ANNEAL_SOURCE_DIR=$ROOT OMP_NUM_THREADS=$HOST_CPU with_libs timeout -k 5 "$(box 60)" "$@" >> "$HLOG" 2>&1
+      echo "== exit $?" >> "$HLOG"
+    }
+    { lscpu; } > "$HLOG" 2>&1
+    host "$BIN_DIR/cpu_test_gemm_amx"
+    say "    cpu_test_gemm_amx: $(grep -E '^[0-9]+ passed' "$HLOG" | tail -1) $(grep -m1 -E 'FAIL|SKIP' "$HLOG" | cut -c1-160)"
+    host "$BIN_DIR/anneal" bench peak --dtype bf16
+    ANNEAL_ISA=avx512bf16 host "$BIN_DIR/anneal" bench peak --dtype bf16
+    for isa in amx avx512bf16; do
+      ANNEAL_ISA=$isa host "$BIN_DIR/anneal" bench step --model 124M --batch 16 --seq 256 --steps 2 --warmup 1 --dtype bf16
+    done
+    host "$BIN_DIR/anneal" bench step --model 124M --batch 16 --seq 256 --steps 2 --warmup 1 --dtype fp32
+    grep -E 'peak|ms/step|tok/s' "$HLOG" | sed 's/^/    /' | tee -a "$SUM"
     RAN=1
   fi
 fi

@@ -465,6 +465,14 @@ void anneal_cpu_features_line(char *buf, size_t n);
 /* The ISA limit in force: "best" when ANNEAL_ISA (or ANNEAL_CPU_ISA) is unset, else the
  * level; NULL when the variable holds no level, with *error set to a message. */
 const char *anneal_cpu_isa_limit_name(const char **error);
+/* True when the CPU has AMX-BF16 tiles, the OS enables their state and Linux granted this
+ * process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once); the bf16 GEMM then
+ * runs on the tiles (unless ANNEAL_ISA caps it below amx). */
+bool anneal_cpu_amx_usable(void);
+/* The AMX peak microbenchmark: `iters` rounds of four independent TDPBF16PS (16384 FLOPs
+ * each) on this thread; returns a value that depends on the results. Only where
+ * anneal_cpu_amx_usable(). */
+float anneal_cpu_amx_peak_loop(int64_t iters);
 
 #ifdef __cplusplus
 }

@@ -82,12 +82,12 @@ static anneal_status bench_one_step(anneal_model *m, anneal_optimizer *opt, int6
     return st;
 }
 
-/* anneal bench step [--model P] [--batch B] [--seq T] [--steps N] [--warmup W] [--profile]
- * [--trace FILE]: times N training steps of a preset after W warm-up steps ("step 12.3
+/* anneal bench step [--model P] [--batch B] [--seq T] [--steps N] [--warmup W] [--dtype D]
+ * [--profile] [--trace FILE]: times N training steps of a preset after W warm-up steps ("step 12.3
  * ms, 41.2k tok/s"); --profile records them and prints the per-op table, and writes the
  * Chrome trace to FILE (default bench_step_trace.json). */
 static int cmd_step(int argc, char **argv) {
-    const char *model = "tiny", *trace = "bench_step_trace.json";
+    const char *model = "tiny", *trace = "bench_step_trace.json", *dtype = "fp32";
     int64_t batch = 8, seq = 64, steps = 5, warmup = 2;
     bool profile = false, help = false;
     cli_flag flags[] = {
@@ -96,6 +96,8 @@ static int cmd_step(int argc, char **argv) {
         {"seq", ARG_INT, "sequence length (default 64)", &seq, false},
         {"steps", ARG_INT, "timed steps (default 5)", &steps, false},
         {"warmup", ARG_INT, "untimed steps first (default 2)", &warmup, false},
+        {"dtype", ARG_STRING, "matmul precision: fp32, bf16 or fp16 (default fp32; fp16 without loss scaling)", &dtype,
+         false},
         {"profile", ARG_BOOL, "record the timed steps: per-op table and a Chrome trace", &profile, false},
         {"trace", ARG_STRING, "--profile: the Chrome trace file (default bench_step_trace.json)", &trace, false},
         {"help", ARG_BOOL, "show this help", &help, false},
@@ -110,6 +112,8 @@ static int cmd_step(int argc, char **argv) {
     if (batch < 1 || batch > 4096) return USAGE_ERR("--batch %lld: expected 1..4096", (long long)batch);
     if (steps < 1 || steps > 100000) return USAGE_ERR("--steps %lld: expected 1..100000", (long long)steps);
     if (warmup < 0 || warmup > 100000) return USAGE_ERR("--warmup %lld: expected 0..100000", (long long)warmup);
+    anneal_dtype compute;
+    if (!anneal_train_dtype_parse(dtype, &compute)) return USAGE_ERR("--dtype %s: expected fp32, bf16 or fp16", dtype);
     anneal_model_config mc;
     if (!anneal_model_preset(model, &mc)) {
         char names[512];
@@ -129,6 +133,7 @@ static int cmd_step(int argc, char **argv) {
         goto done;
     }
     anneal_model_set_training(m, true);
+    anneal_model_set_compute(m, compute);
     uint64_t rng = 1;
     anneal_status st = ANNEAL_OK;
     for (int64_t i = 0; i < warmup && st == ANNEAL_OK; i++) st = bench_one_step(m, opt, batch, seq, &rng, ids, tg);
@@ -147,8 +152,9 @@ static int cmd_step(int argc, char **argv) {
         goto done;
     }
     char tps[32];
-    printf("step %.2f ms, %s tok/s (%s, batch %lld, seq %lld, %lld steps after %lld warm-up)\n", ms,
-           anneal_format_count((double)(batch * seq) / (ms / 1e3), tps, sizeof tps), model, (long long)batch,
+    printf("step %.2f ms, %s tok/s (%s, %s products, batch %lld, seq %lld, %lld steps after %lld warm-up)\n", ms,
+           anneal_format_count((double)(batch * seq) / (ms / 1e3), tps, sizeof tps), model,
+           anneal_dtype_name(m->ctx.compute), (long long)batch,
            (long long)seq, (long long)steps, (long long)warmup);
     if (profile) {
         anneal_span *sp;

@@ -146,6 +146,7 @@ const char *anneal_cpu_path_name(unsigned path) {
            : path == ANNEAL_CPU_PATH_AVX2       ? "avx2"
            : path == ANNEAL_CPU_PATH_AVX512     ? "avx512"
            : path == ANNEAL_CPU_PATH_AVX512BF16 ? "avx512bf16"
+           : path == ANNEAL_CPU_PATH_AMX        ? "amx"
                                                 : "?";
 }
 

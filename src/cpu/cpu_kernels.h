@@ -285,7 +285,8 @@ const char *anneal_cpu_isa_level_name(int level);
  * variable, its value and the accepted ones (the CLI refuses to start with it). */
 const char *anneal_cpu_isa_env_error(void);
 /* AMX tiles with BF16 and INT8 (CPUID leaf 7 EDX bits 24, 22, 25, and the OS enabling
- * the tile state in XCR0 bits 17-18). No kernel uses them yet: reported by `anneal info`. */
+ * the tile state in XCR0 bits 17-18). The bf16 GEMM runs on them (gemm_amx.c) once
+ * anneal_cpu_amx_usable() (backend.h) has also had Linux grant the tile state. */
 bool anneal_cpu_has_amx(void);
 
 /* Which ISA path each dispatching kernel family has run since the last reset, for tests
@@ -297,13 +298,13 @@ enum {
 };
 enum {
     ANNEAL_CPU_PATH_PORTABLE = 1, ANNEAL_CPU_PATH_AVX2 = 2, ANNEAL_CPU_PATH_AVX512 = 4,
-    ANNEAL_CPU_PATH_AVX512BF16 = 8
+    ANNEAL_CPU_PATH_AVX512BF16 = 8, ANNEAL_CPU_PATH_AMX = 16
 };
 void anneal_cpu_path_note(int op, unsigned path);
 /* The paths op ran (ANNEAL_CPU_PATH_* bits). */
 unsigned anneal_cpu_paths_taken(int op);
 void anneal_cpu_paths_reset(void);
-/* Names: "gemm f32", ...; "portable", "avx2", "avx512", "avx512bf16" (one bit). */
+/* Names: "gemm f32", ...; "portable", "avx2", "avx512", "avx512bf16", "amx" (one bit). */
 const char *anneal_cpu_op_name(int op);
 const char *anneal_cpu_path_name(unsigned path);
 

@@ -37,7 +37,7 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     char b1[96], b2[96];
     int k = 0;
     const bool amx = anneal_cpu_has_amx();
-    const char *amx_note = amx ? "; this CPU has AMX, which no kernel uses yet" : "";
+    const char *amx_note = amx ? "; this CPU has AMX, which this kernel family does not use yet" : "";
     /* f32 GEMM: AVX-512F > AVX2+FMA+F16C > portable */
     const char *f32 = anneal_cpu_sgemm_isa_name();
     const char *why512 = blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1);
@@ -47,13 +47,18 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     else
         row(rows, max, &k, "gemm f32", f32, "compiler-vectorised C (%s; %s)", why512,
             blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA+F16C", b2, sizeof b2));
-    /* bf16 GEMM: VDPBF16PS, or the f32 kernel on operands rounded to bf16 while packing */
+    /* bf16 GEMM: AMX tiles > VDPBF16PS > the f32 kernel on operands rounded to bf16 while packing */
     const char *bf = anneal_cpu_gemm_kernel_name(ANNEAL_BF16);
-    if (!strcmp(bf, "avx512bf16")) row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel%s%s", amx_note, "");
+    if (!strcmp(bf, "amx")) row(rows, max, &k, "gemm bf16", bf, "AMX tiles, TDPBF16PS 32 x 32 micro-kernel%s%s", "", "");
+    else if (!strcmp(bf, "avx512bf16"))
+        row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel (%s)%s",
+            amx ? (anneal_cpu_isa_limit() < ANNEAL_ISA_AMX ? "AMX capped by ANNEAL_ISA"
+                                                           : "AMX present but Linux refused the tile state")
+                : "no AMX", "");
     else
         row(rows, max, &k, "gemm bf16", bf, "the f32 kernel on operands rounded to bf16 while packing (%s)%s",
             blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b1,
-                    sizeof b1), amx_note);
+                    sizeof b1), "");
     row(rows, max, &k, "gemm f16", anneal_cpu_gemm_kernel_name(ANNEAL_F16),
         "the f32 kernel on operands rounded to f16 while packing (no AVX512-FP16 kernel)%s%s", "", "");
     /* int8 GEMM */

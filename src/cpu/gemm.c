@@ -37,6 +37,7 @@
  * largest block seen (the calling thread's op(B) block, kc x nc elements, shared with its
  * team; each thread's op(A) block, mc x kc elements; about 3.4 MiB with AVX-512). */
 #include "anneal/core.h"
+#include "anneal/backend.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
 #include "cpu/vec_math.h"
@@ -148,6 +149,7 @@ static const anneal_gemm_isa isa_portable = {
 /* -2: not chosen yet; otherwise an ANNEAL_GEMM_ISA_* value. */
 static atomic_int gemm_isa_choice = -2;
 static atomic_bool bf16_kernel_allowed = true;
+static const anneal_gemm_isa *_Atomic bf16_isa_forced; /* tests: anneal_cpu_gemm_set_bf16_isa */
 
 /* True when the CPU can run that ISA. */
 static bool isa_available(int isa) {
@@ -178,17 +180,22 @@ static const anneal_gemm_isa *gemm_isa(void) {
 }
 
 /* The kernel and packing rounding for a product at precision `compute`: bf16 runs the
- * AVX512-BF16 kernel when the f32 choice is AVX-512 and the CPU has it; otherwise the f32
- * kernel over operands rounded while packing. */
+ * AMX tiles or else the AVX512-BF16 kernel when the f32 choice is AVX-512 and the CPU
+ * (and the ISA limit) allow; otherwise the f32 kernel over operands rounded while
+ * packing. */
 static const anneal_gemm_isa *gemm_select(int compute, int *round) {
     const anneal_gemm_isa *isa = gemm_isa();
     *round = compute == ANNEAL_BF16  ? ANNEAL_GEMM_ROUND_BF16
              : compute == ANNEAL_F16 ? ANNEAL_GEMM_ROUND_F16
                                      : ANNEAL_GEMM_ROUND_NONE;
-    if (*round == ANNEAL_GEMM_ROUND_BF16 && isa == &anneal_gemm_isa_avx512 && anneal_cpu_has_avx512bf16() &&
-        anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 &&
-        atomic_load_explicit(&bf16_kernel_allowed, memory_order_relaxed))
-        return &anneal_gemm_isa_avx512bf16;
+    if (*round != ANNEAL_GEMM_ROUND_BF16) return isa;
+    const anneal_gemm_isa *forced = atomic_load_explicit(&bf16_isa_forced, memory_order_relaxed);
+    if (forced) return forced;
+    if (isa != &anneal_gemm_isa_avx512 || !atomic_load_explicit(&bf16_kernel_allowed, memory_order_relaxed))
+        return isa;
+    const int limit = anneal_cpu_isa_limit();
+    if (limit >= ANNEAL_ISA_AMX && anneal_cpu_amx_usable()) return &anneal_gemm_isa_amx;
+    if (limit >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512bf16()) return &anneal_gemm_isa_avx512bf16;
     return isa;
 }
 
@@ -198,7 +205,8 @@ static const anneal_gemm_isa *gemm_select_run(int compute, int *round) {
     const int op = compute == ANNEAL_BF16 ? ANNEAL_CPU_OP_GEMM_BF16
                    : compute == ANNEAL_F16 ? ANNEAL_CPU_OP_GEMM_F16
                                            : ANNEAL_CPU_OP_GEMM_F32;
-    anneal_cpu_path_note(op, isa == &anneal_gemm_isa_avx512bf16 ? ANNEAL_CPU_PATH_AVX512BF16
+    anneal_cpu_path_note(op, isa == &anneal_gemm_isa_amx || isa == &anneal_gemm_isa_amx_model ? ANNEAL_CPU_PATH_AMX
+                             : isa == &anneal_gemm_isa_avx512bf16 ? ANNEAL_CPU_PATH_AVX512BF16
                              : isa == &anneal_gemm_isa_avx512   ? ANNEAL_CPU_PATH_AVX512
                              : isa == &anneal_gemm_isa_avx2     ? ANNEAL_CPU_PATH_AVX2
                                                                 : ANNEAL_CPU_PATH_PORTABLE);
@@ -228,6 +236,11 @@ const char *anneal_cpu_gemm_kernel_name(int compute) {
 /* Allows or forbids the AVX512-BF16 kernel (tests). */
 void anneal_cpu_gemm_allow_bf16_kernel(bool allow) {
     atomic_store_explicit(&bf16_kernel_allowed, allow, memory_order_relaxed);
+}
+
+/* Runs every bf16 product on isa (tests; NULL: the normal choice). */
+void anneal_cpu_gemm_set_bf16_isa(const anneal_gemm_isa *isa) {
+    atomic_store_explicit(&bf16_isa_forced, isa, memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------ pack buffers */
@@ -396,7 +409,8 @@ static void gemm_tile_block(const gemm_ctx *g, int64_t r0, int64_t m, int64_t c0
     const int64_t kcp = ceil_div(kc, isa->kstep) * isa->kstep; /* packed (zero-padded) depth */
     const float beta_eff = pc == 0 ? beta : 1.0f;                 /* beta once, then accumulate */
     /* op(A)[r, k] is A[r*lda + k], or A[k*lda + r] when transposed. */
-    isa->pack(g->ta ? A + pc * lda + r0 : A + r0 * lda + pc, lda, g->ta, m, mr, kc, g->round, ap);
+    (isa->pack_a ? isa->pack_a : isa->pack)(g->ta ? A + pc * lda + r0 : A + r0 * lda + pc, lda, g->ta, m, mr, kc,
+                                             g->round, ap);
     for (int64_t jr = c0; jr < c0 + n; jr += nr) {
         const int nn = (int)min64(nr, c0 + n - jr);
         const char *bpan = bblk + (size_t)(jr / nr * kcp * nr) * es;

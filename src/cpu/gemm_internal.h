@@ -55,7 +55,8 @@ typedef struct anneal_gemm_isa {
     int64_t kc, mc, nc;
     int esize, kstep;
     anneal_gemm_ukernel kernel;
-    anneal_gemm_pack pack;
+    anneal_gemm_pack pack;   /* B micro-panels, and A's unless pack_a is set */
+    anneal_gemm_pack pack_a; /* NULL, or A micro-panels in a layout of the ISA's own (AMX: rows of depth pairs) */
 } anneal_gemm_isa;
 
 enum {
@@ -73,11 +74,16 @@ int anneal_cpu_sgemm_set_isa(int isa);
 /* Name of the ISA the next f32 GEMM call will use ("avx512", "avx2" or "portable"). */
 const char *anneal_cpu_sgemm_isa_name(void);
 /* Name of the kernel a GEMM at `compute` precision (an anneal_dtype) will use: the f32
- * ISA's name, or "avx512bf16" for bf16 on the AVX512-BF16 kernel. */
+ * ISA's name, or "amx" / "avx512bf16" for bf16 on the tile unit / the AVX512-BF16 kernel. */
 const char *anneal_cpu_gemm_kernel_name(int compute);
-/* Allows (true, the default) or forbids the AVX512-BF16 kernel; when forbidden, bf16
- * products round the operands while packing and run the f32 kernel. For tests. */
+/* Allows (true, the default) or forbids the bf16 kernels (AMX, AVX512-BF16); when
+ * forbidden, bf16 products round the operands while packing and run the f32 kernel. For
+ * tests. */
 void anneal_cpu_gemm_allow_bf16_kernel(bool allow);
+/* For tests: every bf16 product (anneal_cpu_gemm, _packed, _pack_b) runs on isa (NULL:
+ * the normal choice again), e.g. &anneal_gemm_isa_amx_model on a CPU without AMX. Not
+ * thread-safe against concurrent GEMM calls. */
+void anneal_cpu_gemm_set_bf16_isa(const anneal_gemm_isa *isa);
 
 /* CPU features beyond anneal_cpu_has_avx512 (cpu_features.c), each checked once:
  * AVX2 + FMA + F16C, and AVX512-BF16 (with AVX-512F/BW/VL). */
@@ -89,6 +95,10 @@ bool anneal_cpu_has_avx512bf16(void);
 extern const anneal_gemm_isa anneal_gemm_isa_avx512;
 extern const anneal_gemm_isa anneal_gemm_isa_avx512bf16;
 extern const anneal_gemm_isa anneal_gemm_isa_avx2;
+/* The AMX-BF16 kernel (gemm_amx.c; only where anneal_cpu_amx_usable()), and the same
+ * kernel body over a C model of the tile registers, which runs on any CPU (tests). */
+extern const anneal_gemm_isa anneal_gemm_isa_amx;
+extern const anneal_gemm_isa anneal_gemm_isa_amx_model;
 
 /* The bits of bf16(x) (as an f32) from the bits u of x: nearest even, overflow to inf; a
  * NaN is made quiet, keeping its sign and top payload. Branch-free, so loops over it

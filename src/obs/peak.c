@@ -73,9 +73,11 @@ __attribute__((target("avx512f,avx512bf16"))) static float dot_bf16_avx512(int64
     return _mm512_reduce_add_ps(s);
 }
 
-/* Which microbenchmark runs: 3 bf16 dot products, 2 AVX-512 FMA, 1 AVX2 FMA, 0 scalar. */
+/* Which microbenchmark runs: 4 AMX tiles, 3 bf16 dot products, 2 AVX-512 FMA, 1 AVX2 FMA,
+ * 0 scalar. */
 static float run_kernel(int kind, int64_t iters, float seed) {
-    return kind == 3   ? dot_bf16_avx512(iters, seed)
+    return kind == 4   ? anneal_cpu_amx_peak_loop(iters) + seed
+           : kind == 3 ? dot_bf16_avx512(iters, seed)
            : kind == 2 ? fma_avx512(iters, seed)
            : kind == 1 ? fma_avx2(iters, seed)
                        : fma_scalar(iters, seed);
@@ -83,7 +85,8 @@ static float run_kernel(int kind, int64_t iters, float seed) {
 
 /* FLOPs per round of a kernel. */
 static double flops_per_iter(int kind) {
-    return kind == 3   ? (double)BF16_CHAINS * BF16_FLOPS_PER_INSN
+    return kind == 4   ? 4 * 16.0 * 16.0 * 32.0 * 2.0 /* four TDPBF16PS of 16 x 16 x 32 */
+           : kind == 3 ? (double)BF16_CHAINS * BF16_FLOPS_PER_INSN
            : kind == 2 ? CHAINS * 16 * 2.0
            : kind == 1 ? CHAINS * 8 * 2.0
                        : CHAINS * 2.0;
@@ -136,13 +139,13 @@ static double measure(int kind, int threads, double seconds) {
 }
 
 /* The ISA cap the kernels obey (ANNEAL_ISA, anneal_cpu_isa_limit_name): 0 portable,
- * 1 avx2, 2 avx512, 3 avx512bf16, 4 none; the peak is the ceiling of what may run. */
+ * 1 avx2, 2 avx512, 3 avx512bf16, 4 amx, 5 none; the peak is the ceiling of what may run. */
 static int isa_cap(void) {
-    static const char *levels[] = {"portable", "avx2", "avx512", "avx512bf16"};
+    static const char *levels[] = {"portable", "avx2", "avx512", "avx512bf16", "amx"};
     const char *n = anneal_cpu_isa_limit_name(NULL);
-    for (int i = 0; n && i < 4; i++)
+    for (int i = 0; n && i < 5; i++)
         if (!strcmp(n, levels[i])) return i;
-    return 4;
+    return 5;
 }
 
 /* The FMA kernel this CPU runs best under the cap (2 AVX-512, 1 AVX2, 0 scalar) and its name. */
@@ -160,11 +163,16 @@ double anneal_peak_gflops_measure(int threads, double seconds, const char **isa)
     return measure(fma_kind(isa), threads, seconds);
 }
 
-/* bf16 on a CPU with AVX512-BF16: the dot-product kernel; otherwise (and for f32 and f16,
- * whose GEMMs run on f32 FMAs) the FMA kernel. */
+/* bf16 on a CPU with AMX: the tiles (what the bf16 GEMM runs on there); with AVX512-BF16:
+ * the dot-product kernel; otherwise (and for f32 and f16, whose GEMMs run on f32 FMAs) the
+ * FMA kernel. */
 double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
                                         const char **isa) {
     __builtin_cpu_init();
+    if (dt == ANNEAL_BF16 && isa_cap() >= 4 && anneal_cpu_amx_usable()) {
+        if (isa) *isa = "amx tiles (TDPBF16PS)";
+        return measure(4, threads, seconds);
+    }
     if (dt == ANNEAL_BF16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
         isa_cap() >= 3) {
         if (isa) *isa = "avx512bf16 dot-product";

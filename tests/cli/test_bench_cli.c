@@ -64,8 +64,25 @@ TEST(bench_bad_flags_are_usage_errors) {
     CHECK(sh(cmd, buf, sizeof buf) == 2 && strstr(buf, "--dtype fp8"), "%s", buf);
     snprintf(cmd, sizeof cmd, "'%s' bench peak --seconds 0", bin);
     CHECK(sh(cmd, buf, sizeof buf) == 2 && strstr(buf, "--seconds"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "'%s' bench step --dtype fp8", bin);
+    CHECK(sh(cmd, buf, sizeof buf) == 2 && strstr(buf, "--dtype fp8"), "%s", buf);
     snprintf(cmd, sizeof cmd, "'%s' bench nosuch", bin);
     CHECK(sh(cmd, buf, sizeof buf) == 2 && strstr(buf, "nosuch"), "%s", buf);
+}
+
+/* `anneal bench step --dtype`: the model's products run at that precision (the line names
+ * the model's compute dtype, read back from the model). */
+TEST(bench_step_takes_the_dtype) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    const char *dts[] = {"fp32", "bf16"}, *names[] = {"f32 products", "bf16 products"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "'%s' bench step --model tiny --batch 2 --seq 16 --steps 1 --warmup 0 --dtype %s", bin,
+                 dts[i]);
+        int rc = sh(cmd, buf, sizeof buf);
+        CHECK(rc == 0 && !strncmp(buf, "step ", 5) && strstr(buf, names[i]), "--dtype %s: exit %d: %s", dts[i], rc, buf);
+    }
 }
 
 /* The line of out starting with prefix (NULL if none); copies it into line. */
@@ -122,6 +139,7 @@ TEST(bench_train_driver_quick_run_is_well_formed) {
 int main(void) {
     RUN(bench_peak_reports_both_dtypes);
     RUN(bench_bad_flags_are_usage_errors);
+    RUN(bench_step_takes_the_dtype);
     RUN(bench_train_driver_quick_run_is_well_formed);
     return anneal_test_summary();
 }

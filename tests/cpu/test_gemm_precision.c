@@ -22,154 +22,17 @@
  *   a different order than the packed kernels.
  * - The epilogue: bit-identical to the product without it followed by the bias add and
  *   anneal_cpu_gelu_fwd(tanh) (the fused GELU promises the same arithmetic).
- * - Threads: same bits for 1 and 2 threads. */
+ * - Threads: same bits for 1 and 2 threads.
+ * The AMX kernel's tests are in test_gemm_amx.c. */
+#include "anneal/backend.h"
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
+#include "gemm_check.h"
 #include "test.h"
 
 #include <float.h>
 #include <omp.h>
-
-/* ------------------------------------------------------------ helpers */
-
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-
-static double urand(void) {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static int64_t irand(int64_t lo, int64_t hi) { return lo + (int64_t)(urand() * (double)(hi - lo + 1)); }
-
-/* n floats in [-1, 1) (at least one element allocated). */
-static float *rand_buf(int64_t n) {
-    float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    for (int64_t i = 0; i < n; i++) x[i] = (float)(2.0 * urand() - 1.0);
-    return x;
-}
-
-static float *copy_buf(const float *x, int64_t n) {
-    float *y = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    memcpy(y, x, sizeof(float) * (size_t)n);
-    return y;
-}
-
-static float round_to(int compute, float x) {
-    return compute == ANNEAL_BF16 ? anneal_gemm_round_bf16(x)
-           : compute == ANNEAL_F16 ? anneal_gemm_round_f16(x)
-                                   : x;
-}
-
-static float *rounded_copy(int compute, const float *x, int64_t n) {
-    float *y = copy_buf(x, n);
-    for (int64_t i = 0; i < n; i++) y[i] = round_to(compute, y[i]);
-    return y;
-}
-
-static bool bits_equal(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
-
-/* The f32 ISAs this CPU can run. */
-static int isa_list(int *isas) {
-    int n = 0;
-    isas[n++] = ANNEAL_GEMM_ISA_PORTABLE;
-    if (anneal_cpu_has_avx2()) isas[n++] = ANNEAL_GEMM_ISA_AVX2;
-    if (anneal_cpu_has_avx512()) isas[n++] = ANNEAL_GEMM_ISA_AVX512;
-    return n;
-}
-
-/* One product's operands: op(A) M x K, op(B) K x N, C M x N, leading dims padded by pad. */
-typedef struct prob {
-    bool ta, tb;
-    int64_t M, N, K, lda, ldb, ldc;
-    float alpha, beta;
-    float *A, *B, *C0; /* C0: C before the product */
-    int64_t na, nb, nc;
-} prob;
-
-static prob make_prob(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
-                      int64_t pad) {
-    prob p = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta};
-    p.lda = (ta ? M : K) + pad;
-    p.ldb = (tb ? K : N) + pad;
-    p.ldc = N + pad;
-    p.na = (ta ? K : M) * p.lda;
-    p.nb = (tb ? N : K) * p.ldb;
-    p.nc = M * p.ldc;
-    p.A = rand_buf(p.na);
-    p.B = rand_buf(p.nb);
-    p.C0 = rand_buf(p.nc);
-    return p;
-}
-
-static void free_prob(prob *p) {
-    free(p->A);
-    free(p->B);
-    free(p->C0);
-}
-
-/* C = a fresh copy of C0 after anneal_cpu_gemm(compute, ..., ep). */
-static float *run_gemm(const prob *p, int compute, const anneal_gemm_epilogue *ep) {
-    float *C = copy_buf(p->C0, p->nc);
-    anneal_cpu_gemm(compute, p->ta, p->tb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb,
-                    p->beta, C, p->ldc, ep);
-    return C;
-}
-
-/* Elements of C (M x N) outside the summation bound around the double reference over the
- * operands rounded to `compute` (see the top of the file); reports the first. */
-static int64_t count_outside_bound(const prob *p, int compute, const float *C, const char *what) {
-    const double u = ldexp(1.0, -24), lim_rel = (double)(p->K + 4) * u;
-    float *ar = rounded_copy(compute, p->A, p->na), *br = rounded_copy(compute, p->B, p->nb);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < p->M; i++)
-        for (int64_t j = 0; j < p->N; j++) {
-            double s = 0, sa = 0;
-            for (int64_t k = 0; k < p->K; k++) {
-                double a = p->ta ? ar[k * p->lda + i] : ar[i * p->lda + k];
-                double b = p->tb ? br[j * p->ldb + k] : br[k * p->ldb + j];
-                s += a * b;
-                sa += fabs(a * b);
-            }
-            double c0 = p->beta == 0.0f ? 0.0 : (double)p->beta * p->C0[i * p->ldc + j];
-            double ref = p->alpha * s + c0;
-            double lim = lim_rel * (fabs((double)p->alpha) * sa + fabs(c0)) + 1e-30;
-            double c = C[i * p->ldc + j];
-            if (!(fabs(c - ref) <= lim)) {
-                if (!bad)
-                    anneal_test_fail(__FILE__, __LINE__,
-                                     "%s %c%c M=%lld N=%lld K=%lld: C[%lld,%lld] = %.9g, ref %.9g "
-                                     "(bound %.3g)", what, p->ta ? 'T' : 'N', p->tb ? 'T' : 'N',
-                                     (long long)p->M, (long long)p->N, (long long)p->K,
-                                     (long long)i, (long long)j, c, ref, lim);
-                bad++;
-            }
-        }
-    free(ar);
-    free(br);
-    return bad;
-}
-
-/* Elements (including padding) where a and b differ in bits; reports the first. */
-static int64_t count_diff(const float *a, const float *b, int64_t n, const char *what) {
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (!bits_equal(a[i], b[i])) {
-            if (!bad)
-                anneal_test_fail(__FILE__, __LINE__, "%s: element %lld is %.9g, expected %.9g",
-                                 what, (long long)i, a[i], b[i]);
-            bad++;
-        }
-    return bad;
-}
-
-/* Random problem shapes: edge sizes around the tiles (mr 4/6/8, nr 16/32), and larger
- * ones spanning several depth blocks (kc 256 f32, 512 bf16) with odd K. */
-static const int64_t SHAPES[][3] = {
-    {1, 1, 1},   {2, 3, 1},    {7, 17, 5},    {8, 32, 2},    {9, 33, 3},   {13, 47, 31},
-    {6, 16, 64}, {31, 15, 129}, {65, 70, 257}, {40, 100, 600}, {17, 40, 1025}, {1, 300, 77},
-    {1, 70, 600}};
-#define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
 /* ------------------------------------------------------------ rounding */
 
@@ -347,14 +210,15 @@ TEST(bound_against_reference) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
-/* The AVX512-BF16 kernel is used for bf16 exactly when the CPU has it and the f32 choice is
- * AVX-512; f16 never has its own kernel. */
+/* The AMX kernel, else the AVX512-BF16 kernel, is used for bf16 exactly when the CPU has
+ * it and the f32 choice is AVX-512; f16 never has its own kernel. */
 TEST(kernel_selection) {
     REQUIRE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO) == 0);
     const bool avx512 = strcmp(anneal_cpu_sgemm_isa_name(), "avx512") == 0;
     const char *bf = anneal_cpu_gemm_kernel_name(ANNEAL_BF16);
-    CHECK(strcmp(bf, avx512 && anneal_cpu_has_avx512bf16() ? "avx512bf16"
-                                                            : anneal_cpu_sgemm_isa_name()) == 0,
+    CHECK(strcmp(bf, avx512 && anneal_cpu_amx_usable()        ? "amx"
+                     : avx512 && anneal_cpu_has_avx512bf16() ? "avx512bf16"
+                                                              : anneal_cpu_sgemm_isa_name()) == 0,
           "bf16 kernel %s", bf);
     CHECK_TRUE(strcmp(anneal_cpu_gemm_kernel_name(ANNEAL_F16), anneal_cpu_sgemm_isa_name()) == 0);
     CHECK_TRUE(strcmp(anneal_cpu_gemm_kernel_name(ANNEAL_F32), anneal_cpu_sgemm_isa_name()) == 0);
@@ -526,6 +390,7 @@ TEST(random_shapes) {
     }
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
+
 
 int main(void) {
     RUN(rounding_scalar);

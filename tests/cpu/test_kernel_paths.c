@@ -2,7 +2,8 @@
  *   1. the default dispatch must pick the best path the CPU has for every family
  *      (gemm f32/bf16/f16, attention f32/bf16): a failure otherwise, on any machine;
  *   2. every path the CPU can run is run once here (forced with anneal_cpu_sgemm_set_isa,
- *      anneal_cpu_gemm_allow_bf16_kernel and ANNEAL_CPU_ISA), and a path of an ISA the CPU
+ *      anneal_cpu_gemm_allow_bf16_kernel and ANNEAL_CPU_ISA; AMX's C model is not a path
+ *      of this CPU: test_gemm_amx.c runs it), and a path of an ISA the CPU
  *      has that did not run is a promised skip (a failure under ANNEAL_TEST_STRICT=1);
  *   3. paths of ISAs this CPU lacks cannot run here: the test then ends with a plain SKIP
  *      naming them, so a CI machine without, say, AVX512-BF16 shows that those kernels
@@ -17,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const unsigned ISAS[4] = {ANNEAL_CPU_PATH_PORTABLE, ANNEAL_CPU_PATH_AVX2, ANNEAL_CPU_PATH_AVX512,
-                                 ANNEAL_CPU_PATH_AVX512BF16};
+enum { NISA = 5 };
+static const unsigned ISAS[NISA] = {ANNEAL_CPU_PATH_PORTABLE, ANNEAL_CPU_PATH_AVX2, ANNEAL_CPU_PATH_AVX512,
+                                    ANNEAL_CPU_PATH_AVX512BF16, ANNEAL_CPU_PATH_AMX};
 
 /* One small product at each precision, and attention forward + backward at f32 and bf16. */
 static void run_ops(bool gemms, bool attention) {
@@ -44,7 +46,8 @@ static void run_ops(bool gemms, bool attention) {
 static unsigned cpu_isas(void) {
     return ANNEAL_CPU_PATH_PORTABLE | (anneal_cpu_has_avx2() ? ANNEAL_CPU_PATH_AVX2 : 0) |
            (anneal_cpu_has_avx512() ? ANNEAL_CPU_PATH_AVX512 : 0) |
-           (anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16() ? ANNEAL_CPU_PATH_AVX512BF16 : 0);
+           (anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16() ? ANNEAL_CPU_PATH_AVX512BF16 : 0) |
+           (anneal_cpu_has_avx512() && anneal_cpu_amx_usable() ? ANNEAL_CPU_PATH_AMX : 0);
 }
 
 /* The paths family op has at all (whatever the CPU). */
@@ -53,7 +56,8 @@ static unsigned op_paths(int op) {
     case ANNEAL_CPU_OP_GEMM_F32:
     case ANNEAL_CPU_OP_GEMM_F16: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512;
     case ANNEAL_CPU_OP_GEMM_BF16:
-        return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
+        return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16 |
+               ANNEAL_CPU_PATH_AMX;
     case ANNEAL_CPU_OP_ATTN_F32: return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512;
     default:
         return ANNEAL_CPU_PATH_PORTABLE | ANNEAL_CPU_PATH_AVX2 | ANNEAL_CPU_PATH_AVX512 | ANNEAL_CPU_PATH_AVX512BF16;
@@ -63,14 +67,14 @@ static unsigned op_paths(int op) {
 /* The path the default dispatch should take for op on a CPU with `has`. */
 static unsigned best_path(int op, unsigned has) {
     const unsigned usable = op_paths(op) & has;
-    for (int i = 3; i >= 0; i--)
+    for (int i = NISA - 1; i >= 0; i--)
         if (usable & ISAS[i]) return ISAS[i];
     return 0;
 }
 
 static void names(unsigned bits, char *out, size_t n) {
     out[0] = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NISA; i++)
         if (bits & ISAS[i]) snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? " " : "", anneal_cpu_path_name(ISAS[i]));
     if (!out[0]) snprintf(out, n, "-");
 }
@@ -93,6 +97,9 @@ TEST(kernel_paths_of_this_cpu) {
             }
     anneal_cpu_gemm_allow_bf16_kernel(true);
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
+    /* the AVX512-BF16 GEMM where AMX would take bf16 by default */
+    setenv("ANNEAL_CPU_ISA", "avx512bf16", 1);
+    run_ops(true, false);
     /* avx2 / avx512: the bf16 fallback on AVX2 / AVX-512 tiles */
     static const char *attn_env[4] = {"portable", "avx2", "avx512", NULL};
     for (int i = 0; i < 4; i++) {
@@ -129,6 +136,7 @@ static int path_level(unsigned bit) {
     return bit == ANNEAL_CPU_PATH_PORTABLE ? ANNEAL_ISA_PORTABLE
            : bit == ANNEAL_CPU_PATH_AVX2   ? ANNEAL_ISA_AVX2
            : bit == ANNEAL_CPU_PATH_AVX512 ? ANNEAL_ISA_AVX512
+           : bit == ANNEAL_CPU_PATH_AMX    ? ANNEAL_ISA_AMX
                                            : ANNEAL_ISA_AVX512BF16;
 }
 
@@ -154,7 +162,7 @@ TEST(isa_limit_and_report) {
         for (int op = 0; op < ANNEAL_CPU_OP_COUNT; op++) {
             const unsigned ran = anneal_cpu_paths_taken(op);
             unsigned allowed = 0;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < NISA; i++)
                 if (path_level(ISAS[i]) <= limit) allowed |= ISAS[i];
             const unsigned want = best_path(op, has & allowed);
             char r[96], w[96];
