@@ -40,7 +40,7 @@ extern "C" {
 
 /* The table layout this header describes. 3: workspace_bytes (a hint, appended after
  * the version 2 slots); 4: alloc_zeroed. */
-#define ANNEAL_BACKEND_VERSION 4
+#define ANNEAL_BACKEND_VERSION 5
 
 typedef enum anneal_binary_op { ANNEAL_ADD, ANNEAL_SUB, ANNEAL_MUL, ANNEAL_DIV } anneal_binary_op;
 
@@ -419,6 +419,16 @@ struct anneal_backend {
      * replaces them, optimizer moments) is not written, and so not made resident, until
      * it is used. */
     void *(*alloc_zeroed)(void *ctx, size_t nbytes);
+
+    /* ------------------------------------- version 5: bf16 panel weights */
+    /* y (M, N) = x (M, K) W + b, f32, for W (K inputs, N outputs) packed as bf16 panels of
+     * 16 outputs (decode_kernels.h's anneal_gemv_pack_panels_bf16 layout; `panels` a 1-D
+     * ANNEAL_BF16 tensor of anneal_gemv_panels_bf16_len(K, N) values), bias (N) f32 or
+     * NULL; x and y contiguous. Each element one f32 sum in k order over the bf16 weights
+     * widened exactly: the decode engine's arithmetic. For an inference-only model whose
+     * float weights were replaced by these (anneal_params_pack_bf16). Optional. */
+    anneal_status (*panels_matmul)(void *ctx, anneal_tensor *y, const anneal_tensor *x, const anneal_tensor *panels,
+                                   const anneal_tensor *bias);
 };
 
 /* True when table b has slot `field` (non-NULL, and b's version is at least the one

@@ -91,6 +91,7 @@ typedef struct anneal_params {
     anneal_quant_mode quant;   /* ANNEAL_QUANT_NONE, or how the set's dense layers were quantized */
     int64_t quant_group;       /* weight-only group size (0: per output channel) */
     struct anneal_nn_quant *head; /* the lm head's int8 weight (anneal_nn_quantize_head), or NULL */
+    bool packed_bf16;          /* dense weights replaced by bf16 panels (anneal_params_pack_bf16): inference only */
 } anneal_params;
 
 /* Empty parameter set whose parameters live on the CPU (NULL + error on OOM). */
@@ -131,6 +132,19 @@ anneal_status anneal_params_add_dense(anneal_params *ps, const char *prefix, str
  * taking t into the set's scope and releasing the old one. Blocks holding the old
  * pointer must be updated by the caller. */
 anneal_status anneal_params_replace(anneal_params *ps, anneal_param *p, anneal_tensor *t);
+/* For an inference-only model on the CPU: every dense layer of the set with an f32
+ * weight (no LoRA adapter, not int8, not "lm_head": see anneal_nn_quant_skips) gets its weight as bf16 panels (d->panels, the
+ * layout the decode engine reads: anneal_gemv_pack_panels_bf16), and the f32 weight is
+ * released (a stride-0 view of one zero of its shape stands in, as for int8 weights), one
+ * layer at a time, the allocator's cache given back to the system at the end: the weights'
+ * memory halves, and a peak never holds both copies of more than one layer. The forward
+ * of such a layer is anneal_panels_linear (no backward); the set is marked packed_bf16,
+ * and what needs the float weights (training, checkpoints, exports, LoRA, int8
+ * quantization) refuses it. No-op for a set packed already. */
+anneal_status anneal_params_pack_bf16(anneal_params *ps);
+/* ANNEAL_ERR_UNSUPPORTED naming `what` when ps holds packed bf16 weights (see above),
+ * else ANNEAL_OK. */
+anneal_status anneal_params_require_float(const anneal_params *ps, const char *what);
 
 /* In-place initialisers (no autograd), drawing from the global Philox generator. */
 anneal_status anneal_init_normal_(anneal_tensor *t, float mean, float std);
@@ -172,6 +186,7 @@ typedef struct anneal_nn_dense {
     int64_t in, out;
     anneal_nn_lora *lora;  /* NULL: none (owned by the parameter set) */
     struct anneal_nn_quant *quant; /* NULL: none; int8 weight or calibration (owned by the set) */
+    anneal_tensor *panels; /* NULL, or the weight as bf16 panels (anneal_params_pack_bf16; weight then stands in) */
 } anneal_nn_dense;
 
 /* Registers "<prefix>.weight" (weight decay on) and, with bias, "<prefix>.bias", and

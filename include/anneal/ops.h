@@ -227,6 +227,13 @@ anneal_tensor *anneal_quantize_s8(anneal_tensor *x, int64_t group, anneal_tensor
  * that wants a gradient is ANNEAL_ERR_UNSUPPORTED. */
 anneal_tensor *anneal_qlinear(anneal_tensor *x, anneal_tensor *wq, anneal_tensor *wscale, anneal_tensor *bias,
                               const anneal_qmatmul_desc *d);
+/* y (..., out) = x (..., in) W + b for W (in inputs, out outputs) packed as bf16 panels
+ * (anneal_gemv_pack_panels_bf16's layout; panels a 1-D bf16 tensor of
+ * anneal_gemv_panels_bf16_len(in, out) values), bias (out) f32 or NULL: each element one
+ * f32 sum in k order over the widened bf16 weights (the decode engine's arithmetic).
+ * Inference only: an x that wants a gradient is ANNEAL_ERR_UNSUPPORTED. */
+anneal_tensor *anneal_panels_linear(anneal_tensor *x, anneal_tensor *panels, anneal_tensor *bias, int64_t in,
+                                    int64_t out);
 
 #ifdef __cplusplus
 }

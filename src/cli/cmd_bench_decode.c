@@ -45,7 +45,8 @@ static int cmp_double(const void *a, const void *b) {
 /* Bytes of the weight matrices one decode step streams: every 2-D parameter but the
  * position embedding (one row read) and an untied token embedding (rows read), at 2
  * bytes under bf16 compute or for bf16 weights, else 4; an int8 layer at 1 byte per
- * weight plus its f32 scales (an int8 lm head too, in place of the f32 table). */
+ * weight plus its f32 scales (an int8 lm head too, in place of the f32 table); a layer
+ * packed as bf16 panels (anneal_params_pack_bf16) at its panels' bytes. */
 static int64_t weight_bytes(const anneal_model *m) {
     bool tied = anneal_params_find(m->params, "lm_head.weight") == NULL;
     int64_t total = 0;
@@ -56,14 +57,17 @@ static int64_t weight_bytes(const anneal_model *m) {
         if (m->params->head && (!strcmp(p->name, "lm_head.weight") || (tied && strstr(p->name, "wte")) ||
                                 (tied && strstr(p->name, "embed_tokens"))))
             continue; /* the int8 head is read instead (below); the f32 table only for its rows */
-        if (p->tensor->strides[0] == 0 && p->tensor->strides[1] == 0) continue; /* an int8 layer's zero view */
+        if (p->tensor->strides[0] == 0 && p->tensor->strides[1] == 0) continue; /* an int8 or packed layer's zero view */
         int64_t es = p->tensor->dtype == ANNEAL_BF16 || m->ctx.compute == ANNEAL_BF16 ? 2 : 4;
         total += anneal_numel(p->tensor) * es;
     }
-    /* int8 layers: their int8 weight and f32 scales, what a decode step reads instead */
+    /* int8 layers: their int8 weight and f32 scales, what a decode step reads instead;
+     * packed layers: their bf16 panels (the output columns padded to 16) */
     for (int i = 0; i < m->params->n_dense; i++) {
         const anneal_nn_quant *q = m->params->dense[i].quant;
         if (q && q->active && q->weight && q->scale) total += anneal_numel(q->weight) + 4 * anneal_numel(q->scale);
+        const anneal_nn_dense *d = m->params->dense[i].dense;
+        if (d && d->panels) total += 2 * anneal_numel(d->panels);
     }
     if (m->params->head) total += anneal_numel(m->params->head->weight) + 4 * anneal_numel(m->params->head->scale);
     return total;
@@ -132,6 +136,10 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
     }
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);
+    if (anneal_cli_pack_bf16("bench decode", m)) {
+        anneal_model_free(m);
+        return 1;
+    }
     int64_t V = m->cfg.vocab_size;
     int32_t *prompt = malloc((size_t)prompt_len * sizeof *prompt), *ids = malloc((size_t)batch * sizeof *ids);
     int64_t *slots = malloc((size_t)batch * sizeof *slots);

@@ -62,6 +62,13 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
     return 2;
 }
 
+int anneal_cli_pack_bf16(const char *cmd, anneal_model *m) {
+    if (m->ctx.compute != ANNEAL_BF16 || anneal_model_device(m) != ANNEAL_CPU) return 0;
+    if (anneal_params_pack_bf16(m->params) == ANNEAL_OK) return 0;
+    fprintf(stderr, "anneal %s: packing the weights as bf16: %s\n", cmd, anneal_last_error());
+    return 1;
+}
+
 int anneal_cli_parse_kv_dtype(const char *cmd, const char *name, anneal_dtype *out) {
     if (anneal_dtype_parse(name, out) && (*out == ANNEAL_F32 || *out == ANNEAL_BF16 || *out == ANNEAL_I8)) return 0;
     fprintf(stderr, "anneal %s: --kv-dtype: unknown KV cache dtype '%s' (f32, bf16, int8)\n", cmd, name);
@@ -203,6 +210,12 @@ int anneal_cmd_generate(int argc, char **argv) {
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);
+    if (anneal_cli_pack_bf16("generate", m)) {
+        anneal_model_free(m);
+        free(config_text);
+        free(model_tok);
+        return 1;
+    }
     anneal_tokenizer *tok = NULL;
     anneal_ids ids = {0};
     char *buf = NULL, *chat_text = NULL;

@@ -106,6 +106,12 @@ int anneal_cmd_serve(int argc, char **argv) {
     if (rc) return rc;
     anneal_model_set_compute(m, compute);
     anneal_model_set_kv_dtype(m, kv_dtype);
+    if (anneal_cli_pack_bf16("serve", m)) {
+        anneal_model_free(m);
+        free(config_text);
+        free(model_tok);
+        return 1;
+    }
     anneal_tokenizer *tok = NULL;
     anneal_server *srv = NULL;
     rc = anneal_cli_model_tokenizer("serve", ckpt, tok_spec, model_tok, config_text, st.tokenizer_fingerprint, &tok);

@@ -43,6 +43,11 @@ int anneal_cli_parse_dtype(const char *cmd, const char *name, anneal_dtype *out)
 /* --kv-dtype: f32, bf16 or int8 (anneal_dtype_parse's spellings) into *out; 0, or 2 after
  * printing the error for command cmd. */
 int anneal_cli_parse_kv_dtype(const char *cmd, const char *name, anneal_dtype *out);
+/* cmd_generate.c, shared with serve and bench decode: at bf16 compute on the CPU, m's
+ * dense weights packed as bf16 panels and their f32 values released
+ * (anneal_params_pack_bf16: half the weights' memory; the decode engine reads the panels
+ * it would otherwise have copied, so the same bits). 0, or 1 after printing the error. */
+int anneal_cli_pack_bf16(const char *cmd, struct anneal_model *m);
 /* Bytes of a KV cache of m for slots x max_len positions stored as kv_dtype (int8: with
  * its scales), as anneal_kv_cache_bytes reports for such a cache. */
 int64_t anneal_cli_kv_cache_bytes(const struct anneal_model *m, int64_t slots, int64_t max_len, anneal_dtype kv_dtype);

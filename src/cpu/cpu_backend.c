@@ -5,6 +5,7 @@
  * memcpy, every slot runs synchronously (synchronize has nothing to wait for and no
  * deferred error), and the device-side scalars of the loss slots (counts, upstream
  * gradients) are read directly. The CPU has no state: ctx is NULL. */
+#include "anneal/decode_kernels.h"
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
 #include "fused.h"
@@ -191,6 +192,18 @@ static anneal_status cpu_qmatmul(void *ctx, const anneal_qmatmul_desc *d, anneal
     if (anneal_cpu_qmatmul(&a) != 0)
         return anneal_set_error(ANNEAL_ERR_OOM, "cpu qmatmul: no memory for the workspace of a (%lld x %lld x %lld) product",
                                 (long long)a.M, (long long)a.N, (long long)a.K);
+    return ANNEAL_OK;
+}
+
+static anneal_status cpu_panels_matmul(void *ctx, anneal_tensor *y, const anneal_tensor *x,
+                                       const anneal_tensor *panels, const anneal_tensor *bias) {
+    const int64_t M = x->shape[0], K = x->shape[1], N = y->shape[1];
+    const anneal_gemv_weight w = {.w = anneal_data(panels), .dtype = ANNEAL_BF16, .in = K, .out = N,
+                                  .bias = bias ? F(bias) : NULL, .bf16_panels = true};
+    /* rows in pieces, so each pass over the weights serves many rows from cache */
+    enum { ROWS = 128 };
+    for (int64_t r = 0; r < M; r += ROWS)
+        anneal_gemv(&w, F(x) + r * K, K, M - r < ROWS ? M - r : ROWS, F(y) + r * N, N, ANNEAL_GEMV_NONE);
     return ANNEAL_OK;
 }
 
@@ -490,6 +503,7 @@ static const anneal_backend k_cpu_backend = {
     .quantize_s8 = cpu_quantize_s8,
     .qmatmul = cpu_qmatmul,
     .alloc_zeroed = cpu_alloc_zeroed,
+    .panels_matmul = cpu_panels_matmul,
 };
 
 anneal_status anneal_cpu_backend_register(void) { return anneal_backend_register(&k_cpu_backend); }

@@ -167,7 +167,8 @@ anneal_status anneal_ckpt_snapshot_take(anneal_ckpt_snapshot *s, const anneal_mo
                                         const anneal_optimizer *opt, const anneal_train_state *st,
                                         const char *config_json) {
     if (!s || !m) return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint: NULL model");
-    anneal_status r = check_train_state(st);
+    anneal_status r = anneal_params_require_float(m->params, "checkpoint");
+    if (r == ANNEAL_OK) r = check_train_state(st);
     if (r != ANNEAL_OK) return r;
     free(s->config_json);
     s->config_json = NULL;

@@ -78,6 +78,7 @@ anneal_status anneal_checkpoint_save_parts(const char *run_dir, int keep, const 
         return anneal_set_error(ANNEAL_ERR_ARG, "checkpoint of a model in parts: NULL argument");
     if (parts->opt_cfg.kind != ANNEAL_OPTIM_ADAMW)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "checkpoint of a model in parts: AdamW only");
+    if (anneal_params_require_float(m->params, "checkpoint") != ANNEAL_OK) return anneal_last_status();
     anneal_ckpt_snapshot s;
     memset(&s, 0, sizeof s);
     s.model_cfg = m->cfg;

@@ -136,6 +136,7 @@ static anneal_status put_tokenizer(anneal_gguf_writer *w, const anneal_tokenizer
 
 anneal_status anneal_model_save_gguf(const anneal_model *m, const char *path, const anneal_gguf_save_opts *opts) {
     if (!m || !path) return anneal_set_error(ANNEAL_ERR_ARG, "gguf export: NULL argument");
+    if (anneal_params_require_float(m->params, "gguf export") != ANNEAL_OK) return anneal_last_status();
     anneal_gguf_save_opts o = opts ? *opts : (anneal_gguf_save_opts){0};
     const anneal_gguf_arch *a = m->arch ? m->arch->gguf : NULL;
     if (!a)

@@ -307,6 +307,7 @@ static void remove_dead_exports(const char *clean) {
 anneal_status anneal_model_save_hf(const anneal_model *m, const char *dir, const anneal_hf_save_opts *opts) {
     if (!m || !dir || !*dir) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_model_save_hf: NULL argument");
     anneal_hf_save_opts o = opts ? *opts : (anneal_hf_save_opts){0};
+    if (anneal_params_require_float(m->params, dir) != ANNEAL_OK) return anneal_last_status();
     if (m->params && m->params->quant != ANNEAL_QUANT_NONE)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "%s: the model is int8 quantized: a Hugging Face directory holds "
                                 "float weights (export the float model it was quantized from)", dir);

@@ -8,6 +8,11 @@ bool anneal_decode_dense(const anneal_nn_dense *d, anneal_gemv_weight *w) {
     if (!d || !d->weight || d->lora) return false;
     if (d->bias && (d->bias->dtype != ANNEAL_F32 || !anneal_is_contiguous(d->bias))) return false;
     const float *bias = d->bias ? anneal_data(d->bias) : NULL;
+    if (d->panels) { /* packed for inference (anneal_params_pack_bf16): what the engine's bf16 copies are */
+        *w = (anneal_gemv_weight){.w = anneal_data(d->panels), .dtype = ANNEAL_BF16, .in = d->in, .out = d->out,
+                                  .bias = bias, .bf16_panels = true};
+        return true;
+    }
     if (d->quant) { /* int8: the quantized product, as the tensor path runs it */
         const anneal_nn_quant *q = d->quant;
         if (!q->active || !q->weight || !q->scale || q->weight->dtype != ANNEAL_I8 || q->scale->dtype != ANNEAL_F32 ||

@@ -315,6 +315,7 @@ anneal_status anneal_model_hf_export(const anneal_model *m, const anneal_tensor_
 
 anneal_status anneal_model_onnx_graph(const anneal_model *m, anneal_onnx_graph *g, bool kv_cache) {
     if (!m || !g) return anneal_set_error(ANNEAL_ERR_ARG, "onnx export: NULL argument");
+    if (anneal_params_require_float(m->params, "onnx export") != ANNEAL_OK) return anneal_last_status();
     if (!m->ops->onnx_graph)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "onnx export: architecture %s has no ONNX exporter",
                                 m->cfg.arch);

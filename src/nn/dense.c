@@ -55,6 +55,7 @@ anneal_tensor *anneal_nn_dense_forward_kept(const anneal_nn_dense *d, const anne
                                             anneal_activation act, anneal_tensor *mul, bool x_kept_f32) {
     if (!d || !x) return NULL;
     if (d->quant && d->quant->active) return anneal_nn_quant_forward(d, ctx, x, act, mul); /* int8 (quant.c) */
+    if (d->panels) return anneal_nn_packed_forward(d, x, act, mul); /* bf16 panels (packed.c) */
     if (d->quant && d->quant->observing && anneal_nn_quant_observe(d, x) != ANNEAL_OK) return NULL; /* calibration */
     anneal_dense_opts o = {.layout = d->layout, .act = act, .mul = mul, .compute = ctx ? ctx->compute : ANNEAL_F32,
                            .x_kept_f32 = x_kept_f32};

@@ -106,6 +106,7 @@ static anneal_status weight_to_bf16(anneal_params *ps, anneal_nn_dense *d) {
 }
 
 anneal_status anneal_lora_apply(anneal_params *ps, const anneal_lora_config *c) {
+    if (anneal_params_require_float(ps, "lora") != ANNEAL_OK) return anneal_last_status();
     if (ps && ps->quant != ANNEAL_QUANT_NONE)
         return anneal_set_error(ANNEAL_ERR_UNSUPPORTED, "lora: the model is int8 quantized (adapters train on a float base)");
     anneal_status s = check_config(ps, c);

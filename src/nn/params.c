@@ -1,7 +1,7 @@
 /* Named parameter sets: an ordered list of (name, f32 leaf tensor, decay flag)
  * whose tensors live in one long-lived scope owned by the set, plus the in-place
  * initialisers (normal, fill) models use to set their starting values. */
-#include "anneal/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -221,6 +221,33 @@ anneal_status anneal_params_replace(anneal_params *ps, anneal_param *p, anneal_t
     anneal_release(p->tensor);
     p->tensor = t;
     return ANNEAL_OK;
+}
+
+/* See nn.h: a set packed as bf16 panels has no float weights to give. */
+anneal_status anneal_params_require_float(const anneal_params *ps, const char *what) {
+    if (ps && ps->packed_bf16)
+        return anneal_set_error(ANNEAL_ERR_UNSUPPORTED,
+                                "%s: the model's dense weights were packed as bf16 panels for inference and their float "
+                                "values released (load the model again without packing)",
+                                what);
+    return ANNEAL_OK;
+}
+
+/* The f32 weight of pd as a frozen stride-0 view of one zero (see nn_internal.h). */
+anneal_status anneal_nn_release_weight(anneal_params *ps, anneal_params_dense *pd) {
+    anneal_param *p = NULL;
+    for (int i = 0; i < ps->n && !p; i++)
+        if (ps->items[i].tensor == pd->dense->weight) p = &ps->items[i];
+    if (!p) return anneal_set_error(ANNEAL_ERR_STATE, "nn %s: its weight is not a parameter of the set", pd->prefix);
+    anneal_status s = anneal_params_set_trainable(ps, p, false);
+    if (s != ANNEAL_OK) return s;
+    anneal_scope *tmp = anneal_scope_open();
+    anneal_tensor *one = anneal_zeros(ANNEAL_F32, 1, (int64_t[]){1});
+    anneal_tensor *z = one ? anneal_alias(one, 2, p->tensor->shape, (int64_t[]){0, 0}, 0) : NULL;
+    s = z ? anneal_params_replace(ps, p, z) : anneal_last_status();
+    anneal_scope_close(tmp);
+    if (s == ANNEAL_OK) pd->dense->weight = z;
+    return s;
 }
 
 /* Sum of numel over the registered parameters (0 for NULL). */

@@ -42,6 +42,7 @@ static anneal_nn_quant *quant_of(anneal_params_dense *pd) {
 }
 
 anneal_status anneal_nn_calibrate_begin(anneal_params *ps) {
+    if (anneal_params_require_float(ps, "calibration") != ANNEAL_OK) return anneal_last_status();
     if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_calibrate_begin: NULL set");
     if (ps->quant != ANNEAL_QUANT_NONE)
         return anneal_set_error(ANNEAL_ERR_STATE, "calibration: the model is quantized already");
@@ -114,24 +115,6 @@ static anneal_tensor *weight_out_in(const anneal_nn_dense *d) {
                                              : anneal_contiguous(d->weight);
 }
 
-/* Replaces the f32 weight parameter of pd by a stride-0 view of one zero of its shape
- * (the int8 weight is what runs; nothing reads the f32 one any more). */
-static anneal_status release_weight(anneal_params *ps, anneal_params_dense *pd) {
-    anneal_param *p = NULL;
-    for (int i = 0; i < ps->n && !p; i++)
-        if (ps->items[i].tensor == pd->dense->weight) p = &ps->items[i];
-    if (!p) return anneal_set_error(ANNEAL_ERR_STATE, "nn quant %s: its weight is not a parameter of the set", pd->prefix);
-    anneal_status s = anneal_params_set_trainable(ps, p, false);
-    if (s != ANNEAL_OK) return s;
-    anneal_scope *tmp = anneal_scope_open();
-    anneal_tensor *one = anneal_zeros(ANNEAL_F32, 1, (int64_t[]){1});
-    anneal_tensor *z = one ? anneal_alias(one, 2, p->tensor->shape, (int64_t[]){0, 0}, 0) : NULL;
-    s = z ? anneal_params_replace(ps, p, z) : anneal_last_status();
-    anneal_scope_close(tmp);
-    if (s == ANNEAL_OK) pd->dense->weight = z;
-    return s;
-}
-
 anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd, anneal_quant_mode mode,
                                      int64_t group, anneal_tensor *weight, anneal_tensor *scale, float act_scale) {
     if (!ps || !pd || !weight || !scale) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quant_attach: NULL argument");
@@ -163,7 +146,7 @@ anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd,
     free(q->hist);
     *q = (anneal_nn_quant){.active = true, .mode = mode, .group = group, .weight = weight, .scale = scale,
                            .act_scale = mode == ANNEAL_QUANT_STATIC ? act_scale : 0.0f};
-    anneal_status s = release_weight(ps, pd);
+    anneal_status s = anneal_nn_release_weight(ps, pd);
     if (s != ANNEAL_OK) return s;
     ps->quant = mode;
     ps->quant_group = group;
@@ -171,6 +154,7 @@ anneal_status anneal_nn_quant_attach(anneal_params *ps, anneal_params_dense *pd,
 }
 
 anneal_status anneal_nn_quantize(anneal_params *ps, anneal_quant_mode mode, int64_t group) {
+    if (anneal_params_require_float(ps, "quantize") != ANNEAL_OK) return anneal_last_status();
     if (!ps) return anneal_set_error(ANNEAL_ERR_ARG, "anneal_nn_quantize: NULL set");
     if (!anneal_quant_mode_name(mode))
         return anneal_set_error(ANNEAL_ERR_ARG, "quantize: unknown quantization mode %d", (int)mode);

@@ -234,6 +234,40 @@ TEST(generate_kv_dtype_matches_in_process_generation) {
     }
 }
 
+/* --dtype bf16: the CLI packs the dense weights as bf16 panels (anneal_cli_pack_bf16) and
+ * its text is that of in-process generation with the unpacked model at bf16 compute
+ * (whose decode engine makes the same panels itself): sampled, so every logit counts. */
+TEST(generate_bf16_packed_matches_the_unpacked_model) {
+    if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    const char *why = setup();
+    if (why) TEST_FAIL("%s", why);
+    const char *prompt = "In the beginning";
+    char args[1024];
+    snprintf(args, sizeof args, "generate --ckpt '%s' --tokenizer gpt2 --prompt '%s' --max-tokens 30 --seed 3 "
+                                "--temperature 0.9 --top-k 0 --top-p 1 --dtype bf16 --threads 1", run_dir, prompt);
+    size_t n = 0;
+    REQUIRE(run(args, out, sizeof out, &n, err, sizeof err) == 0);
+    anneal_set_num_threads(1);
+    anneal_ids p = {0};
+    REQUIRE(anneal_tokenizer_encode(tok, prompt, strlen(prompt), false, &p) == ANNEAL_OK);
+    anneal_sampler_config sc = {.temperature = 0.9f, .top_k = 0, .top_p = 1.0f, .seed = 3};
+    collected got = {{0}};
+    REQUIRE(anneal_model_set_compute(model, ANNEAL_BF16) == ANNEAL_OK);
+    anneal_status gs = anneal_model_generate(model, p.ids, (int64_t)p.n, 30, &sc, anneal_tokenizer_eot(tok), collect, &got);
+    anneal_model_set_compute(model, ANNEAL_F32);
+    REQUIRE(gs == ANNEAL_OK);
+    CHECK(!model->params->packed_bf16, "the in-process model was packed");
+    char *text = NULL;
+    size_t len = 0;
+    REQUIRE(anneal_tokenizer_decode(tok, got.ids.ids, got.ids.n, &text, &len) == ANNEAL_OK);
+    const size_t pl = strlen(prompt);
+    CHECK(got.ids.n > 0 && n == pl + len + 1 && !memcmp(out + pl, text, len),
+          "bf16 CLI text differs from the unpacked model's:\n%s\nvs\n%s", out + (n >= pl ? pl : 0), text);
+    free(text);
+    anneal_ids_free(&got.ids);
+    anneal_ids_free(&p);
+}
+
 TEST(generate_refuses_a_checkpoint_of_another_tokenizer) {
     if (!getenv("ANNEAL_BIN")) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     const char *why = setup();
@@ -397,6 +431,7 @@ int main(void) {
     RUN(generate_streams_the_same_text_as_in_process_generation);
     RUN(generate_seed_reproduces_and_changes_the_text);
     RUN(generate_kv_dtype_matches_in_process_generation);
+    RUN(generate_bf16_packed_matches_the_unpacked_model);
     RUN(generate_refuses_a_checkpoint_of_another_tokenizer);
     RUN(generate_finds_the_tokenizer_of_the_training_data);
     RUN(eval_prints_the_loss_over_every_window);
