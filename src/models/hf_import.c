@@ -92,6 +92,10 @@ anneal_status anneal_hf_load_matched(anneal_model *m, const anneal_tensor_source
           : anneal_last_status() != ANNEAL_OK ? anneal_last_status()
                                               : anneal_set_error(ANNEAL_ERR_FORMAT, "%s: cannot read %s", src->what, seen[i]);
         anneal_scope_close(sc);
+        /* the temporary back to the system now, not into the allocator's cache: kept,
+         * one block per tensor size stayed resident beside the model (GPT-2 124M's
+         * embedding alone is 154 MB), and the load's peak held them all */
+        anneal_memory_release_cache(p->device);
     }
     return r;
 }

@@ -185,6 +185,10 @@ TEST(both_conventions_load_and_match_pytorch) {
     anneal_gpt2 *a = anneal_gpt2_new(&cfg), *b = anneal_gpt2_new(&cfg), *c = anneal_gpt2_new(&cfg);
     REQUIRE(a && b && c);
     CHECK(anneal_model_load_safetensors(&a->base, fixture("model.safetensors")) == ANNEAL_OK, "%s", anneal_last_error());
+    /* the read's temporaries went back to the system, not into the allocator's cache
+     * (where they stayed resident beside the model) */
+    CHECK(anneal_memory_stats_get(ANNEAL_CPU).cached_bytes == 0, "%lld bytes of the load's temporaries stayed cached",
+          (long long)anneal_memory_stats_get(ANNEAL_CPU).cached_bytes);
     check_logits(a, "GPT2LMHeadModel.save_pretrained file");
     CHECK(anneal_model_load_safetensors(&b->base, fixture("model_noprefix.safetensors")) == ANNEAL_OK, "%s",
           anneal_last_error());
