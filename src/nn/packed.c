@@ -11,7 +11,9 @@
 static anneal_tensor *pack_one(const anneal_nn_dense *d) {
     const int64_t len = anneal_gemv_panels_bf16_len(d->in, d->out);
     anneal_scope_enter(NULL);
+    const anneal_mem_category mc = anneal_memory_category_set(ANNEAL_MEM_PARAMETERS); /* the memory report's */
     anneal_tensor *p = anneal_empty_on(ANNEAL_CPU, ANNEAL_BF16, 1, &len);
+    anneal_memory_category_set(mc);
     anneal_scope_leave();
     if (!p) return NULL;
     anneal_gemv_pack_panels_bf16(anneal_data(d->weight), d->layout == ANNEAL_WEIGHT_OUT_IN, d->in, d->out,
