@@ -10,7 +10,7 @@
 #   test_cuda_gpt2.log  step B: GPT-2 on the GPU next to a CPU twin
 #   bench_anneal.log    step C: anneal train on GPT-2 124M (bench/gpu_train.sh)
 #   bench_torch.log     step C: PyTorch eager and compiled (bench/torch_gpt2_cuda.py)
-#   host_cpu.log        step H: the host CPU: lscpu, the AMX GEMM tests (cpu_test_gemm_amx),
+#   host_cpu.log        step H: the host CPU: lscpu, the AMX GEMM tests (cpu_test_gemm_amx, _int8),
 #                       bf16 peaks and 124M bf16 training steps on AMX vs AVX512-BF16 vs fp32
 # What it needs from this machine's side: .gpu-pack/ (scripts/gpu-pack.sh: the binaries,
 # their libraries, the KJV shards, the -dev .debs), carried with the call:
@@ -248,6 +248,8 @@ if [ "$DO_TESTS" = 1 ] && [ -x "$BIN_DIR/cpu_test_gemm_amx" ]; then
     { lscpu; } > "$HLOG" 2>&1
     host "$BIN_DIR/cpu_test_gemm_amx"
     say "    cpu_test_gemm_amx: $(grep -E '^[0-9]+ passed' "$HLOG" | tail -1) $(grep -m1 -E 'FAIL|SKIP' "$HLOG" | cut -c1-160)"
+    [ -x "$BIN_DIR/cpu_test_gemm_int8" ] && host "$BIN_DIR/cpu_test_gemm_int8"
+    say "    cpu_test_gemm_int8: $(grep -E '^[0-9]+ passed' "$HLOG" | tail -1) $(grep -E '^  amx' "$HLOG" | tr '\n' ' ')"
     host "$BIN_DIR/anneal" bench peak --dtype bf16
     ANNEAL_ISA=avx512bf16 host "$BIN_DIR/anneal" bench peak --dtype bf16
     for isa in amx avx512bf16; do

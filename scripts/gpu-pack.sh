@@ -23,7 +23,7 @@ PACK=.gpu-pack
 JOBS=${JOBS:-2}
 MPI=${PACK_MPI:-OFF}
 ARCHS=${PACK_ARCHS:-90} # the H100's device code only (halves the fatbins; CI builds 80;90)
-TESTS="cuda_test_cuda_ops cuda_test_cuda_gpt2 cpu_test_gemm_amx" # the last: the host CPU's AMX
+TESTS="cuda_test_cuda_ops cuda_test_cuda_gpt2 cpu_test_gemm_amx cpu_test_gemm_int8" # the last two: the host CPU's AMX
 say() { printf '== %s\n' "$*"; }
 
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu-pack: no nvcc here" >&2; exit 1; }

@@ -224,13 +224,17 @@ double anneal_cpu_sum_squares(int64_t n, const float *x);
 /* C = A B^T exactly in int32: A int8 (M x K, row stride lda), B int8 (N x K, row stride
  * ldb: a weight in (out, in) layout), C int32 (M x N, row stride ldc); overwrites C.
  * Exact when the true sums fit in int32, which K <= 65536 guarantees (callers check).
- * AVX-512 VNNI, AVX2 or portable C (gemm_int8.c); OpenMP over blocks of N. */
+ * AMX-INT8, AVX-512 VNNI, AVX2 or portable C (gemm_int8.c); OpenMP over blocks of N. */
 void anneal_cpu_gemm_s8(int64_t M, int64_t N, int64_t K, const int8_t *A, int64_t lda, const int8_t *B, int64_t ldb,
                         int32_t *C, int64_t ldc);
-/* The int8 GEMM's paths: the one the next call takes (ANNEAL_CPU_ISA=portable|avx2 in
- * the environment, or a forced one), forcing one (-1 when the CPU lacks it; AUTO
- * restores the choice), and names ("avx512vnni", "avx2", "portable"). */
-enum { ANNEAL_GEMM_S8_AUTO = -1, ANNEAL_GEMM_S8_PORTABLE = 0, ANNEAL_GEMM_S8_AVX2 = 1, ANNEAL_GEMM_S8_AVX512VNNI = 2 };
+/* The int8 GEMM's paths: the one the next call takes (ANNEAL_CPU_ISA=portable|avx2|
+ * avx512 in the environment, or a forced one), forcing one (-1 when the CPU lacks it;
+ * AUTO restores the choice), and names ("amx", "avx512vnni", "avx2", "portable",
+ * "amx-model"). AMX takes products of 32 rows of A and more (fewer: AVX-512 VNNI);
+ * AMX_MODEL, for tests, runs the AMX kernel over its C model of the tiles on any CPU
+ * (fewer rows: the best other path). */
+enum { ANNEAL_GEMM_S8_AUTO = -1, ANNEAL_GEMM_S8_PORTABLE = 0, ANNEAL_GEMM_S8_AVX2 = 1, ANNEAL_GEMM_S8_AVX512VNNI = 2,
+       ANNEAL_GEMM_S8_AMX = 3, ANNEAL_GEMM_S8_AMX_MODEL = 4 };
 int anneal_cpu_gemm_s8_isa(void);
 int anneal_cpu_gemm_s8_set_isa(int isa);
 const char *anneal_cpu_gemm_s8_isa_name(int isa);

@@ -37,7 +37,8 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     char b1[96], b2[96];
     int k = 0;
     const bool amx = anneal_cpu_has_amx();
-    const char *amx_note = amx ? "; this CPU has AMX, which this kernel family does not use yet" : "";
+    const char *amx_why = !amx ? "" : anneal_cpu_isa_limit() < ANNEAL_ISA_AMX ? " (AMX capped by ANNEAL_ISA)"
+                                                                              : " (AMX present but Linux refused the tile state)";
     /* f32 GEMM: AVX-512F > AVX2+FMA+F16C > portable */
     const char *f32 = anneal_cpu_sgemm_isa_name();
     const char *why512 = blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512(), "AVX-512F", b1, sizeof b1);
@@ -51,10 +52,7 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     const char *bf = anneal_cpu_gemm_kernel_name(ANNEAL_BF16);
     if (!strcmp(bf, "amx")) row(rows, max, &k, "gemm bf16", bf, "AMX tiles, TDPBF16PS 32 x 32 micro-kernel%s%s", "", "");
     else if (!strcmp(bf, "avx512bf16"))
-        row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel (%s)%s",
-            amx ? (anneal_cpu_isa_limit() < ANNEAL_ISA_AMX ? "AMX capped by ANNEAL_ISA"
-                                                           : "AMX present but Linux refused the tile state")
-                : "no AMX", "");
+        row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel%s%s", amx ? amx_why : " (no AMX)", "");
     else
         row(rows, max, &k, "gemm bf16", bf, "the f32 kernel on operands rounded to bf16 while packing (%s)%s",
             blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b1,
@@ -64,7 +62,10 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     /* int8 GEMM */
     int s8 = anneal_cpu_gemm_s8_isa();
     const char *s8n = anneal_cpu_gemm_s8_isa_name(s8);
-    if (s8 == ANNEAL_GEMM_S8_AVX512VNNI) row(rows, max, &k, "gemm int8", s8n, "VPDPBUSD micro-kernel%s%s", amx_note, "");
+    if (s8 == ANNEAL_GEMM_S8_AMX)
+        row(rows, max, &k, "gemm int8", s8n, "AMX tiles, TDPBSSD 32 x 32 blocks from 32 rows (fewer: VPDPBUSD)%s%s", "", "");
+    else if (s8 == ANNEAL_GEMM_S8_AVX512VNNI)
+        row(rows, max, &k, "gemm int8", s8n, "VPDPBUSD micro-kernel%s%s", amx_why, "");
     else
         row(rows, max, &k, "gemm int8", s8n, "%s (%s)", s8 == ANNEAL_GEMM_S8_AVX2 ? "AVX2 VPMADDWD kernel" : "C",
             s8 == ANNEAL_GEMM_S8_AVX2 ? blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512vnni(), "AVX512-VNNI", b1, sizeof b1)

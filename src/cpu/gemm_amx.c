@@ -31,6 +31,7 @@
  * plain C loops the compiler vectorises (AVX-512 for the tile unit's copy). */
 #include "anneal/backend.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/gemm_amx_tiles.h"
 #include "cpu/gemm_internal.h"
 
 #include <immintrin.h>
@@ -46,7 +47,7 @@
 #define AMX_NC 3072 /* B block 512 x 3072 bf16 = 3 MiB in L3 */
 #define AMX_KSTEP 32
 
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define AMX_TARGET ANNEAL_AMX_TARGET
 #define AMX_VEC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
 /* ---------------------------------------------------------------- permission */
@@ -171,39 +172,12 @@ static void pack_a_plain(const float *src, int64_t stride, bool lanes_contig, in
 
 /* ---------------------------------------------------------------- the tile unit */
 
-/* LDTILECFG's 64-byte operand: palette 1, then per tile its bytes per row and rows. */
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
-/* Every tile 16 rows x 64 bytes, the only shape this file uses. */
-static amx_config full_tiles(void) {
-    amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    return cfg;
-}
-
 /* The tile configuration is per thread state; this thread's is loaded once. */
 static _Thread_local bool tiles_configured;
 
-AMX_TARGET static inline __attribute__((always_inline)) void tiles_begin(void) {
-    if (!tiles_configured) {
-        const amx_config cfg = full_tiles();
-        _tile_loadconfig(&cfg);
-        tiles_configured = true;
-    }
-}
-
 #define AMX_KERNEL_NAME kernel_amx_32x32
 #define AMX_KERNEL_ATTR AMX_TARGET
-#define AMX_TILES_BEGIN() tiles_begin()
+#define AMX_TILES_BEGIN() anneal_amx_tiles_begin(&tiles_configured)
 #define AMX_ZERO(t) _tile_zero(t)
 #define AMX_LOAD(t, p, stride) _tile_loadd(t, p, stride)
 #define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
@@ -218,14 +192,6 @@ AMX_TARGET static inline __attribute__((always_inline)) void tiles_begin(void) {
 #undef AMX_STORE
 
 /* ---------------------------------------------------------------- the model */
-
-/* One tile register: 16 rows of 64 bytes. */
-typedef struct model_tile {
-    union {
-        float f[16][16];
-        uint32_t w[16][16];
-    };
-} model_tile;
 
 /* A bf16 value as f32, subnormals as zero (the unit's input rule). */
 static inline float model_bf16(uint32_t h) {
@@ -245,16 +211,8 @@ static inline float model_ftz(float x) {
     return x;
 }
 
-static void model_load(model_tile *t, const void *p, int64_t stride) {
-    for (int r = 0; r < 16; r++) memcpy(t->w[r], (const char *)p + r * stride, 64);
-}
-
-static void model_store(const model_tile *t, void *p, int64_t stride) {
-    for (int r = 0; r < 16; r++) memcpy((char *)p + r * stride, t->w[r], 64);
-}
-
 /* TDPBF16PS c, a, b as Intel's pseudo-code states it (see the top of the file). */
-static void model_dp(model_tile *c, const model_tile *a, const model_tile *b) {
+static void model_dp(anneal_amx_model_tile *c, const anneal_amx_model_tile *a, const anneal_amx_model_tile *b) {
     for (int m = 0; m < 16; m++)
         for (int n = 0; n < 16; n++) {
             float acc = c->f[m][n];
@@ -270,11 +228,11 @@ static void model_dp(model_tile *c, const model_tile *a, const model_tile *b) {
 
 #define AMX_KERNEL_NAME kernel_model_32x32
 #define AMX_KERNEL_ATTR
-#define AMX_TILES_BEGIN() model_tile tmm[8]
+#define AMX_TILES_BEGIN() anneal_amx_model_tile tmm[8]
 #define AMX_ZERO(t) memset(&tmm[t], 0, sizeof tmm[t])
-#define AMX_LOAD(t, p, stride) model_load(&tmm[t], p, stride)
+#define AMX_LOAD(t, p, stride) anneal_amx_model_load(&tmm[t], p, stride)
 #define AMX_DP(c, a, b) model_dp(&tmm[c], &tmm[a], &tmm[b])
-#define AMX_STORE(t, p, stride) model_store(&tmm[t], p, stride)
+#define AMX_STORE(t, p, stride) anneal_amx_model_store(&tmm[t], p, stride)
 #include "cpu/gemm_amx_kernel.h"
 #undef AMX_KERNEL_NAME
 #undef AMX_KERNEL_ATTR
@@ -320,7 +278,7 @@ const anneal_gemm_isa anneal_gemm_isa_amx_model = {
  * filled with small values; returns the sum of one result tile (only after
  * anneal_cpu_amx_usable()). */
 AMX_TARGET float anneal_cpu_amx_peak_loop(int64_t iters) {
-    tiles_begin();
+    anneal_amx_tiles_begin(&tiles_configured);
     uint32_t src[16 * 16] __attribute__((aligned(64)));
     for (int i = 0; i < 16 * 16; i++) src[i] = 0x3c003c00u; /* bf16 pairs of 2^-7 */
     float out[16 * 16] __attribute__((aligned(64)));

@@ -28,6 +28,13 @@ typedef void (*anneal_gemm_s8_block_fn)(int64_t m0, int64_t m1, int64_t n0, int6
  * the row sums of B (taken in the same pass) are subtracted: exact. */
 void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
                                      int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
+/* AMX-INT8 (gemm_amx_s8.c): rows [m0, m1) a multiple of 32 (whole tiles), at most 32
+ * outputs [n0, n1); the same int32 sums. Only where anneal_cpu_amx_usable(). The model:
+ * the same body over the C model of the tiles, on any CPU (tests). */
+void anneal_gemm_s8_block_amx(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A, int64_t lda,
+                              const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
+void anneal_gemm_s8_block_amx_model(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
+                                    int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 /* AVX2: both operands sign-extended to int16 and multiplied pairwise into int32
  * (vpmaddwd): no saturation anywhere (vpmaddubsw's int16 pair sums would saturate). */
 void anneal_gemm_s8_block_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,

@@ -1,5 +1,6 @@
 /* The int8 GEMM (src/cpu/gemm_int8*.c) against a reference loop, bit for bit, on every
- * path this CPU can run (AVX-512 VNNI, AVX2, portable, forced in turn), over odd shapes
+ * path this CPU can run (AMX, AVX-512 VNNI, AVX2, portable, and the AMX kernel over its
+ * C model of the tiles, which runs everywhere; forced in turn), over odd shapes
  * (M, N, K not multiples of the tiles or of the vector width, K past 64), extreme values
  * (-128 x -128 sums, the +128 offset's correction), a large K, and strided operands; and
  * the quantized product's driver (weight-only few-rows and many-rows paths, dynamic,
@@ -57,12 +58,17 @@ static bool check_shape(int64_t M, int64_t N, int64_t K, int kind, int64_t pad) 
 }
 
 TEST(gemm_s8_is_exact_on_every_path) {
-    static const int isas[3] = {ANNEAL_GEMM_S8_PORTABLE, ANNEAL_GEMM_S8_AVX2, ANNEAL_GEMM_S8_AVX512VNNI};
+    enum { NISA = 5 };
+    static const int isas[NISA] = {ANNEAL_GEMM_S8_PORTABLE, ANNEAL_GEMM_S8_AVX2, ANNEAL_GEMM_S8_AVX512VNNI,
+                                   ANNEAL_GEMM_S8_AMX, ANNEAL_GEMM_S8_AMX_MODEL};
+    /* from 32 rows the tile paths: whole tiles, a row tail, outputs not a multiple of 32
+     * (or of 16), K not a multiple of 64 (the zero-padded last chunk) or under one chunk */
     static const int64_t shapes[][3] = {{1, 1, 1},   {1, 7, 3},     {3, 5, 17},   {4, 4, 64},  {5, 9, 65},
                                         {1, 33, 127}, {7, 13, 128}, {9, 6, 200},  {2, 1, 1000}, {17, 31, 96},
-                                        {1, 768, 768}, {6, 66, 333}};
+                                        {1, 768, 768}, {6, 66, 333}, {32, 32, 64}, {33, 17, 5},  {64, 40, 200},
+                                        {45, 70, 129}, {96, 1, 64},  {37, 48, 1000}};
     int ran = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NISA; i++) {
         if (anneal_cpu_gemm_s8_set_isa(isas[i]) != 0) {
             printf("  %s: not on this CPU\n", anneal_cpu_gemm_s8_isa_name(isas[i]));
             continue;
@@ -74,13 +80,14 @@ TEST(gemm_s8_is_exact_on_every_path) {
                 CHECK(check_shape(shapes[s][0], shapes[s][1], shapes[s][2], kind, s % 3),
                       "%s: (%lld, %lld, %lld) kind %d", anneal_cpu_gemm_s8_isa_name(isas[i]), (long long)shapes[s][0],
                       (long long)shapes[s][1], (long long)shapes[s][2], kind);
-        /* the largest K the callers allow: all -128 x -128 sums to 2^30 */
-        CHECK(check_shape(2, 5, 65536, 1, 0), "%s: K = 65536", anneal_cpu_gemm_s8_isa_name(isas[i]));
+        /* the largest K the callers allow: all -128 x -128 sums to 2^30 (32 rows: a tile) */
+        CHECK(check_shape(2, 5, 65536, 1, 0) && check_shape(32, 3, 65536, 1, 0), "%s: K = 65536",
+              anneal_cpu_gemm_s8_isa_name(isas[i]));
         printf("  %s: exact\n", anneal_cpu_gemm_s8_isa_name(isas[i]));
     }
     anneal_cpu_gemm_s8_set_isa(ANNEAL_GEMM_S8_AUTO);
-    CHECK(ran >= 1, "no path ran");
-    if (ran < 3) SKIP("this CPU lacks some int8 GEMM paths (see above)");
+    CHECK(ran >= 2, "no path ran but the portable one and the model");
+    if (ran < NISA) SKIP("this CPU lacks some int8 GEMM paths (see above)");
 }
 
 TEST(gemm_s8_default_is_the_best_path_and_env_forces_lower_ones) {
@@ -88,13 +95,18 @@ TEST(gemm_s8_default_is_the_best_path_and_env_forces_lower_ones) {
     unsetenv("ANNEAL_CPU_ISA");
     int best = anneal_cpu_gemm_s8_isa();
     printf("  default: %s\n", anneal_cpu_gemm_s8_isa_name(best));
-    CHECK(anneal_cpu_gemm_s8_set_isa(ANNEAL_GEMM_S8_AVX512VNNI) != 0 || best == ANNEAL_GEMM_S8_AVX512VNNI,
-          "VNNI available but not the default");
+    CHECK(anneal_cpu_gemm_s8_set_isa(ANNEAL_GEMM_S8_AMX) == 0
+              ? best == ANNEAL_GEMM_S8_AMX
+              : anneal_cpu_gemm_s8_set_isa(ANNEAL_GEMM_S8_AVX512VNNI) != 0 || best == ANNEAL_GEMM_S8_AVX512VNNI,
+          "AMX or VNNI available but not the default (%s)", anneal_cpu_gemm_s8_isa_name(best));
     anneal_cpu_gemm_s8_set_isa(ANNEAL_GEMM_S8_AUTO);
     setenv("ANNEAL_CPU_ISA", "portable", 1);
     CHECK(anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_PORTABLE, "ANNEAL_CPU_ISA=portable");
     setenv("ANNEAL_CPU_ISA", "avx2", 1);
-    CHECK(anneal_cpu_gemm_s8_isa() != ANNEAL_GEMM_S8_AVX512VNNI, "ANNEAL_CPU_ISA=avx2");
+    CHECK(anneal_cpu_gemm_s8_isa() != ANNEAL_GEMM_S8_AVX512VNNI && anneal_cpu_gemm_s8_isa() != ANNEAL_GEMM_S8_AMX,
+          "ANNEAL_CPU_ISA=avx2");
+    setenv("ANNEAL_CPU_ISA", "avx512", 1);
+    CHECK(anneal_cpu_gemm_s8_isa() != ANNEAL_GEMM_S8_AMX, "ANNEAL_CPU_ISA=avx512");
     unsetenv("ANNEAL_CPU_ISA");
 }
 
