@@ -13,17 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The reference loop (out of memory for the packed block). */
-static void scalar_block(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A, int64_t lda,
-                         const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc) {
-    for (int64_t m = m0; m < m1; m++)
-        for (int64_t n = n0; n < n1; n++) {
-            uint32_t s = 0;
-            for (int64_t k = 0; k < K; k++) s += (uint32_t)((int32_t)A[m * lda + k] * (int32_t)B[n * ldb + k]);
-            C[m * ldc + n] = (int32_t)s;
-        }
-}
-
 /* ---------------------------------------------------------------- the tile unit */
 
 static _Thread_local bool tiles_configured;

@@ -14,20 +14,20 @@ AMX_S8_ATTR void AMX_S8_NAME(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int
     const int64_t kc = (K + 63) / 64, kq = kc * 16; /* 64-byte chunks of K; quads of K */
     uint32_t *bp = malloc((size_t)(2 * kq * 16) * sizeof *bp);
     if (!bp) {
-        scalar_block(m0, m1, n0, n1, K, A, lda, B, ldb, C, ldc);
+        anneal_gemm_s8_block_portable(m0, m1, n0, n1, K, A, lda, B, ldb, C, ldc); /* no memory to pack B */
         return;
     }
     for (int t = 0; t < 2; t++)
         for (int j = 0; j < 16; j++) {
             const int64_t n = n0 + 16 * t + j;
             uint32_t *w = bp + t * kq * 16 + j;
-            for (int64_t q = 0; q < kq; q++) {
+            const int64_t full = n < n1 ? K / 4 : 0; /* quads wholly inside K */
+            for (int64_t q = 0; q < full; q++) memcpy(&w[q * 16], B + n * ldb + 4 * q, 4);
+            for (int64_t q = full; q < kq; q++) { /* the last part quad, then zeros */
                 uint8_t v[4] = {0, 0, 0, 0};
                 for (int i = 0; i < 4; i++)
                     if (n < n1 && 4 * q + i < K) v[i] = (uint8_t)B[n * ldb + 4 * q + i];
-                uint32_t word;
-                memcpy(&word, v, 4);
-                w[q * 16] = word;
+                memcpy(&w[q * 16], v, 4);
             }
         }
     int8_t tail[32 * 64];

@@ -20,20 +20,6 @@
 
 static atomic_int forced_isa = ANNEAL_GEMM_S8_AUTO;
 
-/* The reference: one int32 dot product per element. */
-static void block_portable(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A, int64_t lda,
-                           const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc) {
-    for (int64_t n = n0; n < n1; n++) {
-        const int8_t *b = B + n * ldb;
-        for (int64_t m = m0; m < m1; m++) {
-            const int8_t *a = A + m * lda;
-            int32_t s = 0;
-            for (int64_t k = 0; k < K; k++) s += (int32_t)a[k] * (int32_t)b[k];
-            C[m * ldc + n] = s;
-        }
-    }
-}
-
 /* True when the CPU can run isa. */
 static bool isa_available(int isa) {
     return isa == ANNEAL_GEMM_S8_PORTABLE || isa == ANNEAL_GEMM_S8_AMX_MODEL ||
@@ -80,7 +66,7 @@ void anneal_cpu_gemm_s8(int64_t M, int64_t N, int64_t K, const int8_t *A, int64_
     anneal_gemm_s8_block_fn fn = isa == ANNEAL_GEMM_S8_AVX512VNNI || isa == ANNEAL_GEMM_S8_AMX
                                      ? anneal_gemm_s8_block_avx512vnni
                                  : isa == ANNEAL_GEMM_S8_AVX2 || (tiles && anneal_cpu_has_avx2()) ? anneal_gemm_s8_block_avx2
-                                                                                                  : block_portable;
+                                                                                                  : anneal_gemm_s8_block_portable;
     if (tiles && M >= 32) {
         /* blocks of 32 outputs, each one pass of the tile kernel over the whole tiles of
          * A's rows, then the rows left over by fn */

@@ -24,6 +24,9 @@ __attribute__((target("avx2"))) static inline int32_t anneal_hsum8_s32(__m256i v
 typedef void (*anneal_gemm_s8_block_fn)(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
                                         int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 
+/* Plain C, one int32 dot product per element (gemm_int8_portable.c): the reference. */
+void anneal_gemm_s8_block_portable(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,
+                                   int64_t lda, const int8_t *B, int64_t ldb, int32_t *C, int64_t ldc);
 /* AVX-512 VNNI (vpdpbusd, u8 x s8): A is offset by +128 to u8 in registers, and 128 times
  * the row sums of B (taken in the same pass) are subtracted: exact. */
 void anneal_gemm_s8_block_avx512vnni(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const int8_t *A,

@@ -69,13 +69,7 @@ anneal_tensor *anneal_nn_dense_forward_kept(const anneal_nn_dense *d, const anne
     o.act = ANNEAL_ACT_NONE;
     o.mul = NULL;
     anneal_tensor *pre = anneal_add(anneal_dense(x, d->weight, d->bias, &o), anneal_nn_lora_forward(d->lora, ctx, x));
-    switch (act) {
-    case ANNEAL_ACT_NONE: return pre;
-    case ANNEAL_ACT_GELU_TANH: return anneal_gelu(pre, true);
-    case ANNEAL_ACT_SILU_MUL: return anneal_mul(anneal_silu(pre), mul);
-    }
-    anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
-    return NULL;
+    return anneal_nn_act_unfused(pre, act, mul);
 }
 
 anneal_tensor *anneal_nn_dense_forward_act(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,

@@ -21,6 +21,9 @@ anneal_tensor *anneal_nn_param(anneal_params *ps, const char *prefix, const char
 anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn_ctx *ctx, anneal_tensor *x,
                                        anneal_activation act, anneal_tensor *mul);
 
+/* pre, then act as its own op (activation.c): GELU (tanh), or SiLU(pre) * mul. */
+anneal_tensor *anneal_nn_act_unfused(anneal_tensor *pre, anneal_activation act, anneal_tensor *mul);
+
 /* The forward of a dense layer packed as bf16 panels (packed.c): anneal_panels_linear,
  * then the activation as its own op. */
 anneal_tensor *anneal_nn_packed_forward(const anneal_nn_dense *d, anneal_tensor *x, anneal_activation act,

@@ -57,11 +57,5 @@ anneal_tensor *anneal_nn_packed_forward(const anneal_nn_dense *d, anneal_tensor 
         return NULL;
     }
     anneal_tensor *pre = anneal_panels_linear(x, d->panels, d->bias, d->in, d->out);
-    switch (act) {
-    case ANNEAL_ACT_NONE: return pre;
-    case ANNEAL_ACT_GELU_TANH: return anneal_gelu(pre, true);
-    case ANNEAL_ACT_SILU_MUL: return anneal_mul(anneal_silu(pre), mul);
-    }
-    anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
-    return NULL;
+    return anneal_nn_act_unfused(pre, act, mul);
 }

@@ -214,13 +214,7 @@ anneal_tensor *anneal_nn_quant_forward(const anneal_nn_dense *d, const anneal_nn
     anneal_qmatmul_desc qd = {.mode = q->mode, .compute = ctx && ctx->compute == ANNEAL_BF16 ? ANNEAL_BF16 : ANNEAL_F32,
                               .group = q->group, .act_scale = q->act_scale};
     anneal_tensor *pre = anneal_qlinear(x, q->weight, q->scale, d->bias, &qd);
-    switch (act) {
-    case ANNEAL_ACT_NONE: return pre;
-    case ANNEAL_ACT_GELU_TANH: return anneal_gelu(pre, true);
-    case ANNEAL_ACT_SILU_MUL: return anneal_mul(anneal_silu(pre), mul);
-    }
-    anneal_set_error(ANNEAL_ERR_ARG, "nn dense: unknown activation %d", (int)act);
-    return NULL;
+    return anneal_nn_act_unfused(pre, act, mul);
 }
 
 anneal_status anneal_nn_quant_head_attach(anneal_params *ps, anneal_quant_mode mode, anneal_tensor *weight,
