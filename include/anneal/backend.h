@@ -479,6 +479,13 @@ const char *anneal_cpu_isa_limit_name(const char **error);
  * process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once); the bf16 GEMM then
  * runs on the tiles (unless ANNEAL_ISA caps it below amx). */
 bool anneal_cpu_amx_usable(void);
+/* True when bf16 products (GEMM, attention) should run VDPBF16PS where AMX does not take
+ * them: the CPU has AVX-512 and AVX512-BF16, and either ANNEAL_ISA names avx512bf16 (forced,
+ * for comparisons) or it is unset/amx and the CPU is not an Intel core. Intel cores issue
+ * VDPBF16PS at half the rate of f32 FMA, so there bf16 runs on the f32 kernels over operands
+ * rounded to bf16 (the same products, summed in f32 one at a time). Fixed for a process, so
+ * a run gives the same bits twice. */
+bool anneal_cpu_bf16_dot_preferred(void);
 /* The AMX peak microbenchmark: `iters` rounds of four independent TDPBF16PS (16384 FLOPs
  * each) on this thread; returns a value that depends on the results. Only where
  * anneal_cpu_amx_usable(). */

@@ -25,13 +25,15 @@
  * (relative error <= u = 2^-8 each) dominate.
  *
  * Two implementations: attention_avx512bf16.c (VDPBF16PS on operands converted to bf16
- * once per task) when the CPU has AVX512-BF16 and the ISA limit (anneal_cpu_isa_limit,
- * read at every call) allows avx512bf16; otherwise the code below, which rounds the operands to bf16
+ * once per task) where anneal_cpu_bf16_dot_preferred() (the CPU has AVX512-BF16, the ISA
+ * limit, read at every call, allows it, and VDPBF16PS is not the slower unit, as it is on
+ * Intel cores); otherwise the code below, which rounds the operands to bf16
  * (kept as f32) and runs the f32 tile kernels of attention.c (AVX-512 or portable). Both
  * round the same operands to the same values; they differ only in the order of the f32
  * sums inside a tile product (VDPBF16PS adds depth pairs), and in that VDPBF16PS treats
  * subnormal operands and results as zero. Tasks and reduction orders are those of the
  * f32 kernel, so results do not depend on the thread count. */
+#include "anneal/backend.h"
 #include "cpu/attention_internal.h"
 #include "cpu/gemm_internal.h"
 
@@ -43,7 +45,7 @@ enum { BQ = ANNEAL_ATTN_BQ, BK = ANNEAL_ATTN_BK };
 
 /* True when the AVX512-BF16 kernels should run. */
 static bool use_avx512bf16(void) {
-    return anneal_cpu_isa_limit() >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
+    return anneal_cpu_bf16_dot_preferred();
 }
 
 /* dst[j*ldd + c] = r(src[j*lds + c]) for j < n, c < D. */

@@ -23,6 +23,14 @@ static const char *blocked(int level, bool present, const char *feature, char *b
     return buf;
 }
 
+/* Why bf16 products do not run VDPBF16PS (anneal_cpu_bf16_dot_preferred is false). */
+static const char *bf16_dot_why(char *buf, size_t n) {
+    blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", buf, n);
+    if (!buf[0])
+        snprintf(buf, n, "VDPBF16PS runs at half the f32 FMA rate on Intel cores; ANNEAL_ISA=avx512bf16 forces it");
+    return buf;
+}
+
 static void row(anneal_cpu_kernel_info *rows, int max, int *k, const char *family, const char *path,
                 const char *fmt, const char *a, const char *b) {
     if (*k < max) {
@@ -55,8 +63,7 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
         row(rows, max, &k, "gemm bf16", bf, "VDPBF16PS micro-kernel%s%s", amx ? amx_why : " (no AMX)", "");
     else
         row(rows, max, &k, "gemm bf16", bf, "the f32 kernel on operands rounded to bf16 while packing (%s)%s",
-            blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b1,
-                    sizeof b1), "");
+            bf16_dot_why(b1, sizeof b1), "");
     row(rows, max, &k, "gemm f16", anneal_cpu_gemm_kernel_name(ANNEAL_F16),
         "the f32 kernel on operands rounded to f16 while packing (no AVX512-FP16 kernel)%s%s", "", "");
     /* int8 GEMM */
@@ -91,12 +98,11 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     else
         row(rows, max, &k, "attention f32", attn, "compiler-vectorised C tiles (%s)%s",
             blocked(ANNEAL_ISA_AVX2, anneal_cpu_has_avx2(), "AVX2+FMA", b1, sizeof b1), "");
-    const bool abf = limit >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
-    if (abf) row(rows, max, &k, "attention bf16", "avx512bf16", "VDPBF16PS tile products%s%s", "", "");
+    if (anneal_cpu_bf16_dot_preferred())
+        row(rows, max, &k, "attention bf16", "avx512bf16", "VDPBF16PS tile products%s%s", "", "");
     else
         row(rows, max, &k, "attention bf16", attn, "operands rounded to bf16 on the f32 tile kernels (%s)%s",
-            blocked(ANNEAL_ISA_AVX512BF16, anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16(), "AVX512-BF16", b2,
-                    sizeof b2), "");
+            bf16_dot_why(b2, sizeof b2), "");
     return k;
 }
 

@@ -181,8 +181,8 @@ static const anneal_gemm_isa *gemm_isa(void) {
 
 /* The kernel and packing rounding for a product at precision `compute`: bf16 runs the
  * AMX tiles or else the AVX512-BF16 kernel when the f32 choice is AVX-512 and the CPU
- * (and the ISA limit) allow; otherwise the f32 kernel over operands rounded while
- * packing. */
+ * (and the ISA limit) allow and VDPBF16PS is the faster unit (anneal_cpu_bf16_dot_preferred);
+ * otherwise the f32 kernel over operands rounded while packing. */
 static const anneal_gemm_isa *gemm_select(int compute, int *round) {
     const anneal_gemm_isa *isa = gemm_isa();
     *round = compute == ANNEAL_BF16  ? ANNEAL_GEMM_ROUND_BF16
@@ -195,7 +195,7 @@ static const anneal_gemm_isa *gemm_select(int compute, int *round) {
         return isa;
     const int limit = anneal_cpu_isa_limit();
     if (limit >= ANNEAL_ISA_AMX && anneal_cpu_amx_usable()) return &anneal_gemm_isa_amx;
-    if (limit >= ANNEAL_ISA_AVX512BF16 && anneal_cpu_has_avx512bf16()) return &anneal_gemm_isa_avx512bf16;
+    if (anneal_cpu_bf16_dot_preferred()) return &anneal_gemm_isa_avx512bf16;
     return isa;
 }
 

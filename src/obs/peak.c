@@ -163,8 +163,8 @@ double anneal_peak_gflops_measure(int threads, double seconds, const char **isa)
     return measure(fma_kind(isa), threads, seconds);
 }
 
-/* bf16 on a CPU with AMX: the tiles (what the bf16 GEMM runs on there); with AVX512-BF16:
- * the dot-product kernel; otherwise (and for f32 and f16, whose GEMMs run on f32 FMAs) the
+/* bf16 on a CPU with AMX: the tiles (what the bf16 GEMM runs on there); where the bf16
+ * GEMM runs VDPBF16PS (anneal_cpu_bf16_dot_preferred): the dot-product kernel; otherwise (and for f32 and f16, whose GEMMs run on f32 FMAs) the
  * FMA kernel. */
 double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
                                         const char **isa) {
@@ -173,14 +173,15 @@ double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtyp
         if (isa) *isa = "amx tiles (TDPBF16PS)";
         return measure(4, threads, seconds);
     }
-    if (dt == ANNEAL_BF16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
-        isa_cap() >= 3) {
+    if (dt == ANNEAL_BF16 && anneal_cpu_bf16_dot_preferred()) {
         if (isa) *isa = "avx512bf16 dot-product";
         return measure(3, threads, seconds);
     }
     if (dt == ANNEAL_BF16) {
         int kind = fma_kind(NULL);
-        if (isa) *isa = kind == 2 ? "no avx512bf16: avx512 fma"
+        const bool slow_dot = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") && isa_cap() >= 3;
+        if (isa) *isa = kind == 2 ? (slow_dot ? "avx512 fma (bf16 products on f32 FMA: VDPBF16PS is half its rate here)"
+                                              : "no avx512bf16: avx512 fma")
                         : kind == 1 ? "no avx512bf16: avx2 fma" : "no avx512bf16: scalar";
         return measure(kind, threads, seconds);
     }

@@ -772,20 +772,24 @@ static const attn_case bf16_cases[] = {
 /* Under ASan (slow) the fallback and comparison tests take every third case. */
 static size_t case_step(void) { return anneal_test_sanitized() ? 3 : 1; }
 
-/* The bf16 kernel (the AVX512-BF16 one where the CPU has it) within the bounds above:
- * causal and not, T across tile edges, Tq != Tk, rows without keys, strided views. */
+/* The bf16 kernel (the AVX512-BF16 one where the CPU has it: ANNEAL_ISA=avx512bf16 forces it
+ * also where the default dispatch prefers the fallback, as on Intel cores) within the bounds
+ * above: causal and not, T across tile edges, Tq != Tk, rows without keys, strided views;
+ * and the default dispatch. */
 TEST(bf16_against_rounded_reference) {
     printf("  AVX512-BF16 %s\n", anneal_cpu_has_avx512bf16()
                                       ? "available: the fast path is checked"
                                       : "not available: the fallback runs");
     for (size_t i = 0; i < NB16; i++)
+        if (check_bf16_case(&bf16_cases[i], "avx512bf16", FA, FR, GA, GR)) return;
+    for (size_t i = 0; i < NB16; i += 2 * case_step())
         if (check_bf16_case(&bf16_cases[i], NULL, FA, FR, GA, GR)) return;
     static const attn_case large[] = {
         {1, 2, 130, 130, 64, true, 0.5f, LAYOUT_CONTIG, 4.0f, 0},
         {1, 2, 65, 200, 16, false, 1.0f, LAYOUT_CONTIG, 3.0f, 0},
     };
     for (size_t i = 0; i < 2; i++)
-        if (check_bf16_case(&large[i], NULL, 1e-4, 1e-3, 1e-4, 1e-3)) return;
+        if (check_bf16_case(&large[i], "avx512bf16", 1e-4, 1e-3, 1e-4, 1e-3)) return;
 }
 
 /* The fallback (bf16-rounded operands on the f32 tiles: AVX-512 ones with
@@ -814,7 +818,7 @@ TEST(bf16_fast_path_matches_fallback) {
     for (size_t i = 0; i < NB16; i += case_step())
         for (int t = 0; t < 2; t++) {
             attn_out a, b;
-            run_case(&bf16_cases[i], ANNEAL_BF16, NULL, &a);
+            run_case(&bf16_cases[i], ANNEAL_BF16, "avx512bf16", &a);
             run_case(&bf16_cases[i], ANNEAL_BF16, isas[t], &b);
             const double e[4] = {relnorm(a.o, b.o, a.no), relnorm(a.dq, b.dq, a.nq),
                                  relnorm(a.dk, b.dk, a.nk), relnorm(a.dv, b.dv, a.nk)};
@@ -944,7 +948,7 @@ TEST(gqa_against_reference) {
  * the bf16 tests below (derived there; a dk or dv bound sums its group's terms): the
  * AVX512-BF16 kernel (where the CPU has it), and the fallback on AVX-512 and portable tiles. */
 TEST(gqa_bf16_against_rounded_reference) {
-    static const char *isas[] = {NULL, "avx512", "portable"};
+    static const char *isas[] = {"avx512bf16", "avx512", "portable"};
     for (int t = 0; t < 3; t++)
         for (size_t i = 0; i < NGQA; i += case_step())
             if (check_bf16_case(&gqa_cases[i], isas[t], FA, FR, GA, GR)) return;
@@ -962,7 +966,7 @@ TEST(gqa_equals_repeated_heads) {
         {2, 3, 33, 33, 8, false, 0, LAYOUT_CONTIG, 0, 1},
     };
     static const struct { int compute; const char *isa; } runs[] = {
-        {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL},
+        {ANNEAL_F32, NULL}, {ANNEAL_F32, "portable"}, {ANNEAL_BF16, NULL}, {ANNEAL_BF16, "avx512bf16"},
         {ANNEAL_BF16, "avx512"}, {ANNEAL_BF16, "portable"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {

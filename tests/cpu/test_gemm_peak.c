@@ -9,6 +9,7 @@
  *   above: one core retires at most 2 vector FMAs per cycle (two FMA ports), at most 6 GHz:
  *          AVX-512 f32 16 lanes x 2 FLOPs x 2 ports = 64 FLOP/cycle (384 GFLOP/s), the
  *          bf16 dot product twice that, AVX2 half, scalar 4 FLOP/cycle. */
+#include "anneal/backend.h"
 #include "anneal/obs.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
@@ -91,8 +92,10 @@ TEST(peak_by_dtype) {
     REQUIRE(isa32 && isa_plain && isabf && isa16);
     CHECK(strcmp(isa32, isa_plain) == 0 && strcmp(isa16, isa_plain) == 0, "%s / %s / %s", isa32,
           isa16, isa_plain);
-    if (anneal_cpu_has_avx512bf16())
+    if (anneal_cpu_bf16_dot_preferred())
         CHECK(strcmp(isabf, "avx512bf16 dot-product") == 0, "bf16 kernel %s", isabf);
+    else if (anneal_cpu_has_avx512bf16())
+        CHECK(strncmp(isabf, "avx512 fma (bf16 products on f32 FMA", 36) == 0, "bf16 kernel %s", isabf);
     else
         CHECK(strncmp(isabf, "no avx512bf16: ", 15) == 0, "bf16 kernel %s", isabf);
     /* A NULL isa is allowed, and threads <= 0 means all threads. */

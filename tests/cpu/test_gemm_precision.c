@@ -211,14 +211,16 @@ TEST(bound_against_reference) {
 }
 
 /* The AMX kernel, else the AVX512-BF16 kernel, is used for bf16 exactly when the CPU has
- * it and the f32 choice is AVX-512; f16 never has its own kernel. */
+ * it (and, for VDPBF16PS, it is the faster unit or ANNEAL_ISA=avx512bf16 forces it) and the
+ * f32 choice is AVX-512; f16 never has its own kernel. */
 TEST(kernel_selection) {
     REQUIRE(anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO) == 0);
     const bool avx512 = strcmp(anneal_cpu_sgemm_isa_name(), "avx512") == 0;
     const char *bf = anneal_cpu_gemm_kernel_name(ANNEAL_BF16);
-    CHECK(strcmp(bf, avx512 && anneal_cpu_amx_usable()        ? "amx"
-                     : avx512 && anneal_cpu_has_avx512bf16() ? "avx512bf16"
-                                                              : anneal_cpu_sgemm_isa_name()) == 0,
+    const bool amx = anneal_cpu_isa_limit() >= ANNEAL_ISA_AMX && anneal_cpu_amx_usable();
+    CHECK(strcmp(bf, avx512 && amx                               ? "amx"
+                     : avx512 && anneal_cpu_bf16_dot_preferred() ? "avx512bf16"
+                                                                  : anneal_cpu_sgemm_isa_name()) == 0,
           "bf16 kernel %s", bf);
     CHECK_TRUE(strcmp(anneal_cpu_gemm_kernel_name(ANNEAL_F16), anneal_cpu_sgemm_isa_name()) == 0);
     CHECK_TRUE(strcmp(anneal_cpu_gemm_kernel_name(ANNEAL_F32), anneal_cpu_sgemm_isa_name()) == 0);

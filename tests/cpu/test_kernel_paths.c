@@ -15,6 +15,7 @@
 #include "cpu/gemm_internal.h"
 #include "test.h"
 
+#include <cpuid.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,7 +67,10 @@ static unsigned op_paths(int op) {
 
 /* The path the default dispatch should take for op on a CPU with `has`. */
 static unsigned best_path(int op, unsigned has) {
-    const unsigned usable = op_paths(op) & has;
+    unsigned usable = op_paths(op) & has;
+    /* bf16 products leave VDPBF16PS to the f32 kernels where it is the slower unit */
+    if ((op == ANNEAL_CPU_OP_GEMM_BF16 || op == ANNEAL_CPU_OP_ATTN_BF16) && !anneal_cpu_bf16_dot_preferred())
+        usable &= ~ANNEAL_CPU_PATH_AVX512BF16;
     for (int i = NISA - 1; i >= 0; i--)
         if (usable & ISAS[i]) return ISAS[i];
     return 0;
@@ -97,9 +101,9 @@ TEST(kernel_paths_of_this_cpu) {
             }
     anneal_cpu_gemm_allow_bf16_kernel(true);
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
-    /* the AVX512-BF16 GEMM where AMX would take bf16 by default */
+    /* VDPBF16PS where AMX (GEMM) or the f32 kernels (Intel cores) take bf16 by default */
     setenv("ANNEAL_CPU_ISA", "avx512bf16", 1);
-    run_ops(true, false);
+    run_ops(true, true);
     /* avx2 / avx512: the bf16 fallback on AVX2 / AVX-512 tiles */
     static const char *attn_env[4] = {"portable", "avx2", "avx512", NULL};
     for (int i = 0; i < 4; i++) {
@@ -190,7 +194,39 @@ TEST(isa_limit_and_report) {
     anneal_cpu_sgemm_set_isa(ANNEAL_GEMM_ISA_AUTO);
 }
 
+/* The CPU's vendor string from CPUID leaf 0 into v (13 bytes). */
+static void cpu_vendor(char v[13]) {
+    unsigned a, b, c, d;
+    memset(v, 0, 13);
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    memcpy(v, &b, 4), memcpy(v + 4, &d, 4), memcpy(v + 8, &c, 4);
+}
+
+/* bf16 products take VDPBF16PS by default except on Intel cores (where it runs at half the
+ * f32 FMA rate), always when ANNEAL_ISA=avx512bf16 names it, and never below that level or
+ * without the instructions. */
+TEST(bf16_dot_preference) {
+    char vendor[13];
+    cpu_vendor(vendor);
+    const bool has = anneal_cpu_has_avx512() && anneal_cpu_has_avx512bf16();
+    const bool intel = strcmp(vendor, "GenuineIntel") == 0;
+    static const char *levels[] = {"portable", "avx2", "avx512", "avx512bf16", "amx", NULL};
+    for (int li = 0; li < 6; li++) {
+        if (levels[li]) setenv("ANNEAL_ISA", levels[li], 1);
+        else unsetenv("ANNEAL_ISA");
+        const bool forced = li == 3, open = li >= 4; /* avx512bf16 named; amx or unset */
+        const bool want = has && (forced || (open && !intel));
+        CHECK(anneal_cpu_bf16_dot_preferred() == want, "vendor %s, ANNEAL_ISA=%s: VDPBF16PS preferred %d, want %d",
+              vendor, levels[li] ? levels[li] : "(unset)", anneal_cpu_bf16_dot_preferred(), want);
+    }
+    unsetenv("ANNEAL_ISA");
+    printf("  vendor %s, AVX512-BF16 %s: bf16 products on %s by default\n", vendor, has ? "yes" : "no",
+           anneal_cpu_bf16_dot_preferred() ? "VDPBF16PS" : "the f32 kernels");
+    if (!has) SKIP("this CPU has no AVX512-BF16: only the 'never' half of the rule can be seen here");
+}
+
 int main(void) {
+    RUN(bf16_dot_preference);
     RUN(isa_limit_and_report);
     RUN(kernel_paths_of_this_cpu);
     return anneal_test_summary();
