@@ -62,6 +62,10 @@ typedef struct anneal_qrows_s8_args {
  * interleaving several rows' short streams ran at half the bandwidth on Zen 3) against
  * up to 4 rows of xq, 32 values of K a step. */
 void anneal_qrows_s8_avx2(const anneal_qrows_s8_args *q, int64_t n0, int64_t n1);
+/* The same product and bits on AVX-512 VNNI (qrows_avx512vnni.c), weight rows [n0, n1):
+ * xu is xq + 128 as u8 (M x K, xq ^ 0x80), each weight row's sum taken in the same pass.
+ * Only where anneal_cpu_has_avx512vnni(). */
+void anneal_qrows_s8_avx512vnni(const anneal_qrows_s8_args *q, const uint8_t *xu, int64_t n0, int64_t n1);
 /* The same product and bits for any M (qrows_wide_avx2.c; the driver uses it from 2 rows): x16 = xq widened to int16,
  * M rows then zero rows up to a multiple of 4; 8, then 4 rows per widened weight row (the last M % 4 of
  * M > 4 rows through anneal_qrows_s8_avx2),

@@ -57,9 +57,8 @@ ANNEAL_INLINE float gelu_tanh(float x) {
 /* One row of the epilogue: c[j] += bias[j] (bias may be NULL); with gelu, pre[j] = c[j]
  * (pre may be NULL) and c[j] = gelu_tanh(c[j]). One pass per case (no add of a zero bias:
  * -0 stays -0, as without the epilogue). */
-ANNEAL_VEC_CLONES
-static void epilogue_row(int64_t n, float *restrict c, const float *restrict bias,
-                         float *restrict pre, bool gelu) {
+ANNEAL_INLINE void epilogue_row(int64_t n, float *restrict c, const float *restrict bias,
+                                float *restrict pre, bool gelu) {
     if (!gelu) {
         if (bias)
             for (int64_t j = 0; j < n; j++) c[j] = c[j] + bias[j];
@@ -79,6 +78,20 @@ static void epilogue_row(int64_t n, float *restrict c, const float *restrict bia
         }
     } else {
         for (int64_t j = 0; j < n; j++) c[j] = gelu_tanh(c[j]);
+    }
+}
+
+/* epilogue_row over m rows ldc apart (pre's rows too). One call per tile, and rows of the
+ * AVX-512 kernel's full width (32) get a loop of constant length that the compiler turns
+ * into two vectors with no remainder code: per-row calls of a general loop cost the
+ * tanh-GELU up-projection a third of its GEMM's speed. Same operations, so the same bits. */
+ANNEAL_VEC_CLONES
+static void epilogue_rows(int64_t m, int64_t n, float *restrict c, int64_t ldc, const float *restrict bias,
+                          float *restrict pre, bool gelu) {
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * ldc, *pi = pre ? pre + i * ldc : NULL;
+        if (n == 32) epilogue_row(32, ci, bias, pi, gelu);
+        else epilogue_row(n, ci, bias, pi, gelu);
     }
 }
 
@@ -106,6 +119,5 @@ void anneal_gemm_epilogue_tile(const anneal_gemm_epilogue *ep, int64_t m, int64_
             epilogue_silu_mul_row(n, c + i * ldc, bias, pre ? pre + i * ldc : NULL, mul + i * ldc);
         return;
     }
-    for (int64_t i = 0; i < m; i++)
-        epilogue_row(n, c + i * ldc, bias, pre ? pre + i * ldc : NULL, ep->gelu_tanh);
+    epilogue_rows(m, n, c, ldc, bias, pre, ep->gelu_tanh);
 }

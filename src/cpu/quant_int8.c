@@ -11,7 +11,8 @@
  *   stream the int8 weight once, 4 rows of x per pass (AVX-512, AVX2 + FMA or
  *   portable C); more rows dequantize W to f32 once and run the f32 GEMM on it (prompt processing).
  * - dynamic: each row of x quantized with its own scale (per token), the exact int8
- *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; on AVX2 fused passes with the
+ *   GEMM (gemm_int8.c), y = acc * (sx[m] * sw[n]) + b; up to QROWS_MAX rows on VNNI/AMX
+ *   CPUs the fused VPDPBUSD pass of qrows_avx512vnni.c; on AVX2 fused passes with the
  *   same int32 sums and the same epilogue, so the same bits: up to QROWS_MAX rows
  *   gemm_int8_avx2.c's anneal_qrows_s8_avx2 (the weight streamed once), more rows its
  *   blocked anneal_qgemm_s8_avx2 (prompt processing), the activations quantized row by
@@ -266,8 +267,13 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         return 0;
     }
     /* AVX2: the fused passes, no int32 workspace: few rows (decode, serving steps) stream
-     * the weight once, many rows (prompts) the blocked GEMM */
-    const bool rows = anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2;
+     * the weight once, many rows (prompts) the blocked GEMM. With VNNI or AMX up to
+     * QROWS_MAX rows the VPDPBUSD few-rows pass (qrows_avx512vnni.c; the blocked VPDPBUSD
+     * GEMM, its int32 workspace and packing, streamed a GPT-2 124M decode step's weights at
+     * 10.7 of 30 GB/s on a Xeon); more rows there the VNNI/AMX GEMM. */
+    const int s8 = anneal_cpu_gemm_s8_isa();
+    const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 ||
+                      ((s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX) && M <= QROWS_MAX);
     int8_t *xq = rows ? alloc64((size_t)(M * K)) : malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
     int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
@@ -302,6 +308,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
             for (int64_t p = 0; p < np; p++) anneal_qpanels_s8_avx2(&q, a->wpanels, x16p, p, p + 1);
             free(x16p);
+        } else if (s8 != ANNEAL_GEMM_S8_AVX2) { /* VNNI (or AMX) CPU, M <= QROWS_MAX */
+            uint8_t *xu = alloc64((size_t)(M * K));
+            if (!xu) {
+                free(xq), free(sx);
+                return -1;
+            }
+            for (int64_t i = 0; i < M * K; i++) xu[i] = (uint8_t)xq[i] ^ 0x80u; /* xq + 128 */
+            const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
+#pragma omp parallel for schedule(static) if (N * K * M > 65536)
+            for (int64_t b = 0; b < nb; b++)
+                anneal_qrows_s8_avx512vnni(&q, xu, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+            free(xu);
         } else if (M <= QROWS_MAX) {
             const int64_t nb = (N + 15) / 16; /* 16 weight rows per item */
             /* 2+ rows (serving steps, short prompts): the int16 kernel, same bits, while the

@@ -8,6 +8,7 @@
 #include "anneal/core.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_internal.h"
+#include "cpu/gemm_int8_internal.h"
 #include "test.h"
 
 #include <math.h>
@@ -212,8 +213,11 @@ TEST(dynamic_and_static_products_follow_their_formula) {
  * rows, a weight block boundary at K = 1000: 130 rows per block), K below, at and past the
  * 32-value step with tails, weights of -128 and +127 extremes against activations
  * quantized to +-127 (the largest int16 pair sums the kernel can make), on AVX2 forced
- * (skipped without it) and on the default path. */
+ * (skipped without it) and on the default path (on a VNNI CPU up to 32 rows the VPDPBUSD
+ * pass of qrows_avx512vnni.c: its u8 offset and row-sum correction at the same extremes). */
 TEST(few_rows_dynamic_product_is_exact_at_extremes) {
+    if (!anneal_cpu_has_avx512vnni())
+        printf("  the VPDPBUSD few-rows pass cannot run here (no AVX512-VNNI): the default path is AVX2\n");
     static const int64_t shapes[][3] = {{1, 50, 768},  {2, 9, 32},    {3, 17, 77},  {4, 64, 31},
                                         {16, 21, 200}, {17, 5, 96},   {32, 13, 65}, {33, 7, 64},
                                         {34, 1, 33},   {35, 131, 1000}, {64, 6, 768}, {97, 3, 5}};
