@@ -23,6 +23,12 @@
 
 #define USAGE_ERR(...) (fprintf(stderr, "anneal bench decode: " __VA_ARGS__), fputc('\n', stderr), 2)
 
+/* The variable's value, or "" when unset (the OpenMP wait settings the run had). */
+static const char *env_or_empty(const char *name) {
+    const char *v = getenv(name);
+    return v ? v : "";
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -238,10 +244,12 @@ int anneal_cmd_bench_decode(int argc, char **argv) {
                "\"prompt_len\":%lld,\"gen\":%lld,\"prompt_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
                "\"decode_ms_per_step\":%.4f,\"decode_cpu_ms_per_step\":%.4f,"
                "\"weight_bytes\":%lld,\"kv_bytes_per_step\":%lld,\"kv_cache_bytes\":%lld,\"gb_s\":%.3f,"
-               "\"bandwidth_gb_s\":%.3f,\"bandwidth_fraction\":%.4f,\"peak_rss_mib\":%.1f}\n",
+               "\"bandwidth_gb_s\":%.3f,\"bandwidth_fraction\":%.4f,\"peak_rss_mib\":%.1f,"
+               "\"omp_wait_policy\":\"%.32s\",\"gomp_spincount\":\"%.32s\"}\n",
                name, m->cfg.arch, anneal_precision_name(compute), anneal_dtype_name(kv_dtype), (long long)batch, nt,
                (long long)prompt_len, (long long)gen, prompt_tps, decode_tps, med * 1e3, med_cpu * 1e3, (long long)wbytes,
-               (long long)cbytes, (long long)cache_total, gbs, bw, bw > 0 ? gbs / bw : 0.0, rss_mib);
+               (long long)cbytes, (long long)cache_total, gbs, bw, bw > 0 ? gbs / bw : 0.0, rss_mib,
+               env_or_empty("OMP_WAIT_POLICY"), env_or_empty("GOMP_SPINCOUNT"));
     } else {
         printf("decode %s (%s, %s weights, %s KV, batch %lld, %d threads)\n", name, m->cfg.arch,
                anneal_precision_name(compute), anneal_dtype_name(kv_dtype), (long long)batch, nt);

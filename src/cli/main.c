@@ -2,6 +2,7 @@
 #include "anneal/anneal.h"
 #include "commands.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,18 +34,27 @@ static void usage(void) {
  * processes, and this one's own threads, need: on a busy 2-core machine a training
  * step took 2-2.5x as long as with OMP_WAIT_POLICY=passive and used 2.4x the CPU time
  * (docs/ARCHITECTURE.md, threads); on an idle machine passive costs a few hundred
- * futex wake-ups a step (~0.1%). libgomp reads the policy only when it loads, so when
- * neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set the tool sets passive and runs
- * itself again, once; setting either variable (e.g. OMP_WAIT_POLICY=active) keeps it. */
-static void prefer_passive_wait(char **argv) {
+ * futex wake-ups a step (~0.1%). Token-by-token work is the opposite case: a decode step
+ * is ~50 short parallel regions, and waking sleeping workers for each (an IPI in a
+ * virtual machine) took half of a GPT-2 124M int8 step on a Xeon (passive 10-13 ms, a
+ * 20000-iteration spin 5-7 ms). So generate, serve and bench decode get a bounded spin
+ * (GOMP_SPINCOUNT=20000, tens of microseconds, then sleep) and everything else passive.
+ * libgomp reads these only when it loads, so when neither OMP_WAIT_POLICY nor
+ * GOMP_SPINCOUNT is set the tool sets one and runs itself again, once; setting either
+ * variable (e.g. OMP_WAIT_POLICY=active) keeps it. */
+static void choose_wait_policy(int argc, char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("ANNEAL_NO_REEXEC")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    const char *cmd = argc > 1 ? argv[1] : "";
+    const bool tokens = !strcmp(cmd, "generate") || !strcmp(cmd, "serve") ||
+                        (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "decode"));
+    const char *name = tokens ? "GOMP_SPINCOUNT" : "OMP_WAIT_POLICY";
+    if (setenv(name, tokens ? "20000" : "passive", 1) != 0) return;
     execv("/proc/self/exe", argv);
-    unsetenv("OMP_WAIT_POLICY"); /* exec failed: go on with the default policy */
+    unsetenv(name); /* exec failed: go on with the default policy */
 }
 
 int main(int argc, char **argv) {
-    prefer_passive_wait(argv);
+    choose_wait_policy(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;

@@ -104,9 +104,38 @@ TEST(decode_py_tiny_runs_side_by_side) {
     CHECK(strstr(buf, "llama.cpp"), "the llama.cpp row or its skip note: %s", buf);
 }
 
+/* The OpenMP wait the tool picks when the user sets none: a bounded spin
+ * (GOMP_SPINCOUNT=20000) for bench decode, whose steps are many short parallel regions;
+ * a variable the user set is kept as it is. */
+TEST(bench_decode_waits_by_a_bounded_spin) {
+    const char *bin = getenv("ANNEAL_BIN");
+    if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
+    static const char *envs[3] = {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u ANNEAL_NO_REEXEC",
+                                  "env -u GOMP_SPINCOUNT -u ANNEAL_NO_REEXEC OMP_WAIT_POLICY=passive",
+                                  "env -u OMP_WAIT_POLICY -u ANNEAL_NO_REEXEC GOMP_SPINCOUNT=7"};
+    static const char *want[3][2] = {{"", "20000"}, {"passive", ""}, {"", "7"}};
+    for (int i = 0; i < 3; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s '%s' bench decode --model tiny --prompt-len 4 --gen 2 --threads 2 --json", envs[i],
+                 bin);
+        int rc = sh(cmd, buf, sizeof buf);
+        CHECK(rc == 0, "exit %d: %s", rc, buf);
+        const char *js = strchr(buf, '{');
+        cJSON *o = js ? cJSON_Parse(js) : NULL;
+        REQUIRE(o != NULL);
+        const char *pol = cJSON_GetStringValue(cJSON_GetObjectItem(o, "omp_wait_policy"));
+        const char *spin = cJSON_GetStringValue(cJSON_GetObjectItem(o, "gomp_spincount"));
+        CHECK(pol && spin && !strcmp(pol, want[i][0]) && !strcmp(spin, want[i][1]),
+              "%s: OMP_WAIT_POLICY '%s' GOMP_SPINCOUNT '%s', want '%s' '%s'", envs[i], pol ? pol : "(none)",
+              spin ? spin : "(none)", want[i][0], want[i][1]);
+        cJSON_Delete(o);
+    }
+}
+
 int main(void) {
     RUN(bench_decode_json_per_kv_dtype);
     RUN(bench_decode_bad_flags);
+    RUN(bench_decode_waits_by_a_bounded_spin);
     RUN(decode_py_tiny_runs_side_by_side);
     return anneal_test_summary();
 }
