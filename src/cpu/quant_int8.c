@@ -268,9 +268,10 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
     }
     /* AVX2: the fused passes, no int32 workspace: few rows (decode, serving steps) stream
      * the weight once, many rows (prompts) the blocked GEMM. With VNNI or AMX up to
-     * QROWS_MAX rows the VPDPBUSD few-rows pass (qrows_avx512vnni.c; the blocked VPDPBUSD
-     * GEMM, its int32 workspace and packing, streamed a GPT-2 124M decode step's weights at
-     * 10.7 of 30 GB/s on a Xeon); more rows there the VNNI/AMX GEMM. */
+     * QROWS_MAX rows the VPDPBUSD few-rows pass (qrows_avx512vnni.c: no int32 workspace or
+     * second pass, and A offset once per call instead of once per 4 weight rows; on a Xeon
+     * its decode steps were as fast as the GEMM's within noise, both waiting on memory);
+     * more rows there the VNNI/AMX GEMM. */
     const int s8 = anneal_cpu_gemm_s8_isa();
     const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 ||
                       ((s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX) && M <= QROWS_MAX);

@@ -164,8 +164,8 @@ double anneal_peak_gflops_measure(int threads, double seconds, const char **isa)
 }
 
 /* bf16 on a CPU with AMX: the tiles (what the bf16 GEMM runs on there); where the bf16
- * GEMM runs VDPBF16PS (anneal_cpu_bf16_dot_preferred): the dot-product kernel; otherwise (and for f32 and f16, whose GEMMs run on f32 FMAs) the
- * FMA kernel. */
+ * GEMM runs VDPBF16PS (anneal_cpu_bf16_dot_preferred): the dot-product kernel; otherwise
+ * (and for f32 and f16, whose GEMMs run on f32 FMAs) the FMA kernel. */
 double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
                                         const char **isa) {
     __builtin_cpu_init();
