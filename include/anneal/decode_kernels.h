@@ -72,11 +72,14 @@ void anneal_gemv_pair_bf16(uint16_t *w, int64_t rows, int64_t in);
 int64_t anneal_gemv_panels_bf16_len(int64_t in, int64_t out);
 void anneal_gemv_pack_panels_bf16(const float *src, bool out_in, int64_t in, int64_t out, uint16_t *dst);
 
-/* Panel packing for .qpanels (src/cpu/qpanels_avx2.c): an int8 (out, in) weight's rows in
- * panels of 16, for the int8 kernel of 2 or more rows. anneal_gemv_qpanels_useful says
- * whether that kernel runs on this CPU (the int8 products on the AVX2 path: otherwise
- * .qpanels is ignored and a copy is wasted memory); dst holds anneal_gemv_qpanels_len(in,
- * out) bytes (64-byte aligned is best). */
+/* Panel packing for .qpanels: an int8 (out, in) weight's rows in panels of 16, for the
+ * int8 kernel of 2 or more rows, in the layout of this CPU's int8 path (VPDPBUSD quads,
+ * src/cpu/qpanels_avx512vnni.c, on AVX-512 VNNI and AMX CPUs; vpmaddwd pairs,
+ * src/cpu/qpanels_avx2.c, on AVX2 ones), behind a header that names it: a copy is only
+ * read by its own kernel (the row kernels run otherwise, same bits).
+ * anneal_gemv_qpanels_useful says whether a panel kernel runs on this CPU (otherwise
+ * .qpanels is ignored and a copy is wasted memory; ANNEAL_INT8_PANELS=0 says no). dst
+ * holds anneal_gemv_qpanels_len(in, out) bytes (64-byte aligned is best). */
 bool anneal_gemv_qpanels_useful(void);
 int64_t anneal_gemv_qpanels_len(int64_t in, int64_t out);
 void anneal_gemv_pack_qpanels(const int8_t *w, int64_t in, int64_t out, int8_t *dst);

@@ -82,6 +82,20 @@ void anneal_qpanels_s8_pack(const int8_t *w, int64_t N, int64_t K, int8_t *dst);
 void anneal_qpanels_s8_avx2(const anneal_qrows_s8_args *q, const int8_t *panels, const int16_t *x16, int64_t p0,
                             int64_t p1);
 
+/* The same product and bits for any M on AVX-512 VNNI over weights packed in panels of
+ * 16 rows for VPDPBUSD (qpanels_avx512vnni.c: the layout there, with each row's
+ * correction): anneal_qpanels_vnni_len(N, K) bytes (a multiple of 64 per panel), packed
+ * from w (N x K) by anneal_qpanels_vnni_pack; xu = xq + 128 as u8 with rows Kq =
+ * anneal_qpanels_vnni_kq(K) (K rounded up to a multiple of 4) long, any bytes past K
+ * (they meet zero weights); rows [m0, m1) by panels [p0, p1), outputs [16 p0, min(16 p1,
+ * N)). 8 rows x 48 outputs a tile (best from a 64-byte aligned start). Only where
+ * anneal_cpu_has_avx512vnni(). */
+int64_t anneal_qpanels_vnni_kq(int64_t K);
+int64_t anneal_qpanels_vnni_len(int64_t N, int64_t K);
+void anneal_qpanels_vnni_pack(const int8_t *w, int64_t N, int64_t K, int8_t *dst);
+void anneal_qpanels_s8_avx512vnni(const anneal_qrows_s8_args *q, const int8_t *panels, const uint8_t *xu,
+                                  int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+
 /* The same product for many rows (prompt processing), rows [m0, m1) of xq by every
  * weight row: the same sign trick and int32 sums (exact, so the same bits as the GEMM
  * then the epilogue), tiles of 3 rows of xq by 2 rows of w, the weight in L2-sized blocks.

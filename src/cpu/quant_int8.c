@@ -17,7 +17,10 @@
  *   gemm_int8_avx2.c's anneal_qrows_s8_avx2 (the weight streamed once), more rows its
  *   blocked anneal_qgemm_s8_avx2 (prompt processing), the activations quantized row by
  *   row in AVX2 in both; 2 or more rows over a weight packed in panels (.wpanels, the
- *   decode engine's copy) the panel kernel of qpanels_avx2.c.
+ *   decode engine's copy) the panel kernel of its layout: qpanels_avx512vnni.c on VNNI
+ *   CPUs (any number of rows; on AMX ones up to QROWS_MAX), qpanels_avx2.c on AVX2 ones;
+ *   on a VNNI CPU more than QROWS_MAX rows without a copy (prompts on the tensor path)
+ *   pack the weight for the call and take the same kernel (1.5-2x the VPDPBUSD GEMM).
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "anneal/decode_kernels.h"
@@ -215,17 +218,73 @@ static void weight_only_rows(const anneal_cpu_qmatmul_args *a) {
  * BENCH_X16_OFFSET=16, Zen 3). */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
-/* The panel copies of decode_kernels.h: the AVX2 path's panel kernel reads them
- * (ANNEAL_INT8_PANELS=0 turns them off, for side-by-side timing). */
-bool anneal_gemv_qpanels_useful(void) {
-    const char *env = getenv("ANNEAL_INT8_PANELS");
-    return anneal_cpu_gemm_s8_isa() == ANNEAL_GEMM_S8_AVX2 && !(env && !strcmp(env, "0"));
+/* The panel copies of decode_kernels.h: a 64-byte header, then the panels in the layout
+ * of the int8 path at the time of packing: VPDPBUSD quads (qpanels_avx512vnni.c) on VNNI
+ * and AMX CPUs, vpmaddwd pairs (qpanels_avx2.c) on AVX2 ones. The header names the layout
+ * and the shape, so a copy is only read by its own kernel (ANNEAL_ISA can change the path
+ * between calls: then the row kernels run, same bits). ANNEAL_INT8_PANELS=0 turns the
+ * copies off, for side-by-side timing. */
+typedef struct qpanels_header {
+    uint32_t magic, layout;
+    int64_t N, K;
+} qpanels_header;
+enum { QPANELS_MAGIC = 0x51504e4c, QPANELS_AVX2 = 1, QPANELS_VNNI = 2, QPANELS_HEADER = 64 };
+
+/* The panel layout of the int8 path now, 0 for none. */
+static uint32_t qpanels_layout_now(void) {
+    const int s8 = anneal_cpu_gemm_s8_isa();
+    return s8 == ANNEAL_GEMM_S8_AVX2                                     ? QPANELS_AVX2
+           : s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX ? QPANELS_VNNI
+                                                                         : 0;
 }
 
-int64_t anneal_gemv_qpanels_len(int64_t in, int64_t out) { return anneal_qpanels_s8_len(out, in); }
+bool anneal_gemv_qpanels_useful(void) {
+    const char *env = getenv("ANNEAL_INT8_PANELS");
+    return qpanels_layout_now() != 0 && !(env && !strcmp(env, "0"));
+}
+
+/* Room for either layout (the VPDPBUSD one is the larger). */
+int64_t anneal_gemv_qpanels_len(int64_t in, int64_t out) {
+    const int64_t a = anneal_qpanels_s8_len(out, in), v = anneal_qpanels_vnni_len(out, in);
+    return QPANELS_HEADER + (a > v ? a : v);
+}
 
 void anneal_gemv_pack_qpanels(const int8_t *w, int64_t in, int64_t out, int8_t *dst) {
-    anneal_qpanels_s8_pack(w, out, in, dst);
+    const qpanels_header h = {.magic = QPANELS_MAGIC, .layout = qpanels_layout_now(), .N = out, .K = in};
+    memset(dst, 0, QPANELS_HEADER);
+    memcpy(dst, &h, sizeof h);
+    if (h.layout == QPANELS_VNNI) anneal_qpanels_vnni_pack(w, out, in, dst + QPANELS_HEADER);
+    else if (h.layout == QPANELS_AVX2) anneal_qpanels_s8_pack(w, out, in, dst + QPANELS_HEADER);
+}
+
+/* a's panel copy when it is in `layout` for a's shape, else NULL. */
+static const int8_t *panels_in(const anneal_cpu_qmatmul_args *a, uint32_t layout) {
+    if (!a->wpanels) return NULL;
+    qpanels_header h;
+    memcpy(&h, a->wpanels, sizeof h);
+    return h.magic == QPANELS_MAGIC && h.layout == layout && h.N == a->N && h.K == a->K ? a->wpanels + QPANELS_HEADER
+                                                                                         : NULL;
+}
+
+/* The VPDPBUSD panel product of q's rows (qpanels_avx512vnni.c): xq offset to u8 in rows
+ * of Kq, then passes of rows that stay in L2 (about 256 KiB) beside a tile's panels,
+ * threads over groups of 3 panels (48 outputs) in each. -1 when out of memory. */
+static int vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *panels) {
+    const int64_t M = q->M, K = q->K, Kq = anneal_qpanels_vnni_kq(K), np = (q->N + 15) / 16, ng = (np + 2) / 3;
+    uint8_t *xu = aligned_alloc(64, (size_t)((M * Kq + 63) / 64 * 64));
+    if (!xu) return -1;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < Kq; k++) xu[m * Kq + k] = k < K ? (uint8_t)q->xq[m * K + k] ^ 0x80u : 0x80u;
+    int64_t mb = (int64_t)(256 * 1024) / Kq;
+    mb = mb < 8 ? 8 : mb & ~(int64_t)7;
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+        const int64_t m1 = m0 + mb < M ? m0 + mb : M;
+#pragma omp parallel for schedule(static) if (q->N * K * (m1 - m0) > 65536)
+        for (int64_t g = 0; g < ng; g++)
+            anneal_qpanels_s8_avx512vnni(q, panels, xu, m0, m1, g * 3, g * 3 + 3 < np ? g * 3 + 3 : np);
+    }
+    free(xu);
+    return 0;
 }
 
 /* Rows of x up to which dynamic and static products take the few-rows kernel on AVX2
@@ -273,13 +332,22 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
      * 124M int8 decode step on a Xeon 5.8-6.1 ms against 7.1-10.4 on the GEMM); more rows
      * there the VNNI/AMX GEMM. */
     const int s8 = anneal_cpu_gemm_s8_isa();
-    const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 ||
-                      ((s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX) && M <= QROWS_MAX);
+    const bool vnni = s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX;
+    /* a VPDPBUSD panel copy: 2 or more rows take it (on AMX CPUs up to QROWS_MAX: more
+     * go to the tiles); without one, more than QROWS_MAX rows on a VNNI CPU pack the
+     * weight for this call (a copy of N K bytes against the product's M N K) */
+    const int8_t *vpanels =
+        vnni && M >= 2 && (s8 == ANNEAL_GEMM_S8_AVX512VNNI || M <= QROWS_MAX) ? panels_in(a, QPANELS_VNNI) : NULL;
+    int8_t *vpacked = NULL;
+    if (!vpanels && s8 == ANNEAL_GEMM_S8_AVX512VNNI && M > QROWS_MAX &&
+        (vpacked = alloc64((size_t)anneal_qpanels_vnni_len(N, K))))
+        anneal_qpanels_vnni_pack(a->w, N, K, vpacked), vpanels = vpacked;
+    const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 || (vnni && M <= QROWS_MAX) || vpanels;
     int8_t *xq = rows ? alloc64((size_t)(M * K)) : malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
     int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
     if (!xq || !sx || (!rows && !acc)) {
-        free(xq), free(sx), free(acc);
+        free(xq), free(sx), free(acc), free(vpacked);
         return -1;
     }
     if (rows) { /* the activations row by row in AVX2 (the same bits as below) */
@@ -301,13 +369,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         /* 2+ rows over a panel copy (the decode engine's serving steps and prompt chunks):
          * the panel kernel, same bits; without memory for its x16, the kernels below */
         const int64_t Kp = (K + 1) & ~(int64_t)1;
-        int16_t *x16p = a->wpanels && M >= 2 ? alloc64((size_t)(M * Kp) * sizeof *x16p) : NULL;
-        if (x16p) {
+        const int8_t *apanels = s8 == ANNEAL_GEMM_S8_AVX2 && M >= 2 ? panels_in(a, QPANELS_AVX2) : NULL;
+        int16_t *x16p = apanels ? alloc64((size_t)(M * Kp) * sizeof *x16p) : NULL;
+        if (vpanels) {
+            const int rc = vnni_panels_product(&q, vpanels);
+            free(xq), free(sx), free(vpacked);
+            return rc;
+        } else if (x16p) {
             for (int64_t m = 0; m < M; m++)
                 for (int64_t k = 0; k < Kp; k++) x16p[m * Kp + k] = k < K ? xq[m * K + k] : 0;
             const int64_t np = (N + 15) / 16;
 #pragma omp parallel for schedule(static) if (N * K * M > 65536)
-            for (int64_t p = 0; p < np; p++) anneal_qpanels_s8_avx2(&q, a->wpanels, x16p, p, p + 1);
+            for (int64_t p = 0; p < np; p++) anneal_qpanels_s8_avx2(&q, apanels, x16p, p, p + 1);
             free(x16p);
         } else if (s8 != ANNEAL_GEMM_S8_AVX2) { /* VNNI (or AMX) CPU, M <= QROWS_MAX */
             uint8_t *xu = (uint8_t *)xq; /* offset in place: xq is not read again */

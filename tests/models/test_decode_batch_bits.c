@@ -4,7 +4,8 @@
  * slots (other prompts, other lengths, slot 0 in another row of the step) give the same
  * logits bit for bit, step after step (GPT-2 tiny and llama-tiny). So do int8 models
  * (dynamic, int8 head): from 2 rows the engine reads int8 copies packed in panels
- * (src/cpu/qpanels_avx2.c) with the row kernels' exact int32 sums. */
+ * (src/cpu/qpanels_avx2.c, or src/cpu/qpanels_avx512vnni.c on VNNI CPUs) with the row
+ * kernels' exact int32 sums. */
 #include "anneal/anneal.h"
 #include "anneal/decode_kernels.h"
 #include "models/decode_engine.h"
