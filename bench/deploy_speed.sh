@@ -7,8 +7,9 @@
 #   serve_bf16.log    anneal serve --dtype bf16 (the f32 model's bf16 copies): 16 streams vs 1
 #   with FULL=1 also:
 #   load_test.log     the load test at its size: 64 streams for 60 s, 1,000 malformed requests
-#   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (TORCH_PY, default python3: a
-#                     Python with torch and transformers; the OpenBLAS variables unset for it)
+#   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (TORCH_PY: a Python with torch and
+#                     transformers, default .venv/bin/python, which has transformers and sees
+#                     Debian's python3-torch from make bench-torch; the OpenBLAS variables unset for it)
 #   lscpu.txt, commit.txt, load.txt (uptime before and after each part)
 # GPT-2 124M with random weights (the preset), prompt 512, 128 decode steps, THREADS
 # threads (default 2). Needs build/anneal and .venv (make bootstrap: llama-cpp-python).
@@ -47,7 +48,7 @@ if [ "${FULL:-0}" = 1 ]; then
     $PY bench/serve_load.py --bin "$BIN" --model "$tmp/q" --tokenizer gpt2 --streams 64 --seconds 60 --malformed 1000 \
         --compare-seconds 15 -- --kv-dtype bf16 --threads "$THREADS" 2>&1 | tee "$OUT/load_test.log"
     load "quant speed"
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${TORCH_PY:-python3}" bench/quant_speed.py --bin "$BIN" --model 124M \
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${TORCH_PY:-$PY}" bench/quant_speed.py --bin "$BIN" --model 124M \
         --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed.log"
 fi
 load "end"

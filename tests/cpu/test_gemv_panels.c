@@ -1,7 +1,8 @@
 /* The bf16 panel GEMM (anneal_gemv on .bf16_panels weights, src/cpu/gemv_panels.c):
  * the packing's layout, results against a double-precision reference on shapes whose in
  * and out are not multiples of 8 or 16, and bit-identity: a row of an n-row call equals
- * the row alone, 1 thread equals 2, the portable path equals AVX2, bias and GELU included.
+ * the row alone, 1 thread equals 2, the portable path and AVX2 equal the default (AVX-512
+ * from 3 rows where the CPU has it), bias and GELU included.
  *
  * The bound: each output is one f32 FMA chain over the `in` products (then the bias added
  * once), so against the exact sum of the same products (bf16 weights widened exactly)
@@ -158,6 +159,13 @@ TEST(panels_bitwise_rows_threads_paths) {
                 same = memcmp(yr, y2 + r * out, sizeof(float) * (size_t)out) == 0;
                 CHECK(same, "row %lld alone vs in %lld rows differ: in %lld out %lld", (long long)r, (long long)n,
                       (long long)in, (long long)out);
+            }
+            if (x86) { /* AVX2 forced against the default (AVX-512 from 3 rows where the CPU has it) */
+                set_isa("avx2");
+                anneal_gemv(&w, p.x, in, n, yp, out, act);
+                set_isa(NULL);
+                CHECK(memcmp(yp, y2, bytes) == 0, "avx2 vs the default path differ: in %lld out %lld n %lld",
+                      (long long)in, (long long)out, (long long)n);
             }
             if (x86 && (si != 3 || n <= 17)) { /* the portable loop is slow: the big shape for a few n */
                 set_isa("portable");
