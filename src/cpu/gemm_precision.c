@@ -51,7 +51,7 @@ void anneal_gemm_round_array(int64_t n, const float *src, float *dst, int round)
  * (x + 0.044715 x^3), the same operations in the same order, so the same bits. */
 ANNEAL_INLINE float gelu_tanh(float x) {
     float u = GELU_SQRT_2_OVER_PI * (x + GELU_KAPPA * (x * x * x));
-    return x / (1.0f + anneal_vexpf(-2.0f * u));
+    return x / anneal_v1p_expf(-2.0f * u);
 }
 
 /* One row of the epilogue: c[j] += bias[j] (bias may be NULL); with gelu, pre[j] = c[j]
@@ -97,7 +97,7 @@ static void epilogue_rows(int64_t m, int64_t n, float *restrict c, int64_t ldc, 
 
 /* silu(x) * m: x / (1 + e^(-x)) as anneal_cpu_silu_fwd computes it (pointwise.c: the same
  * operations, so the same bits), then the product. */
-ANNEAL_INLINE float silu_times(float x, float m) { return x / (1.0f + anneal_vexpf(-x)) * m; }
+ANNEAL_INLINE float silu_times(float x, float m) { return x / anneal_v1p_expf(-x) * m; }
 
 /* One row of the SiLU-times-multiplier epilogue: c[j] += bias[j] (bias may be NULL),
  * pre[j] = c[j] (pre may be NULL), c[j] = silu(c[j]) * mul[j]. */

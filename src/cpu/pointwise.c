@@ -83,7 +83,7 @@ static void gelu_tanh_fwd_block(int64_t n, const float *restrict x, float *restr
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
         float u = GELU_SQRT_2_OVER_PI * (xi + GELU_KAPPA * (xi * xi * xi));
-        y[i] = xi / (1.0f + anneal_vexpf(-2.0f * u));
+        y[i] = xi / anneal_v1p_expf(-2.0f * u);
     }
 }
 
@@ -111,7 +111,7 @@ ANNEAL_VEC_CLONES
 static void silu_fwd_block(int64_t n, const float *restrict x, float *restrict y) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        y[i] = xi / (1.0f + anneal_vexpf(-xi));
+        y[i] = xi / anneal_v1p_expf(-xi);
     }
 }
 
@@ -121,7 +121,7 @@ static void silu_bwd_block(int64_t n, const float *restrict x, const float *rest
                            float *restrict dx) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        float s = 1.0f / (1.0f + anneal_vexpf(-xi));
+        float s = 1.0f / anneal_v1p_expf(-xi);
         dx[i] = dy[i] * (s * (1.0f + xi * (1.0f - s)));
     }
 }

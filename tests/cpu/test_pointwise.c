@@ -3,6 +3,7 @@
  * bitwise agreement between the vector loop, the scalar tail, in-place use and
  * thread counts. */
 #include "cpu/cpu_kernels.h"
+#include "cpu/vec_math.h"
 #include "test.h"
 
 #include <omp.h>
@@ -188,6 +189,41 @@ TEST(bitwise_consistent_across_paths) {
     free(x), free(dy), free(a), free(b);
 }
 
+/* The sigmoid forms take e^t for t >= -87 only (anneal_v1p_expf: no subnormal, which an
+ * Intel core turns into a microcode assist): tanh-GELU forward and SiLU forward and
+ * backward still give the bits of the plain formulas over anneal_vexpf, t below -87
+ * included (activations up to +-300, where e^t is subnormal or 0). */
+TEST(sigmoid_forms_keep_the_plain_formulas_bits) {
+    enum { N = 60001 };
+    float *x = malloc(N * sizeof *x), *dy = malloc(N * sizeof *dy), *y = malloc(N * sizeof *y);
+    REQUIRE(x && dy && y);
+    for (int64_t i = 0; i < N; i++) x[i] = -300.0f + 600.0f * (float)i / (float)(N - 1), dy[i] = 0.75f;
+    int bad = 0;
+    anneal_cpu_gelu_fwd(N, x, y, true);
+    for (int64_t i = 0; i < N; i++) {
+        volatile float u = 0.7978845608028654f * (x[i] + 0.044715f * (x[i] * x[i] * x[i]));
+        volatile float e = anneal_vexpf(-2.0f * u), d = 1.0f + e, want = x[i] / d;
+        bad += memcmp(&y[i], (const float *)&want, 4) != 0;
+    }
+    CHECK(bad == 0, "tanh-GELU forward: %d of %d differ from x / (1 + vexpf(-2u))", bad, N);
+    bad = 0;
+    anneal_cpu_silu_fwd(N, x, y);
+    for (int64_t i = 0; i < N; i++) {
+        volatile float e = anneal_vexpf(-x[i]), d = 1.0f + e, want = x[i] / d;
+        bad += memcmp(&y[i], (const float *)&want, 4) != 0;
+    }
+    CHECK(bad == 0, "SiLU forward: %d of %d differ from x / (1 + vexpf(-x))", bad, N);
+    bad = 0;
+    anneal_cpu_silu_bwd(N, x, dy, y);
+    for (int64_t i = 0; i < N; i++) {
+        volatile float e = anneal_vexpf(-x[i]), d = 1.0f + e, sg = 1.0f / d, om = 1.0f - sg, t = x[i] * om,
+                       q = 1.0f + t, r = sg * q, want = dy[i] * r;
+        bad += memcmp(&y[i], (const float *)&want, 4) != 0;
+    }
+    CHECK(bad == 0, "SiLU backward: %d of %d differ from the plain formula", bad, N);
+    free(x), free(dy), free(y);
+}
+
 /* n = 0 touches nothing. */
 TEST(empty_input) {
     float y = 42.0f;
@@ -201,6 +237,7 @@ int main(void) {
     RUN(backward_matches_finite_differences);
     RUN(special_values);
     RUN(bitwise_consistent_across_paths);
+    RUN(sigmoid_forms_keep_the_plain_formulas_bits);
     RUN(empty_input);
     return anneal_test_summary();
 }
