@@ -36,33 +36,37 @@ int64_t anneal_qpanels_vnni_len(int64_t N, int64_t K) { return (N + 15) / 16 * p
  * N zero), the last partial quad (K % 4) byte by byte with zeros past K; the row sums
  * from VPDPBUSD of ones by the packed quads (lane i sums row i's bytes, wrapping), times
  * 128. Panels in parallel (a model's weights pack in tens of milliseconds). */
-VNNI_TARGET void anneal_qpanels_vnni_pack(const int8_t *w, int64_t N, int64_t K, int8_t *dst) {
-    const int64_t Kq = anneal_qpanels_vnni_kq(K), np = (N + 15) / 16, kfull = K & ~(int64_t)3;
-#pragma omp parallel for schedule(static) if (N * K > 65536)
-    for (int64_t p = 0; p < np; p++) {
-        int8_t *d = dst + p * panel_bytes(K);
-        const int64_t n0 = p * 16, rows = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 live = (__mmask16)((1u << rows) - 1u);
-        const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32((int)K));
-        const __m512i ones = _mm512_set1_epi8(1);
-        __m512i sum = _mm512_setzero_si512();
-        const int8_t *base = w + n0 * K;
-        for (int64_t k = 0; k < kfull; k += 4) {
-            const __m512i q = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, vidx, base + k, 1);
-            _mm512_storeu_si512((void *)(d + k * 16), q);
-            sum = _mm512_dpbusd_epi32(sum, ones, q);
-        }
-        if (kfull < K) { /* the last quad: zeros past K */
-            int8_t tail[64] = {0};
-            for (int64_t i = 0; i < rows; i++)
-                for (int64_t j = 0; kfull + j < K; j++) tail[4 * i + j] = base[i * K + kfull + j];
-            const __m512i q = _mm512_loadu_si512((const void *)tail);
-            _mm512_storeu_si512((void *)(d + kfull * 16), q);
-            sum = _mm512_dpbusd_epi32(sum, ones, q);
-        }
-        _mm512_storeu_si512((void *)(d + 16 * Kq), _mm512_slli_epi32(sum, 7)); /* 128 sum w, wrapping */
+VNNI_TARGET static void pack_panel(const int8_t *w, int64_t N, int64_t K, int8_t *dst, int64_t p) {
+    const int64_t Kq = anneal_qpanels_vnni_kq(K), kfull = K & ~(int64_t)3;
+    const int64_t n0 = p * 16, rows = N - n0 < 16 ? N - n0 : 16;
+    const __mmask16 live = (__mmask16)((1u << rows) - 1u);
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)K));
+    const __m512i ones = _mm512_set1_epi8(1);
+    const int8_t *base = w + n0 * K;
+    int8_t *d = dst + p * panel_bytes(K);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < kfull; k += 4) {
+        const __m512i q = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, vidx, base + k, 1);
+        _mm512_storeu_si512((void *)(d + k * 16), q);
+        sum = _mm512_dpbusd_epi32(sum, ones, q);
     }
+    if (kfull < K) { /* the last quad: zeros past K */
+        int8_t tail[64] = {0};
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; kfull + j < K; j++) tail[4 * i + j] = base[i * K + kfull + j];
+        const __m512i q = _mm512_loadu_si512((const void *)tail);
+        _mm512_storeu_si512((void *)(d + kfull * 16), q);
+        sum = _mm512_dpbusd_epi32(sum, ones, q);
+    }
+    _mm512_storeu_si512((void *)(d + 16 * Kq), _mm512_slli_epi32(sum, 7)); /* 128 sum w, wrapping */
+}
+
+/* The OpenMP loop outside the target function (clang's outlined bodies do not inherit it). */
+void anneal_qpanels_vnni_pack(const int8_t *w, int64_t N, int64_t K, int8_t *dst) {
+    const int64_t np = (N + 15) / 16;
+#pragma omp parallel for schedule(static) if (N * K > 65536)
+    for (int64_t p = 0; p < np; p++) pack_panel(w, N, K, dst, p);
 }
 
 /* Rows m .. m + R - 1 of xu by panels p .. p + P - 1 (R <= MR, P <= NP, constants: the
