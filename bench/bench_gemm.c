@@ -3,10 +3,10 @@
  * model uses), next to the measured peaks (anneal_peak_gflops_measure_dtype: the FMA
  * microbenchmark for f32/f16, VDPBF16PS for bf16) and the percentage of peak.
  *
- * Build and run (from the repository root):
+ * Build and run (from the repository root, after building build/):
  *   gcc -std=c11 -O3 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -fopenmp \
- *       -Iinclude -Isrc bench/bench_gemm.c src/cpu/gemm*.c src/cpu/cpu_features.c \
- *       src/obs/peak.c -lm -o /tmp/bench_gemm && /tmp/bench_gemm
+ *       -Iinclude -Isrc bench/bench_gemm.c build/libanneal.a \
+ *       $(pkg-config --libs libcjson libpcre2-8) -lm -o /tmp/bench_gemm && /tmp/bench_gemm
  *
  * Options: --quick (fewer shapes and runs), --isa portable|avx2|avx512,
  *          --threads N (default: 2, or 1 with one core), --dtype f32|bf16|f16 (only that one),

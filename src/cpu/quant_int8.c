@@ -273,8 +273,13 @@ static int vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *pane
     const int64_t M = q->M, K = q->K, Kq = anneal_qpanels_vnni_kq(K), np = (q->N + 15) / 16, ng = (np + 2) / 3;
     uint8_t *xu = aligned_alloc(64, (size_t)((M * Kq + 63) / 64 * 64));
     if (!xu) return -1;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < Kq; k++) xu[m * Kq + k] = k < K ? (uint8_t)q->xq[m * K + k] ^ 0x80u : 0x80u;
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *x = q->xq + m * K;
+        uint8_t *u = xu + m * Kq;
+        for (int64_t k = 0; k < K; k++) u[k] = (uint8_t)x[k] ^ 0x80u;
+        for (int64_t k = K; k < Kq; k++) u[k] = 0x80u;
+    }
     int64_t mb = (int64_t)(256 * 1024) / Kq;
     mb = mb < 8 ? 8 : mb & ~(int64_t)7;
     for (int64_t m0 = 0; m0 < M; m0 += mb) {
