@@ -37,7 +37,7 @@
 #define PANELS_X86 1
 #endif
 
-enum { PW = 16, MAX_R = 6 };
+enum { PW = 16, MAX_R = 6, MAX_R512 = 8 }; /* panel width; rows per tile: AVX2, AVX-512 */
 
 /* Bytes of weights per column block (L2 is 512 KiB a core on Zen 3; 96 KiB and 384 KiB
  * measured no different at 16 and 128 rows). */
@@ -208,31 +208,36 @@ PANELS_AVX2 static void tile_rp(const uint16_t *pan, size_t pst, const float *co
 #undef T
 }
 
-/* Panels [p0, p1) for the n rows: column blocks, strips of rows, tiles (see the top). */
-PANELS_AVX2 static void panels_avx2(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y,
-                                    int64_t ldy, int act, int64_t p0, int64_t p1) {
+/* A tile kernel: R rows (xr, yr) x P consecutive panels from pan (see tile()). */
+typedef void (*tile_fn)(const uint16_t *pan, size_t pst, const float *const *xr, float *const *yr, int R, int P,
+                        int64_t in, int64_t j0, int64_t out, const float *bias, int act, const char *pf);
+
+/* Panels [p0, p1) for the n rows through `tile` (see the top): column blocks of about
+ * PANEL_BLOCK bytes (whole tiles), balanced strips of at most max_r rows, tiles of P
+ * panels (a last single panel as P = 1). From 3 rows the first strip prefetches the
+ * panel after each tile into L2 (for 1 and 2 rows the hardware prefetchers alone were
+ * faster). */
+static void walk_panels(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                        int act, int64_t p0, int64_t p1, int max_r, int P, tile_fn tile) {
     const uint16_t *W = w->w;
     const int64_t in = w->in;
     const size_t pst = (size_t)(PW * in);
-    const int P = n == 1 ? 4 : n == 2 ? 2 : 1; /* tile_rp's shapes: (1, 4), (2, 2), (R, 1) */
     const int64_t pbytes = PW * in * 2;
     int64_t cb = PANEL_BLOCK / pbytes / P * P;
     if (cb < P) cb = P;
-    const int64_t strips = (n + MAX_R - 1) / MAX_R;
+    const int64_t strips = (n + max_r - 1) / max_r;
     for (int64_t b0 = p0; b0 < p1; b0 += cb) {
         const int64_t b1 = b0 + cb < p1 ? b0 + cb : p1;
         for (int64_t s = 0; s < strips; s++) {
             const int64_t r0 = n * s / strips, r1 = n * (s + 1) / strips;
             const int R = (int)(r1 - r0);
-            const float *xr[MAX_R];
-            float *yr[MAX_R];
+            const float *xr[MAX_R512];
+            float *yr[MAX_R512];
             for (int r = 0; r < R; r++) xr[r] = x + (r0 + r) * ldx, yr[r] = y + (r0 + r) * ldy;
             for (int64_t p = b0; p < b1;) {
                 const int pp = b1 - p >= P ? P : 1;
-                /* from 3 rows the first strip prefetches the next panel into L2 (for
-                 * 1 and 2 rows the hardware prefetchers alone were faster) */
-                const char *pf = n > 2 && s == 0 && p + 1 < p1 ? (const char *)(W + (size_t)(p + 1) * pst) : NULL;
-                tile_rp(W + (size_t)p * pst, pst, xr, yr, R, pp, in, p * PW, w->out, w->bias, act, pf);
+                const char *pf = n > 2 && s == 0 && p + pp < p1 ? (const char *)(W + (size_t)(p + pp) * pst) : NULL;
+                tile(W + (size_t)p * pst, pst, xr, yr, R, pp, in, p * PW, w->out, w->bias, act, pf);
                 p += pp;
             }
         }
@@ -248,7 +253,6 @@ PANELS_AVX2 static void panels_avx2(const anneal_gemv_weight *w, const float *x,
  * 2 widening uops on 12 FMAs of 8 (twice the multiply-adds per cycle on a core with two
  * 512-bit FMA units). */
 #define PANELS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-enum { MAX_R512 = 8 };
 
 /* Panel step u (16 bf16) widened to f32 in the step's lane order. */
 #define WIDEN512(ptr) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ptr))), 16))
@@ -300,34 +304,6 @@ PANELS_AVX512 static void tile512_rp(const uint16_t *pan, size_t pst, const floa
 #undef T
 }
 
-/* Panels [p0, p1) for n >= 3 rows: the AVX2 kernel's blocking, strips of at most 8 rows,
- * tiles of 2 panels. */
-PANELS_AVX512 static void panels_avx512(const anneal_gemv_weight *w, const float *x, int64_t ldx, int64_t n,
-                                        float *y, int64_t ldy, int act, int64_t p0, int64_t p1) {
-    const uint16_t *W = w->w;
-    const int64_t in = w->in;
-    const size_t pst = (size_t)(PW * in);
-    const int64_t pbytes = PW * in * 2;
-    int64_t cb = PANEL_BLOCK / pbytes / 2 * 2;
-    if (cb < 2) cb = 2;
-    const int64_t strips = (n + MAX_R512 - 1) / MAX_R512;
-    for (int64_t b0 = p0; b0 < p1; b0 += cb) {
-        const int64_t b1 = b0 + cb < p1 ? b0 + cb : p1;
-        for (int64_t s = 0; s < strips; s++) {
-            const int64_t r0 = n * s / strips, r1 = n * (s + 1) / strips;
-            const int R = (int)(r1 - r0);
-            const float *xr[MAX_R512];
-            float *yr[MAX_R512];
-            for (int r = 0; r < R; r++) xr[r] = x + (r0 + r) * ldx, yr[r] = y + (r0 + r) * ldy;
-            for (int64_t p = b0; p < b1;) {
-                const int pp = b1 - p >= 2 ? 2 : 1;
-                const char *pf = s == 0 && p + pp < p1 ? (const char *)(W + (size_t)(p + pp) * pst) : NULL;
-                tile512_rp(W + (size_t)p * pst, pst, xr, yr, R, pp, in, p * PW, w->out, w->bias, act, pf);
-                p += pp;
-            }
-        }
-    }
-}
 #endif
 
 /* The panel kernel this call takes: AVX2 + FMA where the CPU has them and ANNEAL_CPU_ISA
@@ -366,10 +342,10 @@ void anneal_gemv_panels(const anneal_gemv_weight *w, const float *x, int64_t ldx
         const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
         if (p0 < p1) {
 #ifdef PANELS_X86
-            if (avx512)
-                panels_avx512(w, x, ldx, n, y, ldy, act, p0, p1);
-            else if (avx2)
-                panels_avx2(w, x, ldx, n, y, ldy, act, p0, p1);
+            if (avx512) /* tiles of 8 rows x 2 panels */
+                walk_panels(w, x, ldx, n, y, ldy, act, p0, p1, MAX_R512, 2, tile512_rp);
+            else if (avx2) /* tile_rp's shapes: (1, 4), (2, 2), (R <= 6, 1) */
+                walk_panels(w, x, ldx, n, y, ldy, act, p0, p1, MAX_R, n == 1 ? 4 : n == 2 ? 2 : 1, tile_rp);
             else
 #endif
                 panels_scalar(w, x, ldx, n, y, ldy, act, p0, p1);

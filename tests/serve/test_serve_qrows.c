@@ -26,6 +26,12 @@ static uint32_t next(void) {
     return (uint32_t)(rng >> 33);
 }
 
+/* Positive activation and weight scales and a small bias, as a quantizer would give. */
+static void random_scales(int64_t M, int64_t N, float *sx, float *ws, float *bias) {
+    for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
+    for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+}
+
 TEST(wide_kernel_equals_the_sign_trick_kernel) {
     if (!anneal_cpu_has_avx2()) SKIP("no AVX2");
     static const int64_t shapes[][3] = {{8, 16, 32},   {16, 37, 768}, {9, 50, 40},    {15, 33, 3072},
@@ -53,8 +59,7 @@ TEST(wide_kernel_equals_the_sign_trick_kernel) {
         for (int64_t m = 0; m < M; m++)
             for (int64_t k = 0; k < Kp; k++) /* the even pad (odd K) meets the panels' zero weights */
                 x16p[m * Kp + k] = k < K ? xq[m * K + k] : 777;
-        for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
-        for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+        random_scales(M, N, sx, ws, bias);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = w, .wscale = ws,
                                       .bias = with_bias ? bias : NULL, .y = y0};
@@ -102,8 +107,7 @@ TEST(vnni_panels_equal_the_sign_trick_kernel) {
         anneal_qpanels_vnni_pack(w, N, K, panels);
         for (int64_t m = 0; m < M; m++)
             for (int64_t k = 0; k < Kq; k++) xu[m * Kq + k] = k < K ? (uint8_t)xq[m * K + k] ^ 0x80u : (uint8_t)next();
-        for (int64_t i = 0; i < M; i++) sx[i] = (float)(next() % 1000 + 1) * 1e-4f;
-        for (int64_t i = 0; i < N; i++) ws[i] = (float)(next() % 1000 + 1) * 1e-5f, bias[i] = (float)next() * 1e-9f;
+        random_scales(M, N, sx, ws, bias);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             anneal_qrows_s8_args q = {.M = M, .N = N, .K = K, .xq = xq, .sx = sx, .w = w, .wscale = ws,
                                       .bias = with_bias ? bias : NULL, .y = y0};
