@@ -16,8 +16,9 @@
  * not depend on n, on the row's place in the batch, on the thread count or on the path
  * (AVX-512 from 3 rows, AVX2 + FMA, or the portable fmaf loop).
  *
- * Blocking (AVX2): each thread's panels in column blocks of about PANEL_BLOCK bytes (kept
- * in L2 and reused by every strip of rows); rows in balanced strips of at most 6; per
+ * Blocking (walk_panels, both x86 kernels): each thread's panels in column blocks of about
+ * PANEL_BLOCK bytes (kept in L2 and reused by every strip of rows); rows in balanced strips
+ * of at most 6 (AVX2; 8 and 2-panel tiles on AVX-512, below); per
  * (strip, block) the tiles of R rows x P panels (P = 4 for one row, 2 for two: enough
  * independent FMA chains to hide the FMA latency, the single row then being memory-bound)
  * walk k from 0 to in - 1. From 3 rows the first strip's tiles prefetch the next panel
@@ -246,7 +247,7 @@ static void walk_panels(const anneal_gemv_weight *w, const float *x, int64_t ldx
 
 /* AVX-512 (3 or more rows): a panel step's 32 bytes zero-extended to 16 dwords and
  * shifted into f32 (vpmovzxwd + vpslld) give the 16 columns in one register, in the
- * step's order (column lane_pos^-1: lane 2l = column l, lane 2l + 1 = column 8 + l), so
+ * step's order (lane 2l = column l, lane 2l + 1 = column 8 + l), so
  * a tile of R <= 8 rows x 2 panels is 16 accumulators, each lane one FMA chain in k order
  * as in the AVX2 kernel: the same bits. At the end a permute puts the lanes in column
  * order. Per step: 2 loads and 4 widening uops for 16 FMAs of 16 lanes, where AVX2 spends

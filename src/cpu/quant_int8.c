@@ -334,8 +334,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
      * the weight once, many rows (prompts) the blocked GEMM. With VNNI or AMX up to
      * QROWS_MAX rows the VPDPBUSD few-rows pass (qrows_avx512vnni.c: no int32 workspace or
      * second pass, and A offset once per call instead of once per 4 weight rows; a GPT-2
-     * 124M int8 decode step on a Xeon 5.8-6.1 ms against 7.1-10.4 on the GEMM); more rows
-     * there the VNNI/AMX GEMM. */
+     * 124M int8 decode step on a Xeon 5.8-6.1 ms against 7.1-10.4 on the GEMM), from 2
+     * rows over a panel copy the VPDPBUSD panel kernel; more rows there the panel kernel
+     * over a copy packed for the call (VNNI) or the AMX GEMM. */
     const int s8 = anneal_cpu_gemm_s8_isa();
     const bool vnni = s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX;
     /* a VPDPBUSD panel copy: 2 or more rows take it (on AMX CPUs up to QROWS_MAX: more
