@@ -70,9 +70,14 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     int s8 = anneal_cpu_gemm_s8_isa();
     const char *s8n = anneal_cpu_gemm_s8_isa_name(s8);
     if (s8 == ANNEAL_GEMM_S8_AMX)
-        row(rows, max, &k, "gemm int8", s8n, "AMX tiles, TDPBSSD 32 x 32 blocks from 32 rows (fewer: VPDPBUSD)%s%s", "", "");
+        row(rows, max, &k, "gemm int8", s8n,
+            "AMX tiles, TDPBSSD 32 x 32 blocks from 32 rows (fewer: VPDPBUSD, 16-output panels from 2 rows)%s%s", "",
+            "");
     else if (s8 == ANNEAL_GEMM_S8_AVX512VNNI)
-        row(rows, max, &k, "gemm int8", s8n, "VPDPBUSD micro-kernel%s%s", amx_why, "");
+        row(rows, max, &k, "gemm int8", s8n,
+            "VPDPBUSD: 1 row the few-rows pass, from 2 rows 16-output panels (the decode engine's copy, or packed "
+            "for the call past 32 rows)%s%s",
+            amx_why, "");
     else
         row(rows, max, &k, "gemm int8", s8n, "%s (%s)", s8 == ANNEAL_GEMM_S8_AVX2 ? "AVX2 VPMADDWD kernel" : "C",
             s8 == ANNEAL_GEMM_S8_AVX2 ? blocked(ANNEAL_ISA_AVX512, anneal_cpu_has_avx512vnni(), "AVX512-VNNI", b1, sizeof b1)
