@@ -266,18 +266,16 @@ static const int8_t *panels_in(const anneal_cpu_qmatmul_args *a, uint32_t layout
                                                                                          : NULL;
 }
 
-/* The VPDPBUSD panel product of q's rows (qpanels_avx512vnni.c): xq offset to u8 in rows
- * of Kq, then passes of rows that stay in L2 (about 256 KiB) beside a tile's panels,
- * threads over groups of 3 panels (48 outputs) in each. -1 when out of memory. */
-static int vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *panels) {
+/* The VPDPBUSD panel product of q's rows (qpanels_avx512vnni.c) over xu, the quantized
+ * rows laid out Kq = anneal_qpanels_vnni_kq(K) apart (q->xq is not read): each row offset
+ * to u8 in place (xq + 128) and padded to Kq, then passes of rows that stay in L2 (about
+ * 256 KiB) beside a tile's panels, threads over groups of 3 panels (48 outputs) in each. */
+static void vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *panels, uint8_t *xu) {
     const int64_t M = q->M, K = q->K, Kq = anneal_qpanels_vnni_kq(K), np = (q->N + 15) / 16, ng = (np + 2) / 3;
-    uint8_t *xu = aligned_alloc(64, (size_t)((M * Kq + 63) / 64 * 64));
-    if (!xu) return -1;
 #pragma omp parallel for schedule(static) if (M * K > 65536)
     for (int64_t m = 0; m < M; m++) {
-        const int8_t *x = q->xq + m * K;
         uint8_t *u = xu + m * Kq;
-        for (int64_t k = 0; k < K; k++) u[k] = (uint8_t)x[k] ^ 0x80u;
+        for (int64_t k = 0; k < K; k++) u[k] ^= 0x80u;
         for (int64_t k = K; k < Kq; k++) u[k] = 0x80u;
     }
     int64_t mb = (int64_t)(256 * 1024) / Kq;
@@ -288,8 +286,6 @@ static int vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *pane
         for (int64_t g = 0; g < ng; g++)
             anneal_qpanels_s8_avx512vnni(q, panels, xu, m0, m1, g * 3, g * 3 + 3 < np ? g * 3 + 3 : np);
     }
-    free(xu);
-    return 0;
 }
 
 /* Rows of x up to which dynamic and static products take the few-rows kernel on AVX2
@@ -349,7 +345,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         (vpacked = alloc64((size_t)anneal_qpanels_vnni_len(N, K))))
         anneal_qpanels_vnni_pack(a->w, N, K, vpacked), vpanels = vpacked;
     const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 || (vnni && M <= QROWS_MAX) || vpanels;
-    int8_t *xq = rows ? alloc64((size_t)(M * K)) : malloc((size_t)(M * K));
+    /* the quantized rows: Kq apart for the VPDPBUSD panels (offset in place there) */
+    const int64_t ldq = vpanels ? anneal_qpanels_vnni_kq(K) : K;
+    int8_t *xq = rows ? alloc64((size_t)(M * ldq)) : malloc((size_t)(M * K));
     float *sx = malloc((size_t)M * sizeof *sx);
     int32_t *acc = rows ? NULL : malloc((size_t)(M * N) * sizeof *acc);
     if (!xq || !sx || (!rows && !acc)) {
@@ -361,7 +359,7 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         for (int64_t m = 0; m < M; m++) {
             sx[m] = a->act_scale;
             anneal_quantize_row_s8_avx2(K, a->x + m * K, a->mode == ANNEAL_CPU_QUANT_DYNAMIC ? 0.0f : a->act_scale,
-                                        xq + m * K, &sx[m]);
+                                        xq + m * ldq, &sx[m]);
         }
     } else if (a->mode == ANNEAL_CPU_QUANT_DYNAMIC) {
         anneal_cpu_quantize_s8(M, K, 0, a->x, xq, sx);
@@ -378,9 +376,9 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
         const int8_t *apanels = s8 == ANNEAL_GEMM_S8_AVX2 && M >= 2 ? panels_in(a, QPANELS_AVX2) : NULL;
         int16_t *x16p = apanels ? alloc64((size_t)(M * Kp) * sizeof *x16p) : NULL;
         if (vpanels) {
-            const int rc = vnni_panels_product(&q, vpanels);
+            vnni_panels_product(&q, vpanels, (uint8_t *)xq);
             free(xq), free(sx), free(vpacked);
-            return rc;
+            return 0;
         } else if (x16p) {
             for (int64_t m = 0; m < M; m++)
                 for (int64_t k = 0; k < Kp; k++) x16p[m * Kp + k] = k < K ? xq[m * K + k] : 0;
