@@ -268,8 +268,12 @@ static const int8_t *panels_in(const anneal_cpu_qmatmul_args *a, uint32_t layout
 
 /* The VPDPBUSD panel product of q's rows (qpanels_avx512vnni.c) over xu, the quantized
  * rows laid out Kq = anneal_qpanels_vnni_kq(K) apart (q->xq is not read): each row offset
- * to u8 in place (xq + 128) and padded to Kq, then passes of rows that stay in L2 (about
- * 256 KiB) beside a tile's panels, threads over groups of 3 panels (48 outputs) in each. */
+ * to u8 in place (xq + 128) and padded to Kq; then each thread takes a range of groups of
+ * 3 panels (48 outputs) and, for each block of rows small enough to stay in L1 (about
+ * 16 KiB, at least one tile's 8 rows), runs all its groups, the panels from L2. Blocks
+ * of 256 KiB of rows (x from L2 against panels in L1) ran at about half the speed on
+ * GPT-2 124M's 768-wide products (a Xeon with AVX-512 VNNI: 67-79 G MAC/s a core
+ * against 125, bench/bench_qmatmul.c). */
 static void vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *panels, uint8_t *xu) {
     const int64_t M = q->M, K = q->K, Kq = anneal_qpanels_vnni_kq(K), np = (q->N + 15) / 16, ng = (np + 2) / 3;
 #pragma omp parallel for schedule(static) if (M * K > 65536)
@@ -278,13 +282,17 @@ static void vnni_panels_product(const anneal_qrows_s8_args *q, const int8_t *pan
         for (int64_t k = 0; k < K; k++) u[k] ^= 0x80u;
         for (int64_t k = K; k < Kq; k++) u[k] = 0x80u;
     }
-    int64_t mb = (int64_t)(256 * 1024) / Kq;
+    int64_t mb = (int64_t)(16 * 1024) / Kq;
     mb = mb < 8 ? 8 : mb & ~(int64_t)7;
-    for (int64_t m0 = 0; m0 < M; m0 += mb) {
-        const int64_t m1 = m0 + mb < M ? m0 + mb : M;
-#pragma omp parallel for schedule(static) if (q->N * K * (m1 - m0) > 65536)
-        for (int64_t g = 0; g < ng; g++)
-            anneal_qpanels_s8_avx512vnni(q, panels, xu, m0, m1, g * 3, g * 3 + 3 < np ? g * 3 + 3 : np);
+#pragma omp parallel if (q->N * K * M > 65536)
+    {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t g0 = ng * t / nt, g1 = ng * (t + 1) / nt;
+        for (int64_t m0 = 0; m0 < M; m0 += mb) {
+            const int64_t m1 = m0 + mb < M ? m0 + mb : M;
+            for (int64_t g = g0; g < g1; g++)
+                anneal_qpanels_s8_avx512vnni(q, panels, xu, m0, m1, g * 3, g * 3 + 3 < np ? g * 3 + 3 : np);
+        }
     }
 }
 

@@ -161,7 +161,8 @@ TEST(sixteen_rows_equal_each_row_alone) {
 
 /* The driver on every row count 1 to 33 and on 130 (one row, the 8-row, 4-row and padded
  * blocks of the int16 kernel, the sign trick past K = 1024, the blocked pass past 32
- * rows; on a VNNI CPU the panel kernel's passes of 120 rows at K = 2061) with K and N off
+ * rows; on a VNNI CPU the panel kernel's blocks of 8 rows at K = 1043 and 2061 and of
+ * 16 at K = 768, the last one partial) with K and N off
  * every vector width, dynamic and static, against a scalar reference written here: the
  * quantizer's formula, the int32 sum, the epilogue, bit for bit. On a VNNI CPU also with
  * a copy in the AVX2 layout and one packed for another K, which must be ignored. */
