@@ -67,7 +67,8 @@ bench-train: build bench-torch
 
 # PyTorch for bench-train, best effort (the benchmark runs with whatever is there):
 # Debian's python3-torch (and OpenBLAS for it) via apt-get when absent, and PyPI torch 2.x
-# in $(BUILD)/bench-venv (about 5.5 GB: PyPI's Linux wheel pulls in the CUDA libraries).
+# in $(BUILD)/bench-venv (about 5.5 GB: PyPI's Linux wheel pulls in the CUDA libraries), with
+# transformers for bench/quant_speed.py's quantize_dynamic on torch 2.x.
 BENCH_TORCH2 ?= 1
 bench-torch:
 	@/usr/bin/python3 -c "import torch" 2>/dev/null || apt-get install -y python3-torch \
@@ -79,7 +80,7 @@ bench-torch:
 	  || ! /usr/bin/python3 -c "import torch" 2>/dev/null || apt-get install -y libopenblas0-pthread \
 	  || echo "bench-torch: no OpenBLAS; Debian's PyTorch fp32 runs on the reference BLAS (slow)"
 	@if [ "$(BENCH_TORCH2)" != 0 ] && [ ! -x $(BUILD)/bench-venv/bin/python ]; then \
-	  { python3 -m venv $(BUILD)/bench-venv && $(BUILD)/bench-venv/bin/pip install -q torch numpy; } \
+	  { python3 -m venv $(BUILD)/bench-venv && $(BUILD)/bench-venv/bin/pip install -q torch numpy transformers==4.39.3; } \
 	  || { echo "bench-torch: PyPI torch 2.x not installed; bench-train runs without it"; rm -rf $(BUILD)/bench-venv; }; \
 	fi
 

@@ -10,6 +10,8 @@
 #   quant_speed.log   anneal int8 vs PyTorch quantize_dynamic (TORCH_PY: a Python with torch and
 #                     transformers, default .venv/bin/python, which has transformers and sees
 #                     Debian's python3-torch from make bench-torch; the OpenBLAS variables unset for it)
+#   quant_speed_torch2.log  the same against PyPI's torch 2.x (TORCH2_PY, default build/bench-venv's
+#                     python from make bench-torch), where it has transformers
 #   lscpu.txt, commit.txt, load.txt (uptime before and after each part)
 # GPT-2 124M with random weights (the preset), prompt 512, 128 decode steps, THREADS
 # threads (default 2). Needs build/anneal and .venv (make bootstrap: llama-cpp-python).
@@ -50,6 +52,15 @@ if [ "${FULL:-0}" = 1 ]; then
     load "quant speed"
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "${TORCH_PY:-$PY}" bench/quant_speed.py --bin "$BIN" --model 124M \
         --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed.log"
+    T2=${TORCH2_PY:-build/bench-venv/bin/python}
+    if "$T2" -c "import torch, transformers" 2> /dev/null; then
+        load "quant speed torch 2"
+        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$T2" bench/quant_speed.py --bin "$BIN" --model 124M \
+            --threads "$THREADS" 2>&1 | tee "$OUT/quant_speed_torch2.log"
+    else
+        echo "deploy_speed: no torch 2.x with transformers at $T2 (make bench-torch): quant_speed_torch2.log skipped" \
+            | tee "$OUT/quant_speed_torch2.log"
+    fi
 fi
 load "end"
 echo "deploy_speed: logs in $OUT"

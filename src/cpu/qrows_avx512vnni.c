@@ -51,10 +51,60 @@ VNNI_TARGET static inline __attribute__((always_inline)) void qrow(const anneal_
     }
 }
 
+/* The four lane-wise sums of v[0..3] (lane i of the result: the sum of v[i]'s 16 lanes,
+ * wrapping): unpacks and adds instead of four reductions. */
+VNNI_TARGET static inline __m128i sum4_epi32(const __m512i v[4]) {
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+    const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    /* per 128-bit lane: v0, v1, v2, v3's partial sums */
+    const __m512i c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    const __m256i d = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+}
+
+/* One row of x (decoding) by weight rows n .. n + 3: four independent VPDPBUSD chains for
+ * the products and four for the row sums (one row at a time is one chain of each, bound by
+ * VPDPBUSD's latency), the correction taken lane-wise (acc - 128 wsum: the same wrapping
+ * sum) and the four rows' lanes summed together (sum4_epi32). The next group's rows are
+ * prefetched (the four rows are one contiguous stream of 4 K bytes). */
+VNNI_TARGET static inline void qrow1x4(const anneal_qrows_s8_args *q, const uint8_t *xu, int64_t n) {
+    const int64_t K = q->K, kfull = K & ~(int64_t)63;
+    const int8_t *b = q->w + n * K;
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i acc[4], wsum[4];
+    for (int i = 0; i < 4; i++) acc[i] = wsum[i] = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k < kfull; k += 64) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(xu + k));
+        for (int i = 0; i < 4; i++) {
+            _mm_prefetch((const char *)(b + (4 + i) * K + k), _MM_HINT_T0);
+            const __m512i bv = _mm512_loadu_si512((const void *)(b + i * K + k));
+            wsum[i] = _mm512_dpbusd_epi32(wsum[i], ones, bv);
+            acc[i] = _mm512_dpbusd_epi32(acc[i], xv, bv);
+        }
+    }
+    if (k < K) {
+        const __mmask64 mk = _cvtu64_mask64(~0ULL >> (64 - (K - k)));
+        const __m512i xv = _mm512_maskz_loadu_epi8(mk, xu + k);
+        for (int i = 0; i < 4; i++) {
+            const __m512i bv = _mm512_maskz_loadu_epi8(mk, b + i * K + k);
+            wsum[i] = _mm512_dpbusd_epi32(wsum[i], ones, bv);
+            acc[i] = _mm512_dpbusd_epi32(acc[i], xv, bv);
+        }
+    }
+    for (int i = 0; i < 4; i++) acc[i] = _mm512_sub_epi32(acc[i], _mm512_slli_epi32(wsum[i], 7));
+    int32_t s[4];
+    _mm_storeu_si128((__m128i *)s, sum4_epi32(acc));
+    for (int i = 0; i < 4; i++)
+        q->y[n + i] = (float)s[i] * (q->sx[0] * q->wscale[n + i]) + (q->bias ? q->bias[n + i] : 0.0f);
+}
+
 /* See gemm_int8_internal.h: weight rows [n0, n1), every row of x in groups of 4 (the
- * weight row stays in L1 for the later groups). */
+ * weight row stays in L1 for the later groups); one row of x four weight rows at a time. */
 VNNI_TARGET void anneal_qrows_s8_avx512vnni(const anneal_qrows_s8_args *q, const uint8_t *xu, int64_t n0,
                                             int64_t n1) {
+    if (q->M == 1)
+        for (; n0 + 4 <= n1; n0 += 4) qrow1x4(q, xu, n0);
     for (int64_t n = n0; n < n1; n++) {
         int64_t m = 0;
         for (; m + 4 <= q->M; m += 4) qrow(q, xu, m, 4, n, m == 0);
