@@ -350,16 +350,18 @@ TEST(deterministic_across_threads) {
 /* A right operand packed once (anneal_cpu_gemm_pack_b) gives the same bits as the
  * unpacked product, at every compute precision and ISA, both transposes of each operand,
  * with beta and the bias + GELU epilogue, on 1 and 2 threads, for shapes with ragged
- * edges and several depth blocks (K > kc) and column blocks (N > nc). */
+ * edges and several depth blocks (K > kc) and column blocks (N > nc), and one with so
+ * many column blocks (N > 4 nc) that the row blocks are as tall as the ISA allows (two
+ * of them here: M > mc). */
 TEST(prepacked_b_matches_unpacked) {
-    static const int64_t shapes[][3] = {{37, 70, 45}, {100, 3300, 600}, {300, 40, 1100}};
+    static const int64_t shapes[][3] = {{37, 70, 45}, {100, 3300, 600}, {300, 40, 1100}, {420, 12400, 24}};
     static const int computes[] = {ANNEAL_F32, ANNEAL_BF16, ANNEAL_F16};
     const int saved = omp_get_max_threads();
     int isas[3], nisa = isa_list(isas);
     for (int s = 0; s < nisa; s++) {
         REQUIRE(anneal_cpu_sgemm_set_isa(isas[s]) == 0);
-        for (int c = 0; c < 3; c++) {
-            if (anneal_test_sanitized() && c == 1) continue; /* ASan: the small shapes */
+        for (int c = 0; c < 4; c++) {
+            if (anneal_test_sanitized() && (c == 1 || c == 3)) continue; /* ASan: the small shapes */
             const int64_t M = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
             for (int p = 0; p < 3; p++)
                 for (int t = 0; t < 4; t++) {
