@@ -514,6 +514,8 @@ static void gemm_prepacked(const gemm_ctx *g, int nt, int64_t M, int64_t N, int6
     const int64_t kc_full = block_depth(K, isa->kc);
     const int64_t kcp_full = ceil_div(kc_full, isa->kstep) * isa->kstep;
     const int64_t npan = ceil_div(N, nr), nc = min64(isa->nc, npan * nr), nj = ceil_div(N, nc);
+    /* with 2+ column blocks per thread those items balance the threads, so the row blocks
+     * are as tall as for one thread (up to mc): each B micro-panel serves more row tiles */
     const int64_t rows = row_block(isa, nj >= 2 * nt ? 1 : nt, M), ni = ceil_div(M, rows);
     const size_t a_bytes = (size_t)(rows * kcp_full) * es;
     bool oom = false;
