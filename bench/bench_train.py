@@ -108,8 +108,10 @@ print(torch.__version__, hasattr(F, "scaled_dot_product_attention"), blas)
 
 
 def torch_python(exe):
-    """(version, sdpa, fp32 BLAS) of the torch that `exe` imports, or None."""
-    if not exe or not os.path.exists(exe):
+    """(version, sdpa, fp32 BLAS) of the torch that `exe` (a path, or a name on PATH)
+    imports, or None."""
+    exe = shutil.which(exe) if exe else None
+    if not exe:
         return None
     r = subprocess.run([exe, "-c", TORCH_PROBE], capture_output=True, text=True, env=torch_env(1))
     if r.returncode != 0:
@@ -381,6 +383,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps per process")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each process")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=0, help="batch of every config (0: each config's own, 8)")
     ap.add_argument("--quick", action="store_true", help="smoke run: --configs d6 (unless given) --rounds 1 --steps 2")
     ap.add_argument("--anneal", default=os.environ.get("ANNEAL_BIN", os.path.join(ROOT, "build", "anneal")))
     ap.add_argument("--torch", default="auto", choices=["auto", "off"],
@@ -415,6 +418,11 @@ def main():
             sys.exit("bench_train.py: --configs: unknown config %s (known: %s)" % (x, ", ".join(CONFIGS)))
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         sys.exit("bench_train.py: --rounds, --steps, --threads must be >= 1 and --warmup >= 0")
+    if a.batch < 0:
+        sys.exit("bench_train.py: --batch must be >= 0")
+    if a.batch:
+        for c in CONFIGS.values():
+            c["B"] = a.batch
     if not os.access(a.anneal, os.X_OK):
         sys.exit("bench_train.py: --anneal %s: not an executable (build first: make build)" % a.anneal)
     rc_cfgs = a.configs[:1] if a.recompute_configs is None else [x for x in a.recompute_configs.split(",") if x]

@@ -91,6 +91,8 @@ def main():
     p.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16", "int8"],
                    help="anneal's KV cache (PyTorch's is f32, the default here too)")
     p.add_argument("--bin", default=os.environ.get("ANNEAL_BIN", os.path.join(ROOT, "build", "anneal")))
+    p.add_argument("--bench", default=None,
+                   help="a built bench_quant (default: cmake --build build --target bench_quant)")
     a = p.parse_args()
     from transformers import GPT2LMHeadModel
     torch.set_num_threads(a.threads)
@@ -107,12 +109,12 @@ def main():
         for mode in ("weight-only", "dynamic"):
             qdirs[mode] = os.path.join(work, mode)
             sh([a.bin, "quantize", "--model", f32, "--out", qdirs[mode], "--mode", mode])
-        bench = build_bench()
+        bench = a.bench or build_bench()
         rows = {}
         rows["anneal f32"] = anneal_speed(bench, f32, a)
         for mode, d in qdirs.items():
             rows[f"anneal int8 {mode}"] = anneal_speed(bench, d, a)
-        model = GPT2LMHeadModel.from_pretrained(f32, torch_dtype=torch.float32).eval()
+        model = GPT2LMHeadModel.from_pretrained(f32).float().eval()
         vocab = model.config.vocab_size
         rows["torch f32"] = torch_speed(model, vocab, a)
         model = conv1d_to_linear(model)

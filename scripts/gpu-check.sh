@@ -10,16 +10,19 @@
 #   test_cuda_gpt2.log  step B: GPT-2 on the GPU next to a CPU twin
 #   bench_anneal.log    step C: anneal train on GPT-2 124M (bench/gpu_train.sh)
 #   bench_torch.log     step C: PyTorch eager and compiled (bench/torch_gpt2_cuda.py)
-#   host_cpu.log        step H: the host CPU: lscpu, the AMX GEMM tests (cpu_test_gemm_amx, _int8),
-#                       bf16 peaks and 124M bf16 training steps on AMX vs AVX512-BF16 vs fp32
+#   host_cpu.log        step H (scripts/host-check.sh): the host CPU: lscpu, anneal info, the CPU
+#                       tests whose kernels differ by ISA (the AMX tiles among them), the peaks
+#   host_bench.log      step H: training against PyTorch at 2 threads and all cores, int8 on the
+#                       tiles against VPDPBUSD and against quantize_dynamic
 # What it needs from this machine's side: .gpu-pack/ (scripts/gpu-pack.sh: the binaries,
 # their libraries, the KJV shards, the -dev .debs), carried with the call:
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu-pack"], timeout_s=600)
-# Usage: bash scripts/gpu-check.sh [--build] [--no-tests] [--no-bench] [--dry-run] [OUTDIR]
+# Usage: bash scripts/gpu-check.sh [--build] [--no-tests] [--no-bench] [--no-host] [--dry-run] [OUTDIR]
 #   OUTDIR      default $OUT (the device tool's folder), else ./gpu-check-out
 #   --build     step A: build from the tree there (the carried .debs unpacked with dpkg -x
 #               into a prefix under /tmp, never into /) and test those binaries instead of
 #               the packed ones (a build that fails falls back to the packed ones)
+#   --no-bench  skip step C; --no-tests step B; --no-host step H
 #   --dry-run   no GPU needed: the environment report, the library search, the .debs'
 #               unpacking and (with --build) the configure step; prints the commands of
 #               steps B and C instead of running them
@@ -31,14 +34,15 @@ cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
 T0=$(date +%s)
 BUDGET=${GPU_CHECK_SECONDS:-470}
-DO_BUILD=0 DO_TESTS=1 DO_BENCH=1 DRY=0 OUTDIR=""
+DO_BUILD=0 DO_TESTS=1 DO_BENCH=1 DO_HOST=1 DRY=0 OUTDIR=""
 for a in "$@"; do
   case "$a" in
     --build) DO_BUILD=1 ;;
     --no-tests) DO_TESTS=0 ;;
     --no-bench) DO_BENCH=0 ;;
+    --no-host) DO_HOST=0 ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown flag $a" >&2; exit 2 ;;
     *) OUTDIR=$a ;;
   esac
@@ -51,6 +55,13 @@ ENVF=$OUTDIR/env.txt
 : > "$SUM"
 : > "$ENVF"
 PACK=$ROOT/.gpu-pack
+# the programs and libraries travel as xz archives (scripts/gpu-pack.sh): unpacked here once
+for a in bin lib; do
+  [ -f "$PACK/$a.tar.xz" ] && [ ! -d "$PACK/$a" ] || continue
+  tar xJf "$PACK/$a.tar.xz" -C "$PACK" 2>/dev/null \
+    || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$PACK/$a.tar.xz" "$PACK" \
+    || echo "gpu-check: $PACK/$a.tar.xz did not unpack" >&2
+done
 RAN=0
 
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
@@ -229,34 +240,16 @@ if [ "$DO_BENCH" = 1 ]; then
   fi
 fi
 
-# ------------------------------------------- step H: the host CPU (AMX, issue 17)
-if [ "$DO_TESTS" = 1 ] && [ -x "$BIN_DIR/cpu_test_gemm_amx" ]; then
-  th=$(box 150)
-  HLOG=$OUTDIR/host_cpu.log
+# ------------------------------------ step H: the host CPU (issues 17 and 13: AMX, 16 cores)
+if [ "$DO_HOST" = 1 ]; then
+  th=$(box 420)
   if [ "$DRY" = 1 ]; then
-    say "(dry run) host CPU: cpu_test_gemm_amx, anneal bench peak and step (bf16 on amx / avx512bf16, fp32) > $HLOG"
-  elif [ "$th" -lt 40 ]; then
+    say "(dry run) BIN_DIR=$BIN_DIR ANNEAL_LIBS=$ANNEAL_LIBS bash scripts/host-check.sh $OUTDIR $th"
+  elif [ "$th" -lt 60 ]; then
     say "host CPU: NOT RUN (out of time)"
   else
-    say "$(stamp)host CPU (${th}s): $(lscpu | sed -n 's/^Model name: *//p' | head -1), amx: $(grep -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    HOST_CPU=$(nproc)
-    host() { # one command under what is left of step H's box, logged
-      echo "== $*" >> "$HLOG"
-      ANNEAL_SOURCE_DIR=$ROOT OMP_NUM_THREADS=$HOST_CPU with_libs timeout -k 5 "$(box 60)" "$@" >> "$HLOG" 2>&1
-      echo "== exit $?" >> "$HLOG"
-    }
-    { lscpu; } > "$HLOG" 2>&1
-    host "$BIN_DIR/cpu_test_gemm_amx"
-    say "    cpu_test_gemm_amx: $(grep -E '^[0-9]+ passed' "$HLOG" | tail -1) $(grep -m1 -E 'FAIL|SKIP' "$HLOG" | cut -c1-160)"
-    [ -x "$BIN_DIR/cpu_test_gemm_int8" ] && host "$BIN_DIR/cpu_test_gemm_int8"
-    say "    cpu_test_gemm_int8: $(grep -E '^[0-9]+ passed' "$HLOG" | tail -1) $(grep -E '^  amx' "$HLOG" | tr '\n' ' ')"
-    host "$BIN_DIR/anneal" bench peak --dtype bf16
-    ANNEAL_ISA=avx512bf16 host "$BIN_DIR/anneal" bench peak --dtype bf16
-    for isa in amx avx512bf16; do
-      ANNEAL_ISA=$isa host "$BIN_DIR/anneal" bench step --model 124M --batch 16 --seq 256 --steps 2 --warmup 1 --dtype bf16
-    done
-    host "$BIN_DIR/anneal" bench step --model 124M --batch 16 --seq 256 --steps 2 --warmup 1 --dtype fp32
-    grep -E 'peak|ms/step|tok/s' "$HLOG" | sed 's/^/    /' | tee -a "$SUM"
+    say "$(stamp)host CPU (scripts/host-check.sh, ${th}s)"
+    BIN_DIR=$BIN_DIR ANNEAL_LIBS=$ANNEAL_LIBS timeout -k 5 $((th + 5)) bash scripts/host-check.sh "$OUTDIR" "$th"
     RAN=1
   fi
 fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares, on this machine (nvcc, no GPU), what scripts/gpu-check.sh needs on the GPU
 # machine (which has no package registry and no PCRE2/cJSON/Cairo/... headers):
-#   .gpu-pack/bin/     anneal and the tests/cuda test binaries (CUDA build, Release, build-gpu/)
-#   .gpu-pack/lib/     every shared library they need that the GPU machine's own system
+#   .gpu-pack/bin/     anneal, the tests/cuda test binaries, the host CPU's tests and bench_quant
+#                      (CUDA build, Release, build-gpu/), carried as bin.tar.xz
+#   .gpu-pack/lib/     (carried as lib.tar.xz) every shared library they need that the GPU machine's own system
 #                      does not give (ldd, minus glibc, libstdc++, libgcc, the driver's
 #                      libcuda and the toolkit's cuBLAS/cuBLASLt)
 #   .gpu-pack/kjv/     token shards of the King James Bible (Debian's bible-kjv,
@@ -23,7 +24,10 @@ PACK=.gpu-pack
 JOBS=${JOBS:-2}
 MPI=${PACK_MPI:-OFF}
 ARCHS=${PACK_ARCHS:-90} # the H100's device code only (halves the fatbins; CI builds 80;90)
-TESTS="cuda_test_cuda_ops cuda_test_cuda_gpt2 cpu_test_gemm_amx cpu_test_gemm_int8" # the last two: the host CPU's AMX
+# after the two GPU tests: the host CPU's (scripts/host-check.sh: AMX, the GEMM drivers, int8)
+TESTS="cuda_test_cuda_ops cuda_test_cuda_gpt2 cpu_test_gemm_amx cpu_test_gemm_int8 cpu_test_kernel_paths cpu_test_gemm
+  cpu_test_gemm_precision cpu_test_attention cpu_test_gemv_panels ops_test_quant_ops io_test_quant_model models_test_gpt2
+  bench_quant"
 say() { printf '== %s\n' "$*"; }
 
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu-pack: no nvcc here" >&2; exit 1; }
@@ -110,7 +114,13 @@ else
 fi
 echo "  $(ls "$PACK.tmp/debs" | wc -l) packages"
 
-# 6. manifest, then swap in
+# 6. the programs and their libraries as one xz archive each (about 7 MiB against 70:
+#    the programs share the library's code), for the call's 64 MiB; gpu-check.sh unpacks
+#    them there
+say "xz archives of bin/ and lib/"
+(cd "$PACK.tmp" && tar cf - bin | xz -9 -T2 > bin.tar.xz && tar cf - lib | xz -9 -T2 > lib.tar.xz && rm -rf bin lib)
+
+# 7. manifest, then swap in
 {
   echo "gpu-pack of $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)') made $(date -u +%FT%TZ) on $(. /etc/os-release; echo "$PRETTY_NAME")"
   echo "nvcc: $(nvcc --version | tail -2 | head -1)"
@@ -121,6 +131,6 @@ echo "  $(ls "$PACK.tmp/debs" | wc -l) packages"
 rm -rf "$PACK"
 mv "$PACK.tmp" "$PACK"
 size=$(du -sm "$PACK" | cut -f1)
-say "$PACK: ${size} MiB ($(du -sh "$PACK/bin" | cut -f1) binaries, $(du -sh "$PACK/lib" | cut -f1) libraries, $(du -sh "$PACK/kjv" | cut -f1) shards, $(du -sh "$PACK/debs" | cut -f1) debs)"
+say "$PACK: ${size} MiB ($(du -sh "$PACK/bin.tar.xz" | cut -f1) binaries, $(du -sh "$PACK/lib.tar.xz" | cut -f1) libraries, $(du -sh "$PACK/kjv" | cut -f1) shards, $(du -sh "$PACK/debs" | cut -f1) debs)"
 [ "$size" -le 40 ] || echo "gpu-pack: warning: $PACK is over 40 MiB" >&2
 echo "carry it with: run(command='bash scripts/gpu-check.sh', carry=['.gpu-pack'])"

@@ -71,8 +71,9 @@ int anneal_cpu_kernel_report(anneal_cpu_kernel_info *rows, int max) {
     const char *s8n = anneal_cpu_gemm_s8_isa_name(s8);
     if (s8 == ANNEAL_GEMM_S8_AMX)
         row(rows, max, &k, "gemm int8", s8n,
-            "AMX tiles, TDPBSSD 32 x 32 blocks from 32 rows (fewer: VPDPBUSD, 16-output panels from 2 rows)%s%s", "",
-            "");
+            "quantized linears: VPDPBUSD (1 row the few-rows pass, from 2 rows 16-output panels: faster than the "
+            "tiles on the AMX machine measured); the int8 GEMM: AMX tiles, TDPBSSD 32 x 32 blocks from 32 rows%s%s",
+            "", "");
     else if (s8 == ANNEAL_GEMM_S8_AVX512VNNI)
         row(rows, max, &k, "gemm int8", s8n,
             "VPDPBUSD: 1 row the few-rows pass, from 2 rows 16-output panels (the decode engine's copy, or packed "

@@ -105,27 +105,27 @@ anneal_status anneal_cpu_copy(anneal_tensor *dst, const anneal_tensor *src) {
     anneal_dtype dd = dst->dtype, sd = src->dtype;
     bool ints = is_int(dd) && is_int(sd);
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN_ELEMS)
-    for (int64_t r = 0; r < it.rows; r++) {
+    for (int64_t w = 0; w < anneal_strided_items(&it); w++) {
         int64_t off[2];
-        anneal_strided_row(&it, r, off);
+        const int64_t len = anneal_strided_item(&it, w, off);
         int64_t sd_ = it.strides[0][it.ndim - 1], ss = it.strides[1][it.ndim - 1];
         if (dd == ANNEAL_F32 && sd == ANNEAL_F32) {
             float *o = (float *)d + off[0];
             const float *i = (const float *)s + off[1];
-            for (int64_t k = 0; k < it.inner; k++) o[k * sd_] = i[k * ss];
+            for (int64_t k = 0; k < len; k++) o[k * sd_] = i[k * ss];
         } else if (dd == ANNEAL_BF16 && sd == ANNEAL_F32 && sd_ == 1 && ss == 1) {
             /* nearest even, NaN kept quiet: anneal_f32_to_bf16 in a loop that vectorises */
-            bf16_from_f32_row(it.inner, (uint16_t *)d + off[0], (const float *)s + off[1]);
+            bf16_from_f32_row(len, (uint16_t *)d + off[0], (const float *)s + off[1]);
         } else if (dd == ANNEAL_F32 && sd == ANNEAL_BF16 && sd_ == 1 && ss == 1) {
-            f32_from_bf16_row(it.inner, (uint32_t *)d + off[0], (const uint16_t *)s + off[1]);
+            f32_from_bf16_row(len, (uint32_t *)d + off[0], (const uint16_t *)s + off[1]);
         } else if (dd == sd) {
-            for (int64_t k = 0; k < it.inner; k++)
+            for (int64_t k = 0; k < len; k++)
                 memcpy(d + (off[0] + k * sd_) * (int64_t)esz, s + (off[1] + k * ss) * (int64_t)esz, esz);
         } else if (ints) {
-            for (int64_t k = 0; k < it.inner; k++)
+            for (int64_t k = 0; k < len; k++)
                 store_i64(d, dd, off[0] + k * sd_, load_as_i64(s, sd, off[1] + k * ss));
         } else {
-            for (int64_t k = 0; k < it.inner; k++)
+            for (int64_t k = 0; k < len; k++)
                 store_double(d, dd, off[0] + k * sd_, load_as_double(s, sd, off[1] + k * ss));
         }
     }
@@ -141,15 +141,15 @@ anneal_status anneal_cpu_fill(anneal_tensor *dst, double value) {
     char *d = anneal_data(dst);
     anneal_dtype dt = dst->dtype;
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN_ELEMS)
-    for (int64_t r = 0; r < it.rows; r++) {
+    for (int64_t w = 0; w < anneal_strided_items(&it); w++) {
         int64_t off[1];
-        anneal_strided_row(&it, r, off);
+        const int64_t len = anneal_strided_item(&it, w, off);
         int64_t s = it.strides[0][it.ndim - 1];
         if (dt == ANNEAL_F32) {
             float *o = (float *)d + off[0];
-            for (int64_t k = 0; k < it.inner; k++) o[k * s] = (float)value;
+            for (int64_t k = 0; k < len; k++) o[k * s] = (float)value;
         } else {
-            for (int64_t k = 0; k < it.inner; k++) store_double(d, dt, off[0] + k * s, value);
+            for (int64_t k = 0; k < len; k++) store_double(d, dt, off[0] + k * s, value);
         }
     }
     return ANNEAL_OK;
@@ -183,12 +183,12 @@ anneal_status anneal_cpu_binary(anneal_binary_op op, anneal_tensor *out, const a
     float *o = anneal_data(out);
     const float *pa = anneal_data(a), *pb = anneal_data(b);
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN_ELEMS)
-    for (int64_t r = 0; r < it.rows; r++) {
+    for (int64_t w = 0; w < anneal_strided_items(&it); w++) {
         int64_t off[3];
-        anneal_strided_row(&it, r, off);
+        const int64_t len = anneal_strided_item(&it, w, off);
         /* out is contiguous, so its inner stride is 1 */
         binary_row(op, o + off[0], pa + off[1], it.strides[1][it.ndim - 1], pb + off[2],
-                   it.strides[2][it.ndim - 1], it.inner);
+                   it.strides[2][it.ndim - 1], len);
     }
     return ANNEAL_OK;
 }

@@ -1,13 +1,12 @@
 /* AMX-BF16 GEMM micro-kernel and packing (Intel's tile unit, Sapphire Rapids and later):
  * bf16 operands, f32 accumulation, a 32 x 32 tile of C in four 16 x 16 tile registers.
  *
- * NOT YET RUN ON AMX HARDWARE: no machine this project was built on so far had AMX (the
- * GPU machine's Intel host, which may, has not been lent since this was written). The
- * kernel body (gemm_amx_kernel.h) is compiled twice: over the tile instructions
- * (anneal_gemm_isa_amx, chosen at run time where anneal_cpu_amx_usable()) and over a C
- * model of the tile registers below (anneal_gemm_isa_amx_model), which the tests run on
- * every CPU through the whole GEMM driver; the tests that need the real unit skip,
- * saying so, elsewhere.
+ * Run on AMX hardware once so far (2026-11-30, the GPU machine's 16-core Intel host:
+ * tests/cpu/test_gemm_amx.c's tile-unit checks passed). The kernel body
+ * (gemm_amx_kernel.h) is compiled twice: over the tile instructions (anneal_gemm_isa_amx,
+ * chosen at run time where anneal_cpu_amx_usable()) and over a C model of the tile
+ * registers below (anneal_gemm_isa_amx_model), which the tests run on every CPU through
+ * the whole GEMM driver; the tests that need the real unit skip, saying so, elsewhere.
  *
  * What the kernel computes. TDPBF16PS c, a, b does, for each of the 16 x 16 f32
  * elements of c and each of the 16 depth pairs q in order,
@@ -21,17 +20,22 @@
  *
  * Layout of the packed panels (32-bit words, each a depth pair of bf16: the lower half
  * depth 2q, the upper 2q + 1; depths past K are zero, and the depth is padded to a
- * multiple of 32, one tile's worth):
- *   A micro-panel (pack_a): word[i * kq + q] for its 32 rows i (kq = padded depth / 2):
- *     a row of C is a row of a tile, so rows i0..i0+15 over pairs q0..q0+15 are one
- *     TILELOADD at a stride of kq * 4 bytes;
- *   B micro-panel (pack_b): word[q * 32 + j] for its 32 columns j (gemm_avx512bf16.c's
- *     layout): columns j0..j0+15 over 16 pairs are one TILELOADD at a stride of 128 bytes.
- * Rounding to bf16 happens while packing (nearest even, as anneal_gemm_round_bf16), in
- * plain C loops the compiler vectorises (AVX-512 for the tile unit's copy). */
+ * multiple of 32, one tile's worth). A micro-panel of 32 lanes (A: rows of C; B: columns)
+ * is, per step of 16 depth pairs and per half of 16 lanes, one tile of 16 rows x 16
+ * words, 1 KiB contiguous, so every TILELOADD reads 64-byte rows back to back:
+ *   A: word[s * 512 + h * 256 + r * 16 + w] = row 16 h + r, pair 16 s + w (a tile row
+ *      is a row of C's, as TDPBF16PS's first source wants);
+ *   B: word[s * 512 + h * 256 + w * 16 + j] = pair 16 s + w, column 16 h + j (a tile row
+ *      is a depth pair over 16 columns).
+ * (The first layout, rows of the whole depth in A and B's 32 columns side by side, made
+ * every A tile load 16 lines 1 KiB apart: GPT-2 124M's bf16 products ran at about a tenth
+ * of the tiles' peak on 2 cores.) Rounding to bf16 happens while packing: nearest even,
+ * f32 subnormal inputs as zero (VCVTNE2PS2BF16 in the tile unit's packers, which need
+ * AVX512-BF16, as every AMX CPU has; the same bits in plain C for the model). */
 #include "anneal/backend.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm_amx_tiles.h"
+#include "cpu/gemm_avx512_tile.h"
 #include "cpu/gemm_internal.h"
 
 #include <immintrin.h>
@@ -48,7 +52,7 @@
 #define AMX_KSTEP 32
 
 #define AMX_TARGET ANNEAL_AMX_TARGET
-#define AMX_VEC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define AMX_VEC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 
 /* ---------------------------------------------------------------- permission */
 
@@ -67,7 +71,8 @@ bool anneal_cpu_amx_usable(void) {
     static atomic_int cached = -1;
     int v = atomic_load_explicit(&cached, memory_order_acquire);
     if (v < 0) {
-        v = anneal_cpu_has_amx() && request_tile_permission() ? 1 : 0;
+        /* the packers use AVX512-BF16, which every AMX-BF16 CPU has */
+        v = anneal_cpu_has_amx() && anneal_cpu_has_avx512bf16() && request_tile_permission() ? 1 : 0;
         atomic_store_explicit(&cached, v, memory_order_release);
     }
     return v == 1;
@@ -75,10 +80,13 @@ bool anneal_cpu_amx_usable(void) {
 
 /* ---------------------------------------------------------------- packing */
 
-/* The bf16 bits of x (nearest even, as anneal_gemm_round_bf16). */
+/* The bf16 bits of x as VCVTNE2PS2BF16 makes them (the tile unit's packers): nearest
+ * even (as anneal_gemm_round_bf16, NaN made quiet), f32 subnormal inputs as zeros of
+ * their sign (which the unit's DAZ makes of bf16 subnormals anyway). */
 static inline __attribute__((always_inline)) uint32_t bf16_bits(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
     return anneal_gemm_round_bf16_bits(u) >> 16;
 }
 
@@ -93,81 +101,107 @@ static inline __attribute__((always_inline)) uint32_t pair_word(const float *src
     return bf16_bits(x0) | bf16_bits(x1) << 16;
 }
 
-/* B micro-panels of `width` lanes: word[p * kq * width + q * width + j] for lane p * width
- * + j (zero past `lanes`), kq = the padded depth / 2. The copy case (lanes contiguous in
- * the source) runs along the lanes, the transpose case along the depths. */
-static inline __attribute__((always_inline)) void pack_b_body(const float *src, int64_t stride, bool lanes_contig,
-                                                               int64_t lanes, int width, int64_t kc, void *dst_) {
-    uint32_t *dst = dst_;
-    const int64_t npan = (lanes + width - 1) / width;
-    const int64_t kq = (kc + AMX_KSTEP - 1) / AMX_KSTEP * AMX_KSTEP / 2;
-    for (int64_t p = 0; p < npan; p++) {
-        uint32_t *d = dst + p * kq * width;
-        const int64_t l0 = p * width, nl = lanes - l0 < width ? lanes - l0 : width;
-        if (lanes_contig) {
-            for (int64_t q = 0; q < kq; q++) {
-                uint32_t *w = d + q * width;
-                for (int64_t j = 0; j < nl; j++) w[j] = pair_word(src, stride, true, l0 + j, q, kc);
-                for (int64_t j = nl; j < width; j++) w[j] = 0;
-            }
-        } else {
-            for (int64_t j = 0; j < width; j++)
-                for (int64_t q = 0; q < kq; q++) d[q * width + j] = j < nl ? pair_word(src, stride, false, l0 + j, q, kc) : 0;
-        }
-    }
+/* The index of lane l's (0..31) depth pair q in a micro-panel (layout at the top of the
+ * file): step q / 16, half l / 16, then the tile's rows (A: lanes; B: pairs). */
+static inline __attribute__((always_inline)) int64_t panel_word(bool a_layout, int64_t l, int64_t q) {
+    const int64_t base = q / 16 * 512 + l / 16 * 256;
+    return a_layout ? base + l % 16 * 16 + q % 16 : base + q % 16 * 16 + l % 16;
 }
 
-/* A micro-panels of `width` rows: word[p * kq * width + j * kq + q] for row p * width + j
- * (zero past `lanes`): each row's depth pairs contiguous, as a tile row. The transpose
- * case (a row-major A: depths contiguous in the source) runs along the depths. */
-static inline __attribute__((always_inline)) void pack_a_body(const float *src, int64_t stride, bool lanes_contig,
-                                                               int64_t lanes, int width, int64_t kc, void *dst_) {
+/* Micro-panels of `width` (32) lanes in the A or B layout, plain C: the model's packers,
+ * and the reference the tile unit's match bit for bit (tests/cpu/test_gemm_amx.c). */
+static void pack_plain(bool a_layout, const float *src, int64_t stride, bool lanes_contig, int64_t lanes, int width,
+                       int64_t kc, void *dst_) {
     uint32_t *dst = dst_;
     const int64_t npan = (lanes + width - 1) / width;
     const int64_t kq = (kc + AMX_KSTEP - 1) / AMX_KSTEP * AMX_KSTEP / 2;
     for (int64_t p = 0; p < npan; p++) {
         uint32_t *d = dst + p * kq * width;
         const int64_t l0 = p * width, nl = lanes - l0 < width ? lanes - l0 : width;
-        if (lanes_contig) {
+        for (int64_t j = 0; j < width; j++)
             for (int64_t q = 0; q < kq; q++)
-                for (int64_t j = 0; j < width; j++) d[j * kq + q] = j < nl ? pair_word(src, stride, true, l0 + j, q, kc) : 0;
-        } else {
-            for (int64_t j = 0; j < width; j++) {
-                uint32_t *w = d + j * kq;
-                if (j >= nl) {
-                    memset(w, 0, (size_t)kq * sizeof *w);
-                    continue;
-                }
-                const float *row = src + (l0 + j) * stride;
-                const int64_t full = kc / 2; /* pairs with both depths inside kc */
-                for (int64_t q = 0; q < full; q++) w[q] = bf16_bits(row[2 * q]) | bf16_bits(row[2 * q + 1]) << 16;
-                for (int64_t q = full; q < kq; q++) w[q] = pair_word(src, stride, false, l0 + j, q, kc);
-            }
-        }
+                d[panel_word(a_layout, j, q)] = j < nl ? pair_word(src, stride, lanes_contig, l0 + j, q, kc) : 0;
     }
 }
 
-/* The packers of the tile unit's descriptor (vectorised for AVX-512, which every AMX CPU
- * has) and of the model's (plain x86-64). `round` is ignored: always bf16. */
+/* 32 consecutive floats (lo, hi) as 16 words of consecutive depth pairs (VCVTNE2PS2BF16:
+ * nearest even, NaN quiet, f32 subnormal inputs zero: bf16_bits). */
+AMX_VEC_TARGET static inline __attribute__((always_inline)) __m512 pair_words(__m512 lo, __m512 hi) {
+    return _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/* The words (x0[l], x1[l]) of 16 lanes: the bf16 of x0 in the lower halves. */
+AMX_VEC_TARGET static inline __attribute__((always_inline)) __m512 lane_words(__m512 x0, __m512 x1) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, _mm512_castps_si512(pair_words(x0, x1))));
+}
+
+/* pack_plain's panels with AVX-512 (every AMX CPU has AVX512-BF16), the same bits. Per
+ * step of 32 depths and half of 16 lanes, one 16 x 16 block of words, which is a tile
+ * (1 KiB, 64-byte rows): A's rows are lanes, B's rows pairs. A lane's 32 depths convert
+ * to its 16 pair words in one VCVTNE2PS2BF16; two depth rows of 16 lanes interleave into
+ * the 16 lanes' words of one pair; a 16 x 16 transpose turns one into the other. */
+AMX_VEC_TARGET static void pack_vec(bool a_layout, const float *src, int64_t stride, bool lanes_contig, int64_t lanes,
+                                    int width, int64_t kc, void *dst_) {
+    float *dst = dst_;
+    const int64_t npan = (lanes + width - 1) / width;
+    const int64_t kq = (kc + AMX_KSTEP - 1) / AMX_KSTEP * AMX_KSTEP / 2;
+    for (int64_t p = 0; p < npan; p++)
+        for (int64_t s = 0; s < kq / 16; s++) {
+            const int64_t k0 = 32 * s;
+            const __mmask16 ka = anneal_a512_first_lanes(kc - k0), kb = anneal_a512_first_lanes(kc - k0 - 16);
+            for (int h = 0; h < width / 16; h++) {
+                const int64_t l0 = p * width + 16 * h;
+                float *d = dst + p * kq * width + s * 512 + h * 256;
+                __m512 r[16];
+                if (lanes_contig) { /* r[w]: pair 16 s + w of the 16 lanes */
+                    const __mmask16 ml = anneal_a512_first_lanes(lanes - l0);
+#pragma GCC unroll 16
+                    for (int w = 0; w < 16; w++) {
+                        const int64_t k = k0 + 2 * w;
+                        const __m512 x0 = k < kc ? _mm512_maskz_loadu_ps(ml, src + k * stride + l0) : _mm512_setzero_ps();
+                        const __m512 x1 =
+                            k + 1 < kc ? _mm512_maskz_loadu_ps(ml, src + (k + 1) * stride + l0) : _mm512_setzero_ps();
+                        r[w] = lane_words(x0, x1);
+                    }
+                } else { /* r[j]: the 16 pairs of lane l0 + j */
+#pragma GCC unroll 16
+                    for (int j = 0; j < 16; j++) {
+                        const float *row = src + (l0 + j) * stride + k0;
+                        r[j] = l0 + j < lanes ? pair_words(_mm512_maskz_loadu_ps(ka, row), _mm512_maskz_loadu_ps(kb, row + 16))
+                                              : _mm512_setzero_ps();
+                    }
+                }
+                /* A's tile rows are lanes, B's pairs: transpose when the loads gave the other */
+                if (lanes_contig == a_layout) anneal_a512_transpose16(r);
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) _mm512_storeu_ps(d + 16 * i, r[i]);
+            }
+        }
+}
+
+/* The packers of the tile unit's descriptor and of the model's. `round` is ignored:
+ * always bf16. */
 AMX_VEC_TARGET static void pack_b_vec(const float *src, int64_t stride, bool lanes_contig, int64_t lanes, int width,
                                       int64_t kc, int round, void *dst) {
     (void)round;
-    pack_b_body(src, stride, lanes_contig, lanes, width, kc, dst);
+    pack_vec(false, src, stride, lanes_contig, lanes, width, kc, dst);
 }
 AMX_VEC_TARGET static void pack_a_vec(const float *src, int64_t stride, bool lanes_contig, int64_t lanes, int width,
                                       int64_t kc, int round, void *dst) {
     (void)round;
-    pack_a_body(src, stride, lanes_contig, lanes, width, kc, dst);
+    pack_vec(true, src, stride, lanes_contig, lanes, width, kc, dst);
 }
 static void pack_b_plain(const float *src, int64_t stride, bool lanes_contig, int64_t lanes, int width, int64_t kc,
                          int round, void *dst) {
     (void)round;
-    pack_b_body(src, stride, lanes_contig, lanes, width, kc, dst);
+    pack_plain(false, src, stride, lanes_contig, lanes, width, kc, dst);
 }
 static void pack_a_plain(const float *src, int64_t stride, bool lanes_contig, int64_t lanes, int width, int64_t kc,
                          int round, void *dst) {
     (void)round;
-    pack_a_body(src, stride, lanes_contig, lanes, width, kc, dst);
+    pack_plain(true, src, stride, lanes_contig, lanes, width, kc, dst);
 }
 
 /* ---------------------------------------------------------------- the tile unit */
@@ -182,7 +216,9 @@ static _Thread_local bool tiles_configured;
 #define AMX_LOAD(t, p, stride) _tile_loadd(t, p, stride)
 #define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_STORE(t, p, stride) _tile_stored(t, p, stride)
+#define AMX_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #include "cpu/gemm_amx_kernel.h"
+#undef AMX_PREFETCH
 #undef AMX_KERNEL_NAME
 #undef AMX_KERNEL_ATTR
 #undef AMX_TILES_BEGIN
@@ -233,7 +269,9 @@ static void model_dp(anneal_amx_model_tile *c, const anneal_amx_model_tile *a, c
 #define AMX_LOAD(t, p, stride) anneal_amx_model_load(&tmm[t], p, stride)
 #define AMX_DP(c, a, b) model_dp(&tmm[c], &tmm[a], &tmm[b])
 #define AMX_STORE(t, p, stride) anneal_amx_model_store(&tmm[t], p, stride)
+#define AMX_PREFETCH(p) (void)(p)
 #include "cpu/gemm_amx_kernel.h"
+#undef AMX_PREFETCH
 #undef AMX_KERNEL_NAME
 #undef AMX_KERNEL_ATTR
 #undef AMX_TILES_BEGIN

@@ -4,9 +4,11 @@
  * Integer sums, so exact like every other path (the int32 lanes wrap; callers keep
  * K <= 65536, where the true sums fit).
  *
- * NOT YET RUN ON AMX HARDWARE (as gemm_amx.c): the tests run the same body over the C
- * model of the tiles on every CPU, bit for bit against the reference loop, and the tile
- * unit where the CPU has it. */
+ * The tests run the same body over the C model of the tiles on every CPU, bit for bit
+ * against the reference loop, and the tile unit where the CPU has it (it passed on the
+ * GPU machine's AMX host, 2026-11-30). There it was slower than quant_int8.c's VPDPBUSD
+ * panels on GPT-2 124M prompts: B is packed per call and A's tiles are read in place, a
+ * row every K bytes (the bf16 kernel's first layout had the same fault). */
 #include "cpu/gemm_amx_tiles.h"
 #include "cpu/gemm_int8_internal.h"
 

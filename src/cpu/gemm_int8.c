@@ -3,7 +3,7 @@
  * (N x K). Exact: every path gives the int32 sum of a reference loop (the tests compare
  * bit for bit). Runtime dispatch: AVX-512 VNNI (gemm_int8_avx512vnni.c), AVX2
  * (gemm_int8_avx2.c), portable C here, and from 32 rows AMX-INT8 tiles (gemm_amx_s8.c;
- * never run on AMX hardware yet); ANNEAL_ISA=portable|avx2|avx512 (read at every call)
+ * exact on AMX hardware too, where quant_int8.c's panels beat them); ANNEAL_ISA=portable|avx2|avx512 (read at every call)
  * or anneal_cpu_gemm_s8_set_isa forces a lower one.
  * Threads take blocks of 4 rows of B (N), so each weight row is read from memory once
  * per call and every A row is reused from cache: the decode case (M = 1) streams the

@@ -18,9 +18,10 @@
  *   blocked anneal_qgemm_s8_avx2 (prompt processing), the activations quantized row by
  *   row in AVX2 in both; 2 or more rows over a weight packed in panels (.wpanels, the
  *   decode engine's copy) the panel kernel of its layout: qpanels_avx512vnni.c on VNNI
- *   CPUs (any number of rows; on AMX ones up to QROWS_MAX), qpanels_avx2.c on AVX2 ones;
- *   on a VNNI CPU more than QROWS_MAX rows without a copy (prompts on the tensor path)
- *   pack the weight for the call and take the same kernel (1.5-2x the VPDPBUSD GEMM).
+ *   CPUs, AMX ones included (any number of rows), qpanels_avx2.c on AVX2 ones; more than
+ *   QROWS_MAX rows without a copy (prompts on the tensor path) pack the weight for the
+ *   call and take the same kernel (1.5-2x the VPDPBUSD GEMM; on AMX faster than the
+ *   AMX-INT8 GEMM as measured, see below).
  * - static: the same with one calibrated scale for every row. */
 #include "anneal/core.h"
 #include "anneal/decode_kernels.h"
@@ -340,16 +341,18 @@ int anneal_cpu_qmatmul(const anneal_cpu_qmatmul_args *a) {
      * second pass, and A offset once per call instead of once per 4 weight rows; a GPT-2
      * 124M int8 decode step on a Xeon 5.8-6.1 ms against 7.1-10.4 on the GEMM), from 2
      * rows over a panel copy the VPDPBUSD panel kernel; more rows there the panel kernel
-     * over a copy packed for the call (VNNI) or the AMX GEMM. */
+     * over a copy packed for the call. */
     const int s8 = anneal_cpu_gemm_s8_isa();
     const bool vnni = s8 == ANNEAL_GEMM_S8_AVX512VNNI || s8 == ANNEAL_GEMM_S8_AMX;
-    /* a VPDPBUSD panel copy: 2 or more rows take it (on AMX CPUs up to QROWS_MAX: more
-     * go to the tiles); without one, more than QROWS_MAX rows on a VNNI CPU pack the
-     * weight for this call (a copy of N K bytes against the product's M N K) */
-    const int8_t *vpanels =
-        vnni && M >= 2 && (s8 == ANNEAL_GEMM_S8_AVX512VNNI || M <= QROWS_MAX) ? panels_in(a, QPANELS_VNNI) : NULL;
+    /* a VPDPBUSD panel copy: 2 or more rows take it; without one, more than QROWS_MAX rows
+     * pack the weight for this call (a copy of N K bytes against the product's M N K). On
+     * AMX CPUs too: the AMX-INT8 GEMM (anneal_cpu_gemm_s8's tiles, B packed per call, A
+     * tiles read in place) lost to these panels on the one AMX machine measured (GPT-2
+     * 124M, 512-token prompts, 2 threads, alternated: median 1,410 against 1,703 tok/s;
+     * bench/results/h200-host-2026-11-30) */
+    const int8_t *vpanels = vnni && M >= 2 ? panels_in(a, QPANELS_VNNI) : NULL;
     int8_t *vpacked = NULL;
-    if (!vpanels && s8 == ANNEAL_GEMM_S8_AVX512VNNI && M > QROWS_MAX &&
+    if (!vpanels && vnni && M > QROWS_MAX &&
         (vpacked = alloc64((size_t)anneal_qpanels_vnni_len(N, K))))
         anneal_qpanels_vnni_pack(a->w, N, K, vpacked), vpanels = vpacked;
     const bool rows = s8 == ANNEAL_GEMM_S8_AVX2 || (vnni && M <= QROWS_MAX) || vpanels;

@@ -33,6 +33,8 @@ void anneal_strided_init(anneal_strided_iter *it, int ndim, const int64_t *shape
     it->rows = 1;
     for (int d = 0; d < nd - 1; d++) it->rows *= it->shape[d];
     if (it->inner == 0) it->rows = 0;
+    it->piece = it->inner < ANNEAL_STRIDED_PIECE ? (it->inner > 0 ? it->inner : 1) : ANNEAL_STRIDED_PIECE;
+    it->pieces = (it->inner + it->piece - 1) / it->piece;
 }
 
 void anneal_strided_row(const anneal_strided_iter *it, int64_t r, int64_t *offsets) {
@@ -42,4 +44,11 @@ void anneal_strided_row(const anneal_strided_iter *it, int64_t r, int64_t *offse
         r /= it->shape[d];
         for (int o = 0; o < it->n_ops; o++) offsets[o] += i * it->strides[o][d];
     }
+}
+
+int64_t anneal_strided_item(const anneal_strided_iter *it, int64_t w, int64_t *offsets) {
+    const int64_t r = w / it->pieces, k0 = w % it->pieces * it->piece;
+    anneal_strided_row(it, r, offsets);
+    for (int o = 0; o < it->n_ops; o++) offsets[o] += k0 * it->strides[o][it->ndim - 1];
+    return it->inner - k0 < it->piece ? it->inner - k0 : it->piece;
 }

@@ -131,6 +131,51 @@ TEST(amx_model_arithmetic) {
     anneal_cpu_gemm_set_bf16_isa(NULL);
 }
 
+/* The tile unit's packers (AVX-512, VCVTNE2PS2BF16) write the model's panels bit for bit:
+ * A and B layouts, both source orders, lanes and depths around the tile edges, and
+ * values that round oddly (ties, NaN, infinities, signed zeros, f32 subnormals, the
+ * largest of which would round up to a normal bf16). Runs wherever AVX512-BF16 does. */
+TEST(amx_packers_match_model) {
+    if (!anneal_cpu_has_avx512bf16()) SKIP("this CPU has no AVX512-BF16: the tile unit's packers cannot run here");
+    static const float odd[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, -(1.0f + 0x1p-7f + 0x1p-8f),
+                                0x1p-130f, -0x1p-140f, 0x1.fffffcp-127f, 3e38f, -3.4e38f};
+    uint32_t qnan = 0x7fc00001u, snan = 0x7f800001u, inf = 0x7f800000u;
+    const int64_t lanes_set[] = {1, 15, 16, 17, 32, 33, 70}, kc_set[] = {1, 2, 31, 32, 33, 64, 100};
+    int64_t bad = 0;
+    for (int li = 0; li < 7; li++)
+        for (int ki = 0; ki < 7; ki++) {
+            const int64_t lanes = lanes_set[li], kc = kc_set[ki], stride = (lanes > kc ? lanes : kc) + 3;
+            const int64_t n = stride * stride;
+            float *src = rand_buf(n);
+            for (int64_t i = 0; i < n; i += 7) src[i] = odd[(i / 7) % 10];
+            memcpy(&src[5 % n], &qnan, 4);
+            memcpy(&src[11 % n], &snan, 4);
+            memcpy(&src[13 % n], &inf, 4);
+            const int64_t npan = (lanes + 31) / 32, kq = (kc + 31) / 32 * 16;
+            const size_t bytes = (size_t)(npan * 32 * kq) * 4;
+            uint8_t *got = malloc(bytes), *want = malloc(bytes);
+            for (int a = 0; a < 2; a++)
+                for (int contig = 0; contig < 2; contig++) {
+                    anneal_gemm_pack vec = a ? anneal_gemm_isa_amx.pack_a : anneal_gemm_isa_amx.pack;
+                    anneal_gemm_pack ref = a ? anneal_gemm_isa_amx_model.pack_a : anneal_gemm_isa_amx_model.pack;
+                    memset(got, 0xa5, bytes);
+                    memset(want, 0x5a, bytes);
+                    vec(src, stride, contig, lanes, 32, kc, ANNEAL_GEMM_ROUND_BF16, got);
+                    ref(src, stride, contig, lanes, 32, kc, ANNEAL_GEMM_ROUND_BF16, want);
+                    if (memcmp(got, want, bytes) != 0) {
+                        bad++;
+                        if (bad <= 5)
+                            printf("    %s panel, %s, lanes %lld, kc %lld: the packers differ\n", a ? "A" : "B",
+                                   contig ? "lanes contiguous" : "depths contiguous", (long long)lanes, (long long)kc);
+                    }
+                }
+            free(got);
+            free(want);
+            free(src);
+        }
+    CHECK(bad == 0, "%lld packings differ from the model's", (long long)bad);
+}
+
 /* The tile unit itself, where the CPU has it: chosen for bf16 by default, the same bound,
  * the same bits across threads, epilogue and packed B, and within the bound of the model. */
 TEST(amx_tile_unit) {
@@ -148,6 +193,7 @@ int main(void) {
     RUN(amx_model_within_bound);
     RUN(amx_model_same_bits);
     RUN(amx_model_arithmetic);
+    RUN(amx_packers_match_model);
     RUN(amx_tile_unit);
     return anneal_test_summary();
 }

@@ -232,6 +232,43 @@ TEST(large_contiguous_copy) {
     anneal_scope_close(s);
 }
 
+/* Rows longer than a work item (the CPU cuts rows into pieces of 65,536 elements, so
+ * that a contiguous tensor, one row after coalescing, spreads over the threads): casts
+ * both ways, fill, and binary ops with a broadcast row and a broadcast column, every
+ * element against its reference, the ragged last piece of each row included. */
+TEST(long_rows_in_pieces) {
+    anneal_scope *s = anneal_scope_open();
+    const int64_t R = 2, C = 150001, n = R * C;
+    float *v = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)C);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)((i * 7919) % 100003) * 1.0001e-3f - 50.0f;
+    for (int64_t j = 0; j < C; j++) w[j] = (float)(j % 97) * 0.25f + 1.0f;
+    float col[2] = {3.0f, -0.5f};
+    anneal_tensor *x = anneal_from_data(ANNEAL_F32, 2, (int64_t[]){R, C}, v);
+    anneal_tensor *row = anneal_from_data(ANNEAL_F32, 2, (int64_t[]){1, C}, w);
+    anneal_tensor *cl = anneal_from_data(ANNEAL_F32, 2, (int64_t[]){R, 1}, col);
+    anneal_tensor *b = anneal_cast(x, ANNEAL_BF16), *back = anneal_cast(b, ANNEAL_F32);
+    anneal_tensor *full = anneal_full(ANNEAL_F32, 2, (int64_t[]){R, C}, 2.5);
+    anneal_tensor *sum = anneal_add(x, row), *prod = anneal_mul(x, cl);
+    REQUIRE(b && back && full && sum && prod);
+    const uint16_t *pb = anneal_data(b);
+    const float *pback = anneal_data(back), *pfull = anneal_data(full), *psum = anneal_data(sum),
+                *pprod = anneal_data(prod);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = i / C, j = i % C;
+        const uint16_t h = anneal_f32_to_bf16(v[i]);
+        bad += pb[i] != h;
+        bad += pback[i] != anneal_bf16_to_f32(h);
+        bad += pfull[i] != 2.5f;
+        bad += psum[i] != v[i] + w[j];
+        bad += pprod[i] != v[i] * col[r];
+    }
+    CHECK(bad == 0, "%lld elements differ from the reference", (long long)bad);
+    free(v);
+    free(w);
+    anneal_scope_close(s);
+}
+
 TEST(dropout_deterministic) {
     anneal_scope *s = anneal_scope_open();
     anneal_tensor *x = anneal_full(ANNEAL_F32, 1, (int64_t[]){100000}, 1.0);
@@ -286,6 +323,7 @@ int main(void) {
     RUN(views_share_storage);
     RUN(cast_roundtrip);
     RUN(large_contiguous_copy);
+    RUN(long_rows_in_pieces);
     RUN(dropout_deterministic);
     RUN(dropout_gradient);
     return anneal_test_summary();
