@@ -242,7 +242,7 @@ fi
 
 # ------------------------------------ step H: the host CPU (issues 17 and 13: AMX, 16 cores)
 if [ "$DO_HOST" = 1 ]; then
-  th=$(box 420)
+  th=$(box 560)
   if [ "$DRY" = 1 ]; then
     say "(dry run) BIN_DIR=$BIN_DIR ANNEAL_LIBS=$ANNEAL_LIBS bash scripts/host-check.sh $OUTDIR $th"
   elif [ "$th" -lt 60 ]; then

@@ -30,7 +30,11 @@
 # train2 int8 train16"; also "profile int8ab ab torch") picks the steps, CONFIGS16 the
 # configs at all cores (default CONFIGS), OLD_BIN an earlier anneal for step "ab".
 # Writes OUTDIR/host_cpu.log (1-3) and host_bench.log (4-6), and appends its figures to
-# OUTDIR/summary.txt.
+# OUTDIR/summary.txt. The default steps take about 9 minutes on the 16-core host
+# (2026-11-30: training at 2 threads with PyTorch about 4 of them), so on a 15-minute
+# device budget run them alone:
+#   run(command="GPU_CHECK_SECONDS=560 bash scripts/gpu-check.sh --no-bench", carry=[".gpu-pack"], timeout_s=600)
+# and give each box (T2_SECONDS, T16_SECONDS) less, or fewer CONFIGS, to leave a rerun.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
@@ -122,7 +126,7 @@ train() { # THREADS BATCH WANT_SECONDS CONFIGS
   awk -v h="======== bench_train.py --threads $th --batch $b" '$0 == h {on = 1} on && /^== json/ {on = 0} on' "$TLOG" \
     | grep -E '^\||^- |^== exit' | grep -v '^|--' | head -30 | sed 's/^/    /' >> "$SUM"
 }
-want train2 && train 2 8 "${T2_SECONDS:-170}" "$CONFIGS"
+want train2 && train 2 8 "${T2_SECONDS:-240}" "$CONFIGS"
 
 # -------------------------------------------------- 5. int8, batch 1, 2 threads
 tq=$(box 100)
@@ -188,7 +192,7 @@ if want int8ab && [ "$tq" -ge 30 ]; then
   sed 's/^/    int8 /' "$WORK/ab.log" | tee -a "$SUM"
 fi
 
-want train16 && train "$NCPU" 16 "${T16_SECONDS:-100}" "$CONFIGS16"
+want train16 && train "$NCPU" 16 "${T16_SECONDS:-150}" "$CONFIGS16"
 
 # -------------------------- ab: this build against an earlier one; torch: PyTorch's step
 ALOG=$OUTDIR/host_ab.log
