@@ -172,6 +172,7 @@ if want profile; then
       --dtype bf16 --profile --trace "$WORK/trace.json" >> "$PLOG" 2>&1
     echo "== exit $?" >> "$PLOG"
     say "$(stamp)profile 124M bf16 B$2, $1 threads: $(grep '^step ' "$PLOG" | tail -1)"
+    say "    $(grep '^parallel fraction' "$PLOG" | tail -1)"
   done
 fi
 tq=$(box 60)
@@ -205,7 +206,7 @@ step_profile() { # LABEL BIN THREADS BATCH
     --seq 256 --steps 2 --warmup 1 --dtype bf16 --profile --trace "$WORK/trace.json" > "$WORK/ab.out" 2>&1
   echo "== exit $?" >> "$WORK/ab.out"
   cat "$WORK/ab.out" >> "$ALOG"
-  say "$(stamp)ab $1, $3 threads, B$4: $(grep '^step ' "$WORK/ab.out" | tail -1 | cut -c1-60); matmul $(grep -E '^  matmul' "$WORK/ab.out" | awk '{printf "%s %s GFLOP/s; ", $2, $(NF-2)}')lce $(grep -E '^  linear_cross' "$WORK/ab.out" | awk '{print $(NF-2)}')"
+  say "$(stamp)ab $1, $3 threads, B$4: $(grep '^step ' "$WORK/ab.out" | tail -1 | cut -c1-60); $(grep -o '^parallel fraction [0-9.]*' "$WORK/ab.out"); matmul $(grep -E '^  matmul' "$WORK/ab.out" | awk '{printf "%s %s GFLOP/s; ", $2, $(NF-2)}')lce $(grep -E '^  linear_cross' "$WORK/ab.out" | awk '{print $(NF-2)}')"
 }
 if want ab; then
   if [ -n "${OLD_BIN:-}" ] && [ -x "$OLD_BIN" ]; then

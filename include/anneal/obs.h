@@ -64,15 +64,26 @@ void anneal_progress_free(anneal_progress *p);
  * independent chains of fused multiply-adds (AVX-512 when the CPU has it, else AVX2 +
  * FMA, else scalar) for about `seconds`. Returns GFLOP/s; *isa names the kernel. */
 double anneal_peak_gflops_measure(int threads, double seconds, const char **isa);
-/* The peak FLOP rate for GEMMs at operand precision dt, measured the same way: for
- * ANNEAL_BF16 on a CPU with AVX512-BF16, independent VDPBF16PS chains counted as 4 FLOPs
- * per f32 lane per instruction (two bf16 multiply-adds); otherwise (f32, f16, and bf16
- * without AVX512-BF16, all of which the GEMM runs on f32 FMAs) the FMA microbenchmark
- * above. Returns GFLOP/s; *isa (if non-NULL) names the kernel. */
+/* The peak FLOP rate for GEMMs at operand precision dt, measured on what those GEMMs run
+ * on: for ANNEAL_BF16 on a CPU with usable AMX tiles, four independent TDPBF16PS; where
+ * the bf16 GEMM runs VDPBF16PS (anneal_cpu_bf16_dot_preferred), independent VDPBF16PS
+ * chains counted as 4 FLOPs per f32 lane per instruction; otherwise (f32, f16, and bf16
+ * on the f32 kernels: Intel cores without AMX, CPUs without AVX512-BF16) the FMA
+ * microbenchmark above. Returns GFLOP/s; *isa (if non-NULL) names the kernel. */
 double anneal_peak_gflops_measure_dtype(int threads, double seconds, anneal_dtype dt,
                                         const char **isa);
 /* Peak resident set size of this process in bytes (getrusage). */
 int64_t anneal_peak_rss_bytes(void);
+/* CPU time this process has used, all threads (CLOCK_PROCESS_CPUTIME_ID), in seconds;
+ * -1 when the clock cannot be read. */
+double anneal_process_cpu_seconds(void);
+/* Amdahl's parallel fraction p of a run that took `wall` of wall time and `cpu` of
+ * process CPU time (any one unit) on `threads` threads, from wall = (1 - p) cpu + p cpu /
+ * threads, clamped to [0, 1]; -1 with fewer than 2 threads or a time not above 0. An
+ * estimate: it holds when waiting threads sleep (OMP_WAIT_POLICY=passive, the CLI's
+ * default) and the machine gives the run its cores; threads idle at a barrier count as
+ * serial time, spinning ones as parallel work. */
+double anneal_parallel_fraction(double wall, double cpu, int threads);
 
 /* --------------------------------------------------------------- format */
 

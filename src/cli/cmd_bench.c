@@ -142,9 +142,10 @@ static int cmd_step(int argc, char **argv) {
         anneal_trace_reset();
         anneal_trace_enable(true);
     }
-    double t0 = (double)anneal_trace_now_ns();
+    double t0 = (double)anneal_trace_now_ns(), c0 = anneal_process_cpu_seconds();
     for (int64_t i = 0; i < steps && st == ANNEAL_OK; i++) st = bench_one_step(m, opt, batch, seq, &rng, ids, tg);
     double ms = ((double)anneal_trace_now_ns() - t0) / 1e6 / (double)steps;
+    double cpu_ms = (anneal_process_cpu_seconds() - c0) * 1e3 / (double)steps;
     anneal_trace_enable(false);
     if (st != ANNEAL_OK) {
         fprintf(stderr, "anneal bench step: %s\n", anneal_last_error());
@@ -156,11 +157,18 @@ static int cmd_step(int argc, char **argv) {
            anneal_format_count((double)(batch * seq) / (ms / 1e3), tps, sizeof tps), model,
            anneal_dtype_name(m->ctx.compute), (long long)batch,
            (long long)seq, (long long)steps, (long long)warmup);
+    const int nthreads = omp_get_max_threads();
+    const double pf = anneal_parallel_fraction(ms, cpu_ms, nthreads);
+    if (pf >= 0)
+        printf("parallel fraction %.3f (Amdahl, from %.1f CPU ms per %.1f wall ms a step on %d threads; waiting "
+               "threads asleep)\n",
+               pf, cpu_ms, ms, nthreads);
     if (profile) {
         anneal_span *sp;
         int64_t n = anneal_trace_collect(&sp);
         int nt = omp_get_max_threads();
-        anneal_profile_print(stdout, sp, n > 0 ? n : 0, anneal_peak_gflops_measure(nt, 0.2, NULL),
+        /* % peak against what the step's products run on (AMX tiles for bf16 where present) */
+        anneal_profile_print(stdout, sp, n > 0 ? n : 0, anneal_peak_gflops_measure_dtype(nt, 0.2, m->ctx.compute, NULL),
                              anneal_peak_bandwidth_measure(nt, 0.2), 0);
         if (anneal_profile_write_chrome(trace, sp, n > 0 ? n : 0) != ANNEAL_OK) {
             fprintf(stderr, "anneal bench step: %s\n", anneal_last_error());

@@ -157,12 +157,31 @@ TEST(peak_flops) {
     CHECK_TRUE(anneal_peak_rss_bytes() > 0);
 }
 
+/* Amdahl's p from wall and CPU time: the ends, known middles, clamping, the undefined
+ * cases; and the process CPU clock counts a busy loop. */
+TEST(parallel_fraction) {
+    CHECK_NEAR(anneal_parallel_fraction(1.0, 2.0, 2), 1.0, 1e-12);
+    CHECK_NEAR(anneal_parallel_fraction(1.0, 1.0, 2), 0.0, 1e-12);
+    CHECK_NEAR(anneal_parallel_fraction(0.75, 1.0, 2), 0.5, 1e-12);
+    CHECK_NEAR(anneal_parallel_fraction(1.5, 10.0, 16), 0.85 / 0.9375, 1e-12);
+    CHECK_NEAR(anneal_parallel_fraction(2.0, 1.0, 4), 0.0, 1e-12);  /* CPU below wall: all serial */
+    CHECK_NEAR(anneal_parallel_fraction(1.0, 40.0, 16), 1.0, 1e-12); /* above T x wall: spinning */
+    CHECK(anneal_parallel_fraction(1.0, 1.0, 1) < 0, "one thread has no parallel fraction");
+    CHECK(anneal_parallel_fraction(0.0, 1.0, 2) < 0 && anneal_parallel_fraction(1.0, 0.0, 2) < 0, "zero times");
+    const double c0 = anneal_process_cpu_seconds();
+    volatile double x = 0;
+    for (long i = 0; i < 20000000; i++) x += (double)i * 1e-9;
+    const double c1 = anneal_process_cpu_seconds();
+    CHECK(c0 >= 0 && c1 > c0 && x > 0, "CPU clock %g -> %g over a busy loop", c0, c1);
+}
+
 int main(void) {
     RUN(jsonl_appends_lines);
     RUN(progress_lines);
     RUN(formatting);
     RUN(utf8_repair);
     RUN(peak_flops);
+    RUN(parallel_fraction);
     if (tmpdir[0]) rmdir(tmpdir);
     return anneal_test_summary();
 }

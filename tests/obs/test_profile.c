@@ -236,11 +236,16 @@ TEST(bench_step_profile_writes_table_and_trace) {
     const char *bin = getenv("ANNEAL_BIN");
     if (!bin) SKIP_PROMISED("ANNEAL_BIN not set (run through ctest)");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' bench step --batch 2 --seq 16 --steps 2 --warmup 1 --profile --trace '%s'", bin,
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=2 '%s' bench step --batch 2 --seq 16 --steps 2 --warmup 1 --profile --trace '%s'", bin,
              tmp_path("bench.json"));
     int rc = sh(cmd);
     CHECK(rc == 0 && strstr(out, "profile: 2 steps") && strstr(out, "matmul") && strstr(out, "trace: "), "exit %d: %s",
           rc, out);
+    /* 2 threads: the step's parallel fraction, a number in [0, 1] */
+    const char *pf = strstr(out, "parallel fraction ");
+    double p = -1;
+    CHECK(pf && sscanf(pf, "parallel fraction %lf (Amdahl", &p) == 1 && p >= 0 && p <= 1, "%s", out);
     char *json = slurp(tmp_path("bench.json"));
     REQUIRE(json);
     cJSON *doc = cJSON_Parse(json);
