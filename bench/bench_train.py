@@ -281,6 +281,14 @@ def table(rows, header):
     return "\n".join(out)
 
 
+def parallel_fraction(wall, cpu, threads):
+    """Amdahl's p from wall = (1 - p) cpu + p cpu / threads, clamped to [0, 1] (as
+    anneal_parallel_fraction in src/obs/parallel_fraction.c); None when undefined."""
+    if threads < 2 or not wall > 0 or not cpu > 0:
+        return None
+    return min(1.0, max(0.0, (1.0 - wall / cpu) / (1.0 - 1.0 / threads)))
+
+
 def report_config(name, c, variants, peaks, a):
     fpt = flops_per_token(c)
     lines = ["", "### %s: L=%d H=%d C=%d V=%d, B=%d T=%d, %d threads; N=%.2fM, 6N+12LTC = %.3f GFLOP/token" % (
@@ -290,17 +298,25 @@ def report_config(name, c, variants, peaks, a):
         if v.recompute:
             continue
         if not v.ok():
-            rows.append([v.name, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", v.note or "; ".join(v.failures) or "not run"])
+            rows.append([v.name, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
+                         v.note or "; ".join(v.failures) or "not run"])
             continue
         tok = v.tok_s(c)
         peak = peaks.get(v.dtype)
         mfu = "%.1f%% of %s" % (100 * fpt * tok / (peak[0] * 1e9), v.dtype) if peak else "n/a"
         cpu = "%.0f" % statistics.median(v.cpu_ms) if v.cpu_ms else "n/a"
-        rows.append([v.name, "%.1f" % v.median_ms(), "%.1f-%.1f" % (min(v.ms), max(v.ms)), cpu, "%.1f" % tok, mfu,
+        par = "-"
+        if v.impl == "anneal" and v.cpu_ms and a.threads >= 2:
+            p = parallel_fraction(v.median_ms(), statistics.median(v.cpu_ms), a.threads)
+            par = "%.3f" % p if p is not None else "-"
+        rows.append([v.name, "%.1f" % v.median_ms(), "%.1f-%.1f" % (min(v.ms), max(v.ms)), cpu, par, "%.1f" % tok, mfu,
                      fmt_bytes(v.peak_rss()), "%d steps, %d runs, load %.1f%s" % (
                          len(v.ms), len(v.rss), statistics.median(v.load), "; " + v.note if v.note else "")])
-    lines.append(table(rows, ["variant", "ms/step median", "range", "CPU ms/step", "tok/s", "MFU", "peak RSS",
-                              "samples"]))
+    lines.append(table(rows, ["variant", "ms/step median", "range", "CPU ms/step", "parallel", "tok/s", "MFU",
+                              "peak RSS", "samples"]))
+    lines.append("")
+    lines.append("parallel: Amdahl's p of anneal's step, from its CPU time over its wall time (`anneal bench step` "
+                 "prints the same); PyTorch's OpenMP threads spin while they wait, so its CPU time says nothing of it.")
     # ratios anneal / each PyTorch, same dtype
     by = {(v.impl, v.version, v.dtype): v for v in variants if not v.recompute}
     rrows, ratios = [], {}

@@ -113,21 +113,23 @@ TEST(bench_train_driver_quick_run_is_well_formed) {
     /* header lines: what ran and the PyTorch environment note */
     CHECK(strstr(buf, "unset for the PyTorch processes only") && strstr(buf, "PyTorch (Debian): off"), "%s", buf);
     CHECK(strstr(buf, "### tiny: L=2 H=4 C=64 V=512, B=8 T=64") && strstr(buf, "6N+12LTC"), "%s", buf);
-    /* the results table: header, separator, and an anneal fp32 row of 8 cells with
-     * numbers (median, range lo-hi, CPU ms, tok/s, MFU %, RSS) */
-    CHECK(strstr(buf, "| variant | ms/step median | range | CPU ms/step | tok/s | MFU | peak RSS | samples |\n"
-                      "|---|---|---|---|---|---|---|---|"),
+    /* the results table: header, separator, and an anneal fp32 row of 9 cells with
+     * numbers (median, range lo-hi, CPU ms, parallel fraction on 2 threads, tok/s, MFU %,
+     * RSS) */
+    CHECK(strstr(buf, "| variant | ms/step median | range | CPU ms/step | parallel | tok/s | MFU | peak RSS | samples |\n"
+                      "|---|---|---|---|---|---|---|---|---|"),
           "%s", buf);
     char line[512];
     REQUIRE(find_line(buf, "| anneal fp32 |", line, sizeof line));
-    double med, lo, hi, cpu, tok, mfu;
+    double med, lo, hi, cpu, par, tok, mfu;
     char rss_unit[8];
     double rss;
-    int n = sscanf(line, "| anneal fp32 | %lf | %lf-%lf | %lf | %lf | %lf%% of fp32 | %lf %3s |", &med, &lo, &hi, &cpu,
-                   &tok, &mfu, &rss, rss_unit);
-    CHECK(n == 8, "row not parsed (%d fields): %s", n, line);
-    if (n == 8) {
-        CHECK(med > 0 && lo <= med && med <= hi && cpu > 0 && tok > 0 && mfu > 0 && rss > 0, "%s", line);
+    int n = sscanf(line, "| anneal fp32 | %lf | %lf-%lf | %lf | %lf | %lf | %lf%% of fp32 | %lf %3s |", &med, &lo, &hi,
+                   &cpu, &par, &tok, &mfu, &rss, rss_unit);
+    CHECK(n == 9, "row not parsed (%d fields): %s", n, line);
+    if (n == 9) {
+        CHECK(med > 0 && lo <= med && med <= hi && cpu > 0 && par >= 0 && par <= 1 && tok > 0 && mfu > 0 && rss > 0, "%s",
+              line);
         CHECK(!strcmp(rss_unit, "MiB") || !strcmp(rss_unit, "GiB"), "%s", line);
     }
     CHECK(find_line(buf, "| anneal bf16 |", line, sizeof line) != NULL, "%s", buf);
