@@ -160,20 +160,24 @@ else
 fi
 
 # ------------------------------------- 6. profiles, and int8 on the tiles against VPDPBUSD
+# step_profile LABEL BIN THREADS BATCH LOG: the 124M bf16 step profiled, into LOG; its
+# step time, parallel fraction and product rates into the summary
+step_profile() {
+  local t log=$5
+  t=$(box 60)
+  [ "$t" -ge 20 ] || { say "ab $1 at $3 threads: NOT RUN (out of time)"; return; }
+  echo "======== $1: bench step --model 124M --batch $4 --seq 256 --dtype bf16 --profile, $3 threads" >> "$log"
+  OMP_NUM_THREADS=$3 LD_LIBRARY_PATH=${ANNEAL_LIBS:-} timeout -k 5 "$t" "$2" bench step --model "${AB_MODEL:-124M}" --batch "$4" \
+    --seq 256 --steps 2 --warmup 1 --dtype bf16 --profile --trace "$WORK/trace.json" > "$WORK/ab.out" 2>&1
+  echo "== exit $?" >> "$WORK/ab.out"
+  cat "$WORK/ab.out" >> "$log"
+  say "$(stamp)ab $1, $3 threads, B$4: $(grep '^step ' "$WORK/ab.out" | tail -1 | cut -c1-60); $(grep -o '^parallel fraction [0-9.]*' "$WORK/ab.out"); matmul $(grep -E '^  matmul' "$WORK/ab.out" | awk '{printf "%s %s GFLOP/s; ", $2, $(NF-2)}')lce $(grep -E '^  linear_cross' "$WORK/ab.out" | awk '{print $(NF-2)}')"
+}
 if want profile; then
   PLOG=$OUTDIR/host_profile.log
   : > "$PLOG"
-  for tb in "2 8" "$NCPU 16"; do
-    set -- $tb
-    t=$(box 60)
-    [ "$t" -ge 20 ] || { say "profile at $1 threads: NOT RUN (out of time)"; continue; }
-    echo "======== bench step --model 124M --batch $2 --seq 256 --dtype bf16 --profile, $1 threads" >> "$PLOG"
-    OMP_NUM_THREADS=$1 timeout -k 5 "$t" "$A" bench step --model 124M --batch "$2" --seq 256 --steps 2 --warmup 1 \
-      --dtype bf16 --profile --trace "$WORK/trace.json" >> "$PLOG" 2>&1
-    echo "== exit $?" >> "$PLOG"
-    say "$(stamp)profile 124M bf16 B$2, $1 threads: $(grep '^step ' "$PLOG" | tail -1)"
-    say "    $(grep '^parallel fraction' "$PLOG" | tail -1)"
-  done
+  step_profile profile "$BIN_DIR/anneal" 2 8 "$PLOG"
+  step_profile profile "$BIN_DIR/anneal" "$NCPU" 16 "$PLOG"
 fi
 tq=$(box 60)
 if want int8ab && [ "$tq" -ge 30 ]; then
@@ -197,24 +201,13 @@ want train16 && train "$NCPU" 16 "${T16_SECONDS:-150}" "$CONFIGS16"
 
 # -------------------------- ab: this build against an earlier one; torch: PyTorch's step
 ALOG=$OUTDIR/host_ab.log
-step_profile() { # LABEL BIN THREADS BATCH
-  local t
-  t=$(box 60)
-  [ "$t" -ge 20 ] || { say "ab $1 at $3 threads: NOT RUN (out of time)"; return; }
-  echo "======== $1: bench step --model 124M --batch $4 --seq 256 --dtype bf16 --profile, $3 threads" >> "$ALOG"
-  OMP_NUM_THREADS=$3 LD_LIBRARY_PATH=${ANNEAL_LIBS:-} timeout -k 5 "$t" "$2" bench step --model "${AB_MODEL:-124M}" --batch "$4" \
-    --seq 256 --steps 2 --warmup 1 --dtype bf16 --profile --trace "$WORK/trace.json" > "$WORK/ab.out" 2>&1
-  echo "== exit $?" >> "$WORK/ab.out"
-  cat "$WORK/ab.out" >> "$ALOG"
-  say "$(stamp)ab $1, $3 threads, B$4: $(grep '^step ' "$WORK/ab.out" | tail -1 | cut -c1-60); $(grep -o '^parallel fraction [0-9.]*' "$WORK/ab.out"); matmul $(grep -E '^  matmul' "$WORK/ab.out" | awk '{printf "%s %s GFLOP/s; ", $2, $(NF-2)}')lce $(grep -E '^  linear_cross' "$WORK/ab.out" | awk '{print $(NF-2)}')"
-}
 if want ab; then
   if [ -n "${OLD_BIN:-}" ] && [ -x "$OLD_BIN" ]; then
-    step_profile new "$BIN_DIR/anneal" 2 8
-    step_profile old "$OLD_BIN" 2 8
-    step_profile new "$BIN_DIR/anneal" 2 8
-    step_profile new "$BIN_DIR/anneal" "$NCPU" 16
-    step_profile old "$OLD_BIN" "$NCPU" 16
+    step_profile new "$BIN_DIR/anneal" 2 8 "$ALOG"
+    step_profile old "$OLD_BIN" 2 8 "$ALOG"
+    step_profile new "$BIN_DIR/anneal" 2 8 "$ALOG"
+    step_profile new "$BIN_DIR/anneal" "$NCPU" 16 "$ALOG"
+    step_profile old "$OLD_BIN" "$NCPU" 16 "$ALOG"
   else
     say "ab: no OLD_BIN"
   fi

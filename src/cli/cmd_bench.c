@@ -166,7 +166,7 @@ static int cmd_step(int argc, char **argv) {
     if (profile) {
         anneal_span *sp;
         int64_t n = anneal_trace_collect(&sp);
-        int nt = omp_get_max_threads();
+        const int nt = nthreads;
         /* % peak against what the step's products run on (AMX tiles for bf16 where present) */
         anneal_profile_print(stdout, sp, n > 0 ? n : 0, anneal_peak_gflops_measure_dtype(nt, 0.2, m->ctx.compute, NULL),
                              anneal_peak_bandwidth_measure(nt, 0.2), 0);

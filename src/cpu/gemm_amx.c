@@ -124,24 +124,12 @@ static void pack_plain(bool a_layout, const float *src, int64_t stride, bool lan
     }
 }
 
-/* 32 consecutive floats (lo, hi) as 16 words of consecutive depth pairs (VCVTNE2PS2BF16:
- * nearest even, NaN quiet, f32 subnormal inputs zero: bf16_bits). */
-AMX_VEC_TARGET static inline __attribute__((always_inline)) __m512 pair_words(__m512 lo, __m512 hi) {
-    return _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-/* The words (x0[l], x1[l]) of 16 lanes: the bf16 of x0 in the lower halves. */
-AMX_VEC_TARGET static inline __attribute__((always_inline)) __m512 lane_words(__m512 x0, __m512 x1) {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, _mm512_castps_si512(pair_words(x0, x1))));
-}
-
 /* pack_plain's panels with AVX-512 (every AMX CPU has AVX512-BF16), the same bits. Per
  * step of 32 depths and half of 16 lanes, one 16 x 16 block of words, which is a tile
  * (1 KiB, 64-byte rows): A's rows are lanes, B's rows pairs. A lane's 32 depths convert
- * to its 16 pair words in one VCVTNE2PS2BF16; two depth rows of 16 lanes interleave into
- * the 16 lanes' words of one pair; a 16 x 16 transpose turns one into the other. */
+ * to its 16 pair words in one VCVTNE2PS2BF16 (anneal_a512_bf16_words, bf16_bits' bits);
+ * two depth rows of 16 lanes interleave into the 16 lanes' words of one pair; a 16 x 16
+ * transpose turns one into the other. */
 AMX_VEC_TARGET static void pack_vec(bool a_layout, const float *src, int64_t stride, bool lanes_contig, int64_t lanes,
                                     int width, int64_t kc, void *dst_) {
     float *dst = dst_;
@@ -163,14 +151,15 @@ AMX_VEC_TARGET static void pack_vec(bool a_layout, const float *src, int64_t str
                         const __m512 x0 = k < kc ? _mm512_maskz_loadu_ps(ml, src + k * stride + l0) : _mm512_setzero_ps();
                         const __m512 x1 =
                             k + 1 < kc ? _mm512_maskz_loadu_ps(ml, src + (k + 1) * stride + l0) : _mm512_setzero_ps();
-                        r[w] = lane_words(x0, x1);
+                        r[w] = _mm512_castsi512_ps(anneal_a512_bf16_interleave(x0, x1));
                     }
                 } else { /* r[j]: the 16 pairs of lane l0 + j */
 #pragma GCC unroll 16
                     for (int j = 0; j < 16; j++) {
                         const float *row = src + (l0 + j) * stride + k0;
-                        r[j] = l0 + j < lanes ? pair_words(_mm512_maskz_loadu_ps(ka, row), _mm512_maskz_loadu_ps(kb, row + 16))
-                                              : _mm512_setzero_ps();
+                        const __m512i w =
+                            anneal_a512_bf16_words(_mm512_maskz_loadu_ps(ka, row), _mm512_maskz_loadu_ps(kb, row + 16));
+                        r[j] = l0 + j < lanes ? _mm512_castsi512_ps(w) : _mm512_setzero_ps();
                     }
                 }
                 /* A's tile rows are lanes, B's pairs: transpose when the loads gave the other */

@@ -1,6 +1,7 @@
 /* Pieces shared by the AVX-512 GEMM files (gemm_avx512.c: f32 FMA; gemm_avx512bf16.c:
- * VDPBF16PS): the 8 x 32 accumulator tile's start and store, the lane masks, and the
- * 16 x 16 in-register transpose their packing uses. Each is always inlined into its
+ * VDPBF16PS; gemm_amx.c's packers): the 8 x 32 accumulator tile's start and store, the
+ * lane masks, the 16 x 16 in-register transpose their packing uses, and the bf16 pair
+ * words of the bf16 packers (AVX512-BF16 callers only). Each is always inlined into its
  * caller, whose target attribute (a superset of ANNEAL_A512_TARGET) it takes on, so the
  * tile stays in registers. Include only from files compiled for AVX-512 this way. */
 #ifndef ANNEAL_CPU_GEMM_AVX512_TILE_H
@@ -89,6 +90,22 @@ ANNEAL_A512_INLINE void anneal_a512_transpose16(__m512 r[16]) {
         r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
     }
+}
+
+/* The bf16 values of 32 floats (lo: the first 16, hi: the next 16) as 16 words holding
+ * consecutive pairs: VCVTNE2PS2BF16 rounds to nearest even (NaN made quiet) and treats
+ * f32 subnormal inputs as zero, as the bf16 kernels do with bf16 subnormals. */
+#define ANNEAL_A512BF16_INLINE                                                                                    \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"), always_inline)) static inline
+ANNEAL_A512BF16_INLINE __m512i anneal_a512_bf16_words(__m512 lo, __m512 hi) {
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* The words (x0[l], x1[l]) for 16 lanes: the bf16 of x0 in the lower halves. */
+ANNEAL_A512BF16_INLINE __m512i anneal_a512_bf16_interleave(__m512 x0, __m512 x1) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, anneal_a512_bf16_words(x0, x1));
 }
 
 #endif

@@ -46,21 +46,6 @@
 #define BF_TARGET \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 
-/* The bf16 values of 32 floats (lo: the first 16, hi: the next 16) as 16 words holding
- * consecutive pairs: VCVTNE2PS2BF16 rounds to nearest even (NaN made quiet) and, like the
- * kernel, treats f32 subnormal inputs as zero. */
-BF_TARGET static inline __m512i bf16_words(__m512 lo, __m512 hi) {
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
-/* The words (x0[l], x1[l]) for 16 lanes: the bf16 of x0 in the lower halves. */
-BF_TARGET static inline __m512i bf16_interleave(__m512 x0, __m512 x1) {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    return _mm512_permutexvar_epi16(idx, bf16_words(x0, x1));
-}
-
 /* C[0:m, 0:n] = alpha * (ap @ bp) + beta * C for an 8 x 32 tile over kc depths (kc even;
  * see the top of the file for the layout and the arithmetic). */
 BF_TARGET static void kernel_bf16_8x32(int64_t kc, const void *ap_, const void *bp_,
@@ -92,12 +77,12 @@ BF_TARGET static void kernel_bf16_8x32(int64_t kc, const void *ap_, const void *
  * a multiple of 16), rounding to bf16 (the `round` argument is ignored: always bf16).
  * x(l, k) = src[k*stride + l] when lanes_contig, else src[l*stride + k].
  * Copy case: for each depth pair, rows 2q and 2q+1 of the source are loaded 16 lanes at a
- * time, converted together and interleaved into words (bf16_interleave), in blocks of
- * PACK_QB pairs then lane group by lane group (as pack_avx512, for the same reasons); with
- * width 8 a group of 16 lanes fills two panels.
+ * time, converted together and interleaved into words (anneal_a512_bf16_interleave), in
+ * blocks of PACK_QB pairs then lane group by lane group (as pack_avx512, for the same
+ * reasons); with width 8 a group of 16 lanes fills two panels.
  * Transpose case: each of 16 lanes gives 32 consecutive depths, which as bf16 are 16 words
- * in order (bf16_words); a 16 x 16 word transpose turns them into 16 depth-pair rows of
- * 16 lanes. */
+ * in order (anneal_a512_bf16_words); a 16 x 16 word transpose turns them into 16
+ * depth-pair rows of 16 lanes. */
 BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_contig,
                                 int64_t lanes, int width, int64_t kc, int round, void *dst_) {
     int32_t *dst = dst_;
@@ -117,7 +102,7 @@ BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_con
                     const __m512 x0 = _mm512_maskz_loadu_ps(mk, s0);
                     const __m512 x1 = 2 * q + 1 < kc ? _mm512_maskz_loadu_ps(mk, s0 + stride)
                                                      : _mm512_setzero_ps();
-                    const __m512i word = bf16_interleave(x0, x1);
+                    const __m512i word = anneal_a512_bf16_interleave(x0, x1);
                     if (width == 8) {
                         _mm256_storeu_si256((__m256i *)(d0 + q * 8), _mm512_castsi512_si256(word));
                         if (second)
@@ -145,7 +130,7 @@ BF_TARGET static void pack_bf16(const float *src, int64_t stride, bool lanes_con
             for (int i = 0; i < 16; i++) {
                 if (i < nl) {
                     const float *s = src + (l0 + i) * stride + k0;
-                    r[i] = _mm512_castsi512_ps(bf16_words(_mm512_maskz_loadu_ps(ka, s),
+                    r[i] = _mm512_castsi512_ps(anneal_a512_bf16_words(_mm512_maskz_loadu_ps(ka, s),
                                                           _mm512_maskz_loadu_ps(kb, s + 16)));
                 } else {
                     r[i] = _mm512_setzero_ps();
