@@ -156,10 +156,10 @@ AMX_VEC_TARGET static void pack_vec(bool a_layout, const float *src, int64_t str
                 } else { /* r[j]: the 16 pairs of lane l0 + j */
 #pragma GCC unroll 16
                     for (int j = 0; j < 16; j++) {
-                        const float *row = src + (l0 + j) * stride + k0;
-                        const __m512i w =
-                            anneal_a512_bf16_words(_mm512_maskz_loadu_ps(ka, row), _mm512_maskz_loadu_ps(kb, row + 16));
-                        r[j] = l0 + j < lanes ? _mm512_castsi512_ps(w) : _mm512_setzero_ps();
+                        const float *row = src + (l0 + j) * stride + k0; /* read only below `lanes` */
+                        r[j] = l0 + j < lanes ? _mm512_castsi512_ps(anneal_a512_bf16_words(
+                                                    _mm512_maskz_loadu_ps(ka, row), _mm512_maskz_loadu_ps(kb, row + 16)))
+                                              : _mm512_setzero_ps();
                     }
                 }
                 /* A's tile rows are lanes, B's pairs: transpose when the loads gave the other */
